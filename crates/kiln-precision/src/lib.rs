@@ -1,0 +1,62 @@
+//! Device selection and mixed-precision policy for kiln.
+//!
+//! - [`DeviceSpec`]: a device string (`cpu`, `ndarray`, `wgpu`, `vulkan`, `metal`, `cuda:N`)
+//!   resolved at run time to one of the compiled backends; [`DeviceJob`] runs generic code there,
+//!   and [`DeviceSpec::report`] describes what the device can do.
+//! - [`PolicySpec`] / [`Policy`]: jmp-style param / compute / output dtypes plus an accumulation
+//!   dtype, with `half` resolved per device, one-off parameter casting and the keep-in-f32 helper
+//!   [`Policy::keep_f32`].
+//! - [`scatter_add`]: index-add across dtypes, accumulated in at least f32.
+//! - [`LossScale`]: no-op, static and dynamic loss scaling for half-precision training.
+
+mod device;
+mod dtype;
+mod loss_scale;
+mod ops;
+mod policy;
+
+pub use device::{
+    BackendKind, DEVICE_NAMES, DeviceError, DeviceJob, DeviceReport, DeviceSpec, GraphicsApi,
+    Hardware,
+};
+pub use dtype::{DtypeSpec, Precision};
+pub use loss_scale::{DynamicLossScale, LossScale, StepDecision};
+pub use ops::scatter_add;
+pub use policy::{PRESETS, Policy, PolicySpec, cast, computes_in, resolve_half, widen_to_f32};
+
+/// Why a precision policy cannot be parsed or used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrecisionError {
+    /// Not a dtype name.
+    #[error("unknown dtype `{0}`: expected one of {names}", names = dtype::DTYPE_NAMES)]
+    UnknownDtype(String),
+    /// Neither a preset, a dtype, nor a `key=dtype` list.
+    #[error(
+        "unknown policy `{0}`: expected a preset ({presets}), a dtype ({names}) or `params=..,compute=..,output=..`",
+        presets = PRESETS.map(|(name, _)| name).join(", "),
+        names = dtype::DTYPE_NAMES
+    )]
+    UnknownPolicy(String),
+    /// A list item without `=`.
+    #[error("policy `{0}`: `{1}` is not of the form key=dtype")]
+    MalformedPolicy(String, String),
+    /// A key the grammar does not know.
+    #[error("unknown policy key `{0}`: expected {1}")]
+    UnknownKey(String, &'static str),
+    /// The same key twice.
+    #[error("policy key `{0}` is given more than once")]
+    RepeatedKey(String),
+    /// A list without `params`, from which the others default.
+    #[error("policy `{0}` has no `params=` entry (compute defaults to params, output to compute)")]
+    MissingParams(String),
+    /// The device cannot compute in a dtype the policy names.
+    #[error(
+        "{device} cannot compute in {dtype}: choose `half` to get the best 16-bit type it has, or f32"
+    )]
+    UnsupportedOnDevice {
+        /// The dtype.
+        dtype: Precision,
+        /// burn's name of the backend.
+        device: String,
+    },
+}

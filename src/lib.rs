@@ -1,0 +1,22 @@
+//! # kiln
+//!
+//! ML workloads at hardware speed, with the same model code on CUDA, Vulkan/Metal (wgpu) or CPU.
+//!
+//! This facade re-exports the member crates:
+//! - [`precision`]: run-time device selection ([`precision::DeviceSpec`]) and mixed-precision
+//!   policy ([`precision::PolicySpec`], [`precision::LossScale`]).
+//!
+//! Backends are cargo features: `flex` (default, CPU), `ndarray`, `wgpu`, `cuda`. One binary can
+//! hold several; the device is chosen at run time:
+//!
+//! ```
+//! use kiln::precision::DeviceSpec;
+//!
+//! let device: DeviceSpec = "cpu".parse()?;
+//! let report = device.report()?;
+//! println!("{report}");
+//! # Ok::<(), kiln::precision::DeviceError>(())
+//! ```
+
+pub use burn;
+pub use kiln_precision as precision;
