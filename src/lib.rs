@@ -3,6 +3,8 @@
 //! ML workloads at hardware speed, with the same model code on CUDA, Vulkan/Metal (wgpu) or CPU.
 //!
 //! This facade re-exports the member crates:
+//! - [`bench`]: honest benchmarks — device syncs, warm-up, percentiles, roofline, saved
+//!   baselines and comparisons (the `kiln-bench` binary runs kiln's suite).
 //! - [`precision`]: run-time device selection ([`precision::DeviceSpec`]) and mixed-precision
 //!   policy ([`precision::PolicySpec`], [`precision::LossScale`]).
 //!
@@ -19,4 +21,5 @@
 //! ```
 
 pub use burn;
+pub use kiln_bench as bench;
 pub use kiln_precision as precision;

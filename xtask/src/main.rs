@@ -4,6 +4,9 @@
 //!   `cargo check` of each GPU backend on its own.
 //! - `test`: the README's test command.
 //! - `check-backends`: `cargo check` with each backend feature alone.
+//! - `bench [ARGS]`: kiln's benchmark suite in release mode (`kiln-bench`), e.g.
+//!   `cargo xtask bench --save main`, `cargo xtask bench --compare main --device cuda`. The backend
+//!   feature the `--device` needs is enabled automatically.
 
 use std::process::{Command, ExitCode};
 
@@ -53,14 +56,45 @@ fn ci() -> Result<(), String> {
     check_backends()
 }
 
+/// The cargo feature that compiles in the backend of a device string.
+fn backend_feature(device: &str) -> Option<&'static str> {
+    match device.to_ascii_lowercase().as_str() {
+        "wgpu" | "gpu" | "vulkan" | "metal" => Some("wgpu"),
+        "ndarray" => Some("ndarray"),
+        d if d == "cuda" || d.starts_with("cuda:") => Some("cuda"),
+        _ => None,
+    }
+}
+
+/// Runs the `kiln-bench` binary in release mode with `args`, with the backend `--device` needs.
+fn bench(args: &[String]) -> Result<(), String> {
+    let device = args
+        .iter()
+        .enumerate()
+        .find_map(|(i, arg)| match arg.strip_prefix("--device") {
+            Some("") => args.get(i + 1).map(String::as_str),
+            Some(rest) => rest.strip_prefix('='),
+            None => None,
+        });
+    let mut cargo_args = vec!["run", "--release", "--bin", "kiln-bench"];
+    if let Some(feature) = device.and_then(backend_feature) {
+        cargo_args.extend(["--features", feature]);
+    }
+    cargo_args.push("--");
+    cargo_args.extend(args.iter().map(String::as_str));
+    cargo(&cargo_args)
+}
+
 fn main() -> ExitCode {
-    let task = std::env::args().nth(1).unwrap_or_default();
-    let result = match task.as_str() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let task = args.first().map_or("", String::as_str);
+    let result = match task {
         "ci" => ci(),
         "test" => cargo(TEST),
         "check-backends" => check_backends(),
+        "bench" => bench(&args[1..]),
         _ => Err(format!(
-            "unknown task `{task}`: expected one of ci, test, check-backends"
+            "unknown task `{task}`: expected one of ci, test, check-backends, bench"
         )),
     };
     match result {
@@ -74,14 +108,24 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// The README promises a test command; CI runs this one. They must not drift apart.
     #[test]
     fn readme_test_command_is_the_one_ci_runs() {
         let readme = include_str!("../../README.md");
-        let command = format!("cargo {}", super::TEST.join(" "));
+        let command = format!("cargo {}", TEST.join(" "));
         assert!(
             readme.contains(&command),
             "README.md does not show `{command}`"
         );
+    }
+
+    #[test]
+    fn devices_pick_their_backend_feature() {
+        assert_eq!(backend_feature("cpu"), None);
+        assert_eq!(backend_feature("Vulkan"), Some("wgpu"));
+        assert_eq!(backend_feature("cuda:1"), Some("cuda"));
+        assert_eq!(backend_feature("ndarray"), Some("ndarray"));
     }
 }

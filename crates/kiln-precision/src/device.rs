@@ -263,6 +263,20 @@ impl DeviceSpec {
         })
     }
 
+    /// Bytes the backend has reserved on the device, where it can tell: the cubecl backends
+    /// (wgpu, CUDA) report their memory pools; the CPU backends allocate from the host heap and
+    /// say nothing. `None` also when the device is not available.
+    pub fn memory_reserved(&self) -> Option<u64> {
+        self.probe().ok()?;
+        match self {
+            #[cfg(feature = "wgpu")]
+            DeviceSpec::Wgpu(_) => wgpu_backend::memory_reserved(),
+            #[cfg(feature = "cuda")]
+            DeviceSpec::Cuda(index) => cuda_backend::memory_reserved(*index),
+            _ => None,
+        }
+    }
+
     /// The capability report of this device: backend, hardware, and what each float dtype can do.
     pub fn report(&self) -> Result<DeviceReport, DeviceError> {
         let hardware = self.probe()?;
@@ -422,7 +436,8 @@ fn cuda_probe(_: DeviceSpec, _: usize) -> Result<Hardware, DeviceError> {
 mod wgpu_backend {
     use std::sync::OnceLock;
 
-    use burn::backend::wgpu::{RuntimeOptions, WgpuDevice, graphics, init_setup};
+    use burn::backend::wgpu::{RuntimeOptions, WgpuDevice, WgpuRuntime, graphics, init_setup};
+    use burn::cubecl::Runtime;
 
     use super::{DeviceError, DeviceSpec, GraphicsApi, Hardware};
 
@@ -485,11 +500,20 @@ mod wgpu_backend {
             }),
         }
     }
+
+    /// Bytes reserved by the memory pools of the default wgpu device, once it is set up.
+    pub fn memory_reserved() -> Option<u64> {
+        let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
+        client.memory_usage().ok().map(|usage| usage.bytes_reserved)
+    }
 }
 
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod cuda_backend {
+    use burn::backend::cuda::CudaDevice;
+    use burn::cubecl::Runtime;
+    use burn::cubecl::cuda::CudaRuntime;
     use cudarc::driver::{result, sys};
 
     use super::{DeviceError, DeviceSpec, Hardware};
@@ -530,6 +554,12 @@ mod cuda_backend {
             memory_bytes: memory,
             threads: None,
         })
+    }
+
+    /// Bytes reserved by the memory pools of CUDA device `index`.
+    pub fn memory_reserved(index: usize) -> Option<u64> {
+        let client = CudaRuntime::client(&CudaDevice::new(index));
+        client.memory_usage().ok().map(|usage| usage.bytes_reserved)
     }
 }
 

@@ -1,0 +1,92 @@
+//! # kiln-bench
+//!
+//! Honest measurement for kiln's workloads, the way burn-bench, `torch.utils.benchmark` and
+//! MLPerf measure: inputs built outside the clock, a device sync before every clock read, a
+//! time-based warm-up with the cold first run reported apart, several distinct inputs cycled so a
+//! result cache cannot answer, percentiles, throughput and a roofline fraction against peaks
+//! measured on the same device, saved baselines with noise-aware comparisons, and a batch-scaling
+//! check.
+//!
+//! ```
+//! use burn::backend::Flex;
+//! use kiln_bench::{Config, Gemm, Runner};
+//! use kiln_precision::Policy;
+//!
+//! let device = Default::default();
+//! let mut runner = Runner::<Flex>::new(&device, "cpu", Policy::full(), Config::quick());
+//! runner.bench(&Gemm::new(64, Policy::full()))?;
+//! let (run, failures) = runner.finish();
+//! assert!(failures.is_empty());
+//! println!("{}", kiln_bench::run_table(&run));
+//! # Ok::<(), kiln_bench::BenchError>(())
+//! ```
+
+mod baseline;
+mod bench;
+pub mod cli;
+mod memory;
+mod report;
+mod runner;
+mod scaling;
+pub mod stats;
+mod suite;
+
+pub use baseline::{
+    BaselineStore, Comparison, DEFAULT_THRESHOLD, Row, Verdict, format_rate, format_seconds,
+    run_table,
+};
+pub use bench::{Benchmark, Config, Timings, Work, measure};
+pub use memory::{host_peak, reset_host_peak};
+pub use report::{BURN_VERSION, BenchResult, Environment, Peaks, Setting, SuiteRun, Throughput};
+pub use runner::{Runner, Suite, policy_label};
+pub use scaling::{BatchScaling, batch_sizes};
+pub use suite::{Attention, CalibrationSize, Gemm, MemoryCopy, calibrate};
+
+/// Why a benchmark run, a baseline or a check failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The device could not be selected.
+    #[error(transparent)]
+    DeviceSelect(#[from] kiln_precision::DeviceError),
+    /// The precision policy does not fit the device.
+    #[error(transparent)]
+    Precision(#[from] kiln_precision::PrecisionError),
+    /// The device failed while running.
+    #[error("the device failed: {0}")]
+    Device(String),
+    /// A benchmark produced no usable sample.
+    #[error("benchmark `{0}` produced no finite timing sample")]
+    NoSamples(String),
+    /// Reading or writing a baseline failed.
+    #[error("{0}")]
+    Io(String),
+    /// The baseline to compare with does not exist.
+    #[error("no baseline `{name}` in {dir} (saved: {saved}); create it with `--save {name}`")]
+    NoBaseline {
+        /// The name asked for.
+        name: String,
+        /// Where baselines are kept.
+        dir: String,
+        /// The baselines that exist.
+        saved: String,
+    },
+    /// A baseline name that cannot be a file name.
+    #[error("bad baseline name `{0}`: use letters, digits, `-`, `_` and `.`")]
+    BadName(String),
+    /// Batching made each item more expensive.
+    #[error(
+        "{name}: an item costs {} at batch {batch} but {} alone: batching makes it slower",
+        format_seconds(*batched_item),
+        format_seconds(*single_item)
+    )]
+    BatchSlower {
+        /// What was scaled.
+        name: String,
+        /// The largest batch size.
+        batch: usize,
+        /// Median seconds per item at batch 1.
+        single_item: f64,
+        /// Median seconds per item at the largest batch.
+        batched_item: f64,
+    },
+}

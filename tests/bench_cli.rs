@@ -1,0 +1,80 @@
+//! The `kiln-bench` binary end to end on Flex: save a baseline, compare a repeat run (passes),
+//! compare a deliberately slowed run (fails with a non-zero exit).
+//!
+//! Separate processes on a shared 2-core CI machine drift by tens of percent, more than the
+//! samples of one run can show, so the comparisons here use a 50% threshold and a slowdown of 4×
+//! (+300%): both verdicts hold with a wide margin.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn kiln_bench(dir: &Path, slowdown: usize, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln-bench"))
+        .args([
+            "--device",
+            "cpu",
+            "--quick",
+            "--filter",
+            "gemm/n=512",
+            "--threshold",
+            "50",
+            "--dir",
+        ])
+        .arg(dir)
+        .args(args)
+        .env("KILN_BENCH_SLOWDOWN", slowdown.to_string())
+        .output()
+        .expect("kiln-bench runs")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn repeat_runs_pass_and_a_slowed_run_fails_the_comparison() {
+    let dir = tempfile::tempdir().unwrap();
+    let saved = kiln_bench(dir.path(), 1, &["--save", "base"]);
+    let text = stdout(&saved);
+    assert!(
+        saved.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&saved.stderr)
+    );
+    assert!(dir.path().join("base.json").exists());
+    // The calibration peak and the GEMM's roofline fraction are printed.
+    assert!(
+        text.contains("calibrated peaks:") && text.contains("GFLOP/s (GEMM)"),
+        "{text}"
+    );
+    assert!(text.contains("% of roofline"), "{text}");
+
+    let again = kiln_bench(dir.path(), 1, &["--compare", "base"]);
+    let text = stdout(&again);
+    assert!(again.status.success(), "{text}");
+    assert!(
+        text.contains("within noise") && text.contains("no regression"),
+        "{text}"
+    );
+
+    let slowed = kiln_bench(dir.path(), 4, &["--compare", "base"]);
+    let text = stdout(&slowed);
+    assert_eq!(slowed.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("REGRESSED") && text.contains("1 regression(s)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn comparing_with_a_missing_baseline_is_a_one_line_error_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = kiln_bench(dir.path(), 1, &["--compare", "nope"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("no baseline `nope`") && stderr.contains("--save nope"),
+        "{stderr}"
+    );
+}
