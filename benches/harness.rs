@@ -9,6 +9,8 @@
 //! Each measurement syncs the device before reading the clock (`iter_custom`), so GPU timings
 //! cover the work and not only its submission.
 
+mod common;
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -65,14 +67,7 @@ impl DeviceJob for Harness<'_> {
 }
 
 fn main() {
-    let device = match std::env::var("KILN_DEVICE").map(|s| s.parse::<DeviceSpec>()) {
-        Ok(Ok(device)) => device,
-        Ok(Err(e)) => {
-            eprintln!("error: KILN_DEVICE: {e}");
-            std::process::exit(2);
-        }
-        Err(_) => DeviceSpec::default(),
-    };
+    let device = common::device_from_env();
     let mut criterion = Criterion::default().configure_from_args();
     if let Err(e) = device.run(Harness {
         criterion: &mut criterion,

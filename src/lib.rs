@@ -5,6 +5,8 @@
 //! This facade re-exports the member crates:
 //! - [`bench`]: honest benchmarks — device syncs, warm-up, percentiles, roofline, saved
 //!   baselines and comparisons (the `kiln-bench` binary runs kiln's suite).
+//! - [`cache`]: decode and preprocess images once (Hugging Face processor parity), store them as
+//!   memory-mapped 8-bit tensors, normalise batches on the device.
 //! - [`precision`]: run-time device selection ([`precision::DeviceSpec`]) and mixed-precision
 //!   policy ([`precision::PolicySpec`], [`precision::LossScale`]).
 //!
@@ -22,4 +24,5 @@
 
 pub use burn;
 pub use kiln_bench as bench;
+pub use kiln_cache as cache;
 pub use kiln_precision as precision;

@@ -7,16 +7,13 @@
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
-use kiln::precision::{DeviceError, DeviceJob, DeviceSpec, PolicySpec, scatter_add};
+use common::say;
+use kiln::precision::{DeviceJob, DeviceSpec, PolicySpec, is_host_backend, scatter_add};
 
-/// Writes to the terminal past libtest's output capture, so a skipped check is seen even when
-/// the test passes.
-fn say(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
+mod common;
 
-/// softmax(A·B) and a mixed-dtype scatter-add, read back as f64.
+/// softmax(A·B) and a mixed-dtype scatter-add, read back as f64, and whether the backend keeps
+/// tensors in host memory.
 struct Probe;
 
 const N: usize = 16;
@@ -46,7 +43,7 @@ fn host_softmax_matmul() -> Vec<f64> {
 }
 
 impl DeviceJob for Probe {
-    type Output = (Vec<f64>, Vec<f32>);
+    type Output = (Vec<f64>, Vec<f32>, bool);
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
         let policy = PolicySpec::default().resolve::<B>(device).unwrap();
@@ -62,16 +59,19 @@ impl DeviceJob for Probe {
         (
             y.into_iter().map(f64::from).collect(),
             sums.cast(FloatDType::F32).into_data().to_vec().unwrap(),
+            is_host_backend::<B>(device),
         )
     }
 }
 
 fn check(device: DeviceSpec) {
-    let (y, sums) = device.run(Probe).unwrap();
+    let (y, sums, on_host) = device.run(Probe).unwrap();
     for (got, want) in y.iter().zip(host_softmax_matmul()) {
         assert!((got - want).abs() < 1e-5, "{device}: {got} vs {want}");
     }
     assert_eq!(sums, vec![2.0, 8.0], "{device}");
+    let cpu = matches!(device, DeviceSpec::Flex | DeviceSpec::NdArray);
+    assert_eq!(on_host, cpu, "{device}");
 }
 
 #[test]
@@ -88,22 +88,8 @@ fn ndarray() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu() {
-    let device: DeviceSpec = "vulkan".parse().unwrap();
-    match device.report() {
-        Ok(report) => {
-            say(&format!("wgpu test runs on: {}", report.hardware.name));
-            check(device);
-        }
-        Err(e @ DeviceError::Unavailable { .. }) => {
-            assert!(
-                std::env::var_os("KILN_REQUIRE_WGPU").is_none(),
-                "KILN_REQUIRE_WGPU is set but {e}"
-            );
-            say(&format!(
-                "SKIPPED wgpu test: no Vulkan adapter on this machine ({e})"
-            ));
-        }
-        Err(e) => panic!("{e}"),
+    if let Some(device) = common::vulkan("wgpu test") {
+        check(device);
     }
 }
 

@@ -7,6 +7,9 @@
 //! - `bench [ARGS]`: kiln's benchmark suite in release mode (`kiln-bench`), e.g.
 //!   `cargo xtask bench --save main`, `cargo xtask bench --compare main --device cuda`. The backend
 //!   feature the `--device` needs is enabled automatically.
+//! - `fixtures`: regenerates the committed reference fixtures with the Python of
+//!   `$KILN_HF_PYTHON` (default `python3`), which needs `scripts/fixtures/requirements-hf.txt`.
+//!   Tests never run Python; they read what this wrote.
 
 use std::process::{Command, ExitCode};
 
@@ -85,6 +88,35 @@ fn bench(args: &[String]) -> Result<(), String> {
     cargo(&cargo_args)
 }
 
+/// The fixture scripts and the directories they write, relative to the workspace root.
+const FIXTURES: &[(&str, &str)] = &[(
+    "scripts/fixtures/processors.py",
+    "crates/kiln-cache/tests/fixtures/processors",
+)];
+
+/// Runs every fixture script with the Hugging Face reference environment.
+fn fixtures() -> Result<(), String> {
+    let python = std::env::var("KILN_HF_PYTHON").unwrap_or_else(|_| "python3".into());
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .ok_or("xtask is not inside the workspace")?;
+    FIXTURES.iter().try_for_each(|(script, out)| {
+        println!("--- {python} {script} {out}");
+        let status = Command::new(&python)
+            .current_dir(root)
+            .args([script, out])
+            .status()
+            .map_err(|e| format!("cannot run `{python}` (set KILN_HF_PYTHON): {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "`{python} {script}` failed ({status}); its packages: scripts/fixtures/requirements-hf.txt"
+            ))
+        }
+    })
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let task = args.first().map_or("", String::as_str);
@@ -93,8 +125,9 @@ fn main() -> ExitCode {
         "test" => cargo(TEST),
         "check-backends" => check_backends(),
         "bench" => bench(&args[1..]),
+        "fixtures" => fixtures(),
         _ => Err(format!(
-            "unknown task `{task}`: expected one of ci, test, check-backends, bench"
+            "unknown task `{task}`: expected one of ci, test, check-backends, bench, fixtures"
         )),
     };
     match result {

@@ -245,6 +245,16 @@ impl DeviceSpec {
     }
 
     /// Runs `job` on this device, after [`probe`](Self::probe) has checked that it can.
+    // A library may depend on kiln-precision without any backend; then every device is rejected.
+    #[cfg_attr(
+        not(any(
+            feature = "flex",
+            feature = "ndarray",
+            feature = "wgpu",
+            feature = "cuda"
+        )),
+        allow(unused_variables, unreachable_code)
+    )]
     pub fn run<J: DeviceJob>(&self, job: J) -> Result<J::Output, DeviceError> {
         self.probe()?;
         Ok(match self {
@@ -288,6 +298,21 @@ impl DeviceSpec {
             dtypes,
         })
     }
+}
+
+/// Whether backend `B` keeps its tensors in host memory: the CPU backends (Flex, NdArray), also
+/// under autodiff. There an upload is a memory copy, and element-wise work that a GPU would do
+/// after the upload is cheaper on the host before it.
+pub fn is_host_backend<B: Backend>(device: &B::Device) -> bool {
+    let name = B::name(device);
+    let mut inner = name.as_str();
+    while let Some(rest) = inner
+        .strip_prefix("autodiff<")
+        .and_then(|r| r.strip_suffix('>'))
+    {
+        inner = rest;
+    }
+    matches!(inner, "flex" | "ndarray")
 }
 
 fn compiled_list() -> String {
@@ -590,6 +615,15 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[cfg(feature = "flex")]
+    #[test]
+    fn cpu_backends_use_host_memory() {
+        use burn::backend::{Autodiff, Flex};
+        let device = Default::default();
+        assert!(is_host_backend::<Flex>(&device));
+        assert!(is_host_backend::<Autodiff<Flex>>(&device));
     }
 
     #[test]

@@ -17,7 +17,7 @@ mod policy;
 
 pub use device::{
     BackendKind, DEVICE_NAMES, DeviceError, DeviceJob, DeviceReport, DeviceSpec, GraphicsApi,
-    Hardware,
+    Hardware, is_host_backend,
 };
 pub use dtype::{DtypeSpec, Precision};
 pub use loss_scale::{DynamicLossScale, LossScale, StepDecision};

@@ -1,0 +1,95 @@
+//! # kiln-cache
+//!
+//! Decode and preprocess once, reuse across every pass and epoch. The workloads kiln starts from
+//! wasted their accelerators re-reading images: 640 Monte-Carlo passes re-opened the same 500
+//! PNGs through PIL with the GPU near idle. Here the first use of a dataset decodes, resizes and
+//! crops every image (in parallel, as transformers' image processors do) and stores the result as
+//! 8-bit `[N, 3, H, W]` shards; every later use memory-maps them, and a batch is normalised on the
+//! device when it is uploaded.
+//!
+//! ```no_run
+//! use burn::backend::Flex;
+//! use kiln_cache::{ImageCache, ImageSource, Preprocess};
+//! use kiln_precision::Precision;
+//!
+//! let preprocess = Preprocess::from_hf_config("clip-vit-base-patch32/preprocessor_config.json")?;
+//! let cache = ImageCache::new(ImageCache::default_dir());
+//! let images = cache.load(&ImageSource::Folder("images/".into()), &preprocess)?;
+//! println!("{} images ({:?})", images.len(), images.outcome());
+//! let batch = images.upload::<Flex>(0..images.len().min(32), &Default::default(), Precision::F32)?;
+//! # Ok::<(), kiln_cache::CacheError>(())
+//! ```
+//!
+//! An entry is keyed by a hash of the format version, the preprocessing and every source file's
+//! name and content: a changed image, config or format builds a new entry. A damaged entry
+//! (truncated shard, checksum mismatch, unreadable manifest) is rebuilt with a warning, never
+//! used. Processes building the same entry take turns through a lock file.
+
+mod decode;
+mod images;
+mod preprocess;
+mod sources;
+mod store;
+mod upload;
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+pub use decode::{IMAGE_EXTENSIONS, decode, to_rgb8};
+pub use images::{CachedImages, DEFAULT_SHARD_BYTES, ImageCache, Outcome};
+pub use preprocess::{
+    CLIP_MEAN, CLIP_STD, Crop, IMAGENET_MEAN, IMAGENET_STD, Normalize, Preprocess, Resample, Resize,
+};
+pub use sources::{ImageSource, SourceFile};
+pub use store::{FORMAT_VERSION, Skipped};
+pub use upload::{normalize_on_device, to_chw};
+
+/// Why images could not be cached or read.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// A file or directory could not be read or written.
+    #[error("{0}")]
+    Io(String),
+    /// An image file could not be decoded.
+    #[error("{path}: {reason}")]
+    BadImage {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A processor config kiln cannot use.
+    #[error("{0}")]
+    Config(String),
+    /// The preprocessing gives images of different sizes.
+    #[error(
+        "the preprocessing gives each image its own size (a shortest-edge resize without a crop): add a centre crop or an exact resize to cache images as one tensor"
+    )]
+    VariableSize,
+    /// A folder without images.
+    #[error("no images ({extensions}) under {}", dir.display())]
+    NoImages {
+        /// The folder.
+        dir: PathBuf,
+        /// The extensions looked for.
+        extensions: String,
+    },
+    /// Every image was unreadable.
+    #[error("none of the images could be read ({0} skipped)")]
+    NoUsableImages(usize),
+    /// Images asked for beyond the dataset.
+    #[error("images {range:?} asked for, the dataset has {len}")]
+    Range {
+        /// The range asked for.
+        range: Range<usize>,
+        /// Images in the dataset.
+        len: usize,
+    },
+}
+
+impl CacheError {
+    /// An I/O error on `path`.
+    pub(crate) fn io(path: &Path, e: std::io::Error) -> Self {
+        CacheError::Io(format!("{}: {e}", path.display()))
+    }
+}

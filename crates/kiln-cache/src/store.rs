@@ -1,0 +1,277 @@
+//! The on-disk format of a cache entry: a directory named by the cache key holding
+//! `manifest.json` and safetensors shards of `pixels` `[n, 3, H, W]` u8, each with its checksum in
+//! the manifest. Entries are built in a temporary directory and renamed into place, so a reader
+//! sees a whole entry or none; shards are memory-mapped.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use serde::{Deserialize, Serialize};
+
+use crate::CacheError;
+use crate::preprocess::Preprocess;
+
+/// Version of the entry format; entries of another version are rebuilt.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Name of the tensor each shard holds.
+const PIXELS: &str = "pixels";
+
+/// One cached image's source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CachedSource {
+    /// Name (path relative to the source folder, or as given).
+    pub name: String,
+    /// xxh3-128 of the file's bytes, hex.
+    pub hash: String,
+}
+
+/// An image left out of the cache because it could not be read (`skip_bad`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// Name of the file.
+    pub name: String,
+    /// Why it could not be used.
+    pub reason: String,
+}
+
+/// One shard file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    /// File name inside the entry.
+    pub file: String,
+    /// Images it holds.
+    pub images: usize,
+    /// xxh3-128 of its pixel bytes, hex.
+    pub checksum: String,
+}
+
+/// What an entry holds, written last.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT_VERSION`] of the writer.
+    pub format: u32,
+    /// The cache key the entry is stored under.
+    pub key: String,
+    /// The preprocessing that produced the pixels.
+    pub preprocess: Preprocess,
+    /// Height of every image.
+    pub height: u32,
+    /// Width of every image.
+    pub width: u32,
+    /// The images, in order.
+    pub sources: Vec<CachedSource>,
+    /// Files that could not be read, when building with `skip_bad`.
+    pub skipped: Vec<Skipped>,
+    /// The shards, in order.
+    pub shards: Vec<ShardInfo>,
+}
+
+/// xxh3-128 of `bytes`, hex.
+pub fn hash_hex(bytes: &[u8]) -> String {
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))
+}
+
+/// A memory-mapped shard.
+#[derive(Debug)]
+pub struct Shard {
+    map: Mmap,
+    /// Byte range of the pixels inside the file.
+    start: usize,
+    end: usize,
+}
+
+impl Shard {
+    /// The pixel bytes, `[n, 3, H, W]` row-major.
+    pub fn pixels(&self) -> &[u8] {
+        &self.map[self.start..self.end]
+    }
+}
+
+/// Why an existing entry cannot be used.
+#[derive(Debug)]
+pub enum Invalid {
+    /// There is no entry under that key.
+    Missing,
+    /// The entry exists but is damaged or stale; it is rebuilt.
+    Stale(String),
+}
+
+/// Opens the entry in `dir`, checking its format, key, shapes and checksums.
+pub fn open_entry(dir: &Path, key: &str) -> Result<(Manifest, Vec<Shard>), Invalid> {
+    let manifest_path = dir.join("manifest.json");
+    let text = match std::fs::read_to_string(&manifest_path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Invalid::Missing),
+        Err(e) => return Err(Invalid::Stale(format!("{}: {e}", manifest_path.display()))),
+    };
+    let manifest: Manifest = serde_json::from_str(&text)
+        .map_err(|e| Invalid::Stale(format!("unreadable manifest ({e})")))?;
+    if manifest.format != FORMAT_VERSION {
+        return Err(Invalid::Stale(format!(
+            "format version {} (this kiln writes {FORMAT_VERSION})",
+            manifest.format
+        )));
+    }
+    if manifest.key != key {
+        return Err(Invalid::Stale(format!(
+            "manifest names key {}",
+            manifest.key
+        )));
+    }
+    let image_bytes = 3 * manifest.height as usize * manifest.width as usize;
+    let shards = manifest
+        .shards
+        .iter()
+        .map(|info| {
+            let shard = map_shard(&dir.join(&info.file))?;
+            let pixels = shard.pixels();
+            if pixels.len() != info.images * image_bytes {
+                return Err(format!(
+                    "{} holds {} bytes, expected {} images of {image_bytes}",
+                    info.file,
+                    pixels.len(),
+                    info.images
+                ));
+            }
+            if hash_hex(pixels) != info.checksum {
+                return Err(format!("{} does not match its checksum", info.file));
+            }
+            Ok(shard)
+        })
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(Invalid::Stale)?;
+    let stored: usize = manifest.shards.iter().map(|s| s.images).sum();
+    if stored != manifest.sources.len() {
+        return Err(Invalid::Stale(format!(
+            "{stored} images in shards, {} in the manifest",
+            manifest.sources.len()
+        )));
+    }
+    Ok((manifest, shards))
+}
+
+fn map_shard(path: &Path) -> Result<Shard, String> {
+    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: shard files are written once under a temporary name and renamed into place; kiln
+    // never modifies one afterwards, and a damaged one is detected by its checksum.
+    #[allow(unsafe_code)]
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| format!("{}: {e}", path.display()))?;
+    let (start, end) = {
+        let tensors = SafeTensors::deserialize(&map)
+            .map_err(|e| format!("{}: not a safetensors file ({e})", path.display()))?;
+        let view = tensors
+            .tensor(PIXELS)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if view.dtype() != Dtype::U8 {
+            return Err(format!("{}: pixels are {:?}", path.display(), view.dtype()));
+        }
+        let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
+        (start, start + view.data().len())
+    };
+    Ok(Shard { map, start, end })
+}
+
+/// Writes shard `index` of `pixels` (`images` images of `3 × height × width`) into `dir`, synced
+/// to disk, and returns its manifest line.
+pub fn write_shard(
+    dir: &Path,
+    index: usize,
+    pixels: &[u8],
+    images: usize,
+    height: u32,
+    width: u32,
+) -> Result<ShardInfo, CacheError> {
+    let file = format!("shard-{index:05}.safetensors");
+    let path = dir.join(&file);
+    let shape = vec![images, 3, height as usize, width as usize];
+    let view = TensorView::new(Dtype::U8, shape, pixels)
+        .map_err(|e| CacheError::Io(format!("{}: {e}", path.display())))?;
+    safetensors::serialize_to_file([(PIXELS, view)], None, &path)
+        .map_err(|e| CacheError::Io(format!("{}: {e}", path.display())))?;
+    File::open(&path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| CacheError::io(&path, e))?;
+    Ok(ShardInfo {
+        file,
+        images,
+        checksum: hash_hex(pixels),
+    })
+}
+
+/// Writes the manifest into `dir` (the temporary entry), then moves the entry to `target`,
+/// replacing a stale one there. Callers hold the entry's [`BuildLock`], so no other process is
+/// writing it; one still reading a replaced entry keeps its mapping.
+pub fn commit_entry(dir: &Path, target: &Path, manifest: &Manifest) -> Result<(), CacheError> {
+    let path = dir.join("manifest.json");
+    let json = serde_json::to_string_pretty(manifest).map_err(|e| CacheError::Io(e.to_string()))?;
+    std::fs::write(&path, json).map_err(|e| CacheError::io(&path, e))?;
+    File::open(&path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| CacheError::io(&path, e))?;
+    if target.exists() {
+        std::fs::remove_dir_all(target).map_err(|e| CacheError::io(target, e))?;
+    }
+    std::fs::rename(dir, target).map_err(|e| CacheError::io(target, e))
+}
+
+/// A temporary directory beside the entries, removed unless committed.
+pub struct Partial {
+    /// Its path.
+    pub path: PathBuf,
+}
+
+impl Partial {
+    /// A fresh temporary directory for building entry `key` under `root`.
+    pub fn new(root: &Path, key: &str) -> Result<Self, CacheError> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let path = root.join(format!(".{key}.partial-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&path).map_err(|e| CacheError::io(&path, e))?;
+        Ok(Partial { path })
+    }
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        // Gone already when the entry was committed (renamed).
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// An exclusive lock on building entry `key`, held until dropped.
+pub struct BuildLock {
+    file: File,
+}
+
+impl BuildLock {
+    /// Waits for the lock of `key` under `root`; says so on stderr when another process holds
+    /// it.
+    pub fn acquire(root: &Path, key: &str) -> Result<Self, CacheError> {
+        let path = root.join(format!("{key}.lock"));
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| CacheError::io(&path, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                log::info!("waiting for another process building {}", path.display());
+                file.lock().map_err(|e| CacheError::io(&path, e))?;
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(CacheError::io(&path, e)),
+        }
+        Ok(BuildLock { file })
+    }
+}
+
+impl Drop for BuildLock {
+    fn drop(&mut self) {
+        let _ = self.file.unlock();
+    }
+}
