@@ -1,5 +1,6 @@
 //! kiln-cache: images/s of a cold build (decode + resize + crop + store) against a warm hit
-//! (hash the sources, verify and map the stored pixels), and the upload of a normalised batch.
+//! (hash the sources, verify and map the stored pixels), the upload of a normalised batch, and a
+//! whole pass of batches fed from a device-resident dataset or streamed from the host.
 //!
 //! ```text
 //! cargo bench --bench cache
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput};
 use kiln::burn::tensor::backend::Backend;
-use kiln::cache::{CachedImages, ImageCache, ImageSource, Preprocess};
+use kiln::cache::{CachedImages, ImageCache, ImageSource, Order, Preprocess, Residency};
 use kiln::precision::{DeviceJob, Precision};
 
 const IMAGES: usize = 64;
@@ -70,6 +71,26 @@ impl DeviceJob for Upload<'_> {
                 start.elapsed()
             })
         });
+        group.throughput(Throughput::Elements(IMAGES as u64));
+        for residency in [Residency::Device, Residency::Host] {
+            let feed = self
+                .images
+                .to_device::<B>(device, Precision::F32, residency);
+            group.bench_function(format!("feed/{residency},b={BATCH},224px,f32"), |b| {
+                b.iter_custom(|iters| {
+                    B::sync(device).unwrap();
+                    let start = Instant::now();
+                    for epoch in 0..iters {
+                        let order = Order::Shuffled { seed: 0, epoch };
+                        for batch in feed.batches(BATCH, order) {
+                            black_box(batch.pixels);
+                        }
+                    }
+                    B::sync(device).unwrap();
+                    start.elapsed()
+                })
+            });
+        }
         group.finish();
     }
 }

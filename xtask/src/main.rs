@@ -7,9 +7,11 @@
 //! - `bench [ARGS]`: kiln's benchmark suite in release mode (`kiln-bench`), e.g.
 //!   `cargo xtask bench --save main`, `cargo xtask bench --compare main --device cuda`. The backend
 //!   feature the `--device` needs is enabled automatically.
-//! - `fixtures`: regenerates the committed reference fixtures with the Python of
-//!   `$KILN_HF_PYTHON` (default `python3`), which needs `scripts/fixtures/requirements-hf.txt`.
-//!   Tests never run Python; they read what this wrote.
+//! - `fixtures [NAME]`: regenerates the committed reference fixtures (those whose script path
+//!   contains NAME). The Hugging Face ones run with `$KILN_HF_PYTHON`
+//!   (`scripts/fixtures/requirements-hf.txt`), the video one with `$KILN_VIDEO_PYTHON`
+//!   (`scripts/fixtures/requirements-video.txt`); default `python3`. Tests never run Python;
+//!   they read what this wrote.
 
 use std::process::{Command, ExitCode};
 
@@ -88,30 +90,59 @@ fn bench(args: &[String]) -> Result<(), String> {
     cargo(&cargo_args)
 }
 
-/// The fixture scripts and the directories they write, relative to the workspace root.
-const FIXTURES: &[(&str, &str)] = &[(
-    "scripts/fixtures/processors.py",
-    "crates/kiln-cache/tests/fixtures/processors",
-)];
+/// A fixture script, the directory it writes (both relative to the workspace root), the
+/// variable naming its Python, and that Python's pinned packages.
+struct Fixture {
+    script: &'static str,
+    out: &'static str,
+    python: &'static str,
+    requirements: &'static str,
+}
 
-/// Runs every fixture script with the Hugging Face reference environment.
-fn fixtures() -> Result<(), String> {
-    let python = std::env::var("KILN_HF_PYTHON").unwrap_or_else(|_| "python3".into());
+const FIXTURES: &[Fixture] = &[
+    Fixture {
+        script: "scripts/fixtures/processors.py",
+        out: "crates/kiln-cache/tests/fixtures/processors",
+        python: "KILN_HF_PYTHON",
+        requirements: "scripts/fixtures/requirements-hf.txt",
+    },
+    Fixture {
+        script: "scripts/fixtures/video.py",
+        out: "crates/kiln-cache/tests/fixtures/video",
+        python: "KILN_VIDEO_PYTHON",
+        requirements: "scripts/fixtures/requirements-video.txt",
+    },
+    Fixture {
+        script: "scripts/fixtures/vision.py",
+        out: "crates/kiln-vision/tests/fixtures",
+        python: "KILN_HF_PYTHON",
+        requirements: "scripts/fixtures/requirements-hf.txt",
+    },
+];
+
+/// Runs the fixture scripts whose path contains `filter` (all without one), each with the Python
+/// its variable names (default `python3`).
+fn fixtures(filter: Option<&str>) -> Result<(), String> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .ok_or("xtask is not inside the workspace")?;
-    FIXTURES.iter().try_for_each(|(script, out)| {
-        println!("--- {python} {script} {out}");
+    let chosen = FIXTURES
+        .iter()
+        .filter(|f| filter.is_none_or(|name| f.script.contains(name)));
+    chosen.into_iter().try_for_each(|fixture| {
+        let python = std::env::var(fixture.python).unwrap_or_else(|_| "python3".into());
+        println!("--- {python} {} {}", fixture.script, fixture.out);
         let status = Command::new(&python)
             .current_dir(root)
-            .args([script, out])
+            .args([fixture.script, fixture.out])
             .status()
-            .map_err(|e| format!("cannot run `{python}` (set KILN_HF_PYTHON): {e}"))?;
+            .map_err(|e| format!("cannot run `{python}` (set {}): {e}", fixture.python))?;
         if status.success() {
             Ok(())
         } else {
             Err(format!(
-                "`{python} {script}` failed ({status}); its packages: scripts/fixtures/requirements-hf.txt"
+                "`{python} {}` failed ({status}); set {} to a Python with {}",
+                fixture.script, fixture.python, fixture.requirements
             ))
         }
     })
@@ -125,7 +156,7 @@ fn main() -> ExitCode {
         "test" => cargo(TEST),
         "check-backends" => check_backends(),
         "bench" => bench(&args[1..]),
-        "fixtures" => fixtures(),
+        "fixtures" => fixtures(args.get(1).map(String::as_str)),
         _ => Err(format!(
             "unknown task `{task}`: expected one of ci, test, check-backends, bench, fixtures"
         )),

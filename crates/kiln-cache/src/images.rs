@@ -1,8 +1,10 @@
-//! Decode-once image datasets: the first use decodes, preprocesses and stores every image; every
-//! later use (another pass, another epoch, another process) memory-maps the stored pixels.
+//! Decode-once datasets of images or video clips: the first use decodes, preprocesses and stores
+//! every item; every later use (another pass, another epoch, another process) memory-maps the
+//! stored pixels.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
@@ -14,22 +16,25 @@ use serde::Serialize;
 use crate::CacheError;
 use crate::decode::decode;
 use crate::preprocess::Preprocess;
-use crate::sources::{ImageSource, SourceFile};
+use crate::sources::ImageSource;
 use crate::store::{
     self, BuildLock, CachedSource, FORMAT_VERSION, Invalid, Manifest, Partial, Shard, Skipped,
-    hash_hex,
+    Stored, hash_hex,
 };
-use crate::upload::{normalize_on_device, to_chw};
+use crate::upload::{HostBatch, normalise_bytes, normalises_on_host, to_chw};
+use crate::video::{ClipSpec, VideoSource};
 
 /// Default bytes of pixels per shard file (512 MiB).
 pub const DEFAULT_SHARD_BYTES: usize = 512 << 20;
 
-/// A directory of cached datasets.
+/// A directory of cached datasets: images ([`ImageCache::load`]) and video clips
+/// ([`ImageCache::load_clips`]).
 #[derive(Debug, Clone)]
 pub struct ImageCache {
     root: PathBuf,
     skip_bad: bool,
     shard_bytes: usize,
+    stored: Stored,
 }
 
 /// How a dataset was obtained.
@@ -59,17 +64,25 @@ impl ImageCache {
             root: dir.into(),
             skip_bad: false,
             shard_bytes: DEFAULT_SHARD_BYTES,
+            stored: Stored::U8,
         }
     }
 
-    /// With `true`, an unreadable image is left out and listed in the manifest
+    /// How pixels are stored: 8-bit (the default), or already normalised as f16 or f32 (2× or
+    /// 4× the disk and memory, no per-batch normalisation).
+    pub fn stored(mut self, stored: Stored) -> Self {
+        self.stored = stored;
+        self
+    }
+
+    /// With `true`, an unreadable image or video is left out and listed in the manifest
     /// ([`CachedImages::skipped`]) instead of failing the build.
     pub fn skip_bad(mut self, skip: bool) -> Self {
         self.skip_bad = skip;
         self
     }
 
-    /// Bytes of pixels per shard file (at least one image per shard).
+    /// Bytes of pixels per shard file (at least one item per shard).
     pub fn shard_bytes(mut self, bytes: usize) -> Self {
         self.shard_bytes = bytes;
         self
@@ -88,7 +101,7 @@ impl ImageCache {
         source: &ImageSource,
         preprocess: &Preprocess,
     ) -> Result<CachedImages, CacheError> {
-        let (height, width) = preprocess.fixed_size().ok_or(CacheError::VariableSize)?;
+        let size = preprocess.fixed_size().ok_or(CacheError::VariableSize)?;
         let files = source.files()?;
         let hashes = files
             .par_iter()
@@ -98,7 +111,55 @@ impl ImageCache {
                     .map_err(|e| CacheError::io(&file.path, e))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let key = cache_key(preprocess, &files, &hashes);
+        let sources = names_and_hashes(files.iter().map(|f| f.name.clone()), hashes);
+        self.load_entry("images", preprocess, size, 1, sources, |i| {
+            let image = decode(&files[i].path)?;
+            Ok(to_chw(&preprocess.resize_and_crop(&image)?))
+        })
+    }
+
+    /// The clips of `source`'s videos: `spec.frames` frames sampled uniformly from each video
+    /// and preprocessed, stored as `[T, 3, H, W]` per video. Cached, validated and rebuilt as
+    /// [`ImageCache::load`] does; a video's content is its file's bytes, or every frame file's
+    /// name and bytes.
+    pub fn load_clips(
+        &self,
+        source: &VideoSource,
+        spec: &ClipSpec,
+    ) -> Result<CachedImages, CacheError> {
+        if spec.frames == 0 {
+            return Err(CacheError::Config(
+                "a clip needs at least one frame (ClipSpec::frames is 0)".into(),
+            ));
+        }
+        let size = spec
+            .preprocess
+            .fixed_size()
+            .ok_or(CacheError::VariableSize)?;
+        let videos = source.videos()?;
+        let hashes = videos
+            .par_iter()
+            .map(|video| video.hash())
+            .collect::<Result<Vec<_>, _>>()?;
+        let sources = names_and_hashes(videos.iter().map(|v| v.source.name.clone()), hashes);
+        self.load_entry("clips", &spec.preprocess, size, spec.frames, sources, |i| {
+            videos[i].clip(spec)
+        })
+    }
+
+    /// The entry of `sources` (in order) after `preprocess` (giving frames of `height × width`),
+    /// `frames` frames an item: opened when valid, else built with `produce(i)`, the 8-bit
+    /// `[frames, 3, H, W]` pixels of item `i`.
+    fn load_entry(
+        &self,
+        what: &str,
+        preprocess: &Preprocess,
+        (height, width): (u32, u32),
+        frames: u32,
+        sources: Vec<CachedSource>,
+        produce: impl Fn(usize) -> Result<Vec<u8>, CacheError> + Sync,
+    ) -> Result<CachedImages, CacheError> {
+        let key = cache_key(preprocess, frames, self.stored, &sources);
         let root = self.entries();
         let dir = root.join(&key);
 
@@ -118,15 +179,19 @@ impl ImageCache {
         if let Some(reason) = &stale {
             log::warn!("rebuilding cache entry {}: {reason}", dir.display());
         }
-        let manifest = self.build(
-            &root,
-            &dir,
-            &key,
-            preprocess,
-            &files,
-            hashes,
-            (height, width),
-        )?;
+        let manifest = Manifest {
+            format: FORMAT_VERSION,
+            key,
+            preprocess: preprocess.clone(),
+            frames,
+            height,
+            width,
+            stored: self.stored,
+            sources,
+            skipped: Vec::new(),
+            shards: Vec::new(),
+        };
+        let manifest = self.build(what, &root, &dir, manifest, produce)?;
         let (manifest, shards) = store::open_entry(&dir, &manifest.key).map_err(|e| {
             CacheError::Io(format!(
                 "{}: the entry just written cannot be read: {e:?}",
@@ -155,77 +220,74 @@ impl ImageCache {
             });
         }
         Ok(CachedImages {
-            manifest,
-            shards,
-            dir,
+            entry: Arc::new(Entry {
+                manifest,
+                shards,
+                dir,
+            }),
             outcome,
         })
     }
 
-    /// Decodes and preprocesses every file in parallel, shard by shard, into a temporary entry,
-    /// then moves it into place.
-    #[allow(clippy::too_many_arguments)]
+    /// Produces every item of `pending` (its `sources`, no shards yet) in parallel, shard by
+    /// shard, into a temporary entry, then moves it into place.
     fn build(
         &self,
+        what: &str,
         root: &Path,
         dir: &Path,
-        key: &str,
-        preprocess: &Preprocess,
-        files: &[SourceFile],
-        hashes: Vec<String>,
-        (height, width): (u32, u32),
+        pending: Manifest,
+        produce: impl Fn(usize) -> Result<Vec<u8>, CacheError> + Sync,
     ) -> Result<Manifest, CacheError> {
-        let partial = Partial::new(root, key)?;
-        let image_bytes = 3 * height as usize * width as usize;
-        let per_shard = (self.shard_bytes / image_bytes).max(1);
-        let progress = progress_bar(files.len());
+        let partial = Partial::new(root, &pending.key)?;
+        let item_bytes = pending.item_bytes();
+        let per_shard = (self.shard_bytes / item_bytes).max(1);
+        let frame_shape = [
+            pending.frames as usize,
+            3,
+            pending.height as usize,
+            pending.width as usize,
+        ];
+        let affine = pending.preprocess.affine();
+        let stored = pending.stored;
+        let progress = progress_bar(what, pending.sources.len());
         let mut manifest = Manifest {
-            format: FORMAT_VERSION,
-            key: key.to_string(),
-            preprocess: preprocess.clone(),
-            height,
-            width,
             sources: Vec::new(),
-            skipped: Vec::new(),
-            shards: Vec::new(),
+            ..pending.clone()
         };
-        for (chunk, chunk_hashes) in files.chunks(per_shard).zip(hashes.chunks(per_shard)) {
-            let decoded: Vec<Result<Vec<u8>, CacheError>> = chunk
+        let indices: Vec<usize> = (0..pending.sources.len()).collect();
+        for chunk in indices.chunks(per_shard) {
+            let produced: Vec<Result<Vec<u8>, CacheError>> = chunk
                 .par_iter()
-                .map(|file| {
-                    let pixels = decode(&file.path)
-                        .and_then(|image| preprocess.resize_and_crop(&image))
-                        .map(|image| to_chw(&image));
+                .map(|&i| {
+                    let pixels = produce(i).map(|bytes| encode(stored, affine, bytes, frame_shape));
                     progress.inc(1);
                     pixels
                 })
                 .collect();
-            let mut pixels = Vec::with_capacity(chunk.len() * image_bytes);
-            let mut images = 0;
-            for ((file, hash), result) in chunk.iter().zip(chunk_hashes).zip(decoded) {
+            let mut pixels = Vec::with_capacity(chunk.len() * item_bytes);
+            let mut items = 0;
+            for (&i, result) in chunk.iter().zip(produced) {
+                let source = &pending.sources[i];
                 match result {
-                    Ok(chw) => {
-                        pixels.extend_from_slice(&chw);
-                        images += 1;
-                        manifest.sources.push(CachedSource {
-                            name: file.name.clone(),
-                            hash: hash.clone(),
-                        });
+                    Ok(bytes) => {
+                        pixels.extend_from_slice(&bytes);
+                        items += 1;
+                        manifest.sources.push(source.clone());
                     }
                     Err(e @ CacheError::BadImage { .. }) if self.skip_bad => {
                         log::warn!("skipping {e}");
                         manifest.skipped.push(Skipped {
-                            name: file.name.clone(),
+                            name: source.name.clone(),
                             reason: e.to_string(),
                         });
                     }
                     Err(e) => return Err(e),
                 }
             }
-            if images > 0 {
+            if items > 0 {
                 let index = manifest.shards.len();
-                let shard =
-                    store::write_shard(&partial.path, index, &pixels, images, height, width)?;
+                let shard = store::write_shard(&partial.path, index, &pixels, items, &manifest)?;
                 manifest.shards.push(shard);
             }
         }
@@ -238,64 +300,119 @@ impl ImageCache {
     }
 }
 
+/// An item's 8-bit pixels in the stored form: as they are, or normalised to f16 / f32 bytes.
+fn encode(
+    stored: Stored,
+    affine: ([f32; 3], [f32; 3]),
+    bytes: Vec<u8>,
+    shape: [usize; 4],
+) -> Vec<u8> {
+    match stored {
+        Stored::U8 => bytes,
+        Stored::F16 => normalise_bytes(affine, &bytes, shape)
+            .into_iter()
+            .flat_map(|v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+        Stored::F32 => normalise_bytes(affine, &bytes, shape)
+            .into_iter()
+            .flat_map(f32::to_le_bytes)
+            .collect(),
+    }
+}
+
+fn names_and_hashes(names: impl Iterator<Item = String>, hashes: Vec<String>) -> Vec<CachedSource> {
+    names
+        .zip(hashes)
+        .map(|(name, hash)| CachedSource { name, hash })
+        .collect()
+}
+
 /// A progress bar on stderr for builds of more than a handful of images (hidden when stderr is
 /// not a terminal).
-fn progress_bar(len: usize) -> ProgressBar {
+fn progress_bar(what: &str, len: usize) -> ProgressBar {
     if len < 64 {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(len as u64);
     bar.set_style(
-        ProgressStyle::with_template("caching images {bar:40} {pos}/{len} [{elapsed} < {eta}]")
-            .expect("a valid template"),
+        ProgressStyle::with_template(&format!(
+            "caching {what} {{bar:40}} {{pos}}/{{len}} [{{elapsed}} < {{eta}}]"
+        ))
+        .expect("a valid template"),
     );
     bar
 }
 
-/// The cache key: a hash of the format version, the preprocessing, and every file's name and
-/// content hash in order.
-fn cache_key(preprocess: &Preprocess, files: &[SourceFile], hashes: &[String]) -> String {
+/// The cache key: a hash of the format version, the preprocessing, the frames per item, the
+/// storage, and every source's name and content hash in order.
+fn cache_key(
+    preprocess: &Preprocess,
+    frames: u32,
+    stored: Stored,
+    sources: &[CachedSource],
+) -> String {
     #[derive(Serialize)]
     struct Key<'a> {
         format: u32,
         preprocess: &'a Preprocess,
-        files: Vec<(&'a str, &'a str)>,
+        frames: u32,
+        stored: Stored,
+        sources: &'a [CachedSource],
     }
     let key = Key {
         format: FORMAT_VERSION,
         preprocess,
-        files: files
-            .iter()
-            .zip(hashes)
-            .map(|(f, h)| (f.name.as_str(), h.as_str()))
-            .collect(),
+        frames,
+        stored,
+        sources,
     };
     hash_hex(&serde_json::to_vec(&key).expect("keys serialise"))
 }
 
-/// A cached dataset: `len()` images of `3 × height × width` 8-bit RGB, memory-mapped.
-#[derive(Debug)]
+/// A cached dataset, memory-mapped: `len()` items, each an image (`[3, H, W]`) or a clip of
+/// `frames()` frames (`[T, 3, H, W]`). Cloning is cheap (the mapping is shared), so background
+/// threads can read it.
+#[derive(Debug, Clone)]
 pub struct CachedImages {
-    manifest: Manifest,
-    shards: Vec<Shard>,
-    dir: PathBuf,
+    entry: Arc<Entry>,
     outcome: Outcome,
 }
 
+#[derive(Debug)]
+struct Entry {
+    manifest: Manifest,
+    shards: Vec<Shard>,
+    dir: PathBuf,
+}
+
 impl CachedImages {
-    /// Number of images.
-    pub fn len(&self) -> usize {
-        self.manifest.sources.len()
+    fn manifest(&self) -> &Manifest {
+        &self.entry.manifest
     }
 
-    /// Whether there are no images (never true: a build without images is an error).
+    /// Number of items (images, or clips).
+    pub fn len(&self) -> usize {
+        self.manifest().sources.len()
+    }
+
+    /// Whether there are no items (never true: a build without items is an error).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// `(height, width)` of every image.
+    /// `(height, width)` of every frame.
     pub fn size(&self) -> (u32, u32) {
-        (self.manifest.height, self.manifest.width)
+        (self.manifest().height, self.manifest().width)
+    }
+
+    /// Frames per item: 1 for images, T for clips.
+    pub fn frames(&self) -> u32 {
+        self.manifest().frames
+    }
+
+    /// How the pixels are stored.
+    pub fn stored(&self) -> Stored {
+        self.manifest().stored
     }
 
     /// Whether this load hit the cache, built it, or rebuilt a damaged entry.
@@ -305,56 +422,101 @@ impl CachedImages {
 
     /// The entry's directory.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        &self.entry.dir
     }
 
     /// The preprocessing the pixels went through.
     pub fn preprocess(&self) -> &Preprocess {
-        &self.manifest.preprocess
+        &self.manifest().preprocess
     }
 
-    /// Names of the cached images, in order.
+    /// Names of the cached items (image files, or videos), in order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.manifest.sources.iter().map(|s| s.name.as_str())
+        self.manifest().sources.iter().map(|s| s.name.as_str())
     }
 
-    /// Files left out because they could not be read (only with `skip_bad`).
+    /// Sources left out because they could not be read (only with `skip_bad`).
     pub fn skipped(&self) -> &[Skipped] {
-        &self.manifest.skipped
+        &self.manifest().skipped
     }
 
-    fn image_bytes(&self) -> usize {
-        3 * self.manifest.height as usize * self.manifest.width as usize
+    /// Bytes of one stored item.
+    pub fn item_bytes(&self) -> usize {
+        self.manifest().item_bytes()
     }
 
-    /// Image `index` as `3 × H × W` bytes.
+    /// The stored bytes of item `index`: `[3, H, W]` (an image) or `[T, 3, H, W]` (a clip) of
+    /// u8, or of little-endian f16 / f32 when stored normalised.
     ///
     /// # Panics
     /// If `index >= len()`.
-    pub fn image(&self, index: usize) -> &[u8] {
-        let bytes = self.image_bytes();
+    pub fn item(&self, index: usize) -> &[u8] {
+        let bytes = self.item_bytes();
         let mut first = 0;
-        for (shard, info) in self.shards.iter().zip(&self.manifest.shards) {
-            if index < first + info.images {
+        for (shard, info) in self.entry.shards.iter().zip(&self.manifest().shards) {
+            if index < first + info.items {
                 let offset = (index - first) * bytes;
                 return &shard.pixels()[offset..offset + bytes];
             }
-            first += info.images;
+            first += info.items;
         }
-        panic!("image {index} of {}", self.len());
+        panic!("item {index} of {}", self.len());
     }
 
-    /// The bytes of images `range`, `[n, 3, H, W]`, contiguous across shards.
-    fn gather(&self, range: Range<usize>) -> Vec<u8> {
-        let mut out = Vec::with_capacity(range.len() * self.image_bytes());
-        for index in range {
-            out.extend_from_slice(self.image(index));
+    /// Checks that every index is an item.
+    fn check(&self, indices: &[usize]) -> Result<(), CacheError> {
+        match indices.iter().find(|&&i| i >= self.len()) {
+            Some(&i) => Err(CacheError::Range {
+                range: i..i + 1,
+                len: self.len(),
+            }),
+            None if indices.is_empty() => Err(CacheError::Range {
+                range: 0..0,
+                len: self.len(),
+            }),
+            None => Ok(()),
         }
-        out
     }
 
-    /// Uploads images `range` to `device` as a `[n, 3, H, W]` tensor in `precision`, rescaled and
-    /// normalised on the device (see [`normalize_on_device`]).
+    /// The frames of `indices` (checked) ready on the host for a device that normalises on the
+    /// host (`on_host`) or not, as `[n·T, 3, H, W]`.
+    pub(crate) fn host_batch(&self, indices: &[usize], on_host: bool) -> HostBatch {
+        let mut bytes = Vec::with_capacity(indices.len() * self.item_bytes());
+        for &index in indices {
+            bytes.extend_from_slice(self.item(index));
+        }
+        let (height, width) = self.size();
+        let shape = [
+            indices.len() * self.frames() as usize,
+            3,
+            height as usize,
+            width as usize,
+        ];
+        HostBatch::prepare(
+            self.preprocess().affine(),
+            self.stored(),
+            bytes,
+            shape,
+            on_host,
+        )
+    }
+
+    /// The frames of items `indices`, in that order, on `device` as a `[n·T, 3, H, W]` tensor in
+    /// `precision`, rescaled and normalised (on the device where it stores u8; see
+    /// [`crate::normalize_on_device`]).
+    pub fn upload_indices<B: Backend>(
+        &self,
+        indices: &[usize],
+        device: &B::Device,
+        precision: Precision,
+    ) -> Result<Tensor<B, 4>, CacheError> {
+        self.check(indices)?;
+        let batch = self.host_batch(indices, normalises_on_host::<B>(device));
+        Ok(batch.upload(self.preprocess().affine(), device, precision))
+    }
+
+    /// Items `range` on `device`: images as `[n, 3, H, W]`, clips as their frames
+    /// `[n·T, 3, H, W]` (what a per-frame encoder takes), in `precision`, normalised.
     pub fn upload<B: Backend>(
         &self,
         range: Range<usize>,
@@ -367,14 +529,19 @@ impl CachedImages {
                 len: self.len(),
             });
         }
-        let (height, width) = self.size();
-        let shape = [range.len(), 3, height as usize, width as usize];
-        Ok(normalize_on_device(
-            self.preprocess(),
-            self.gather(range),
-            shape,
-            device,
-            precision,
-        ))
+        self.upload_indices(&range.collect::<Vec<_>>(), device, precision)
+    }
+
+    /// Clips `range` on `device` as `[n, T, 3, H, W]`, in `precision`, normalised.
+    pub fn upload_clips<B: Backend>(
+        &self,
+        range: Range<usize>,
+        device: &B::Device,
+        precision: Precision,
+    ) -> Result<Tensor<B, 5>, CacheError> {
+        let clips = range.len();
+        let frames = self.upload(range, device, precision)?;
+        let [_, channels, height, width] = frames.dims();
+        Ok(frames.reshape([clips, self.frames() as usize, channels, height, width]))
     }
 }

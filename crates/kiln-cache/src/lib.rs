@@ -26,23 +26,31 @@
 //! used. Processes building the same entry take turns through a lock file.
 
 mod decode;
+mod feed;
 mod images;
+#[cfg(feature = "video")]
+mod mp4;
 mod preprocess;
+mod residency;
 mod sources;
 mod store;
 mod upload;
+mod video;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 pub use decode::{IMAGE_EXTENSIONS, decode, to_rgb8};
+pub use feed::{Batch, Batches, DeviceImages, Order};
 pub use images::{CachedImages, DEFAULT_SHARD_BYTES, ImageCache, Outcome};
 pub use preprocess::{
     CLIP_MEAN, CLIP_STD, Crop, IMAGENET_MEAN, IMAGENET_STD, Normalize, Preprocess, Resample, Resize,
 };
+pub use residency::{Residency, ResidencyPlan};
 pub use sources::{ImageSource, SourceFile};
-pub use store::{FORMAT_VERSION, Skipped};
+pub use store::{FORMAT_VERSION, Skipped, Stored};
 pub use upload::{normalize_on_device, to_chw};
+pub use video::{ClipSpec, MP4_EXTENSIONS, VideoSource, sample_frames};
 
 /// Why images could not be cached or read.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +58,7 @@ pub enum CacheError {
     /// A file or directory could not be read or written.
     #[error("{0}")]
     Io(String),
-    /// An image file could not be decoded.
+    /// An image or video file could not be decoded.
     #[error("{path}: {reason}")]
     BadImage {
         /// The file.
@@ -77,8 +85,8 @@ pub enum CacheError {
     /// Every image was unreadable.
     #[error("none of the images could be read ({0} skipped)")]
     NoUsableImages(usize),
-    /// Images asked for beyond the dataset.
-    #[error("images {range:?} asked for, the dataset has {len}")]
+    /// Items asked for beyond the dataset.
+    #[error("items {range:?} asked for, the dataset has {len}")]
     Range {
         /// The range asked for.
         range: Range<usize>,

@@ -68,7 +68,7 @@ fn is_image(path: &Path) -> bool {
 }
 
 /// Image files below `dir`; directories are entered, symbolic links to files followed.
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), CacheError> {
+pub(crate) fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), CacheError> {
     let entries = std::fs::read_dir(dir).map_err(|e| CacheError::io(dir, e))?;
     for entry in entries {
         let entry = entry.map_err(|e| CacheError::io(dir, e))?;

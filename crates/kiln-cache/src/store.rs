@@ -1,6 +1,6 @@
 //! The on-disk format of a cache entry: a directory named by the cache key holding
-//! `manifest.json` and safetensors shards of `pixels` `[n, 3, H, W]` u8, each with its checksum in
-//! the manifest. Entries are built in a temporary directory and renamed into place, so a reader
+//! `manifest.json` and safetensors shards of `pixels` (`[n, 3, H, W]` images or `[n, T, 3, H, W]`
+//! clips; u8, or normalised f16 / f32), each with its checksum in the manifest. Entries are built in a temporary directory and renamed into place, so a reader
 //! sees a whole entry or none; shards are memory-mapped.
 
 use std::fs::File;
@@ -14,17 +14,50 @@ use crate::CacheError;
 use crate::preprocess::Preprocess;
 
 /// Version of the entry format; entries of another version are rebuilt.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Name of the tensor each shard holds.
 const PIXELS: &str = "pixels";
 
-/// One cached image's source.
+/// How pixels are stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stored {
+    /// 8-bit values after resize and crop (the default: 4× smaller than f32); rescale and
+    /// normalisation happen on the device at upload.
+    #[default]
+    U8,
+    /// Rescaled and normalised, as f16 (2 bytes a value).
+    F16,
+    /// Rescaled and normalised, as f32 (4 bytes a value).
+    F32,
+}
+
+impl Stored {
+    /// Bytes of one stored value.
+    pub fn size_of(self) -> usize {
+        match self {
+            Stored::U8 => 1,
+            Stored::F16 => 2,
+            Stored::F32 => 4,
+        }
+    }
+
+    fn dtype(self) -> Dtype {
+        match self {
+            Stored::U8 => Dtype::U8,
+            Stored::F16 => Dtype::F16,
+            Stored::F32 => Dtype::F32,
+        }
+    }
+}
+
+/// One cached item's source: an image file, or a video (a file, or a folder of frames).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CachedSource {
     /// Name (path relative to the source folder, or as given).
     pub name: String,
-    /// xxh3-128 of the file's bytes, hex.
+    /// xxh3-128 of the file's bytes (of a frame folder: of its frames' names and hashes), hex.
     pub hash: String,
 }
 
@@ -42,8 +75,8 @@ pub struct Skipped {
 pub struct ShardInfo {
     /// File name inside the entry.
     pub file: String,
-    /// Images it holds.
-    pub images: usize,
+    /// Items (images or clips) it holds.
+    pub items: usize,
     /// xxh3-128 of its pixel bytes, hex.
     pub checksum: String,
 }
@@ -57,16 +90,37 @@ pub struct Manifest {
     pub key: String,
     /// The preprocessing that produced the pixels.
     pub preprocess: Preprocess,
-    /// Height of every image.
+    /// Frames per item: 1 for images, T for clips (stored `[T, 3, H, W]`).
+    pub frames: u32,
+    /// Height of every frame.
     pub height: u32,
-    /// Width of every image.
+    /// Width of every frame.
     pub width: u32,
-    /// The images, in order.
+    /// How the values are stored.
+    pub stored: Stored,
+    /// The items, in order.
     pub sources: Vec<CachedSource>,
-    /// Files that could not be read, when building with `skip_bad`.
+    /// Sources that could not be read, when building with `skip_bad`.
     pub skipped: Vec<Skipped>,
     /// The shards, in order.
     pub shards: Vec<ShardInfo>,
+}
+
+impl Manifest {
+    /// Bytes of one stored item.
+    pub fn item_bytes(&self) -> usize {
+        self.item_shape().iter().product::<usize>() * self.stored.size_of()
+    }
+
+    /// Shape of one item: `[3, H, W]` for images, `[T, 3, H, W]` for clips.
+    pub fn item_shape(&self) -> Vec<usize> {
+        let frame = [3, self.height as usize, self.width as usize];
+        if self.frames == 1 {
+            frame.to_vec()
+        } else {
+            [&[self.frames as usize][..], &frame].concat()
+        }
+    }
 }
 
 /// xxh3-128 of `bytes`, hex.
@@ -84,7 +138,7 @@ pub struct Shard {
 }
 
 impl Shard {
-    /// The pixel bytes, `[n, 3, H, W]` row-major.
+    /// The stored bytes, `[n, …item shape]` row-major.
     pub fn pixels(&self) -> &[u8] {
         &self.map[self.start..self.end]
     }
@@ -121,19 +175,19 @@ pub fn open_entry(dir: &Path, key: &str) -> Result<(Manifest, Vec<Shard>), Inval
             manifest.key
         )));
     }
-    let image_bytes = 3 * manifest.height as usize * manifest.width as usize;
+    let item_bytes = manifest.item_bytes();
     let shards = manifest
         .shards
         .iter()
         .map(|info| {
-            let shard = map_shard(&dir.join(&info.file))?;
+            let shard = map_shard(&dir.join(&info.file), manifest.stored)?;
             let pixels = shard.pixels();
-            if pixels.len() != info.images * image_bytes {
+            if pixels.len() != info.items * item_bytes {
                 return Err(format!(
-                    "{} holds {} bytes, expected {} images of {image_bytes}",
+                    "{} holds {} bytes, expected {} items of {item_bytes}",
                     info.file,
                     pixels.len(),
-                    info.images
+                    info.items
                 ));
             }
             if hash_hex(pixels) != info.checksum {
@@ -143,17 +197,17 @@ pub fn open_entry(dir: &Path, key: &str) -> Result<(Manifest, Vec<Shard>), Inval
         })
         .collect::<Result<Vec<_>, String>>()
         .map_err(Invalid::Stale)?;
-    let stored: usize = manifest.shards.iter().map(|s| s.images).sum();
+    let stored: usize = manifest.shards.iter().map(|s| s.items).sum();
     if stored != manifest.sources.len() {
         return Err(Invalid::Stale(format!(
-            "{stored} images in shards, {} in the manifest",
+            "{stored} items in shards, {} in the manifest",
             manifest.sources.len()
         )));
     }
     Ok((manifest, shards))
 }
 
-fn map_shard(path: &Path) -> Result<Shard, String> {
+fn map_shard(path: &Path, stored: Stored) -> Result<Shard, String> {
     let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     // SAFETY: shard files are written once under a temporary name and renamed into place; kiln
     // never modifies one afterwards, and a damaged one is detected by its checksum.
@@ -165,8 +219,12 @@ fn map_shard(path: &Path) -> Result<Shard, String> {
         let view = tensors
             .tensor(PIXELS)
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        if view.dtype() != Dtype::U8 {
-            return Err(format!("{}: pixels are {:?}", path.display(), view.dtype()));
+        if view.dtype() != stored.dtype() {
+            return Err(format!(
+                "{}: pixels are {:?}, the manifest says {stored:?}",
+                path.display(),
+                view.dtype()
+            ));
         }
         let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
         (start, start + view.data().len())
@@ -174,20 +232,19 @@ fn map_shard(path: &Path) -> Result<Shard, String> {
     Ok(Shard { map, start, end })
 }
 
-/// Writes shard `index` of `pixels` (`images` images of `3 × height × width`) into `dir`, synced
-/// to disk, and returns its manifest line.
+/// Writes shard `index` of `pixels` (`items` items of the manifest's item shape and storage) into
+/// `dir`, synced to disk, and returns its manifest line.
 pub fn write_shard(
     dir: &Path,
     index: usize,
     pixels: &[u8],
-    images: usize,
-    height: u32,
-    width: u32,
+    items: usize,
+    manifest: &Manifest,
 ) -> Result<ShardInfo, CacheError> {
     let file = format!("shard-{index:05}.safetensors");
     let path = dir.join(&file);
-    let shape = vec![images, 3, height as usize, width as usize];
-    let view = TensorView::new(Dtype::U8, shape, pixels)
+    let shape = [&[items][..], &manifest.item_shape()].concat();
+    let view = TensorView::new(manifest.stored.dtype(), shape, pixels)
         .map_err(|e| CacheError::Io(format!("{}: {e}", path.display())))?;
     safetensors::serialize_to_file([(PIXELS, view)], None, &path)
         .map_err(|e| CacheError::Io(format!("{}: {e}", path.display())))?;
@@ -196,7 +253,7 @@ pub fn write_shard(
         .map_err(|e| CacheError::io(&path, e))?;
     Ok(ShardInfo {
         file,
-        images,
+        items,
         checksum: hash_hex(pixels),
     })
 }

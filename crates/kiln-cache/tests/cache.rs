@@ -42,13 +42,13 @@ fn a_second_load_hits_and_returns_the_same_pixels() {
     let second = cache.load(&source, &preprocess).unwrap();
     assert_eq!(second.outcome(), &Outcome::Hit);
     for i in 0..5 {
-        assert_eq!(first.image(i), second.image(i));
+        assert_eq!(first.item(i), second.item(i));
     }
     // What is stored is what decode + preprocess produce.
     let direct = preprocess
         .resize_and_crop(&decode(&images.path().join("gray.png")).unwrap())
         .unwrap();
-    assert_eq!(second.image(2), to_chw(&direct).as_slice());
+    assert_eq!(second.item(2), to_chw(&direct).as_slice());
 }
 
 #[test]
@@ -69,8 +69,8 @@ fn a_changed_source_or_config_builds_a_new_entry() {
     assert_eq!(changed.outcome(), &Outcome::Built);
     assert_ne!(changed.dir(), before.dir());
     assert_eq!(
-        changed.image(2),
-        changed.image(4),
+        changed.item(2),
+        changed.item(4),
         "gray.png is now a copy of wide.png"
     );
 
@@ -109,7 +109,7 @@ fn stale_and_damaged_entries_are_rebuilt_never_used() {
     let preprocess = Preprocess::dinov2(28, 24);
     let good = cache.load(&source, &preprocess).unwrap();
     let entry = good.dir().to_path_buf();
-    let pixels: Vec<u8> = good.image(0).to_vec();
+    let pixels: Vec<u8> = good.item(0).to_vec();
     drop(good);
 
     let rebuilt = |why: &str| {
@@ -118,7 +118,7 @@ fn stale_and_damaged_entries_are_rebuilt_never_used() {
             Outcome::Rebuilt(reason) => assert!(reason.contains(why), "{reason}"),
             other => panic!("expected a rebuild ({why}), got {other:?}"),
         }
-        assert_eq!(again.image(0), pixels.as_slice());
+        assert_eq!(again.item(0), pixels.as_slice());
     };
 
     // An entry written by another format version.
@@ -160,7 +160,7 @@ fn concurrent_fills_build_once_and_agree() {
                     let images = ImageCache::new(cache_dir.path())
                         .load(&source, &preprocess)
                         .unwrap();
-                    (images.outcome().clone(), images.image(3).to_vec())
+                    (images.outcome().clone(), images.item(3).to_vec())
                 })
             })
             .collect();
@@ -253,7 +253,7 @@ fn shards_split_large_sets_and_uploads_normalise_on_the_device() {
     let values = batch.into_data().to_vec::<f32>().unwrap();
     // SigLIP: x / 127.5 - 1.
     let expected: Vec<f32> = (1..4)
-        .flat_map(|i| loaded.image(i).iter().map(|&v| v as f32 / 127.5 - 1.0))
+        .flat_map(|i| loaded.item(i).iter().map(|&v| v as f32 / 127.5 - 1.0))
         .collect();
     let worst = values
         .iter()

@@ -1,0 +1,319 @@
+//! Feeding a cached dataset to a device, batch after batch, pass after pass: from a tensor
+//! resident on the device, or streamed from the host with background threads preparing the next
+//! batches while the device computes. The same batches serve inference (in order) and training
+//! (shuffled, from a seed: the same seed and epoch give the same order on every run and with any
+//! number of workers).
+//!
+//! ```no_run
+//! use burn::backend::Flex;
+//! use kiln_cache::{ImageCache, ImageSource, Order, Preprocess, Residency};
+//! use kiln_precision::Precision;
+//!
+//! let images = ImageCache::new(ImageCache::default_dir())
+//!     .load(&ImageSource::Folder("images/".into()), &Preprocess::clip(224))?;
+//! let device = Default::default();
+//! let plan = images.plan_residency::<Flex>(&device, Precision::F32, 600 << 20, None, None);
+//! eprintln!("{plan}");
+//! let feed = images.to_device::<Flex>(&device, Precision::F32, plan.residency);
+//! for epoch in 0..3 {
+//!     for batch in feed.batches(32, Order::Shuffled { seed: 7, epoch }) {
+//!         let (indices, pixels) = (batch.indices, batch.pixels); // [32, 3, 224, 224]
+//!     }
+//! }
+//! # Ok::<(), kiln_cache::CacheError>(())
+//! ```
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use kiln_precision::Precision;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+use crate::images::CachedImages;
+use crate::residency::Residency;
+use crate::upload::{HostBatch, normalise_on_device, normalises_on_host};
+
+/// The order of items in a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// 0, 1, …, N − 1.
+    Sequential,
+    /// A permutation drawn from ChaCha8 seeded with `seed`, stream `epoch`.
+    Shuffled {
+        /// The run's seed.
+        seed: u64,
+        /// The epoch: each gets its own permutation.
+        epoch: u64,
+    },
+}
+
+impl Order {
+    /// The items of a dataset of `len` in this order.
+    pub fn indices(self, len: usize) -> Vec<usize> {
+        let mut indices: Vec<usize> = (0..len).collect();
+        if let Order::Shuffled { seed, epoch } = self {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            rng.set_stream(epoch);
+            indices.shuffle(&mut rng);
+        }
+        indices
+    }
+}
+
+/// One batch: which items, and their frames on the device (`[n·T, 3, H, W]`, normalised, in the
+/// feed's precision).
+#[derive(Debug, Clone)]
+pub struct Batch<B: Backend> {
+    /// The items in the batch, in order.
+    pub indices: Vec<usize>,
+    /// Their pixels.
+    pub pixels: Tensor<B, 4>,
+}
+
+/// A cached dataset bound to a device and a precision, resident there or streamed from the host.
+#[derive(Debug)]
+pub struct DeviceImages<B: Backend> {
+    images: CachedImages,
+    device: B::Device,
+    precision: Precision,
+    resident: Option<Resident<B>>,
+    workers: usize,
+    prefetch: usize,
+}
+
+/// The dataset on the device, every frame, `[N·T, 3, H, W]`.
+#[derive(Debug)]
+enum Resident<B: Backend> {
+    /// Normalised, in the feed's precision.
+    Normalised(Tensor<B, 4>),
+    /// 8-bit, normalised batch by batch on the device.
+    Bytes(Tensor<B, 4, Int>),
+}
+
+impl CachedImages {
+    /// Binds the dataset to `device` in `precision`. With [`Residency::Device`] every frame is
+    /// uploaded now, once (as u8 where the device stores u8 and the pixels are 8-bit, else
+    /// normalised in `precision`); with [`Residency::Host`] batches are streamed.
+    pub fn to_device<B: Backend>(
+        &self,
+        device: &B::Device,
+        precision: Precision,
+        residency: Residency,
+    ) -> DeviceImages<B> {
+        let resident = (residency == Residency::Device).then(|| {
+            let all: Vec<usize> = (0..self.len()).collect();
+            match self.host_batch(&all, normalises_on_host::<B>(device)) {
+                HostBatch::Bytes(bytes, shape) => Resident::Bytes(Tensor::from_data(
+                    TensorData::new(bytes, shape),
+                    (device, burn::tensor::DType::U8),
+                )),
+                values => Resident::Normalised(values.upload(
+                    self.preprocess().affine(),
+                    device,
+                    precision,
+                )),
+            }
+        });
+        DeviceImages {
+            images: self.clone(),
+            device: device.clone(),
+            precision,
+            resident,
+            workers: 2,
+            prefetch: 2,
+        }
+    }
+}
+
+impl<B: Backend> DeviceImages<B> {
+    /// Background threads preparing streamed batches (default 2; at least 1).
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = workers.max(1);
+        self
+    }
+
+    /// Batches each streaming thread may hold ready (default 2; at least 1).
+    pub fn prefetch(mut self, batches: usize) -> Self {
+        self.prefetch = batches.max(1);
+        self
+    }
+
+    /// Where the dataset lives.
+    pub fn residency(&self) -> Residency {
+        match self.resident {
+            Some(_) => Residency::Device,
+            None => Residency::Host,
+        }
+    }
+
+    /// The dataset.
+    pub fn images(&self) -> &CachedImages {
+        &self.images
+    }
+
+    /// One pass over the dataset in `order`, `batch_size` items a batch (the last one may be
+    /// smaller; a batch size of 0 is taken as 1).
+    pub fn batches(&self, batch_size: usize, order: Order) -> Batches<'_, B> {
+        let batch_size = batch_size.max(1);
+        let order = Arc::new(order.indices(self.images.len()));
+        let count = order.len().div_ceil(batch_size);
+        let streams = match self.resident {
+            Some(_) => Vec::new(),
+            None => (0..self.workers.min(count))
+                .map(|worker| {
+                    Stream::start(
+                        self.images.clone(),
+                        Arc::clone(&order),
+                        batch_size,
+                        worker,
+                        self.workers,
+                        self.prefetch,
+                        normalises_on_host::<B>(&self.device),
+                    )
+                })
+                .collect(),
+        };
+        Batches {
+            feed: self,
+            order,
+            batch_size,
+            next: 0,
+            count,
+            streams,
+        }
+    }
+
+    /// Items `indices` from the resident tensor, normalised, in the feed's precision.
+    fn resident_batch(&self, resident: &Resident<B>, indices: &[usize]) -> Tensor<B, 4> {
+        let frames = self.images.frames() as usize;
+        let first = indices[0];
+        let contiguous = indices.iter().enumerate().all(|(k, &i)| i == first + k);
+        let rows: Vec<i64> = indices
+            .iter()
+            .flat_map(|&i| (i * frames..(i + 1) * frames).map(|f| f as i64))
+            .collect();
+        let span = first * frames..(first + indices.len()) * frames;
+        let index =
+            || Tensor::<B, 1, Int>::from_data(TensorData::from(rows.as_slice()), &self.device);
+        match resident {
+            Resident::Normalised(all) if contiguous => all.clone().slice([span]),
+            Resident::Normalised(all) => all.clone().select(0, index()),
+            Resident::Bytes(all) => {
+                let bytes = if contiguous {
+                    all.clone().slice([span])
+                } else {
+                    all.clone().select(0, index())
+                };
+                normalise_on_device(bytes, self.images.preprocess().affine())
+                    .cast(self.precision.float_dtype())
+            }
+        }
+    }
+}
+
+/// One pass of batches; streaming threads stop when it is dropped.
+pub struct Batches<'a, B: Backend> {
+    feed: &'a DeviceImages<B>,
+    order: Arc<Vec<usize>>,
+    batch_size: usize,
+    next: usize,
+    count: usize,
+    streams: Vec<Stream>,
+}
+
+impl<B: Backend> Iterator for Batches<'_, B> {
+    type Item = Batch<B>;
+
+    fn next(&mut self) -> Option<Batch<B>> {
+        if self.next == self.count {
+            return None;
+        }
+        let batch = self.next;
+        self.next += 1;
+        let start = batch * self.batch_size;
+        let indices = self.order[start..(start + self.batch_size).min(self.order.len())].to_vec();
+        let pixels = match &self.feed.resident {
+            Some(resident) => self.feed.resident_batch(resident, &indices),
+            None => {
+                let streams = self.streams.len();
+                let stream = &mut self.streams[batch % streams];
+                stream.receive().upload(
+                    self.feed.images.preprocess().affine(),
+                    &self.feed.device,
+                    self.feed.precision,
+                )
+            }
+        };
+        Some(Batch { indices, pixels })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.count - self.next;
+        (left, Some(left))
+    }
+}
+
+impl<B: Backend> ExactSizeIterator for Batches<'_, B> {}
+
+/// A background thread preparing batches `worker`, `worker + workers`, … of a pass on the host,
+/// at most `prefetch` ahead of the consumer.
+struct Stream {
+    receiver: Option<Receiver<HostBatch>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Stream {
+    fn start(
+        images: CachedImages,
+        order: Arc<Vec<usize>>,
+        batch_size: usize,
+        worker: usize,
+        workers: usize,
+        prefetch: usize,
+        on_host: bool,
+    ) -> Self {
+        let (sender, receiver): (SyncSender<HostBatch>, _) = sync_channel(prefetch);
+        let thread = std::thread::Builder::new()
+            .name(format!("kiln-feed-{worker}"))
+            .spawn(move || {
+                for chunk in order.chunks(batch_size).skip(worker).step_by(workers) {
+                    // The consumer hung up (its pass was dropped): stop.
+                    if sender.send(images.host_batch(chunk, on_host)).is_err() {
+                        return;
+                    }
+                }
+            })
+            .expect("the OS starts a thread");
+        Stream {
+            receiver: Some(receiver),
+            thread: Some(thread),
+        }
+    }
+
+    /// The next batch of this stream; a panic in its thread is resumed here.
+    fn receive(&mut self) -> HostBatch {
+        let receiver = self.receiver.as_ref().expect("receiving until dropped");
+        match receiver.recv() {
+            Ok(batch) => batch,
+            Err(_) => match self.thread.take().map(JoinHandle::join) {
+                Some(Err(panic)) => std::panic::resume_unwind(panic),
+                _ => unreachable!("a stream ended before its last batch without panicking"),
+            },
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // Dropping the receiver first unblocks a thread waiting to send.
+        self.receiver.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
