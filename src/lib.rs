@@ -5,10 +5,13 @@
 //! This facade re-exports the member crates:
 //! - [`bench`]: honest benchmarks — device syncs, warm-up, percentiles, roofline, saved
 //!   baselines and comparisons (the `kiln-bench` binary runs kiln's suite).
-//! - [`cache`]: decode and preprocess images once (Hugging Face processor parity), store them as
-//!   memory-mapped 8-bit tensors, normalise batches on the device.
+//! - [`cache`]: decode and preprocess images and video clips once (Hugging Face processor
+//!   parity), store them as memory-mapped 8-bit tensors, keep them on the device or stream
+//!   prefetched batches, normalise batches on the device.
 //! - [`precision`]: run-time device selection ([`precision::DeviceSpec`]) and mixed-precision
 //!   policy ([`precision::PolicySpec`], [`precision::LossScale`]).
+//! - [`vision`]: CLIP, SigLIP / SigLIP2 and DINOv2 checkpoint configurations (the towers are
+//!   being added).
 //!
 //! Backends are cargo features: `flex` (default, CPU), `ndarray`, `wgpu`, `cuda`. One binary can
 //! hold several; the device is chosen at run time:
@@ -26,3 +29,4 @@ pub use burn;
 pub use kiln_bench as bench;
 pub use kiln_cache as cache;
 pub use kiln_precision as precision;
+pub use kiln_vision as vision;
