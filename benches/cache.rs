@@ -76,20 +76,30 @@ impl DeviceJob for Upload<'_> {
             let feed = self
                 .images
                 .to_device::<B>(device, Precision::F32, residency);
-            group.bench_function(format!("feed/{residency},b={BATCH},224px,f32"), |b| {
-                b.iter_custom(|iters| {
-                    B::sync(device).unwrap();
-                    let start = Instant::now();
-                    for epoch in 0..iters {
-                        let order = Order::Shuffled { seed: 0, epoch };
-                        for batch in feed.batches(BATCH, order) {
-                            black_box(batch.pixels);
-                        }
-                    }
-                    B::sync(device).unwrap();
-                    start.elapsed()
-                })
-            });
+            for shuffled in [false, true] {
+                let name = if shuffled { "shuffled" } else { "in order" };
+                group.bench_function(
+                    format!("feed/{residency},{name},b={BATCH},224px,f32"),
+                    |b| {
+                        b.iter_custom(|iters| {
+                            B::sync(device).unwrap();
+                            let start = Instant::now();
+                            for epoch in 0..iters {
+                                let order = if shuffled {
+                                    Order::Shuffled { seed: 0, epoch }
+                                } else {
+                                    Order::Sequential
+                                };
+                                for batch in feed.batches(BATCH, order) {
+                                    black_box(batch.pixels);
+                                }
+                            }
+                            B::sync(device).unwrap();
+                            start.elapsed()
+                        })
+                    },
+                );
+            }
         }
         group.finish();
     }

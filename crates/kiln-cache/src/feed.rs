@@ -12,6 +12,7 @@
 //! let images = ImageCache::new(ImageCache::default_dir())
 //!     .load(&ImageSource::Folder("images/".into()), &Preprocess::clip(224))?;
 //! let device = Default::default();
+//! // Flex is a host backend: the plan streams (and says why).
 //! let plan = images.plan_residency::<Flex>(&device, Precision::F32, 600 << 20, None, None);
 //! eprintln!("{plan}");
 //! let feed = images.to_device::<Flex>(&device, Precision::F32, plan.residency);

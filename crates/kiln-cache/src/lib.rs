@@ -46,7 +46,7 @@ pub use images::{CachedImages, DEFAULT_SHARD_BYTES, ImageCache, Outcome};
 pub use preprocess::{
     CLIP_MEAN, CLIP_STD, Crop, IMAGENET_MEAN, IMAGENET_STD, Normalize, Preprocess, Resample, Resize,
 };
-pub use residency::{Residency, ResidencyPlan};
+pub use residency::{DEVICE_MEMORY_SHARE, DeviceMemory, Residency, ResidencyPlan};
 pub use sources::{ImageSource, SourceFile};
 pub use store::{FORMAT_VERSION, Skipped, Stored};
 pub use upload::{normalize_on_device, to_chw};

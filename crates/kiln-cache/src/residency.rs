@@ -1,12 +1,14 @@
 //! Where a dataset lives while a job runs: the whole (8-bit where the device stores u8) tensor on
-//! the device when it fits next to the model, otherwise on the host, streamed to the device in
-//! batches prepared by background threads while the device computes.
+//! an accelerator when it fits next to the model, otherwise on the host, streamed to the device in
+//! batches prepared by background threads while the device computes. Host backends stream: the
+//! memory-mapped cache already is in their memory, and a resident copy would only hold it again
+//! as floats.
 
 use std::fmt;
 use std::str::FromStr;
 
 use burn::tensor::backend::Backend;
-use kiln_precision::Precision;
+use kiln_precision::{Precision, is_host_backend};
 
 use crate::CacheError;
 use crate::images::CachedImages;
@@ -50,17 +52,29 @@ impl FromStr for Residency {
     }
 }
 
+/// The memory of the device a job runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceMemory {
+    /// A host backend (Flex, NdArray): it computes in host memory, where the cache is mapped.
+    Host,
+    /// An accelerator with this many bytes.
+    Bytes(u64),
+    /// An accelerator whose memory is not known (wgpu reports none).
+    Unknown,
+}
+
 /// The planner's decision and what it was made from; `Display` prints it for the user.
 ///
 /// ```
-/// use kiln_cache::{Residency, ResidencyPlan};
+/// use kiln_cache::{DeviceMemory, Residency, ResidencyPlan};
 ///
 /// const GIB: u64 = 1 << 30;
-/// let fits = ResidencyPlan::decide(2 * GIB, GIB, Some(80 * GIB), None);
+/// let h100 = DeviceMemory::Bytes(80 * GIB);
+/// let fits = ResidencyPlan::decide(2 * GIB, GIB, h100, None);
 /// assert_eq!(fits.residency, Residency::Device);
-/// let too_big = ResidencyPlan::decide(60 * GIB, GIB, Some(80 * GIB), None);
+/// let too_big = ResidencyPlan::decide(60 * GIB, GIB, h100, None);
 /// assert_eq!(too_big.residency, Residency::Host);
-/// let forced = ResidencyPlan::decide(60 * GIB, GIB, Some(80 * GIB), Some(Residency::Device));
+/// let forced = ResidencyPlan::decide(60 * GIB, GIB, h100, Some(Residency::Device));
 /// assert_eq!(forced.residency, Residency::Device);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -72,24 +86,28 @@ pub struct ResidencyPlan {
     /// Bytes the model takes on the device (parameters and working memory, as the caller
     /// estimates them).
     pub model_bytes: u64,
-    /// The device's memory, where known.
-    pub device_memory: Option<u64>,
+    /// The device's memory.
+    pub device_memory: DeviceMemory,
     /// Whether the user chose the residency (`--residency`).
     pub forced: bool,
 }
 
 impl ResidencyPlan {
-    /// Device residency when the dataset and the model fit in [`DEVICE_MEMORY_SHARE`] of the
-    /// device's memory, host residency otherwise or when the memory is unknown; `forced` wins.
+    /// Device residency when the dataset and the model fit in [`DEVICE_MEMORY_SHARE`] of an
+    /// accelerator's memory; host residency otherwise, when the memory is unknown, and on host
+    /// backends; `forced` wins.
     pub fn decide(
         dataset_bytes: u64,
         model_bytes: u64,
-        device_memory: Option<u64>,
+        device_memory: DeviceMemory,
         forced: Option<Residency>,
     ) -> Self {
-        let fits = device_memory.is_some_and(|memory| {
-            (dataset_bytes + model_bytes) as f64 <= DEVICE_MEMORY_SHARE * memory as f64
-        });
+        let fits = match device_memory {
+            DeviceMemory::Bytes(memory) => {
+                (dataset_bytes + model_bytes) as f64 <= DEVICE_MEMORY_SHARE * memory as f64
+            }
+            DeviceMemory::Host | DeviceMemory::Unknown => false,
+        };
         let residency = forced.unwrap_or(if fits {
             Residency::Device
         } else {
@@ -122,17 +140,22 @@ impl fmt::Display for ResidencyPlan {
         write!(f, "residency: {} (", self.residency)?;
         match (self.forced, self.residency, self.device_memory) {
             (true, _, _) => write!(f, "chosen with --residency; {needs}")?,
-            (false, Residency::Device, Some(memory)) => write!(
+            (false, Residency::Device, DeviceMemory::Bytes(memory)) => write!(
                 f,
                 "{needs} fit in {}; --residency host streams it instead",
                 room(memory)
             )?,
-            (false, _, Some(memory)) => write!(
+            (false, _, DeviceMemory::Bytes(memory)) => write!(
                 f,
                 "{needs} exceed {}: streamed in prefetched batches",
                 room(memory)
             )?,
-            (false, _, None) => write!(
+            (false, _, DeviceMemory::Host) => write!(
+                f,
+                "a host backend reads the memory-mapped cache directly; {needs}: batches \
+                 prepared by background threads"
+            )?,
+            (false, _, DeviceMemory::Unknown) => write!(
                 f,
                 "device memory unknown, {needs}: streamed in prefetched batches; \
                  --residency device keeps it on the device"
@@ -159,8 +182,9 @@ impl CachedImages {
         values * bytes_per_value
     }
 
-    /// Plans this dataset's residency on `device` next to a model of `model_bytes`, given the
-    /// device's memory (`kiln_precision::DeviceSpec::probe` reports it) and the user's choice.
+    /// Plans this dataset's residency on `device` next to a model of `model_bytes`, given an
+    /// accelerator's memory (`kiln_precision::DeviceSpec::probe` reports it; ignored on host
+    /// backends) and the user's choice.
     pub fn plan_residency<B: Backend>(
         &self,
         device: &B::Device,
@@ -169,10 +193,15 @@ impl CachedImages {
         device_memory: Option<u64>,
         forced: Option<Residency>,
     ) -> ResidencyPlan {
+        let memory = if is_host_backend::<B>(device) {
+            DeviceMemory::Host
+        } else {
+            device_memory.map_or(DeviceMemory::Unknown, DeviceMemory::Bytes)
+        };
         ResidencyPlan::decide(
             self.resident_bytes::<B>(device, precision),
             model_bytes,
-            device_memory,
+            memory,
             forced,
         )
     }

@@ -3,8 +3,8 @@
 
 use burn::backend::Flex;
 use kiln_cache::{
-    CachedImages, ClipSpec, ImageCache, ImageSource, Order, Preprocess, Residency, ResidencyPlan,
-    VideoSource,
+    CachedImages, ClipSpec, DeviceMemory, ImageCache, ImageSource, Order, Preprocess, Residency,
+    ResidencyPlan, VideoSource,
 };
 use kiln_precision::Precision;
 
@@ -120,23 +120,27 @@ fn clips_feed_their_frames_and_an_abandoned_pass_stops_its_threads() {
 #[test]
 fn the_planner_keeps_what_fits_on_the_device_and_says_why() {
     const GIB: u64 = 1 << 30;
-    let fits = ResidencyPlan::decide(GIB, 2 * GIB, Some(8 * GIB), None);
+    let eight = DeviceMemory::Bytes(8 * GIB);
+    let fits = ResidencyPlan::decide(GIB, 2 * GIB, eight, None);
     assert_eq!(fits.residency, Residency::Device);
     assert!(
         fits.to_string().contains("fit in 70% of 8.00 GiB"),
         "{fits}"
     );
     // 5 + 1 GiB > 70% of 8 GiB.
-    let streamed = ResidencyPlan::decide(5 * GIB, GIB, Some(8 * GIB), None);
+    let streamed = ResidencyPlan::decide(5 * GIB, GIB, eight, None);
     assert_eq!(streamed.residency, Residency::Host);
     assert!(streamed.to_string().contains("streamed"), "{streamed}");
-    let unknown = ResidencyPlan::decide(GIB, GIB, None, None);
+    let unknown = ResidencyPlan::decide(GIB, GIB, DeviceMemory::Unknown, None);
     assert_eq!(unknown.residency, Residency::Host);
     assert!(
         unknown.to_string().contains("--residency device"),
         "{unknown}"
     );
-    let forced = ResidencyPlan::decide(GIB, GIB, None, Some(Residency::Device));
+    let host = ResidencyPlan::decide(GIB, GIB, DeviceMemory::Host, None);
+    assert_eq!(host.residency, Residency::Host);
+    assert!(host.to_string().contains("host backend"), "{host}");
+    let forced = ResidencyPlan::decide(GIB, GIB, DeviceMemory::Unknown, Some(Residency::Device));
     assert_eq!(forced.residency, Residency::Device);
     assert!(forced.to_string().contains("chosen with --residency"));
     assert_eq!("HOST".parse::<Residency>().unwrap(), Residency::Host);
@@ -150,7 +154,7 @@ fn the_planner_keeps_what_fits_on_the_device_and_says_why() {
     assert_eq!(bytes, 7 * 3 * 16 * 16 * 4);
     let plan = images.plan_residency::<Flex>(&device, Precision::BF16, 0, Some(GIB), None);
     assert_eq!(
-        (plan.residency, plan.dataset_bytes),
-        (Residency::Device, bytes / 2)
+        (plan.residency, plan.device_memory, plan.dataset_bytes),
+        (Residency::Host, DeviceMemory::Host, bytes / 2)
     );
 }
