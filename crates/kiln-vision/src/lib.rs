@@ -5,13 +5,33 @@
 //! Hugging Face checkpoints and checked against transformers (the fixtures in `tests/fixtures`
 //! and what a port must match are described in `tests/fixtures/README.md`).
 //!
-//! This first part reads the checkpoints' configurations; the towers follow.
+//! ```no_run
+//! use burn::backend::Flex;
+//! use kiln_precision::Policy;
+//! use kiln_vision::{VisionConfig, load_hf_weights};
+//!
+//! let dir = "clip-vit-base-patch32";
+//! let VisionConfig::Clip(config) = VisionConfig::from_hf_config(dir)? else { panic!("not CLIP") };
+//! let device = Default::default();
+//! let clip = load_hf_weights(config.init::<Flex>(&device), dir, &Policy::full())?;
+//! # Ok::<(), kiln_vision::VisionError>(())
+//! ```
+//!
+//! CLIP is here; SigLIP and DINOv2 towers follow (their configs are read already).
 
+mod attention;
+mod clip;
 mod config;
+mod encoder;
+mod weights;
 
+pub use attention::multi_head_attention;
+pub use clip::{ClipEmbeddings, ClipOutput, ClipVisionModel, ClipVisionTransformer};
 pub use config::{
     Activation, ClipVisionConfig, Dinov2Config, MODEL_TYPES, SiglipVisionConfig, VisionConfig,
 };
+pub use encoder::{Encoder, EncoderLayer, Mlp, SelfAttention};
+pub use weights::load_hf_weights;
 
 /// Why a checkpoint cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -19,4 +39,7 @@ pub enum VisionError {
     /// A `config.json` kiln cannot use.
     #[error("{0}")]
     Config(String),
+    /// Weights that cannot be loaded.
+    #[error("{0}")]
+    Weights(String),
 }

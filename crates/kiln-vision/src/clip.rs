@@ -1,0 +1,144 @@
+//! CLIP's vision tower with its projection (transformers `CLIPVisionModelWithProjection`, the
+//! image half of `CLIPModel`): a conv patch embedding without bias, a class token, learned
+//! position embeddings, `pre_layrnorm`, a pre-LN encoder with quick-GELU, `post_layernorm` on the
+//! class token, `visual_projection`. Field names mirror the checkpoint's keys.
+
+use burn::module::{Module, Param};
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor};
+
+use crate::config::ClipVisionConfig;
+use crate::encoder::{Encoder, EncoderShape};
+
+/// Patch, class and position embeddings (`vision_model.embeddings`).
+#[derive(Module, Debug)]
+pub struct ClipEmbeddings<B: Backend> {
+    class_embedding: Param<Tensor<B, 1>>,
+    patch_embedding: Conv2d<B>,
+    position_embedding: Embedding<B>,
+}
+
+impl<B: Backend> ClipEmbeddings<B> {
+    /// `[batch, 1 + patches, hidden]` of `pixels` `[batch, 3, H, W]` (H and W the configured
+    /// image size: CLIP's position table is not interpolated).
+    fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 3> {
+        let patches = self.patch_embedding.forward(pixels);
+        let [batch, hidden, rows, cols] = patches.dims();
+        let patches = patches
+            .reshape([batch, hidden, rows * cols])
+            .swap_dims(1, 2);
+        let class = self
+            .class_embedding
+            .val()
+            .reshape([1, 1, hidden])
+            .expand([batch, 1, hidden]);
+        let device = patches.device();
+        let positions = Tensor::<B, 1, Int>::arange(0..(1 + rows * cols) as i64, &device);
+        let positions = self.position_embedding.forward(positions.unsqueeze());
+        Tensor::cat(vec![class, patches], 1) + positions
+    }
+}
+
+/// The transformer (`vision_model`).
+#[derive(Module, Debug)]
+pub struct ClipVisionTransformer<B: Backend> {
+    embeddings: ClipEmbeddings<B>,
+    pre_layrnorm: LayerNorm<B>,
+    encoder: Encoder<B>,
+    post_layernorm: LayerNorm<B>,
+}
+
+/// What a forward pass gives.
+#[derive(Debug, Clone)]
+pub struct ClipOutput<B: Backend> {
+    /// `visual_projection(pooler_output)`, `[batch, projection_dim]` (not L2-normalised).
+    pub image_embeds: Tensor<B, 2>,
+    /// `post_layernorm` of the class token, `[batch, hidden]`.
+    pub pooler_output: Tensor<B, 2>,
+    /// The last layer's output, `[batch, 1 + patches, hidden]` (no final norm).
+    pub last_hidden_state: Tensor<B, 3>,
+    /// Each layer's input and the last output, when asked for.
+    pub hidden_states: Vec<Tensor<B, 3>>,
+}
+
+/// CLIP's vision tower and projection.
+#[derive(Module, Debug)]
+pub struct ClipVisionModel<B: Backend> {
+    vision_model: ClipVisionTransformer<B>,
+    visual_projection: Linear<B>,
+}
+
+impl ClipVisionConfig {
+    /// A randomly initialised tower of this shape (load a checkpoint into it with
+    /// [`crate::load_hf_weights`]).
+    pub fn init<B: Backend>(&self, device: &B::Device) -> ClipVisionModel<B> {
+        let hidden = self.hidden_size;
+        let patches = (self.image_size / self.patch_size).pow(2);
+        let norm = || {
+            LayerNormConfig::new(hidden)
+                .with_epsilon(self.layer_norm_eps)
+                .init(device)
+        };
+        let embeddings = ClipEmbeddings {
+            class_embedding: Param::from_tensor(Tensor::zeros([hidden], device)),
+            patch_embedding: Conv2dConfig::new(
+                [self.num_channels, hidden],
+                [self.patch_size, self.patch_size],
+            )
+            .with_stride([self.patch_size, self.patch_size])
+            .with_bias(false)
+            .init(device),
+            position_embedding: EmbeddingConfig::new(1 + patches, hidden).init(device),
+        };
+        let encoder = Encoder::init(
+            EncoderShape {
+                hidden,
+                intermediate: self.intermediate_size,
+                layers: self.num_hidden_layers,
+                heads: self.num_attention_heads,
+                eps: self.layer_norm_eps,
+                activation: self.hidden_act,
+            },
+            device,
+        );
+        ClipVisionModel {
+            vision_model: ClipVisionTransformer {
+                embeddings,
+                pre_layrnorm: norm(),
+                encoder,
+                post_layernorm: norm(),
+            },
+            visual_projection: LinearConfig::new(hidden, self.projection_dim)
+                .with_bias(false)
+                .init(device),
+        }
+    }
+}
+
+impl<B: Backend> ClipVisionModel<B> {
+    /// The image embeddings of normalised `pixels` `[batch, 3, H, W]`.
+    pub fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
+        self.forward_all(pixels, false).image_embeds
+    }
+
+    /// Every output; `hidden_states` only with `keep_hidden_states`.
+    pub fn forward_all(&self, pixels: Tensor<B, 4>, keep_hidden_states: bool) -> ClipOutput<B> {
+        let tower = &self.vision_model;
+        let x = tower.pre_layrnorm.forward(tower.embeddings.forward(pixels));
+        let (last_hidden_state, hidden_states) = tower.encoder.forward(x, keep_hidden_states);
+        let [batch, _, hidden] = last_hidden_state.dims();
+        let class = last_hidden_state
+            .clone()
+            .slice([0..batch, 0..1])
+            .reshape([batch, hidden]);
+        let pooler_output = tower.post_layernorm.forward(class);
+        ClipOutput {
+            image_embeds: self.visual_projection.forward(pooler_output.clone()),
+            pooler_output,
+            last_hidden_state,
+            hidden_states,
+        }
+    }
+}

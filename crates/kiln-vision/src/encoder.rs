@@ -1,0 +1,157 @@
+//! The pre-LayerNorm transformer encoder CLIP and SigLIP share (transformers' `CLIPEncoder` /
+//! `SiglipEncoder`): field names mirror their checkpoint keys
+//! (`encoder.layers.N.{layer_norm1, self_attn.{q,k,v,out}_proj, layer_norm2, mlp.{fc1, fc2}}`).
+
+use burn::module::Module;
+use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::Tensor;
+use burn::tensor::activation::{gelu, gelu_approximate, sigmoid};
+use burn::tensor::backend::Backend;
+
+use crate::attention::multi_head_attention;
+use crate::config::Activation;
+
+/// Shapes of an encoder.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EncoderShape {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub eps: f64,
+    pub activation: Activation,
+}
+
+/// Applies `activation`.
+pub(crate) fn activate<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    activation: Activation,
+) -> Tensor<B, D> {
+    match activation {
+        // x · σ(1.702 x)
+        Activation::QuickGelu => x.clone() * sigmoid(x * 1.702),
+        Activation::GeluTanh => gelu_approximate(x),
+        Activation::Gelu => gelu(x),
+    }
+}
+
+/// `fc2(act(fc1(x)))`.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    fc1: Linear<B>,
+    fc2: Linear<B>,
+    #[module(skip)]
+    activation: Activation,
+}
+
+impl<B: Backend> Mlp<B> {
+    pub(crate) fn init(
+        hidden: usize,
+        intermediate: usize,
+        activation: Activation,
+        device: &B::Device,
+    ) -> Self {
+        Mlp {
+            fc1: LinearConfig::new(hidden, intermediate).init(device),
+            fc2: LinearConfig::new(intermediate, hidden).init(device),
+            activation,
+        }
+    }
+
+    pub(crate) fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        self.fc2
+            .forward(activate(self.fc1.forward(x), self.activation))
+    }
+}
+
+/// Self-attention with separate q, k, v and output projections.
+#[derive(Module, Debug)]
+pub struct SelfAttention<B: Backend> {
+    q_proj: Linear<B>,
+    k_proj: Linear<B>,
+    v_proj: Linear<B>,
+    out_proj: Linear<B>,
+    #[module(skip)]
+    heads: usize,
+}
+
+impl<B: Backend> SelfAttention<B> {
+    fn init(hidden: usize, heads: usize, device: &B::Device) -> Self {
+        let linear = || LinearConfig::new(hidden, hidden).init(device);
+        SelfAttention {
+            q_proj: linear(),
+            k_proj: linear(),
+            v_proj: linear(),
+            out_proj: linear(),
+            heads,
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let attended = multi_head_attention(
+            self.q_proj.forward(x.clone()),
+            self.k_proj.forward(x.clone()),
+            self.v_proj.forward(x),
+            self.heads,
+        );
+        self.out_proj.forward(attended)
+    }
+}
+
+/// `x + attn(ln1 x)`, then `+ mlp(ln2 ·)`.
+#[derive(Module, Debug)]
+pub struct EncoderLayer<B: Backend> {
+    layer_norm1: LayerNorm<B>,
+    self_attn: SelfAttention<B>,
+    layer_norm2: LayerNorm<B>,
+    mlp: Mlp<B>,
+}
+
+impl<B: Backend> EncoderLayer<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let x = x.clone() + self.self_attn.forward(self.layer_norm1.forward(x));
+        x.clone() + self.mlp.forward(self.layer_norm2.forward(x))
+    }
+}
+
+/// The stack of layers.
+#[derive(Module, Debug)]
+pub struct Encoder<B: Backend> {
+    layers: Vec<EncoderLayer<B>>,
+}
+
+impl<B: Backend> Encoder<B> {
+    pub(crate) fn init(shape: EncoderShape, device: &B::Device) -> Self {
+        let norm = || {
+            LayerNormConfig::new(shape.hidden)
+                .with_epsilon(shape.eps)
+                .init(device)
+        };
+        let layers = (0..shape.layers)
+            .map(|_| EncoderLayer {
+                layer_norm1: norm(),
+                self_attn: SelfAttention::init(shape.hidden, shape.heads, device),
+                layer_norm2: norm(),
+                mlp: Mlp::init(shape.hidden, shape.intermediate, shape.activation, device),
+            })
+            .collect();
+        Encoder { layers }
+    }
+
+    /// The last layer's output and, with `keep`, every layer's input and the last output (what
+    /// transformers calls `hidden_states`).
+    pub(crate) fn forward(&self, x: Tensor<B, 3>, keep: bool) -> (Tensor<B, 3>, Vec<Tensor<B, 3>>) {
+        let mut hidden_states = Vec::new();
+        let mut x = x;
+        for layer in &self.layers {
+            if keep {
+                hidden_states.push(x.clone());
+            }
+            x = layer.forward(x);
+        }
+        if keep {
+            hidden_states.push(x.clone());
+        }
+        (x, hidden_states)
+    }
+}
