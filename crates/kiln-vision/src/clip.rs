@@ -11,6 +11,7 @@ use burn::tensor::{Int, Tensor};
 
 use crate::config::ClipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape};
+use crate::weights::HfModule;
 
 /// Patch, class and position embeddings (`vision_model.embeddings`).
 #[derive(Module, Debug)]
@@ -69,6 +70,8 @@ pub struct ClipVisionModel<B: Backend> {
     vision_model: ClipVisionTransformer<B>,
     visual_projection: Linear<B>,
 }
+
+impl<B: Backend> HfModule<B> for ClipVisionModel<B> {}
 
 impl ClipVisionConfig {
     /// A randomly initialised tower of this shape (load a checkpoint into it with

@@ -17,12 +17,13 @@
 //! # Ok::<(), kiln_vision::VisionError>(())
 //! ```
 //!
-//! CLIP is here; SigLIP and DINOv2 towers follow (their configs are read already).
+//! CLIP and SigLIP are here; the DINOv2 tower follows (its config is read already).
 
 mod attention;
 mod clip;
 mod config;
 mod encoder;
+mod siglip;
 mod weights;
 
 pub use attention::multi_head_attention;
@@ -31,7 +32,11 @@ pub use config::{
     Activation, ClipVisionConfig, Dinov2Config, MODEL_TYPES, SiglipVisionConfig, VisionConfig,
 };
 pub use encoder::{Encoder, EncoderLayer, Mlp, SelfAttention};
-pub use weights::load_hf_weights;
+pub use siglip::{
+    FusedAttention, PoolingHead, SiglipEmbeddings, SiglipOutput, SiglipVisionModel,
+    SiglipVisionTransformer,
+};
+pub use weights::{HfModule, load_hf_weights};
 
 /// Why a checkpoint cannot be used.
 #[derive(Debug, thiserror::Error)]

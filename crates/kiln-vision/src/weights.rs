@@ -14,6 +14,15 @@ use kiln_precision::Policy;
 
 use crate::VisionError;
 
+/// A tower that loads from Hugging Face checkpoints.
+pub trait HfModule<B: Backend>: Module<B> {
+    /// Regular-expression rewrites from checkpoint keys to this module's parameter paths, for
+    /// checkpoints that name them otherwise (none by default: the fields mirror the keys).
+    fn key_remapping() -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
+}
+
 /// The weight files of the checkpoint in `dir`.
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, VisionError> {
     let single = dir.join("model.safetensors");
@@ -41,7 +50,7 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, VisionError> {
 
 /// Loads the weights of the checkpoint directory `dir` into `model` and casts them to the
 /// policy's parameter dtype.
-pub fn load_hf_weights<B: Backend, M: Module<B>>(
+pub fn load_hf_weights<B: Backend, M: HfModule<B>>(
     mut model: M,
     dir: impl AsRef<Path>,
     policy: &Policy,
@@ -64,6 +73,9 @@ pub fn load_hf_weights<B: Backend, M: Module<B>>(
         let mut store = SafetensorsStore::from_file(&file)
             .with_from_adapter(PyTorchToBurnAdapter)
             .allow_partial(true);
+        for (from, to) in M::key_remapping() {
+            store = store.with_key_remapping(from, *to);
+        }
         let result = model
             .load_from(&mut store)
             .map_err(|e| VisionError::Weights(format!("{}: {e}", file.display())))?;

@@ -1,13 +1,13 @@
-//! CLIP's vision tower against transformers 5.23 on the committed tiny checkpoints: every output
-//! and every layer's hidden state, from an f32 and an f16 checkpoint (the full `CLIPModel`, whose
-//! text tower is ignored). Tolerance: max |Δ| / max |reference| ≤ 1e-4 in f32 on Flex.
+//! The vision towers against transformers 5.23 on the committed tiny checkpoints: every output
+//! and every layer's hidden state, from f32, f16 and sharded bf16 checkpoints (full models'
+//! text towers are ignored). Tolerance: max |Δ| / max |reference| ≤ 1e-4 in f32 on Flex.
 
 use std::path::PathBuf;
 
 use burn::backend::Flex;
 use burn::tensor::{Tensor, TensorData};
 use kiln_precision::Policy;
-use kiln_vision::{VisionConfig, load_hf_weights};
+use kiln_vision::{HfModule, VisionConfig, load_hf_weights};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -51,52 +51,77 @@ fn relative_error<const D: usize>(ours: Tensor<Flex, D>, reference: &Reference, 
     worst / expected.iter().fold(0.0, |m: f32, v| m.max(v.abs()))
 }
 
-fn check_clip(model: &str, suffix: &str) {
-    let dir = fixtures().join(model);
-    let VisionConfig::Clip(config) = VisionConfig::from_hf_config(&dir).unwrap() else {
-        panic!("{model} is CLIP")
+fn load<M: HfModule<Flex>>(model: M, name: &str) -> M {
+    load_hf_weights(model, fixtures().join(name), &Policy::full()).unwrap()
+}
+
+fn config(name: &str) -> VisionConfig {
+    VisionConfig::from_hf_config(fixtures().join(name)).unwrap()
+}
+
+/// Checks `outputs` (reference key without suffix, relative error) and the hidden states.
+fn check(
+    name: &str,
+    suffix: &str,
+    outputs: Vec<(&str, Tensor<Flex, 2>)>,
+    last: Tensor<Flex, 3>,
+    hidden: Vec<Tensor<Flex, 3>>,
+) {
+    let reference = Reference::open(name);
+    let key = |k: &str| format!("{k}{suffix}");
+    let mut errors: Vec<(String, f32)> = outputs
+        .into_iter()
+        .map(|(k, ours)| (k.to_string(), relative_error(ours, &reference, &key(k))))
+        .collect();
+    errors.push((
+        "last_hidden_state".into(),
+        relative_error(last, &reference, &key("last_hidden_state")),
+    ));
+    for (i, state) in hidden.into_iter().enumerate() {
+        let k = format!("hidden_states.{i}");
+        errors.push((k.clone(), relative_error(state, &reference, &key(&k))));
+    }
+    eprintln!("{name}: {errors:?}");
+    for (k, error) in errors {
+        assert!(error <= 1e-4, "{name} {k}: {error}");
+    }
+}
+
+fn check_clip(name: &str, suffix: &str) {
+    let VisionConfig::Clip(config) = config(name) else {
+        panic!("{name} is CLIP")
     };
-    let device = Default::default();
-    let clip = load_hf_weights(config.init::<Flex>(&device), &dir, &Policy::full()).unwrap();
-    let reference = Reference::open(model);
-    let out = clip.forward_all(reference.input("pixel_values"), true);
+    let clip = load(config.init::<Flex>(&Default::default()), name);
+    let out = clip.forward_all(Reference::open(name).input("pixel_values"), true);
     assert_eq!(out.hidden_states.len(), config.num_hidden_layers + 1);
-    let mut errors = vec![
-        (
-            "image_embeds",
-            relative_error(
-                out.image_embeds,
-                &reference,
-                &format!("image_embeds{suffix}"),
-            ),
-        ),
-        (
-            "pooler_output",
-            relative_error(
-                out.pooler_output,
-                &reference,
-                &format!("pooler_output{suffix}"),
-            ),
-        ),
-        (
-            "last_hidden_state",
-            relative_error(
-                out.last_hidden_state,
-                &reference,
-                &format!("last_hidden_state{suffix}"),
-            ),
-        ),
+    let outputs = vec![
+        ("image_embeds", out.image_embeds),
+        ("pooler_output", out.pooler_output),
     ];
-    for (i, hidden) in out.hidden_states.into_iter().enumerate() {
-        errors.push((
-            "hidden_states",
-            relative_error(hidden, &reference, &format!("hidden_states.{i}{suffix}")),
-        ));
-    }
-    eprintln!("{model}: {errors:?}");
-    for (name, error) in errors {
-        assert!(error <= 1e-4, "{model} {name}: {error}");
-    }
+    check(
+        name,
+        suffix,
+        outputs,
+        out.last_hidden_state,
+        out.hidden_states,
+    );
+}
+
+fn check_siglip(name: &str, suffix: &str) {
+    let VisionConfig::Siglip(config) = config(name) else {
+        panic!("{name} is SigLIP")
+    };
+    let siglip = load(config.init::<Flex>(&Default::default()), name);
+    let out = siglip.forward_all(Reference::open(name).input("pixel_values"), true);
+    assert_eq!(out.hidden_states.len(), config.num_hidden_layers + 1);
+    let outputs = vec![("pooler_output", out.pooler_output.expect("a pooling head"))];
+    check(
+        name,
+        suffix,
+        outputs,
+        out.last_hidden_state,
+        out.hidden_states,
+    );
 }
 
 #[test]
@@ -107,6 +132,16 @@ fn clip_vision_with_projection_matches_transformers() {
 #[test]
 fn clip_model_stored_in_f16_matches_transformers_on_the_same_weights() {
     check_clip("clip_full", "_from_f16");
+}
+
+#[test]
+fn siglip_vision_model_without_prefix_matches_transformers() {
+    check_siglip("siglip_vision", "");
+}
+
+#[test]
+fn sharded_bf16_siglip_model_matches_transformers_on_the_same_weights() {
+    check_siglip("siglip_full", "_from_bf16");
 }
 
 #[test]

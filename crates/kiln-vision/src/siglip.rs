@@ -1,0 +1,202 @@
+//! SigLIP's vision tower (transformers `SiglipVisionModel`, the image half of `SiglipModel`), which
+//! also runs the fixed-resolution SigLIP2 checkpoints: a conv patch embedding with bias, learned
+//! position embeddings, no class token, a pre-LN encoder with tanh-GELU, `post_layernorm`, and the
+//! multi-head attention pooling head (a learned probe attends over the tokens). Field names mirror
+//! the checkpoint's keys; the head keeps PyTorch's fused `in_proj_weight`.
+
+use burn::module::{Module, Param};
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::module::linear;
+use burn::tensor::{Int, Tensor};
+
+use crate::attention::multi_head_attention;
+use crate::config::SiglipVisionConfig;
+use crate::encoder::{Encoder, EncoderShape, Mlp};
+use crate::weights::HfModule;
+
+/// Patch and position embeddings (`vision_model.embeddings`).
+#[derive(Module, Debug)]
+pub struct SiglipEmbeddings<B: Backend> {
+    patch_embedding: Conv2d<B>,
+    position_embedding: Embedding<B>,
+}
+
+impl<B: Backend> SiglipEmbeddings<B> {
+    fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 3> {
+        let patches = self.patch_embedding.forward(pixels);
+        let [batch, hidden, rows, cols] = patches.dims();
+        let patches = patches
+            .reshape([batch, hidden, rows * cols])
+            .swap_dims(1, 2);
+        let positions = Tensor::<B, 1, Int>::arange(0..(rows * cols) as i64, &patches.device());
+        patches + self.position_embedding.forward(positions.unsqueeze())
+    }
+}
+
+/// `torch.nn.MultiheadAttention` as the pooling head stores it: q, k and v projections fused in
+/// `in_proj_weight` `[3H, H]` (rows q, k, v) and `in_proj_bias`.
+#[derive(Module, Debug)]
+pub struct FusedAttention<B: Backend> {
+    in_proj_weight: Param<Tensor<B, 2>>,
+    in_proj_bias: Param<Tensor<B, 1>>,
+    out_proj: Linear<B>,
+    #[module(skip)]
+    heads: usize,
+}
+
+impl<B: Backend> FusedAttention<B> {
+    fn forward(&self, query: Tensor<B, 3>, tokens: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [three_hidden, hidden] = self.in_proj_weight.dims();
+        let project = |x: Tensor<B, 3>, part: usize| {
+            let rows = part * hidden..(part + 1) * hidden;
+            debug_assert!(rows.end <= three_hidden);
+            let weight = self.in_proj_weight.val().slice([rows.clone()]).transpose();
+            let bias = self.in_proj_bias.val().slice([rows]);
+            linear(x, weight, Some(bias))
+        };
+        let attended = multi_head_attention(
+            project(query, 0),
+            project(tokens.clone(), 1),
+            project(tokens, 2),
+            self.heads,
+        );
+        self.out_proj.forward(attended)
+    }
+}
+
+/// The pooling head (`vision_model.head`): `h = attn(probe, tokens)`, `h + mlp(layernorm(h))`.
+#[derive(Module, Debug)]
+pub struct PoolingHead<B: Backend> {
+    probe: Param<Tensor<B, 3>>,
+    attention: FusedAttention<B>,
+    layernorm: LayerNorm<B>,
+    mlp: Mlp<B>,
+}
+
+impl<B: Backend> PoolingHead<B> {
+    fn forward(&self, tokens: Tensor<B, 3>) -> Tensor<B, 2> {
+        let [batch, _, hidden] = tokens.dims();
+        let probe = self.probe.val().expand([batch, 1, hidden]);
+        let h = self.attention.forward(probe, tokens);
+        let h = h.clone() + self.mlp.forward(self.layernorm.forward(h));
+        h.reshape([batch, hidden])
+    }
+}
+
+/// The transformer (`vision_model`).
+#[derive(Module, Debug)]
+pub struct SiglipVisionTransformer<B: Backend> {
+    embeddings: SiglipEmbeddings<B>,
+    encoder: Encoder<B>,
+    post_layernorm: LayerNorm<B>,
+    head: Option<PoolingHead<B>>,
+}
+
+/// What a forward pass gives.
+#[derive(Debug, Clone)]
+pub struct SiglipOutput<B: Backend> {
+    /// The pooling head's output, `[batch, hidden]` (`None` without a head).
+    pub pooler_output: Option<Tensor<B, 2>>,
+    /// `post_layernorm` of every token, `[batch, patches, hidden]`.
+    pub last_hidden_state: Tensor<B, 3>,
+    /// Each layer's input and the last output, when asked for.
+    pub hidden_states: Vec<Tensor<B, 3>>,
+}
+
+/// SigLIP's vision tower.
+#[derive(Module, Debug)]
+pub struct SiglipVisionModel<B: Backend> {
+    vision_model: SiglipVisionTransformer<B>,
+}
+
+impl<B: Backend> HfModule<B> for SiglipVisionModel<B> {
+    /// `SiglipVisionModel` files of transformers 5 have no `vision_model.` prefix; those of
+    /// transformers 4 and `SiglipModel` files do.
+    fn key_remapping() -> &'static [(&'static str, &'static str)] {
+        &[(
+            r"^(embeddings|encoder|post_layernorm|head)\.",
+            "vision_model.$1.",
+        )]
+    }
+}
+
+impl SiglipVisionConfig {
+    /// A randomly initialised tower of this shape (load a checkpoint into it with
+    /// [`crate::load_hf_weights`]).
+    pub fn init<B: Backend>(&self, device: &B::Device) -> SiglipVisionModel<B> {
+        let hidden = self.hidden_size;
+        let patches = (self.image_size / self.patch_size).pow(2);
+        let norm = || {
+            LayerNormConfig::new(hidden)
+                .with_epsilon(self.layer_norm_eps)
+                .init(device)
+        };
+        let head = self.vision_use_head.then(|| PoolingHead {
+            probe: Param::from_tensor(Tensor::zeros([1, 1, hidden], device)),
+            attention: FusedAttention {
+                in_proj_weight: Param::from_tensor(Tensor::zeros([3 * hidden, hidden], device)),
+                in_proj_bias: Param::from_tensor(Tensor::zeros([3 * hidden], device)),
+                out_proj: LinearConfig::new(hidden, hidden).init(device),
+                heads: self.num_attention_heads,
+            },
+            layernorm: norm(),
+            mlp: Mlp::init(hidden, self.intermediate_size, self.hidden_act, device),
+        });
+        SiglipVisionModel {
+            vision_model: SiglipVisionTransformer {
+                embeddings: SiglipEmbeddings {
+                    patch_embedding: Conv2dConfig::new(
+                        [self.num_channels, hidden],
+                        [self.patch_size, self.patch_size],
+                    )
+                    .with_stride([self.patch_size, self.patch_size])
+                    .init(device),
+                    position_embedding: EmbeddingConfig::new(patches, hidden).init(device),
+                },
+                encoder: Encoder::init(
+                    EncoderShape {
+                        hidden,
+                        intermediate: self.intermediate_size,
+                        layers: self.num_hidden_layers,
+                        heads: self.num_attention_heads,
+                        eps: self.layer_norm_eps,
+                        activation: self.hidden_act,
+                    },
+                    device,
+                ),
+                post_layernorm: norm(),
+                head,
+            },
+        }
+    }
+}
+
+impl<B: Backend> SiglipVisionModel<B> {
+    /// The pooled embeddings of normalised `pixels` `[batch, 3, H, W]`; without a pooling head,
+    /// the mean of the last hidden state's tokens.
+    pub fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
+        let out = self.forward_all(pixels, false);
+        match out.pooler_output {
+            Some(pooled) => pooled,
+            None => out.last_hidden_state.mean_dim(1).squeeze_dim(1),
+        }
+    }
+
+    /// Every output; `hidden_states` only with `keep_hidden_states`.
+    pub fn forward_all(&self, pixels: Tensor<B, 4>, keep_hidden_states: bool) -> SiglipOutput<B> {
+        let tower = &self.vision_model;
+        let x = tower.embeddings.forward(pixels);
+        let (x, hidden_states) = tower.encoder.forward(x, keep_hidden_states);
+        let last_hidden_state = tower.post_layernorm.forward(x);
+        SiglipOutput {
+            pooler_output: tower
+                .head
+                .as_ref()
+                .map(|head| head.forward(last_hidden_state.clone())),
+            last_hidden_state,
+            hidden_states,
+        }
+    }
+}
