@@ -17,11 +17,13 @@
 //! # Ok::<(), kiln_vision::VisionError>(())
 //! ```
 //!
-//! CLIP and SigLIP are here; the DINOv2 tower follows (its config is read already).
+//! Next: Monte-Carlo dropout sites, precision policies inside the towers, other backends'
+//! parity runs, and the `embed` example.
 
 mod attention;
 mod clip;
 mod config;
+mod dinov2;
 mod encoder;
 mod siglip;
 mod weights;
@@ -30,6 +32,10 @@ pub use attention::multi_head_attention;
 pub use clip::{ClipEmbeddings, ClipOutput, ClipVisionModel, ClipVisionTransformer};
 pub use config::{
     Activation, ClipVisionConfig, Dinov2Config, MODEL_TYPES, SiglipVisionConfig, VisionConfig,
+};
+pub use dinov2::{
+    AttentionOutput, Dinov2Attention, Dinov2Embeddings, Dinov2Encoder, Dinov2Layer, Dinov2Model,
+    Dinov2Output, LayerScale, PatchEmbeddings, QueryKeyValue,
 };
 pub use encoder::{Encoder, EncoderLayer, Mlp, SelfAttention};
 pub use siglip::{

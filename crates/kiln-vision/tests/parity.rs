@@ -144,6 +144,31 @@ fn sharded_bf16_siglip_model_matches_transformers_on_the_same_weights() {
     check_siglip("siglip_full", "_from_bf16");
 }
 
+/// DINOv2 on a non-square input whose patch grid (7 × 9) differs from the stored one (5 × 5),
+/// and on the native size.
+#[test]
+fn dinov2_with_interpolated_positions_matches_transformers() {
+    let VisionConfig::Dinov2(config) = config("dinov2") else {
+        panic!("dinov2 is DINOv2")
+    };
+    let dinov2 = load(config.init::<Flex>(&Default::default()), "dinov2");
+    let reference = Reference::open("dinov2");
+    let positions = dinov2.embeddings().positions(7, 9);
+    let error = relative_error(positions, &reference, "position_embeddings");
+    assert!(error <= 1e-5, "position_embeddings: {error}");
+    for (input, suffix) in [("pixel_values", ""), ("pixel_values_native", "_native")] {
+        let out = dinov2.forward_all(reference.input(input), true);
+        let outputs = vec![("pooler_output", out.pooler_output)];
+        check(
+            "dinov2",
+            suffix,
+            outputs,
+            out.last_hidden_state,
+            out.hidden_states,
+        );
+    }
+}
+
 #[test]
 fn missing_and_mis_shaped_weights_are_named() {
     let dir = fixtures().join("clip_vision");

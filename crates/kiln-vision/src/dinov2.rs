@@ -1,0 +1,297 @@
+//! DINOv2 (transformers `Dinov2Model`): a conv patch embedding, a CLS token, learned position
+//! embeddings resized bicubically to the input's patch grid as transformers does, pre-LN layers
+//! with LayerScale and exact GELU, a final LayerNorm. Outputs the CLS vector (pooler) and every
+//! token (the foveated model reads the patch tokens). Field names mirror the checkpoint's keys.
+
+use burn::module::{Module, Param};
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+
+use crate::attention::multi_head_attention;
+use crate::config::Dinov2Config;
+use crate::encoder::Mlp;
+use crate::weights::HfModule;
+
+/// The patch projection (`embeddings.patch_embeddings`).
+#[derive(Module, Debug)]
+pub struct PatchEmbeddings<B: Backend> {
+    projection: Conv2d<B>,
+}
+
+/// CLS token, patches and positions (`embeddings`).
+#[derive(Module, Debug)]
+pub struct Dinov2Embeddings<B: Backend> {
+    cls_token: Param<Tensor<B, 3>>,
+    position_embeddings: Param<Tensor<B, 3>>,
+    patch_embeddings: PatchEmbeddings<B>,
+}
+
+/// PyTorch's bicubic kernel (A = −0.75) as a `[out, in]` matrix: row `o` holds the weights of the
+/// four taps around source coordinate `(o + ½)·in/out − ½` (align_corners = false, no
+/// antialiasing), taps beyond the edge clamped onto it.
+fn bicubic_matrix(out: usize, input: usize) -> Vec<f32> {
+    const A: f64 = -0.75;
+    let near = |t: f64| ((A + 2.0) * t - (A + 3.0)) * t * t + 1.0;
+    let far = |t: f64| ((A * t - 5.0 * A) * t + 8.0 * A) * t - 4.0 * A;
+    let mut matrix = vec![0.0; out * input];
+    for o in 0..out {
+        let source = (o as f64 + 0.5) * input as f64 / out as f64 - 0.5;
+        let first = source.floor();
+        let t = source - first;
+        let weights = [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)];
+        for (k, weight) in weights.into_iter().enumerate() {
+            let tap = (first as i64 + k as i64 - 1).clamp(0, input as i64 - 1) as usize;
+            matrix[o * input + tap] += weight as f32;
+        }
+    }
+    matrix
+}
+
+impl<B: Backend> Dinov2Embeddings<B> {
+    /// The position embeddings for a `rows × cols` patch grid, `[1, 1 + rows·cols, hidden]`: the
+    /// stored ones when the grid is the stored square one, else the stored square grid resized
+    /// bicubically in f32 (the CLS position unchanged), as transformers' `interpolate_pos_encoding`.
+    pub fn positions(&self, rows: usize, cols: usize) -> Tensor<B, 3> {
+        let table = self.position_embeddings.val();
+        let [_, positions, hidden] = table.dims();
+        let side = ((positions - 1) as f64).sqrt() as usize;
+        if rows == side && cols == side {
+            return table;
+        }
+        let device = table.device();
+        let dtype = table.dtype();
+        let table = table.cast(burn::tensor::FloatDType::F32);
+        let cls = table.clone().slice([0..1, 0..1]);
+        let grid = table
+            .slice([0..1, 1..positions])
+            .reshape([side, side * hidden]);
+        let matrix = |out: usize| {
+            Tensor::<B, 2>::from_data(
+                TensorData::new(bicubic_matrix(out, side), [out, side]),
+                &device,
+            )
+        };
+        // Rows: [rows, side] · [side, side·hidden]; then columns, row by row.
+        let by_rows = matrix(rows).matmul(grid).reshape([rows, side, hidden]);
+        let resized = matrix(cols)
+            .unsqueeze::<3>()
+            .expand([rows, cols, side])
+            .matmul(by_rows)
+            .reshape([1, rows * cols, hidden]);
+        Tensor::cat(vec![cls, resized], 1).cast(dtype)
+    }
+
+    fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 3> {
+        let patches = self.patch_embeddings.projection.forward(pixels);
+        let [batch, hidden, rows, cols] = patches.dims();
+        let patches = patches
+            .reshape([batch, hidden, rows * cols])
+            .swap_dims(1, 2);
+        let cls = self.cls_token.val().expand([batch, 1, hidden]);
+        Tensor::cat(vec![cls, patches], 1) + self.positions(rows, cols)
+    }
+}
+
+/// Query, key and value (`attention.attention`).
+#[derive(Module, Debug)]
+pub struct QueryKeyValue<B: Backend> {
+    query: Linear<B>,
+    key: Linear<B>,
+    value: Linear<B>,
+}
+
+/// The output projection (`attention.output`).
+#[derive(Module, Debug)]
+pub struct AttentionOutput<B: Backend> {
+    dense: Linear<B>,
+}
+
+/// Self-attention (`attention`).
+#[derive(Module, Debug)]
+pub struct Dinov2Attention<B: Backend> {
+    attention: QueryKeyValue<B>,
+    output: AttentionOutput<B>,
+    #[module(skip)]
+    heads: usize,
+}
+
+impl<B: Backend> Dinov2Attention<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let qkv = &self.attention;
+        let attended = multi_head_attention(
+            qkv.query.forward(x.clone()),
+            qkv.key.forward(x.clone()),
+            qkv.value.forward(x),
+            self.heads,
+        );
+        self.output.dense.forward(attended)
+    }
+}
+
+/// Per-channel scale of a residual branch (`layer_scale1`, `layer_scale2`).
+#[derive(Module, Debug)]
+pub struct LayerScale<B: Backend> {
+    lambda1: Param<Tensor<B, 1>>,
+}
+
+impl<B: Backend> LayerScale<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [hidden] = self.lambda1.dims();
+        x * self.lambda1.val().reshape([1, 1, hidden])
+    }
+}
+
+/// `x + ls1·attn(norm1 x)`, then `+ ls2·mlp(norm2 ·)` (`encoder.layer.N`).
+#[derive(Module, Debug)]
+pub struct Dinov2Layer<B: Backend> {
+    norm1: LayerNorm<B>,
+    attention: Dinov2Attention<B>,
+    layer_scale1: LayerScale<B>,
+    norm2: LayerNorm<B>,
+    mlp: Mlp<B>,
+    layer_scale2: LayerScale<B>,
+}
+
+impl<B: Backend> Dinov2Layer<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let x = x.clone()
+            + self
+                .layer_scale1
+                .forward(self.attention.forward(self.norm1.forward(x)));
+        x.clone()
+            + self
+                .layer_scale2
+                .forward(self.mlp.forward(self.norm2.forward(x)))
+    }
+}
+
+/// The layers (`encoder`).
+#[derive(Module, Debug)]
+pub struct Dinov2Encoder<B: Backend> {
+    layer: Vec<Dinov2Layer<B>>,
+}
+
+/// What a forward pass gives.
+#[derive(Debug, Clone)]
+pub struct Dinov2Output<B: Backend> {
+    /// The CLS token after the final LayerNorm, `[batch, hidden]`.
+    pub pooler_output: Tensor<B, 2>,
+    /// Every token after the final LayerNorm, `[batch, 1 + patches, hidden]` (CLS first, then
+    /// the patches row by row).
+    pub last_hidden_state: Tensor<B, 3>,
+    /// Each layer's input and the last output (before the final norm), when asked for.
+    pub hidden_states: Vec<Tensor<B, 3>>,
+}
+
+/// DINOv2.
+#[derive(Module, Debug)]
+pub struct Dinov2Model<B: Backend> {
+    embeddings: Dinov2Embeddings<B>,
+    encoder: Dinov2Encoder<B>,
+    layernorm: LayerNorm<B>,
+}
+
+impl<B: Backend> HfModule<B> for Dinov2Model<B> {}
+
+impl Dinov2Config {
+    /// A randomly initialised model of this shape (load a checkpoint into it with
+    /// [`crate::load_hf_weights`]).
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Dinov2Model<B> {
+        let hidden = self.hidden_size;
+        let grid = self.image_size / self.patch_size;
+        let norm = || {
+            LayerNormConfig::new(hidden)
+                .with_epsilon(self.layer_norm_eps)
+                .init(device)
+        };
+        let linear = || {
+            LinearConfig::new(hidden, hidden)
+                .with_bias(self.qkv_bias)
+                .init(device)
+        };
+        let scale = || LayerScale {
+            lambda1: Param::from_tensor(Tensor::full([hidden], self.layerscale_value, device)),
+        };
+        let layer = (0..self.num_hidden_layers)
+            .map(|_| Dinov2Layer {
+                norm1: norm(),
+                attention: Dinov2Attention {
+                    attention: QueryKeyValue {
+                        query: linear(),
+                        key: linear(),
+                        value: linear(),
+                    },
+                    output: AttentionOutput {
+                        dense: LinearConfig::new(hidden, hidden).init(device),
+                    },
+                    heads: self.num_attention_heads,
+                },
+                layer_scale1: scale(),
+                norm2: norm(),
+                mlp: Mlp::init(hidden, self.intermediate_size(), self.hidden_act, device),
+                layer_scale2: scale(),
+            })
+            .collect();
+        Dinov2Model {
+            embeddings: Dinov2Embeddings {
+                cls_token: Param::from_tensor(Tensor::zeros([1, 1, hidden], device)),
+                position_embeddings: Param::from_tensor(Tensor::zeros(
+                    [1, 1 + grid * grid, hidden],
+                    device,
+                )),
+                patch_embeddings: PatchEmbeddings {
+                    projection: Conv2dConfig::new(
+                        [self.num_channels, hidden],
+                        [self.patch_size, self.patch_size],
+                    )
+                    .with_stride([self.patch_size, self.patch_size])
+                    .init(device),
+                },
+            },
+            encoder: Dinov2Encoder { layer },
+            layernorm: norm(),
+        }
+    }
+}
+
+impl<B: Backend> Dinov2Model<B> {
+    /// The embedding module (its [`Dinov2Embeddings::positions`] gives the position table for
+    /// a patch grid).
+    pub fn embeddings(&self) -> &Dinov2Embeddings<B> {
+        &self.embeddings
+    }
+
+    /// The CLS vectors of normalised `pixels` `[batch, 3, H, W]` (any size divisible into
+    /// patches: the positions are resized to the grid).
+    pub fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
+        self.forward_all(pixels, false).pooler_output
+    }
+
+    /// Every output; `hidden_states` only with `keep_hidden_states`.
+    pub fn forward_all(&self, pixels: Tensor<B, 4>, keep_hidden_states: bool) -> Dinov2Output<B> {
+        let mut x = self.embeddings.forward(pixels);
+        let mut hidden_states = Vec::new();
+        for layer in &self.encoder.layer {
+            if keep_hidden_states {
+                hidden_states.push(x.clone());
+            }
+            x = layer.forward(x);
+        }
+        if keep_hidden_states {
+            hidden_states.push(x.clone());
+        }
+        let last_hidden_state = self.layernorm.forward(x);
+        let [batch, _, hidden] = last_hidden_state.dims();
+        let pooler_output = last_hidden_state
+            .clone()
+            .slice([0..batch, 0..1])
+            .reshape([batch, hidden]);
+        Dinov2Output {
+            pooler_output,
+            last_hidden_state,
+            hidden_states,
+        }
+    }
+}
