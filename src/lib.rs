@@ -10,8 +10,8 @@
 //!   prefetched batches, normalise batches on the device.
 //! - [`precision`]: run-time device selection ([`precision::DeviceSpec`]) and mixed-precision
 //!   policy ([`precision::PolicySpec`], [`precision::LossScale`]).
-//! - [`vision`]: CLIP, SigLIP / SigLIP2 and DINOv2 checkpoint configurations (the towers are
-//!   being added).
+//! - [`vision`]: CLIP, SigLIP / SigLIP2 and DINOv2 vision towers loaded from Hugging Face
+//!   checkpoints, matching transformers.
 //!
 //! Backends are cargo features: `flex` (default, CPU), `ndarray`, `wgpu`, `cuda`. One binary can
 //! hold several; the device is chosen at run time:

@@ -47,19 +47,24 @@ pub struct FusedAttention<B: Backend> {
 }
 
 impl<B: Backend> FusedAttention<B> {
-    fn forward(&self, query: Tensor<B, 3>, tokens: Tensor<B, 3>) -> Tensor<B, 3> {
-        let [three_hidden, hidden] = self.in_proj_weight.dims();
-        let project = |x: Tensor<B, 3>, part: usize| {
-            let rows = part * hidden..(part + 1) * hidden;
-            debug_assert!(rows.end <= three_hidden);
-            let weight = self.in_proj_weight.val().slice([rows.clone()]).transpose();
-            let bias = self.in_proj_bias.val().slice([rows]);
-            linear(x, weight, Some(bias))
-        };
+    /// `x · W_partᵀ + b_part` with the part (0 = q, 1 = k, 2 = v) of the fused projection.
+    fn project(&self, x: Tensor<B, 3>, part: usize) -> Tensor<B, 3> {
+        let [_, hidden] = self.in_proj_weight.dims();
+        let rows = part * hidden..(part + 1) * hidden;
+        let weight = self.in_proj_weight.val().slice([rows.clone()]).transpose();
+        linear(x, weight, Some(self.in_proj_bias.val().slice([rows])))
+    }
+
+    /// The learned `probe` (`[1, 1, hidden]`, shared by the batch) attending over `tokens`.
+    fn forward(&self, probe: Tensor<B, 3>, tokens: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [batch, _, hidden] = tokens.dims();
+        // Projected once, then shared: the same query for every image. (Projecting the probe
+        // after broadcasting it gave wrong values on burn 0.21's wgpu backend.)
+        let query = self.project(probe, 0).expand([batch, 1, hidden]);
         let attended = multi_head_attention(
-            project(query, 0),
-            project(tokens.clone(), 1),
-            project(tokens, 2),
+            query,
+            self.project(tokens.clone(), 1),
+            self.project(tokens, 2),
             self.heads,
         );
         self.out_proj.forward(attended)
@@ -78,8 +83,7 @@ pub struct PoolingHead<B: Backend> {
 impl<B: Backend> PoolingHead<B> {
     fn forward(&self, tokens: Tensor<B, 3>) -> Tensor<B, 2> {
         let [batch, _, hidden] = tokens.dims();
-        let probe = self.probe.val().expand([batch, 1, hidden]);
-        let h = self.attention.forward(probe, tokens);
+        let h = self.attention.forward(self.probe.val(), tokens);
         let h = h.clone() + self.mlp.forward(self.layernorm.forward(h));
         h.reshape([batch, hidden])
     }
