@@ -25,6 +25,7 @@ mod clip;
 mod config;
 mod dinov2;
 mod encoder;
+mod model;
 mod siglip;
 mod weights;
 
@@ -38,6 +39,7 @@ pub use dinov2::{
     Dinov2Output, LayerScale, PatchEmbeddings, QueryKeyValue,
 };
 pub use encoder::{Encoder, EncoderLayer, Mlp, SelfAttention};
+pub use model::VisionModel;
 pub use siglip::{
     FusedAttention, PoolingHead, SiglipEmbeddings, SiglipOutput, SiglipVisionModel,
     SiglipVisionTransformer,

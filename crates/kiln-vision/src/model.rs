@@ -1,0 +1,58 @@
+//! Any supported tower behind one type, chosen by the checkpoint's `config.json`: what examples
+//! and the Monte-Carlo runner hold when the model is a command-line argument.
+
+use std::path::Path;
+
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+use kiln_precision::Policy;
+
+use crate::VisionError;
+use crate::clip::ClipVisionModel;
+use crate::config::VisionConfig;
+use crate::dinov2::Dinov2Model;
+use crate::siglip::SiglipVisionModel;
+use crate::weights::load_hf_weights;
+
+/// A loaded vision tower (boxed: the towers' module trees differ in size).
+#[derive(Debug)]
+pub enum VisionModel<B: Backend> {
+    /// CLIP: embeddings are `image_embeds`.
+    Clip(Box<ClipVisionModel<B>>),
+    /// SigLIP / SigLIP2: embeddings are `pooler_output`.
+    Siglip(Box<SiglipVisionModel<B>>),
+    /// DINOv2: embeddings are `pooler_output` (the CLS token).
+    Dinov2(Box<Dinov2Model<B>>),
+}
+
+impl<B: Backend> VisionModel<B> {
+    /// Reads the checkpoint directory `dir` (config.json and weights) onto `device`, parameters
+    /// in the policy's dtype.
+    pub fn from_hf_dir(
+        dir: impl AsRef<Path>,
+        device: &B::Device,
+        policy: &Policy,
+    ) -> Result<Self, VisionError> {
+        let dir = dir.as_ref();
+        Ok(match VisionConfig::from_hf_config(dir)? {
+            VisionConfig::Clip(c) => {
+                VisionModel::Clip(Box::new(load_hf_weights(c.init(device), dir, policy)?))
+            }
+            VisionConfig::Siglip(c) => {
+                VisionModel::Siglip(Box::new(load_hf_weights(c.init(device), dir, policy)?))
+            }
+            VisionConfig::Dinov2(c) => {
+                VisionModel::Dinov2(Box::new(load_hf_weights(c.init(device), dir, policy)?))
+            }
+        })
+    }
+
+    /// The embeddings of normalised `pixels` `[batch, 3, H, W]`, `[batch, D]`.
+    pub fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
+        match self {
+            VisionModel::Clip(m) => m.forward(pixels),
+            VisionModel::Siglip(m) => m.forward(pixels),
+            VisionModel::Dinov2(m) => m.forward(pixels),
+        }
+    }
+}
