@@ -6,11 +6,12 @@
 use burn::module::{Module, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor};
 
 use crate::config::ClipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape};
+use crate::patches::{learned_positions, patch_tokens};
 use crate::weights::HfModule;
 
 /// Patch, class and position embeddings (`vision_model.embeddings`).
@@ -25,19 +26,15 @@ impl<B: Backend> ClipEmbeddings<B> {
     /// `[batch, 1 + patches, hidden]` of `pixels` `[batch, 3, H, W]` (H and W the configured
     /// image size: CLIP's position table is not interpolated).
     fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 3> {
-        let patches = self.patch_embedding.forward(pixels);
-        let [batch, hidden, rows, cols] = patches.dims();
-        let patches = patches
-            .reshape([batch, hidden, rows * cols])
-            .swap_dims(1, 2);
+        let (patches, (rows, cols)) = patch_tokens(&self.patch_embedding, pixels);
+        let [batch, _, hidden] = patches.dims();
         let class = self
             .class_embedding
             .val()
             .reshape([1, 1, hidden])
             .expand([batch, 1, hidden]);
-        let device = patches.device();
-        let positions = Tensor::<B, 1, Int>::arange(0..(1 + rows * cols) as i64, &device);
-        let positions = self.position_embedding.forward(positions.unsqueeze());
+        let positions =
+            learned_positions(&self.position_embedding, 1 + rows * cols, &patches.device());
         Tensor::cat(vec![class, patches], 1) + positions
     }
 }

@@ -12,6 +12,7 @@ use burn::tensor::{Tensor, TensorData};
 use crate::attention::multi_head_attention;
 use crate::config::Dinov2Config;
 use crate::encoder::Mlp;
+use crate::patches::patch_tokens;
 use crate::weights::HfModule;
 
 /// The patch projection (`embeddings.patch_embeddings`).
@@ -84,11 +85,8 @@ impl<B: Backend> Dinov2Embeddings<B> {
     }
 
     fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 3> {
-        let patches = self.patch_embeddings.projection.forward(pixels);
-        let [batch, hidden, rows, cols] = patches.dims();
-        let patches = patches
-            .reshape([batch, hidden, rows * cols])
-            .swap_dims(1, 2);
+        let (patches, (rows, cols)) = patch_tokens(&self.patch_embeddings.projection, pixels);
+        let [batch, _, hidden] = patches.dims();
         let cls = self.cls_token.val().expand([batch, 1, hidden]);
         Tensor::cat(vec![cls, patches], 1) + self.positions(rows, cols)
     }

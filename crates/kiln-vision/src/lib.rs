@@ -26,6 +26,7 @@ mod config;
 mod dinov2;
 mod encoder;
 mod model;
+mod patches;
 mod siglip;
 mod weights;
 

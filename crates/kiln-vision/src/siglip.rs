@@ -7,13 +7,14 @@
 use burn::module::{Module, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::linear;
-use burn::tensor::{Int, Tensor};
 
 use crate::attention::multi_head_attention;
 use crate::config::SiglipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape, Mlp};
+use crate::patches::{learned_positions, patch_tokens};
 use crate::weights::HfModule;
 
 /// Patch and position embeddings (`vision_model.embeddings`).
@@ -25,13 +26,9 @@ pub struct SiglipEmbeddings<B: Backend> {
 
 impl<B: Backend> SiglipEmbeddings<B> {
     fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 3> {
-        let patches = self.patch_embedding.forward(pixels);
-        let [batch, hidden, rows, cols] = patches.dims();
-        let patches = patches
-            .reshape([batch, hidden, rows * cols])
-            .swap_dims(1, 2);
-        let positions = Tensor::<B, 1, Int>::arange(0..(rows * cols) as i64, &patches.device());
-        patches + self.position_embedding.forward(positions.unsqueeze())
+        let (patches, (rows, cols)) = patch_tokens(&self.patch_embedding, pixels);
+        let positions = learned_positions(&self.position_embedding, rows * cols, &patches.device());
+        patches + positions
     }
 }
 
