@@ -1,14 +1,17 @@
 //! The vision towers on every compiled backend, against transformers' outputs on the committed
-//! tiny checkpoints: Flex, NdArray and wgpu (lavapipe in CI) run the same model code.
+//! tiny checkpoints: Flex, NdArray and wgpu (lavapipe in CI) run the same model code, and
+//! Monte-Carlo dropout draws the same masks on each.
 
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use kiln::precision::{DeviceJob, DeviceSpec, Policy};
-use kiln::vision::{VisionConfig, load_hf_weights};
+use kiln::vision::{Draw, DropoutSites, VisionModel};
 
 mod common;
+
+const MODELS: [&str; 3] = ["clip_vision", "siglip_vision", "dinov2"];
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/kiln-vision/tests/fixtures")
@@ -27,60 +30,77 @@ fn reference(file: &str, key: &str) -> (Vec<f32>, Vec<usize>) {
     (values, view.shape().to_vec())
 }
 
-/// Each tower's pooled output on its reference input: CLIP's image_embeds, SigLIP's and
-/// DINOv2's (non-square input) pooler_output.
-struct Pooled;
+/// Each tower's embeddings of its reference input (CLIP's image_embeds, SigLIP's and DINOv2's
+/// pooler_output; DINOv2's input is non-square): deterministic, and sampled with dropout 0.1 at
+/// every site.
+struct Embeddings;
 
-impl DeviceJob for Pooled {
-    type Output = Vec<(&'static str, Vec<f32>)>;
+struct Embedded {
+    name: &'static str,
+    deterministic: Vec<f32>,
+    sampled: Vec<f32>,
+}
+
+impl DeviceJob for Embeddings {
+    type Output = Vec<Embedded>;
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
-        let input = |name: &str, key: &str| {
-            let (values, shape) = reference(&format!("{name}.safetensors"), key);
-            Tensor::<B, 4>::from_data(TensorData::new(values, shape), device)
-        };
-        let dir = |name: &str| fixtures().join(name);
-        let policy = Policy::full();
         let read = |t: Tensor<B, 2>| t.into_data().to_vec::<f32>().unwrap();
-        let mut out = Vec::new();
-        for name in ["clip_vision", "siglip_vision", "dinov2"] {
-            let pooled = match VisionConfig::from_hf_config(dir(name)).unwrap() {
-                VisionConfig::Clip(c) => load_hf_weights(c.init::<B>(device), dir(name), &policy)
-                    .unwrap()
-                    .forward(input(name, "pixel_values")),
-                VisionConfig::Siglip(c) => load_hf_weights(c.init::<B>(device), dir(name), &policy)
-                    .unwrap()
-                    .forward(input(name, "pixel_values")),
-                VisionConfig::Dinov2(c) => load_hf_weights(c.init::<B>(device), dir(name), &policy)
-                    .unwrap()
-                    .forward(input(name, "pixel_values")),
-            };
-            out.push((name, read(pooled)));
-        }
-        out
+        MODELS
+            .into_iter()
+            .map(|name| {
+                let (values, shape) = reference(&format!("{name}.safetensors"), "pixel_values");
+                let items: Vec<u64> = (0..shape[0] as u64).collect();
+                let pixels = Tensor::<B, 4>::from_data(TensorData::new(values, shape), device);
+                let model =
+                    VisionModel::<B>::from_hf_dir(fixtures().join(name), device, &Policy::full())
+                        .unwrap()
+                        .with_dropout(DropoutSites::all(0.1))
+                        .unwrap();
+                let draw = Draw {
+                    seed: 5,
+                    pass: 2,
+                    items: &items,
+                };
+                Embedded {
+                    name,
+                    deterministic: read(model.forward(pixels.clone())),
+                    sampled: read(model.forward_sampled(pixels, &draw).unwrap()),
+                }
+            })
+            .collect()
     }
 }
 
+/// max |ours − expected| / max |expected|.
+fn relative_error(ours: &[f32], expected: &[f32]) -> f32 {
+    assert_eq!(ours.len(), expected.len());
+    let worst = ours
+        .iter()
+        .zip(expected)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    worst / expected.iter().fold(0.0, |m: f32, v| m.max(v.abs()))
+}
+
 fn check(device: DeviceSpec) {
-    for (name, ours) in device.run(Pooled).unwrap() {
+    let on_flex = DeviceSpec::Flex.run(Embeddings).unwrap();
+    for (ours, flex) in device.run(Embeddings).unwrap().iter().zip(&on_flex) {
+        let name = ours.name;
         let key = if name == "clip_vision" {
             "image_embeds"
         } else {
             "pooler_output"
         };
         let (expected, _) = reference(&format!("{name}.safetensors"), key);
-        let worst = ours
-            .iter()
-            .zip(&expected)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        let largest = expected.iter().fold(0.0, |m: f32, v| m.max(v.abs()));
-        assert_eq!(ours.len(), expected.len(), "{device} {name}");
+        let error = relative_error(&ours.deterministic, &expected);
+        assert!(error <= 1e-4, "{device} {name}: {error}");
+        let error = relative_error(&ours.sampled, &flex.sampled);
         assert!(
-            worst / largest <= 1e-4,
-            "{device} {name}: {}",
-            worst / largest
+            error <= 1e-4,
+            "{device} {name} sampled, against Flex: {error}"
         );
+        assert!(relative_error(&ours.sampled, &ours.deterministic) > 1e-3);
     }
 }
 

@@ -22,7 +22,9 @@ pub use device::{
 pub use dtype::{DtypeSpec, Precision};
 pub use loss_scale::{DynamicLossScale, LossScale, StepDecision};
 pub use ops::scatter_add;
-pub use policy::{PRESETS, Policy, PolicySpec, cast, computes_in, resolve_half, widen_to_f32};
+pub use policy::{
+    PRESETS, Policy, PolicySpec, cast, cast_module, computes_in, resolve_half, widen_to_f32,
+};
 
 /// Why a precision policy cannot be parsed or used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

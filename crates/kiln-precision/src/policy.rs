@@ -224,7 +224,7 @@ impl Policy {
     /// Converts a module's float parameters to the parameter dtype, once (a direct conversion of
     /// the stored tensors, not a wrapper applied on every call).
     pub fn cast_params<B: Backend, M: Module<B>>(&self, module: M) -> M {
-        module.map(&mut CastParams(self.param))
+        cast_module(module, self.param)
     }
 
     /// Casts a model input to the compute dtype.
@@ -272,6 +272,12 @@ impl Policy {
     ) -> Tensor<B, E> {
         cast(op(widen_to_f32(x)), self.compute)
     }
+}
+
+/// Converts every float parameter of `module` to `precision`, keeping ids and `require_grad`:
+/// how a mixed policy gets a compute-dtype copy of f32 master weights for one forward pass.
+pub fn cast_module<B: Backend, M: Module<B>>(module: M, precision: Precision) -> M {
+    module.map(&mut CastParams(precision))
 }
 
 /// Casts to `precision` unless the tensor already has it (burn's cast is a no-op then as well, but

@@ -9,10 +9,12 @@ use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, L
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
+use crate::VisionError;
 use crate::config::ClipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape};
+use crate::pass::{Draw, Pass, Site, TowerSettings};
 use crate::patches::{learned_positions, patch_tokens};
-use crate::weights::HfModule;
+use crate::tower::{Tower, check_draw, in_compute_dtype};
 
 /// Patch, class and position embeddings (`vision_model.embeddings`).
 #[derive(Module, Debug)]
@@ -25,7 +27,7 @@ pub struct ClipEmbeddings<B: Backend> {
 impl<B: Backend> ClipEmbeddings<B> {
     /// `[batch, 1 + patches, hidden]` of `pixels` `[batch, 3, H, W]` (H and W the configured
     /// image size: CLIP's position table is not interpolated).
-    fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 3> {
+    fn forward(&self, pixels: Tensor<B, 4>, pass: &Pass) -> Tensor<B, 3> {
         let (patches, (rows, cols)) = patch_tokens(&self.patch_embedding, pixels);
         let [batch, _, hidden] = patches.dims();
         let class = self
@@ -35,7 +37,10 @@ impl<B: Backend> ClipEmbeddings<B> {
             .expand([batch, 1, hidden]);
         let positions =
             learned_positions(&self.position_embedding, 1 + rows * cols, &patches.device());
-        Tensor::cat(vec![class, patches], 1) + positions
+        pass.drop(
+            Site::Embeddings,
+            Tensor::cat(vec![class, patches], 1) + positions,
+        )
     }
 }
 
@@ -48,7 +53,7 @@ pub struct ClipVisionTransformer<B: Backend> {
     post_layernorm: LayerNorm<B>,
 }
 
-/// What a forward pass gives.
+/// What a forward pass gives, in the policy's output dtype.
 #[derive(Debug, Clone)]
 pub struct ClipOutput<B: Backend> {
     /// `visual_projection(pooler_output)`, `[batch, projection_dim]` (not L2-normalised).
@@ -66,9 +71,19 @@ pub struct ClipOutput<B: Backend> {
 pub struct ClipVisionModel<B: Backend> {
     vision_model: ClipVisionTransformer<B>,
     visual_projection: Linear<B>,
+    #[module(skip)]
+    settings: TowerSettings,
 }
 
-impl<B: Backend> HfModule<B> for ClipVisionModel<B> {}
+impl<B: Backend> Tower<B> for ClipVisionModel<B> {
+    fn settings(&self) -> &TowerSettings {
+        &self.settings
+    }
+
+    fn settings_mut(&mut self) -> &mut TowerSettings {
+        &mut self.settings
+    }
+}
 
 impl ClipVisionConfig {
     /// A randomly initialised tower of this shape (load a checkpoint into it with
@@ -113,6 +128,7 @@ impl ClipVisionConfig {
             visual_projection: LinearConfig::new(hidden, self.projection_dim)
                 .with_bias(false)
                 .init(device),
+            settings: TowerSettings::default(),
         }
     }
 }
@@ -120,24 +136,42 @@ impl ClipVisionConfig {
 impl<B: Backend> ClipVisionModel<B> {
     /// The image embeddings of normalised `pixels` `[batch, 3, H, W]`.
     pub fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
-        self.forward_all(pixels, false).image_embeds
+        self.run(pixels, false, None).image_embeds
+    }
+
+    /// The image embeddings with Monte-Carlo dropout at the tower's sites, masks from `draw`
+    /// (one item per batch row).
+    pub fn forward_sampled(
+        &self,
+        pixels: Tensor<B, 4>,
+        draw: &Draw<'_>,
+    ) -> Result<Tensor<B, 2>, VisionError> {
+        check_draw(draw, pixels.dims()[0])?;
+        Ok(self.run(pixels, false, Some(draw)).image_embeds)
     }
 
     /// Every output; `hidden_states` only with `keep_hidden_states`.
     pub fn forward_all(&self, pixels: Tensor<B, 4>, keep_hidden_states: bool) -> ClipOutput<B> {
-        let tower = &self.vision_model;
-        let x = tower.pre_layrnorm.forward(tower.embeddings.forward(pixels));
-        let (last_hidden_state, hidden_states) = tower.encoder.forward(x, keep_hidden_states);
+        self.run(pixels, keep_hidden_states, None)
+    }
+
+    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw<'_>>) -> ClipOutput<B> {
+        let model = in_compute_dtype(self);
+        let pass = Pass::new(&model.settings, draw);
+        let tower = &model.vision_model;
+        let x = tower.embeddings.forward(pass.input(pixels), &pass);
+        let x = pass.norm(&tower.pre_layrnorm, x);
+        let (last_hidden_state, hidden_states) = tower.encoder.forward(x, keep, &pass);
         let [batch, _, hidden] = last_hidden_state.dims();
         let class = last_hidden_state
             .clone()
             .slice([0..batch, 0..1])
             .reshape([batch, hidden]);
-        let pooler_output = tower.post_layernorm.forward(class);
+        let pooler_output = pass.norm(&tower.post_layernorm, class);
         ClipOutput {
-            image_embeds: self.visual_projection.forward(pooler_output.clone()),
-            pooler_output,
-            last_hidden_state,
+            image_embeds: pass.output(model.visual_projection.forward(pooler_output.clone())),
+            pooler_output: pass.output(pooler_output),
+            last_hidden_state: pass.output(last_hidden_state),
             hidden_states,
         }
     }

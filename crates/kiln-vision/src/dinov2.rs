@@ -6,19 +6,60 @@
 use burn::module::{Module, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
-use crate::attention::multi_head_attention;
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor, TensorData};
+
+use crate::VisionError;
 use crate::config::Dinov2Config;
-use crate::encoder::Mlp;
+use crate::encoder::{Mlp, run_layers};
+use crate::pass::{Draw, Pass, Site, TowerSettings};
 use crate::patches::patch_tokens;
-use crate::weights::HfModule;
+use crate::tower::{Tower, check_draw, in_compute_dtype};
 
 /// The patch projection (`embeddings.patch_embeddings`).
 #[derive(Module, Debug)]
 pub struct PatchEmbeddings<B: Backend> {
     projection: Conv2d<B>,
+}
+
+/// Position tables resized to patch grids, by `(rows, cols, dtype)`: computed once per
+/// resolution, shared by clones, emptied when the weights change. The tables are stored
+/// type-erased because burn 0.21's `Module` derive treats a skipped field whose type names the
+/// backend as a sub-module.
+#[derive(Clone, Default)]
+struct ResizedPositions(Arc<Mutex<HashMap<GridKey, Box<dyn Any + Send>>>>);
+
+/// `(rows, cols, dtype)` of a resized table.
+type GridKey = (usize, usize, DType);
+
+impl std::fmt::Debug for ResizedPositions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ResizedPositions")
+    }
+}
+
+impl ResizedPositions {
+    /// The table for `key`, made by `resize` the first time.
+    fn get_or_insert<B: Backend>(
+        &self,
+        key: GridKey,
+        resize: impl FnOnce() -> Tensor<B, 3>,
+    ) -> Tensor<B, 3> {
+        let mut tables = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(table) = tables
+            .get(&key)
+            .and_then(|t| t.downcast_ref::<Tensor<B, 3>>())
+        {
+            return table.clone();
+        }
+        let table = resize();
+        tables.insert(key, Box::new(table.clone()));
+        table
+    }
 }
 
 /// CLS token, patches and positions (`embeddings`).
@@ -27,6 +68,8 @@ pub struct Dinov2Embeddings<B: Backend> {
     cls_token: Param<Tensor<B, 3>>,
     position_embeddings: Param<Tensor<B, 3>>,
     patch_embeddings: PatchEmbeddings<B>,
+    #[module(skip)]
+    resized: ResizedPositions,
 }
 
 /// PyTorch's bicubic kernel (A = −0.75) as a `[out, in]` matrix: row `o` holds the weights of the
@@ -54,42 +97,58 @@ impl<B: Backend> Dinov2Embeddings<B> {
     /// The position embeddings for a `rows × cols` patch grid, `[1, 1 + rows·cols, hidden]`: the
     /// stored ones when the grid is the stored square one, else the stored square grid resized
     /// bicubically in f32 (the CLS position unchanged), as transformers' `interpolate_pos_encoding`.
+    /// A resized table is computed once per grid and kept.
     pub fn positions(&self, rows: usize, cols: usize) -> Tensor<B, 3> {
         let table = self.position_embeddings.val();
-        let [_, positions, hidden] = table.dims();
+        let [_, positions, _] = table.dims();
         let side = ((positions - 1) as f64).sqrt() as usize;
         if rows == side && cols == side {
             return table;
         }
-        let device = table.device();
-        let dtype = table.dtype();
-        let table = table.cast(burn::tensor::FloatDType::F32);
-        let cls = table.clone().slice([0..1, 0..1]);
-        let grid = table
-            .slice([0..1, 1..positions])
-            .reshape([side, side * hidden]);
-        let matrix = |out: usize| {
-            Tensor::<B, 2>::from_data(
-                TensorData::new(bicubic_matrix(out, side), [out, side]),
-                &device,
-            )
-        };
-        // Rows: [rows, side] · [side, side·hidden]; then columns, row by row.
-        let by_rows = matrix(rows).matmul(grid).reshape([rows, side, hidden]);
-        let resized = matrix(cols)
-            .unsqueeze::<3>()
-            .expand([rows, cols, side])
-            .matmul(by_rows)
-            .reshape([1, rows * cols, hidden]);
-        Tensor::cat(vec![cls, resized], 1).cast(dtype)
+        self.resized.get_or_insert((rows, cols, table.dtype()), || {
+            resize_positions(table, side, rows, cols)
+        })
     }
 
-    fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 3> {
+    fn forward(&self, pixels: Tensor<B, 4>, pass: &Pass) -> Tensor<B, 3> {
         let (patches, (rows, cols)) = patch_tokens(&self.patch_embeddings.projection, pixels);
         let [batch, _, hidden] = patches.dims();
         let cls = self.cls_token.val().expand([batch, 1, hidden]);
-        Tensor::cat(vec![cls, patches], 1) + self.positions(rows, cols)
+        let tokens = Tensor::cat(vec![cls, patches], 1) + self.positions(rows, cols);
+        pass.drop(Site::Embeddings, tokens)
     }
+}
+
+/// The stored `side × side` position `table` (`[1, 1 + side², hidden]`) resized bicubically to
+/// `rows × cols` in f32, the CLS position unchanged.
+fn resize_positions<B: Backend>(
+    table: Tensor<B, 3>,
+    side: usize,
+    rows: usize,
+    cols: usize,
+) -> Tensor<B, 3> {
+    let [_, positions, hidden] = table.dims();
+    let device = table.device();
+    let dtype = table.dtype();
+    let table = table.cast(burn::tensor::FloatDType::F32);
+    let cls = table.clone().slice([0..1, 0..1]);
+    let grid = table
+        .slice([0..1, 1..positions])
+        .reshape([side, side * hidden]);
+    let matrix = |out: usize| {
+        Tensor::<B, 2>::from_data(
+            TensorData::new(bicubic_matrix(out, side), [out, side]),
+            &device,
+        )
+    };
+    // Rows: [rows, side] · [side, side·hidden]; then columns, row by row.
+    let by_rows = matrix(rows).matmul(grid).reshape([rows, side, hidden]);
+    let resized = matrix(cols)
+        .unsqueeze::<3>()
+        .expand([rows, cols, side])
+        .matmul(by_rows)
+        .reshape([1, rows * cols, hidden]);
+    Tensor::cat(vec![cls, resized], 1).cast(dtype)
 }
 
 /// Query, key and value (`attention.attention`).
@@ -116,15 +175,15 @@ pub struct Dinov2Attention<B: Backend> {
 }
 
 impl<B: Backend> Dinov2Attention<B> {
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn forward(&self, x: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
         let qkv = &self.attention;
-        let attended = multi_head_attention(
+        let attended = pass.attention(
             qkv.query.forward(x.clone()),
             qkv.key.forward(x.clone()),
             qkv.value.forward(x),
             self.heads,
         );
-        self.output.dense.forward(attended)
+        pass.drop(Site::AttentionOutput, self.output.dense.forward(attended))
     }
 }
 
@@ -153,15 +212,13 @@ pub struct Dinov2Layer<B: Backend> {
 }
 
 impl<B: Backend> Dinov2Layer<B> {
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = x.clone()
-            + self
-                .layer_scale1
-                .forward(self.attention.forward(self.norm1.forward(x)));
-        x.clone()
-            + self
-                .layer_scale2
-                .forward(self.mlp.forward(self.norm2.forward(x)))
+    fn forward(&self, x: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
+        let attended = self
+            .attention
+            .forward(pass.norm(&self.norm1, x.clone()), pass);
+        let x = x + self.layer_scale1.forward(attended);
+        let transformed = self.mlp.forward(pass.norm(&self.norm2, x.clone()), pass);
+        x + self.layer_scale2.forward(transformed)
     }
 }
 
@@ -171,7 +228,7 @@ pub struct Dinov2Encoder<B: Backend> {
     layer: Vec<Dinov2Layer<B>>,
 }
 
-/// What a forward pass gives.
+/// What a forward pass gives, in the policy's output dtype.
 #[derive(Debug, Clone)]
 pub struct Dinov2Output<B: Backend> {
     /// The CLS token after the final LayerNorm, `[batch, hidden]`.
@@ -189,9 +246,23 @@ pub struct Dinov2Model<B: Backend> {
     embeddings: Dinov2Embeddings<B>,
     encoder: Dinov2Encoder<B>,
     layernorm: LayerNorm<B>,
+    #[module(skip)]
+    settings: TowerSettings,
 }
 
-impl<B: Backend> HfModule<B> for Dinov2Model<B> {}
+impl<B: Backend> Tower<B> for Dinov2Model<B> {
+    fn settings(&self) -> &TowerSettings {
+        &self.settings
+    }
+
+    fn settings_mut(&mut self) -> &mut TowerSettings {
+        &mut self.settings
+    }
+
+    fn weights_changed(&mut self) {
+        self.embeddings.resized = Default::default();
+    }
+}
 
 impl Dinov2Config {
     /// A randomly initialised model of this shape (load a checkpoint into it with
@@ -247,9 +318,11 @@ impl Dinov2Config {
                     .with_stride([self.patch_size, self.patch_size])
                     .init(device),
                 },
+                resized: Default::default(),
             },
             encoder: Dinov2Encoder { layer },
             layernorm: norm(),
+            settings: TowerSettings::default(),
         }
     }
 }
@@ -264,23 +337,32 @@ impl<B: Backend> Dinov2Model<B> {
     /// The CLS vectors of normalised `pixels` `[batch, 3, H, W]` (any size divisible into
     /// patches: the positions are resized to the grid).
     pub fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
-        self.forward_all(pixels, false).pooler_output
+        self.run(pixels, false, None).pooler_output
+    }
+
+    /// The CLS vectors with Monte-Carlo dropout at the model's sites, masks from `draw` (one
+    /// item per batch row).
+    pub fn forward_sampled(
+        &self,
+        pixels: Tensor<B, 4>,
+        draw: &Draw<'_>,
+    ) -> Result<Tensor<B, 2>, VisionError> {
+        check_draw(draw, pixels.dims()[0])?;
+        Ok(self.run(pixels, false, Some(draw)).pooler_output)
     }
 
     /// Every output; `hidden_states` only with `keep_hidden_states`.
     pub fn forward_all(&self, pixels: Tensor<B, 4>, keep_hidden_states: bool) -> Dinov2Output<B> {
-        let mut x = self.embeddings.forward(pixels);
-        let mut hidden_states = Vec::new();
-        for layer in &self.encoder.layer {
-            if keep_hidden_states {
-                hidden_states.push(x.clone());
-            }
-            x = layer.forward(x);
-        }
-        if keep_hidden_states {
-            hidden_states.push(x.clone());
-        }
-        let last_hidden_state = self.layernorm.forward(x);
+        self.run(pixels, keep_hidden_states, None)
+    }
+
+    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw<'_>>) -> Dinov2Output<B> {
+        let model = in_compute_dtype(self);
+        let pass = Pass::new(&model.settings, draw);
+        let x = model.embeddings.forward(pass.input(pixels), &pass);
+        let (x, hidden_states) =
+            run_layers(x, &model.encoder.layer, keep, &pass, Dinov2Layer::forward);
+        let last_hidden_state = pass.output(pass.norm(&model.layernorm, x));
         let [batch, _, hidden] = last_hidden_state.dims();
         let pooler_output = last_hidden_state
             .clone()

@@ -8,8 +8,8 @@ use burn::tensor::Tensor;
 use burn::tensor::activation::{gelu, gelu_approximate, sigmoid};
 use burn::tensor::backend::Backend;
 
-use crate::attention::multi_head_attention;
 use crate::config::Activation;
+use crate::pass::{Pass, Site};
 
 /// Shapes of an encoder.
 #[derive(Debug, Clone, Copy)]
@@ -35,7 +35,7 @@ pub(crate) fn activate<B: Backend, const D: usize>(
     }
 }
 
-/// `fc2(act(fc1(x)))`.
+/// `fc2(act(fc1(x)))`, Monte-Carlo dropout on the hidden activations.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
     fc1: Linear<B>,
@@ -58,9 +58,9 @@ impl<B: Backend> Mlp<B> {
         }
     }
 
-    pub(crate) fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        self.fc2
-            .forward(activate(self.fc1.forward(x), self.activation))
+    pub(crate) fn forward<const D: usize>(&self, x: Tensor<B, D>, pass: &Pass) -> Tensor<B, D> {
+        let hidden = activate(self.fc1.forward(x), self.activation);
+        self.fc2.forward(pass.drop(Site::MlpHidden, hidden))
     }
 }
 
@@ -87,14 +87,14 @@ impl<B: Backend> SelfAttention<B> {
         }
     }
 
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let attended = multi_head_attention(
+    fn forward(&self, x: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
+        let attended = pass.attention(
             self.q_proj.forward(x.clone()),
             self.k_proj.forward(x.clone()),
             self.v_proj.forward(x),
             self.heads,
         );
-        self.out_proj.forward(attended)
+        pass.drop(Site::AttentionOutput, self.out_proj.forward(attended))
     }
 }
 
@@ -108,9 +108,12 @@ pub struct EncoderLayer<B: Backend> {
 }
 
 impl<B: Backend> EncoderLayer<B> {
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = x.clone() + self.self_attn.forward(self.layer_norm1.forward(x));
-        x.clone() + self.mlp.forward(self.layer_norm2.forward(x))
+    fn forward(&self, x: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
+        let x = x.clone()
+            + self
+                .self_attn
+                .forward(pass.norm(&self.layer_norm1, x), pass);
+        x.clone() + self.mlp.forward(pass.norm(&self.layer_norm2, x), pass)
     }
 }
 
@@ -140,18 +143,34 @@ impl<B: Backend> Encoder<B> {
 
     /// The last layer's output and, with `keep`, every layer's input and the last output (what
     /// transformers calls `hidden_states`).
-    pub(crate) fn forward(&self, x: Tensor<B, 3>, keep: bool) -> (Tensor<B, 3>, Vec<Tensor<B, 3>>) {
-        let mut hidden_states = Vec::new();
-        let mut x = x;
-        for layer in &self.layers {
-            if keep {
-                hidden_states.push(x.clone());
-            }
-            x = layer.forward(x);
-        }
-        if keep {
-            hidden_states.push(x.clone());
-        }
-        (x, hidden_states)
+    pub(crate) fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        keep: bool,
+        pass: &Pass,
+    ) -> (Tensor<B, 3>, Vec<Tensor<B, 3>>) {
+        run_layers(x, &self.layers, keep, pass, EncoderLayer::forward)
     }
+}
+
+/// Runs `layers` in turn; with `keep`, also returns every layer's input and the last output (the
+/// `hidden_states` of transformers), in the output dtype.
+pub(crate) fn run_layers<B: Backend, L>(
+    mut x: Tensor<B, 3>,
+    layers: &[L],
+    keep: bool,
+    pass: &Pass,
+    forward: impl Fn(&L, Tensor<B, 3>, &Pass) -> Tensor<B, 3>,
+) -> (Tensor<B, 3>, Vec<Tensor<B, 3>>) {
+    let mut hidden_states = Vec::new();
+    for layer in layers {
+        if keep {
+            hidden_states.push(pass.output(x.clone()));
+        }
+        x = forward(layer, x, pass);
+    }
+    if keep {
+        hidden_states.push(pass.output(x.clone()));
+    }
+    (x, hidden_states)
 }

@@ -7,30 +7,38 @@
 //!
 //! ```no_run
 //! use burn::backend::Flex;
+//! use burn::tensor::Tensor;
 //! use kiln_precision::Policy;
-//! use kiln_vision::{VisionConfig, load_hf_weights};
+//! use kiln_vision::{DropoutSites, Draw, VisionModel};
 //!
-//! let dir = "clip-vit-base-patch32";
-//! let VisionConfig::Clip(config) = VisionConfig::from_hf_config(dir)? else { panic!("not CLIP") };
 //! let device = Default::default();
-//! let clip = load_hf_weights(config.init::<Flex>(&device), dir, &Policy::full())?;
+//! // Any supported checkpoint directory: its config.json picks the tower.
+//! let model = VisionModel::<Flex>::from_hf_dir("clip-vit-base-patch32", &device, &Policy::full())?
+//!     .with_dropout("attention_probs=0.1,mlp_hidden=0.1".parse::<DropoutSites>()?)?;
+//! let pixels = Tensor::<Flex, 4>::zeros([2, 3, 224, 224], &device); // normalised images
+//! let embeddings = model.forward(pixels.clone()); // deterministic, [2, 512]
+//! // Monte-Carlo pass 3: each image's masks come from (seed, pass, its id).
+//! let draw = Draw { seed: 0, pass: 3, items: &[17, 18] };
+//! let sample = model.forward_sampled(pixels, &draw)?;
 //! # Ok::<(), kiln_vision::VisionError>(())
 //! ```
 //!
-//! Next: Monte-Carlo dropout sites, precision policies inside the towers, other backends'
-//! parity runs, and the `embed` example.
+//! Each tower runs under its [`TowerSettings`]: the precision policy it was loaded with
+//! (parameters cast once at load; a mixed policy computes with a compute-dtype copy per forward;
+//! norms and softmax in f32) and its Monte-Carlo [`DropoutSites`], drawn by kiln on the host so a
+//! [`Draw`] gives the same masks on every backend and in every batch.
 
-mod attention;
 mod clip;
 mod config;
 mod dinov2;
 mod encoder;
 mod model;
+mod pass;
 mod patches;
 mod siglip;
+mod tower;
 mod weights;
 
-pub use attention::multi_head_attention;
 pub use clip::{ClipEmbeddings, ClipOutput, ClipVisionModel, ClipVisionTransformer};
 pub use config::{
     Activation, ClipVisionConfig, Dinov2Config, MODEL_TYPES, SiglipVisionConfig, VisionConfig,
@@ -41,11 +49,13 @@ pub use dinov2::{
 };
 pub use encoder::{Encoder, EncoderLayer, Mlp, SelfAttention};
 pub use model::VisionModel;
+pub use pass::{Draw, DropoutSites, TowerSettings};
 pub use siglip::{
     FusedAttention, PoolingHead, SiglipEmbeddings, SiglipOutput, SiglipVisionModel,
     SiglipVisionTransformer,
 };
-pub use weights::{HfModule, load_hf_weights};
+pub use tower::Tower;
+pub use weights::load_hf_weights;
 
 /// Why a checkpoint cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -56,4 +66,7 @@ pub enum VisionError {
     /// Weights that cannot be loaded.
     #[error("{0}")]
     Weights(String),
+    /// Dropout rates or a draw that cannot be used.
+    #[error("{0}")]
+    Dropout(String),
 }

@@ -11,7 +11,9 @@ use crate::VisionError;
 use crate::clip::ClipVisionModel;
 use crate::config::VisionConfig;
 use crate::dinov2::Dinov2Model;
+use crate::pass::{Draw, DropoutSites};
 use crate::siglip::SiglipVisionModel;
+use crate::tower::Tower;
 use crate::weights::load_hf_weights;
 
 /// A loaded vision tower (boxed: the towers' module trees differ in size).
@@ -47,12 +49,35 @@ impl<B: Backend> VisionModel<B> {
         })
     }
 
-    /// The embeddings of normalised `pixels` `[batch, 3, H, W]`, `[batch, D]`.
+    /// The embeddings of normalised `pixels` `[batch, 3, H, W]`, `[batch, D]`, deterministic.
     pub fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
         match self {
             VisionModel::Clip(m) => m.forward(pixels),
             VisionModel::Siglip(m) => m.forward(pixels),
             VisionModel::Dinov2(m) => m.forward(pixels),
         }
+    }
+
+    /// The embeddings with Monte-Carlo dropout at the sites set by [`Self::with_dropout`], masks
+    /// from `draw` (one item per batch row).
+    pub fn forward_sampled(
+        &self,
+        pixels: Tensor<B, 4>,
+        draw: &Draw<'_>,
+    ) -> Result<Tensor<B, 2>, VisionError> {
+        match self {
+            VisionModel::Clip(m) => m.forward_sampled(pixels, draw),
+            VisionModel::Siglip(m) => m.forward_sampled(pixels, draw),
+            VisionModel::Dinov2(m) => m.forward_sampled(pixels, draw),
+        }
+    }
+
+    /// The model with Monte-Carlo dropout at `sites` for [`Self::forward_sampled`].
+    pub fn with_dropout(self, sites: DropoutSites) -> Result<Self, VisionError> {
+        Ok(match self {
+            VisionModel::Clip(m) => VisionModel::Clip(Box::new(m.with_dropout(sites)?)),
+            VisionModel::Siglip(m) => VisionModel::Siglip(Box::new(m.with_dropout(sites)?)),
+            VisionModel::Dinov2(m) => VisionModel::Dinov2(Box::new(m.with_dropout(sites)?)),
+        })
     }
 }

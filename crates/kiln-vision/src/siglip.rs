@@ -11,11 +11,12 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::linear;
 
-use crate::attention::multi_head_attention;
+use crate::VisionError;
 use crate::config::SiglipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape, Mlp};
+use crate::pass::{Draw, Pass, Site, TowerSettings};
 use crate::patches::{learned_positions, patch_tokens};
-use crate::weights::HfModule;
+use crate::tower::{Tower, check_draw, in_compute_dtype};
 
 /// Patch and position embeddings (`vision_model.embeddings`).
 #[derive(Module, Debug)]
@@ -25,10 +26,10 @@ pub struct SiglipEmbeddings<B: Backend> {
 }
 
 impl<B: Backend> SiglipEmbeddings<B> {
-    fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 3> {
+    fn forward(&self, pixels: Tensor<B, 4>, pass: &Pass) -> Tensor<B, 3> {
         let (patches, (rows, cols)) = patch_tokens(&self.patch_embedding, pixels);
         let positions = learned_positions(&self.position_embedding, rows * cols, &patches.device());
-        patches + positions
+        pass.drop(Site::Embeddings, patches + positions)
     }
 }
 
@@ -52,13 +53,14 @@ impl<B: Backend> FusedAttention<B> {
         linear(x, weight, Some(self.in_proj_bias.val().slice([rows])))
     }
 
-    /// The learned `probe` (`[1, 1, hidden]`, shared by the batch) attending over `tokens`.
-    fn forward(&self, probe: Tensor<B, 3>, tokens: Tensor<B, 3>) -> Tensor<B, 3> {
+    /// The learned `probe` (`[1, 1, hidden]`, shared by the batch) attending over `tokens`
+    /// (no dropout: the Monte-Carlo sites are the encoder's).
+    fn forward(&self, probe: Tensor<B, 3>, tokens: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
         let [batch, _, hidden] = tokens.dims();
         // Projected once, then shared: the same query for every image. (Projecting the probe
         // after broadcasting it gave wrong values on burn 0.21's wgpu backend.)
         let query = self.project(probe, 0).expand([batch, 1, hidden]);
-        let attended = multi_head_attention(
+        let attended = pass.deterministic().attention(
             query,
             self.project(tokens.clone(), 1),
             self.project(tokens, 2),
@@ -78,10 +80,13 @@ pub struct PoolingHead<B: Backend> {
 }
 
 impl<B: Backend> PoolingHead<B> {
-    fn forward(&self, tokens: Tensor<B, 3>) -> Tensor<B, 2> {
+    fn forward(&self, tokens: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 2> {
         let [batch, _, hidden] = tokens.dims();
-        let h = self.attention.forward(self.probe.val(), tokens);
-        let h = h.clone() + self.mlp.forward(self.layernorm.forward(h));
+        let h = self.attention.forward(self.probe.val(), tokens, pass);
+        let h = h.clone()
+            + self
+                .mlp
+                .forward(pass.norm(&self.layernorm, h), &pass.deterministic());
         h.reshape([batch, hidden])
     }
 }
@@ -95,7 +100,7 @@ pub struct SiglipVisionTransformer<B: Backend> {
     head: Option<PoolingHead<B>>,
 }
 
-/// What a forward pass gives.
+/// What a forward pass gives, in the policy's output dtype.
 #[derive(Debug, Clone)]
 pub struct SiglipOutput<B: Backend> {
     /// The pooling head's output, `[batch, hidden]` (`None` without a head).
@@ -110,9 +115,19 @@ pub struct SiglipOutput<B: Backend> {
 #[derive(Module, Debug)]
 pub struct SiglipVisionModel<B: Backend> {
     vision_model: SiglipVisionTransformer<B>,
+    #[module(skip)]
+    settings: TowerSettings,
 }
 
-impl<B: Backend> HfModule<B> for SiglipVisionModel<B> {
+impl<B: Backend> Tower<B> for SiglipVisionModel<B> {
+    fn settings(&self) -> &TowerSettings {
+        &self.settings
+    }
+
+    fn settings_mut(&mut self) -> &mut TowerSettings {
+        &mut self.settings
+    }
+
     /// `SiglipVisionModel` files of transformers 5 have no `vision_model.` prefix; those of
     /// transformers 4 and `SiglipModel` files do.
     fn key_remapping() -> &'static [(&'static str, &'static str)] {
@@ -170,6 +185,7 @@ impl SiglipVisionConfig {
                 post_layernorm: norm(),
                 head,
             },
+            settings: TowerSettings::default(),
         }
     }
 }
@@ -178,26 +194,49 @@ impl<B: Backend> SiglipVisionModel<B> {
     /// The pooled embeddings of normalised `pixels` `[batch, 3, H, W]`; without a pooling head,
     /// the mean of the last hidden state's tokens.
     pub fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
-        let out = self.forward_all(pixels, false);
-        match out.pooler_output {
-            Some(pooled) => pooled,
-            None => out.last_hidden_state.mean_dim(1).squeeze_dim(1),
-        }
+        self.run(pixels, false, None).embeddings()
+    }
+
+    /// The pooled embeddings with Monte-Carlo dropout at the tower's sites, masks from `draw`
+    /// (one item per batch row).
+    pub fn forward_sampled(
+        &self,
+        pixels: Tensor<B, 4>,
+        draw: &Draw<'_>,
+    ) -> Result<Tensor<B, 2>, VisionError> {
+        check_draw(draw, pixels.dims()[0])?;
+        Ok(self.run(pixels, false, Some(draw)).embeddings())
     }
 
     /// Every output; `hidden_states` only with `keep_hidden_states`.
     pub fn forward_all(&self, pixels: Tensor<B, 4>, keep_hidden_states: bool) -> SiglipOutput<B> {
-        let tower = &self.vision_model;
-        let x = tower.embeddings.forward(pixels);
-        let (x, hidden_states) = tower.encoder.forward(x, keep_hidden_states);
-        let last_hidden_state = tower.post_layernorm.forward(x);
+        self.run(pixels, keep_hidden_states, None)
+    }
+
+    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw<'_>>) -> SiglipOutput<B> {
+        let model = in_compute_dtype(self);
+        let pass = Pass::new(&model.settings, draw);
+        let tower = &model.vision_model;
+        let x = tower.embeddings.forward(pass.input(pixels), &pass);
+        let (x, hidden_states) = tower.encoder.forward(x, keep, &pass);
+        let last_hidden_state = pass.norm(&tower.post_layernorm, x);
         SiglipOutput {
             pooler_output: tower
                 .head
                 .as_ref()
-                .map(|head| head.forward(last_hidden_state.clone())),
-            last_hidden_state,
+                .map(|head| pass.output(head.forward(last_hidden_state.clone(), &pass))),
+            last_hidden_state: pass.output(last_hidden_state),
             hidden_states,
+        }
+    }
+}
+
+impl<B: Backend> SiglipOutput<B> {
+    /// The pooling head's output, or without a head the mean of the last hidden state's tokens.
+    fn embeddings(self) -> Tensor<B, 2> {
+        match self.pooler_output {
+            Some(pooled) => pooled,
+            None => self.last_hidden_state.mean_dim(1).squeeze_dim(1),
         }
     }
 }

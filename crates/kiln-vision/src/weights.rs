@@ -7,21 +7,12 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn_store::{ApplyError, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
 use kiln_precision::Policy;
 
 use crate::VisionError;
-
-/// A tower that loads from Hugging Face checkpoints.
-pub trait HfModule<B: Backend>: Module<B> {
-    /// Regular-expression rewrites from checkpoint keys to this module's parameter paths, for
-    /// checkpoints that name them otherwise (none by default: the fields mirror the keys).
-    fn key_remapping() -> &'static [(&'static str, &'static str)] {
-        &[]
-    }
-}
+use crate::tower::Tower;
 
 /// The weight files of the checkpoint in `dir`.
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, VisionError> {
@@ -48,9 +39,9 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, VisionError> {
     Ok(shards.into_iter().map(|file| dir.join(file)).collect())
 }
 
-/// Loads the weights of the checkpoint directory `dir` into `model` and casts them to the
-/// policy's parameter dtype.
-pub fn load_hf_weights<B: Backend, M: HfModule<B>>(
+/// Loads the weights of the checkpoint directory `dir` into `model`, casts them to the policy's
+/// parameter dtype and sets the policy the tower runs under.
+pub fn load_hf_weights<B: Backend, M: Tower<B>>(
     mut model: M,
     dir: impl AsRef<Path>,
     policy: &Policy,
@@ -103,5 +94,8 @@ pub fn load_hf_weights<B: Backend, M: HfModule<B>>(
             problems.join("\n  ")
         )));
     }
-    Ok(policy.cast_params(model))
+    let mut model = policy.cast_params(model);
+    model.settings_mut().policy = *policy;
+    model.weights_changed();
+    Ok(model)
 }

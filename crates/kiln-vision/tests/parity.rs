@@ -2,56 +2,16 @@
 //! and every layer's hidden state, from f32, f16 and sharded bf16 checkpoints (full models'
 //! text towers are ignored). Tolerance: max |Δ| / max |reference| ≤ 1e-4 in f32 on Flex.
 
-use std::path::PathBuf;
-
 use burn::backend::Flex;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 use kiln_precision::Policy;
-use kiln_vision::{HfModule, VisionConfig, load_hf_weights};
+use kiln_vision::{Tower, VisionConfig, load_hf_weights};
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
+mod support;
 
-/// The f32 tensors of a reference file.
-struct Reference(Vec<u8>);
+use support::{Reference, fixtures, relative_error};
 
-impl Reference {
-    fn open(name: &str) -> Self {
-        Reference(std::fs::read(fixtures().join(format!("{name}.safetensors"))).unwrap())
-    }
-
-    fn get(&self, key: &str) -> (Vec<f32>, Vec<usize>) {
-        let tensors = safetensors::SafeTensors::deserialize(&self.0).unwrap();
-        let view = tensors.tensor(key).unwrap();
-        let values = view
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        (values, view.shape().to_vec())
-    }
-
-    fn input(&self, key: &str) -> Tensor<Flex, 4> {
-        let (values, shape) = self.get(key);
-        Tensor::from_data(TensorData::new(values, shape), &Default::default())
-    }
-}
-
-/// max |ours − reference| / max |reference|.
-fn relative_error<const D: usize>(ours: Tensor<Flex, D>, reference: &Reference, key: &str) -> f32 {
-    let (expected, shape) = reference.get(key);
-    assert_eq!(ours.dims().to_vec(), shape, "{key}");
-    let ours: Vec<f32> = ours.into_data().to_vec().unwrap();
-    let worst = ours
-        .iter()
-        .zip(&expected)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    worst / expected.iter().fold(0.0, |m: f32, v| m.max(v.abs()))
-}
-
-fn load<M: HfModule<Flex>>(model: M, name: &str) -> M {
+fn load<M: Tower<Flex>>(model: M, name: &str) -> M {
     load_hf_weights(model, fixtures().join(name), &Policy::full()).unwrap()
 }
 
@@ -151,7 +111,10 @@ fn dinov2_with_interpolated_positions_matches_transformers() {
     let VisionConfig::Dinov2(config) = config("dinov2") else {
         panic!("dinov2 is DINOv2")
     };
-    let dinov2 = load(config.init::<Flex>(&Default::default()), "dinov2");
+    let untrained = config.init::<Flex>(&Default::default());
+    // A resized table computed before loading must not outlive the weights it came from.
+    let _ = untrained.embeddings().positions(7, 9);
+    let dinov2 = load(untrained, "dinov2");
     let reference = Reference::open("dinov2");
     let positions = dinov2.embeddings().positions(7, 9);
     let error = relative_error(positions, &reference, "position_embeddings");

@@ -1,0 +1,386 @@
+//! How one forward pass runs: the precision policy's casts and keep-in-f32 ops, and
+//! Monte-Carlo dropout that stays active at inference on every backend.
+//!
+//! burn's `Dropout` only acts under autodiff, and its masks come from the backend's global
+//! random state, which any other thread's `Tensor::random` advances. Monte-Carlo inference needs
+//! masks that are reproducible and independent of how images are batched, so kiln draws them
+//! itself: every batch row has its own ChaCha8 stream keyed by `(seed, pass, item id)`, consumed
+//! site by site in forward order. An image gets the same masks whatever batch it is in.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::str::FromStr;
+
+use burn::nn::LayerNorm;
+use burn::tensor::activation::softmax;
+use burn::tensor::backend::Backend;
+use burn::tensor::module::attention;
+use burn::tensor::{Tensor, TensorData};
+use kiln_precision::{Policy, Precision, cast, cast_module};
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rayon::prelude::*;
+
+use crate::VisionError;
+
+/// Monte-Carlo dropout rates per site (0 turns a site off). Each is a probability in `[0, 1)`;
+/// kept activations are scaled by `1 / (1 − p)`, as PyTorch's dropout does.
+///
+/// Parses from `"0.1"` (every site) or a list such as `"attention_probs=0.1,mlp_hidden=0.05"`:
+///
+/// ```
+/// let sites: kiln_vision::DropoutSites = "attention_probs=0.1,mlp=0.05".parse()?;
+/// assert_eq!((sites.attention_probs, sites.mlp_hidden, sites.embeddings), (0.1, 0.05, 0.0));
+/// # Ok::<(), kiln_vision::VisionError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct DropoutSites {
+    /// After the position embeddings are added (and CLIP's class token joined).
+    pub embeddings: f64,
+    /// On the attention probabilities, after the softmax (attention then runs unfused).
+    pub attention_probs: f64,
+    /// On the attention block's output projection, before the residual add.
+    pub attention_output: f64,
+    /// On the MLP's hidden activations, between `fc1`'s activation and `fc2`.
+    pub mlp_hidden: f64,
+}
+
+/// The site names [`DropoutSites`] parses, with their short forms.
+const SITE_NAMES: &str = "embeddings (emb), attention_probs (probs), attention_output (attn_out), \
+                          mlp_hidden (mlp)";
+
+impl DropoutSites {
+    /// The same rate `p` at every site.
+    pub fn all(p: f64) -> Self {
+        DropoutSites {
+            embeddings: p,
+            attention_probs: p,
+            attention_output: p,
+            mlp_hidden: p,
+        }
+    }
+
+    /// Whether any site drops anything.
+    pub fn is_active(&self) -> bool {
+        self.rates().iter().any(|&(_, p)| p > 0.0)
+    }
+
+    fn rates(&self) -> [(&'static str, f64); 4] {
+        [
+            ("embeddings", self.embeddings),
+            ("attention_probs", self.attention_probs),
+            ("attention_output", self.attention_output),
+            ("mlp_hidden", self.mlp_hidden),
+        ]
+    }
+
+    /// Checks every rate is a probability below 1.
+    pub fn validate(&self) -> Result<Self, VisionError> {
+        match self
+            .rates()
+            .into_iter()
+            .find(|&(_, p)| !(0.0..1.0).contains(&p))
+        {
+            Some((site, p)) => Err(VisionError::Dropout(format!(
+                "{site} = {p}: a dropout rate must be at least 0 and below 1"
+            ))),
+            None => Ok(*self),
+        }
+    }
+}
+
+impl fmt::Display for DropoutSites {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let items: Vec<String> = self
+            .rates()
+            .iter()
+            .map(|(site, p)| format!("{site}={p}"))
+            .collect();
+        f.write_str(&items.join(","))
+    }
+}
+
+impl FromStr for DropoutSites {
+    type Err = VisionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let rate = |text: &str| {
+            text.trim().parse::<f64>().map_err(|_| {
+                VisionError::Dropout(format!("`{}` is not a dropout rate", text.trim()))
+            })
+        };
+        if !s.contains('=') {
+            return DropoutSites::all(rate(s)?).validate();
+        }
+        let mut sites = DropoutSites::default();
+        for item in s.split(',') {
+            let (name, value) = item.split_once('=').ok_or_else(|| {
+                VisionError::Dropout(format!("`{}` is not of the form site=rate", item.trim()))
+            })?;
+            let slot = match name.trim() {
+                "embeddings" | "emb" => &mut sites.embeddings,
+                "attention_probs" | "probs" => &mut sites.attention_probs,
+                "attention_output" | "attn_out" => &mut sites.attention_output,
+                "mlp_hidden" | "mlp" => &mut sites.mlp_hidden,
+                other => {
+                    return Err(VisionError::Dropout(format!(
+                        "unknown dropout site `{other}`: expected {SITE_NAMES}"
+                    )));
+                }
+            };
+            *slot = rate(value)?;
+        }
+        sites.validate()
+    }
+}
+
+/// The randomness of one stochastic forward pass over a batch: the masks of batch row `r` are
+/// drawn from the stream keyed by `(seed, pass, items[r])`, so they depend on which image it is
+/// (its index in the dataset, say), never on the batch it came in.
+#[derive(Debug, Clone, Copy)]
+pub struct Draw<'a> {
+    /// The experiment's seed.
+    pub seed: u64,
+    /// Which stochastic pass (Monte-Carlo sample) this is.
+    pub pass: u64,
+    /// One id per batch row.
+    pub items: &'a [u64],
+}
+
+impl Draw<'_> {
+    fn stream(&self, item: u64) -> ChaCha8Rng {
+        let mut key = [0u8; 32];
+        key[..8].copy_from_slice(&self.seed.to_le_bytes());
+        key[8..16].copy_from_slice(&item.to_le_bytes());
+        let mut rng = ChaCha8Rng::from_seed(key);
+        rng.set_stream(self.pass);
+        rng
+    }
+}
+
+/// Which dropout site a mask is for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Site {
+    Embeddings,
+    AttentionProbs,
+    AttentionOutput,
+    MlpHidden,
+}
+
+/// How a tower runs: its precision policy (set when its weights are loaded) and its Monte-Carlo
+/// dropout sites (used by the `forward_sampled` methods; none by default).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TowerSettings {
+    /// Parameter, compute and output dtypes.
+    pub policy: Policy,
+    /// Dropout rates per site.
+    pub dropout: DropoutSites,
+}
+
+impl Default for TowerSettings {
+    /// f32 throughout, no dropout.
+    fn default() -> Self {
+        TowerSettings {
+            policy: Policy::full(),
+            dropout: DropoutSites::default(),
+        }
+    }
+}
+
+/// One forward pass: the settings and, for a stochastic pass, each batch row's random stream.
+pub(crate) struct Pass {
+    policy: Policy,
+    dropout: DropoutSites,
+    streams: Option<RefCell<Vec<ChaCha8Rng>>>,
+}
+
+impl Pass {
+    /// A pass with the settings' dropout when `draw` is given, deterministic otherwise.
+    pub fn new(settings: &TowerSettings, draw: Option<&Draw<'_>>) -> Self {
+        let streams = draw
+            .filter(|_| settings.dropout.is_active())
+            .map(|draw| RefCell::new(draw.items.iter().map(|&i| draw.stream(i)).collect()));
+        Pass {
+            policy: settings.policy,
+            dropout: settings.dropout,
+            streams,
+        }
+    }
+
+    /// The same pass without dropout (for blocks outside the Monte-Carlo sites).
+    pub fn deterministic(&self) -> Pass {
+        Pass {
+            policy: self.policy,
+            dropout: self.dropout,
+            streams: None,
+        }
+    }
+
+    /// The pixels in the compute dtype.
+    pub fn input<B: Backend, const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        self.policy.cast_input(x)
+    }
+
+    /// A result in the output dtype.
+    pub fn output<B: Backend, const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        self.policy.cast_output(x)
+    }
+
+    /// `norm(x)` with its statistics in f32 whatever the compute dtype.
+    pub fn norm<B: Backend, const D: usize>(
+        &self,
+        norm: &LayerNorm<B>,
+        x: Tensor<B, D>,
+    ) -> Tensor<B, D> {
+        if self.policy.compute.is_half() {
+            let wide = cast_module(norm.clone(), Precision::F32);
+            self.policy.keep_f32(x, |x| wide.forward(x))
+        } else {
+            norm.forward(x)
+        }
+    }
+
+    /// Dropout at `site` on `x` (`[batch, ..]`), or `x` unchanged when the pass is deterministic
+    /// or the site's rate is 0.
+    pub fn drop<B: Backend, const D: usize>(&self, site: Site, x: Tensor<B, D>) -> Tensor<B, D> {
+        let p = match site {
+            Site::Embeddings => self.dropout.embeddings,
+            Site::AttentionProbs => self.dropout.attention_probs,
+            Site::AttentionOutput => self.dropout.attention_output,
+            Site::MlpHidden => self.dropout.mlp_hidden,
+        };
+        match &self.streams {
+            Some(streams) if p > 0.0 => {
+                let mask = dropout_mask(&mut streams.borrow_mut(), x.dims(), p);
+                let mask = Tensor::<B, D>::from_data(mask, &x.device());
+                x.clone()
+                    * cast(
+                        mask,
+                        Precision::from_dtype(x.dtype()).unwrap_or(Precision::F32),
+                    )
+            }
+            _ => x,
+        }
+    }
+
+    /// Multi-head attention over `[batch, tokens, heads · head_dim]` projections: `query` of
+    /// `q_tokens`, `key` and `value` of `kv_tokens`; returns `[batch, q_tokens, heads · head_dim]`.
+    ///
+    /// burn's fused kernel (tiled on Flex, flash attention on the GPU backends) unless dropout
+    /// acts on the probabilities, which then are formed explicitly, softmax in f32.
+    pub fn attention<B: Backend>(
+        &self,
+        query: Tensor<B, 3>,
+        key: Tensor<B, 3>,
+        value: Tensor<B, 3>,
+        heads: usize,
+    ) -> Tensor<B, 3> {
+        let split = |x: Tensor<B, 3>| {
+            let [batch, tokens, width] = x.dims();
+            x.reshape([batch, tokens, heads, width / heads])
+                .swap_dims(1, 2)
+        };
+        let [batch, tokens, width] = query.dims();
+        let (query, key, value) = (split(query), split(key), split(value));
+        let attended = if self.streams.is_some() && self.dropout.attention_probs > 0.0 {
+            let scale = ((width / heads) as f64).powf(-0.5);
+            let scores = query.matmul(key.swap_dims(2, 3)) * scale;
+            let probs = self.policy.keep_f32(scores, |s| softmax(s, 3));
+            self.drop(Site::AttentionProbs, probs).matmul(value)
+        } else {
+            attention(query, key, value, None, None, Default::default())
+        };
+        attended.swap_dims(1, 2).reshape([batch, tokens, width])
+    }
+}
+
+/// The mask of one dropout site: 0 where dropped, `1 / (1 − p)` where kept, each batch row's
+/// elements drawn from its own stream (rows in parallel).
+fn dropout_mask<const D: usize>(
+    streams: &mut [ChaCha8Rng],
+    dims: [usize; D],
+    p: f64,
+) -> TensorData {
+    let per_row: usize = dims[1..].iter().product();
+    // Keep where a uniform 32-bit draw is at or above p · 2³².
+    let threshold = (p * 4_294_967_296.0).round() as u64;
+    let kept = (1.0 / (1.0 - p)) as f32;
+    let mut mask = vec![0f32; per_row * dims[0]];
+    mask.par_chunks_mut(per_row.max(1))
+        .zip(streams.par_iter_mut())
+        .for_each(|(row, rng)| {
+            for value in row {
+                *value = if u64::from(rng.next_u32()) >= threshold {
+                    kept
+                } else {
+                    0.0
+                };
+            }
+        });
+    TensorData::new(mask, dims)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_rates_and_explains_mistakes() {
+        let all: DropoutSites = "0.2".parse().unwrap();
+        assert_eq!(all, DropoutSites::all(0.2));
+        let some: DropoutSites = "probs=0.1, attn_out=0.3".parse().unwrap();
+        assert_eq!((some.attention_probs, some.attention_output), (0.1, 0.3));
+        assert_eq!(some.to_string().parse::<DropoutSites>().unwrap(), some);
+        let err = |s: &str| s.parse::<DropoutSites>().unwrap_err().to_string();
+        assert!(err("1.0").contains("below 1"), "{}", err("1.0"));
+        assert!(
+            err("mlp=-0.1").contains("mlp_hidden"),
+            "{}",
+            err("mlp=-0.1")
+        );
+        assert!(err("head=0.1").contains("attention_probs (probs)"));
+        assert!(err("mlp=lots").contains("lots"));
+        assert!(!DropoutSites::default().is_active());
+    }
+
+    #[test]
+    fn masks_keep_the_expected_share_and_scale() {
+        let draw = Draw {
+            seed: 7,
+            pass: 3,
+            items: &[10, 11],
+        };
+        let mut streams: Vec<_> = draw.items.iter().map(|&i| draw.stream(i)).collect();
+        let p = 0.25;
+        let mask = dropout_mask(&mut streams, [2, 100_000], p)
+            .to_vec::<f32>()
+            .unwrap();
+        let kept = mask.iter().filter(|&&m| m != 0.0).count() as f64 / mask.len() as f64;
+        // Binomial standard deviation √(p(1−p)/n) ≈ 0.001: 5σ.
+        assert!((kept - (1.0 - p)).abs() < 0.005, "kept {kept}");
+        assert!(mask.iter().all(|&m| m == 0.0 || m == (1.0 / 0.75) as f32));
+        // Mean 1: dropout keeps the expectation.
+        let mean = mask.iter().map(|&m| m as f64).sum::<f64>() / mask.len() as f64;
+        assert!((mean - 1.0).abs() < 0.01, "mean {mean}");
+    }
+
+    #[test]
+    fn a_row_depends_on_its_item_not_its_batch() {
+        let mask = |items: &[u64], pass| {
+            let draw = Draw {
+                seed: 1,
+                pass,
+                items,
+            };
+            let mut streams: Vec<_> = items.iter().map(|&i| draw.stream(i)).collect();
+            dropout_mask(&mut streams, [items.len(), 64], 0.5)
+                .to_vec::<f32>()
+                .unwrap()
+        };
+        let pair = mask(&[4, 9], 0);
+        let alone = mask(&[9], 0);
+        assert_eq!(pair[64..], alone[..]);
+        assert_ne!(pair[..64], pair[64..]);
+        assert_ne!(mask(&[9], 1), alone);
+    }
+}
