@@ -8,7 +8,8 @@
 //! cargo run --release --example embed -- --model-dir DIR --pixels pixels.safetensors --out FILE
 //! ```
 //!
-//! `--images` decodes and preprocesses with the directory's `preprocessor_config.json` through
+//! `--model-dir` takes a Hugging Face id too when kiln is built with the `hub` feature
+//! (`--features hub`). `--images` decodes and preprocesses with the directory's `preprocessor_config.json` through
 //! kiln-cache (once: later runs read the cache), in sorted file order. `--pixels` reads
 //! `pixel_values` `[N, 3, H, W]` f32, already normalised. The output holds `embeddings` `[N, D]`
 //! f32 (CLIP: image_embeds, SigLIP and DINOv2: pooler_output) and, with `--save-pixels`, the
@@ -24,15 +25,16 @@ use clap::Parser;
 use kiln::burn;
 use kiln::cache::{DeviceImages, ImageCache, ImageSource, Order, Preprocess, Residency};
 use kiln::precision::{DeviceJob, DeviceSpec, PolicySpec, Precision};
-use kiln::vision::VisionModel;
+use kiln::vision::{VisionModel, checkpoint_dir};
 
 /// Embed images with a vision checkpoint.
 #[derive(Parser)]
 struct Args {
     /// A Hugging Face model directory (config.json, model.safetensors or its index,
-    /// preprocessor_config.json for --images).
+    /// preprocessor_config.json for --images); with the `hub` feature, also a model id
+    /// (org/name[@revision]), fetched into the Hugging Face cache.
     #[arg(long)]
-    model_dir: PathBuf,
+    model_dir: String,
     /// A folder of images (PNG, JPEG, WebP, BMP, GIF), read recursively in path order.
     #[arg(long, conflicts_with = "pixels", required_unless_present = "pixels")]
     images: Option<PathBuf>,
@@ -133,8 +135,9 @@ fn cached_feed<B: Backend>(
     device: &B::Device,
     precision: Precision,
 ) -> Result<DeviceImages<B>, String> {
-    let preprocess = Preprocess::from_hf_config(args.model_dir.join("preprocessor_config.json"))
-        .map_err(|e| e.to_string())?;
+    let preprocess =
+        Preprocess::from_hf_config(Path::new(&args.model_dir).join("preprocessor_config.json"))
+            .map_err(|e| e.to_string())?;
     let cached = ImageCache::new(ImageCache::default_dir())
         .load(&ImageSource::Folder(images.into()), &preprocess)
         .map_err(|e| e.to_string())?;
@@ -197,9 +200,16 @@ fn write(path: &Path, tensors: Vec<(&str, TensorData)>) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let mut args = Args::parse();
     let device = args.device;
-    match device.run(args).map_err(|e| e.to_string()).and_then(|r| r) {
+    let result = checkpoint_dir(&args.model_dir)
+        .map_err(|e| e.to_string())
+        .and_then(|dir| {
+            args.model_dir = dir.display().to_string();
+            device.run(args).map_err(|e| e.to_string())
+        })
+        .and_then(|r| r);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -32,6 +32,7 @@ mod clip;
 mod config;
 mod dinov2;
 mod encoder;
+mod hub;
 mod model;
 mod pass;
 mod patches;
@@ -48,6 +49,9 @@ pub use dinov2::{
     Dinov2Output, LayerScale, PatchEmbeddings, QueryKeyValue,
 };
 pub use encoder::{Encoder, EncoderLayer, Mlp, SelfAttention};
+#[cfg(feature = "hub")]
+pub use hub::Hub;
+pub use hub::checkpoint_dir;
 pub use model::VisionModel;
 pub use pass::{Draw, DropoutSites, TowerSettings};
 pub use siglip::{
@@ -66,6 +70,9 @@ pub enum VisionError {
     /// Weights that cannot be loaded.
     #[error("{0}")]
     Weights(String),
+    /// A checkpoint that is neither a local directory nor fetchable from the Hugging Face Hub.
+    #[error("{0}")]
+    Hub(String),
     /// Dropout rates or a draw that cannot be used.
     #[error("{0}")]
     Dropout(String),

@@ -11,6 +11,7 @@ use crate::VisionError;
 use crate::clip::ClipVisionModel;
 use crate::config::VisionConfig;
 use crate::dinov2::Dinov2Model;
+use crate::hub::checkpoint_dir;
 use crate::pass::{Draw, DropoutSites};
 use crate::siglip::SiglipVisionModel;
 use crate::tower::Tower;
@@ -47,6 +48,17 @@ impl<B: Backend> VisionModel<B> {
                 VisionModel::Dinov2(Box::new(load_hf_weights(c.init(device), dir, policy)?))
             }
         })
+    }
+
+    /// [`Self::from_hf_dir`] on what [`checkpoint_dir`] makes of `model`: a local directory, or
+    /// with the `hub` feature a Hugging Face id (`org/name[@revision]`), fetched into the
+    /// Hugging Face cache unless it is there already.
+    pub fn from_pretrained(
+        model: &str,
+        device: &B::Device,
+        policy: &Policy,
+    ) -> Result<Self, VisionError> {
+        Self::from_hf_dir(checkpoint_dir(model)?, device, policy)
     }
 
     /// The embeddings of normalised `pixels` `[batch, 3, H, W]`, `[batch, D]`, deterministic.

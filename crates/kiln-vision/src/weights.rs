@@ -21,22 +21,32 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, VisionError> {
         return Ok(vec![single]);
     }
     let index = dir.join("model.safetensors.index.json");
-    let text = std::fs::read_to_string(&index).map_err(|_| {
-        VisionError::Weights(format!(
+    if !index.is_file() {
+        return Err(VisionError::Weights(format!(
             "{}: neither model.safetensors nor model.safetensors.index.json",
             dir.display()
-        ))
-    })?;
+        )));
+    }
+    Ok(shards(&index)?
+        .into_iter()
+        .map(|file| dir.join(file))
+        .collect())
+}
+
+/// The shard files a `model.safetensors.index.json` names, each once, sorted.
+pub(crate) fn shards(index: &Path) -> Result<Vec<String>, VisionError> {
+    let text = std::fs::read_to_string(index)
+        .map_err(|e| VisionError::Weights(format!("{}: {e}", index.display())))?;
     let json: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| VisionError::Weights(format!("{}: {e}", index.display())))?;
-    let shards: BTreeSet<&str> = json
+    let files: BTreeSet<String> = json
         .get("weight_map")
         .and_then(|map| map.as_object())
         .ok_or_else(|| VisionError::Weights(format!("{}: no weight_map", index.display())))?
         .values()
-        .filter_map(|file| file.as_str())
+        .filter_map(|file| file.as_str().map(str::to_string))
         .collect();
-    Ok(shards.into_iter().map(|file| dir.join(file)).collect())
+    Ok(files.into_iter().collect())
 }
 
 /// Loads the weights of the checkpoint directory `dir` into `model`, casts them to the policy's
