@@ -10,6 +10,8 @@ use kiln::cache::{ImageCache, ImageSource, Preprocess};
 use kiln::precision::{Policy, Precision};
 use kiln::vision::VisionModel;
 
+mod common;
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/kiln-vision/tests/fixtures")
 }
@@ -21,18 +23,6 @@ fn example() -> PathBuf {
     profile
         .join("examples")
         .join(format!("embed{}", std::env::consts::EXE_SUFFIX))
-}
-
-fn tensor(file: &Path, key: &str) -> (Vec<f32>, Vec<usize>) {
-    let bytes = std::fs::read(file).unwrap();
-    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let view = tensors.tensor(key).unwrap();
-    let values = view
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    (values, view.shape().to_vec())
 }
 
 fn worst(a: &[f32], b: &[f32]) -> f32 {
@@ -86,12 +76,12 @@ fn images_go_through_the_cache_and_saved_pixels_are_what_it_uploads() {
     let uploaded = cached
         .upload::<Flex>(0..cached.len(), &device, Precision::F32)
         .unwrap();
-    let (saved, shape) = tensor(&file, "pixel_values");
+    let (saved, shape) = common::read_f32(&file, "pixel_values");
     assert_eq!(shape, uploaded.dims().to_vec());
     assert_eq!(saved, uploaded.clone().into_data().to_vec::<f32>().unwrap());
     let dinov2 = VisionModel::<Flex>::from_hf_dir(&model, &device, &Policy::full()).unwrap();
     let expected: Vec<f32> = dinov2.forward(uploaded).into_data().to_vec().unwrap();
-    let (embeddings, shape) = tensor(&file, "embeddings");
+    let (embeddings, shape) = common::read_f32(&file, "embeddings");
     assert_eq!(shape, [3, 40]);
     assert!(worst(&embeddings, &expected) <= 1e-5);
 }
@@ -113,7 +103,7 @@ fn pixels_give_transformers_embeddings_normalised_on_request() {
         ],
         cache.path(),
     );
-    let (pooled, _) = tensor(&reference, "pooler_output");
+    let (pooled, _) = common::read_f32(&reference, "pooler_output");
     let normalised: Vec<f32> = pooled
         .chunks(48)
         .flat_map(|row| {
@@ -121,7 +111,7 @@ fn pixels_give_transformers_embeddings_normalised_on_request() {
             row.iter().map(move |v| v / norm)
         })
         .collect();
-    let (embeddings, _) = tensor(&file, "embeddings");
+    let (embeddings, _) = common::read_f32(&file, "embeddings");
     assert!(worst(&embeddings, &normalised) <= 1e-5);
 }
 

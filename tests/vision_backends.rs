@@ -19,15 +19,7 @@ fn fixtures() -> PathBuf {
 
 /// `(values, shape)` of an f32 tensor of a reference file.
 fn reference(file: &str, key: &str) -> (Vec<f32>, Vec<usize>) {
-    let bytes = std::fs::read(fixtures().join(file)).unwrap();
-    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let view = tensors.tensor(key).unwrap();
-    let values = view
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    (values, view.shape().to_vec())
+    common::read_f32(&fixtures().join(file), key)
 }
 
 /// Each tower's embeddings of its reference input (CLIP's image_embeds, SigLIP's and DINOv2's

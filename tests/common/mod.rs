@@ -1,6 +1,24 @@
-//! What the facade's cross-backend tests share: finding the wgpu device, or saying why not.
+//! What the facade's tests share: finding the wgpu device (or saying why not), and reading f32
+//! tensors from safetensors files.
+
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::Path;
 
 use kiln::precision::{DeviceError, DeviceSpec};
+
+/// `(values, shape)` of the f32 tensor `key` of the safetensors file `file`.
+pub fn read_f32(file: &Path, key: &str) -> (Vec<f32>, Vec<usize>) {
+    let bytes = std::fs::read(file).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let view = tensors.tensor(key).unwrap();
+    let values = view
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    (values, view.shape().to_vec())
+}
 
 /// Writes to the terminal past libtest's output capture, so a skipped check is seen even when
 /// the test passes.

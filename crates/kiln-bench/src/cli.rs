@@ -54,6 +54,9 @@ pub struct Args {
     /// Skip measuring the device's peak FLOP/s and bandwidth (no roofline fractions).
     #[arg(long)]
     pub no_calibration: bool,
+    /// Passed by `cargo bench` to every bench target; suites run as bench targets accept it.
+    #[arg(long, hide = true)]
+    pub bench: bool,
 }
 
 /// Runs `suite` as the command line asks, prints the results, and returns the exit status: 1 on

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use image::{DynamicImage, ImageDecoder, ImageReader, RgbImage, RgbaImage};
+use image::{DynamicImage, GrayImage, ImageDecoder, ImageFormat, ImageReader, RgbImage, RgbaImage};
 
 use crate::CacheError;
 
@@ -17,16 +17,45 @@ pub fn decode(path: &Path) -> Result<RgbImage, CacheError> {
         path: path.to_path_buf(),
         reason: e.to_string(),
     };
-    let mut decoder = ImageReader::open(path)
+    let reader = ImageReader::open(path)
         .map_err(|e| CacheError::io(path, e))?
         .with_guessed_format()
-        .map_err(|e| CacheError::io(path, e))?
-        .into_decoder()
-        .map_err(|e| bad(&e))?;
+        .map_err(|e| CacheError::io(path, e))?;
+    let jpeg = reader.format() == Some(ImageFormat::Jpeg);
+    let mut decoder = reader.into_decoder().map_err(|e| bad(&e))?;
     let orientation = decoder.orientation().map_err(|e| bad(&e))?;
-    let mut image = DynamicImage::from_decoder(decoder).map_err(|e| bad(&e))?;
+    let mut image = match jpeg.then(|| decode_jpeg(path)).transpose()?.flatten() {
+        Some(image) => image,
+        None => DynamicImage::from_decoder(decoder).map_err(|e| bad(&e))?,
+    };
     image.apply_orientation(orientation);
     Ok(to_rgb8(image))
+}
+
+/// A baseline or progressive 8-bit grayscale or RGB JPEG through `jpeg-decoder`, whose integer
+/// IDCT and "fancy" chroma upsampling follow libjpeg, the decoder Pillow (and so transformers)
+/// uses: within a level of it, where `image`'s default decoder differs by up to four. `None` for
+/// other JPEGs (CMYK, 16-bit), which `image` decodes.
+fn decode_jpeg(path: &Path) -> Result<Option<DynamicImage>, CacheError> {
+    let bytes = std::fs::read(path).map_err(|e| CacheError::io(path, e))?;
+    let mut decoder = jpeg_decoder::Decoder::new(bytes.as_slice());
+    let pixels = decoder.decode().map_err(|e| CacheError::BadImage {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let Some(info) = decoder.info() else {
+        return Ok(None);
+    };
+    let (width, height) = (u32::from(info.width), u32::from(info.height));
+    Ok(match info.pixel_format {
+        jpeg_decoder::PixelFormat::RGB24 => {
+            RgbImage::from_raw(width, height, pixels).map(DynamicImage::ImageRgb8)
+        }
+        jpeg_decoder::PixelFormat::L8 => {
+            GrayImage::from_raw(width, height, pixels).map(DynamicImage::ImageLuma8)
+        }
+        _ => None,
+    })
 }
 
 /// 8-bit RGB: alpha composited onto white, everything else converted by `image` (16-bit values

@@ -9,12 +9,11 @@ use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, L
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use crate::VisionError;
 use crate::config::ClipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape};
 use crate::pass::{Draw, Pass, Site, TowerSettings};
 use crate::patches::{learned_positions, patch_tokens};
-use crate::tower::{Tower, check_draw, in_compute_dtype};
+use crate::tower::{Tower, in_compute_dtype};
 
 /// Patch, class and position embeddings (`vision_model.embeddings`).
 #[derive(Module, Debug)]
@@ -76,12 +75,39 @@ pub struct ClipVisionModel<B: Backend> {
 }
 
 impl<B: Backend> Tower<B> for ClipVisionModel<B> {
+    type Output = ClipOutput<B>;
+
     fn settings(&self) -> &TowerSettings {
         &self.settings
     }
 
     fn settings_mut(&mut self) -> &mut TowerSettings {
         &mut self.settings
+    }
+
+    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw<'_>>) -> ClipOutput<B> {
+        let model = in_compute_dtype(self);
+        let pass = Pass::new(&model.settings, draw);
+        let tower = &model.vision_model;
+        let x = tower.embeddings.forward(pass.input(pixels), &pass);
+        let x = pass.norm(&tower.pre_layrnorm, x);
+        let (last_hidden_state, hidden_states) = tower.encoder.forward(x, keep, &pass);
+        let [batch, _, hidden] = last_hidden_state.dims();
+        let class = last_hidden_state
+            .clone()
+            .slice([0..batch, 0..1])
+            .reshape([batch, hidden]);
+        let pooler_output = pass.norm(&tower.post_layernorm, class);
+        ClipOutput {
+            image_embeds: pass.output(model.visual_projection.forward(pooler_output.clone())),
+            pooler_output: pass.output(pooler_output),
+            last_hidden_state: pass.output(last_hidden_state),
+            hidden_states,
+        }
+    }
+
+    fn embeddings_of(output: ClipOutput<B>) -> Tensor<B, 2> {
+        output.image_embeds
     }
 }
 
@@ -129,50 +155,6 @@ impl ClipVisionConfig {
                 .with_bias(false)
                 .init(device),
             settings: TowerSettings::default(),
-        }
-    }
-}
-
-impl<B: Backend> ClipVisionModel<B> {
-    /// The image embeddings of normalised `pixels` `[batch, 3, H, W]`.
-    pub fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
-        self.run(pixels, false, None).image_embeds
-    }
-
-    /// The image embeddings with Monte-Carlo dropout at the tower's sites, masks from `draw`
-    /// (one item per batch row).
-    pub fn forward_sampled(
-        &self,
-        pixels: Tensor<B, 4>,
-        draw: &Draw<'_>,
-    ) -> Result<Tensor<B, 2>, VisionError> {
-        check_draw(draw, pixels.dims()[0])?;
-        Ok(self.run(pixels, false, Some(draw)).image_embeds)
-    }
-
-    /// Every output; `hidden_states` only with `keep_hidden_states`.
-    pub fn forward_all(&self, pixels: Tensor<B, 4>, keep_hidden_states: bool) -> ClipOutput<B> {
-        self.run(pixels, keep_hidden_states, None)
-    }
-
-    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw<'_>>) -> ClipOutput<B> {
-        let model = in_compute_dtype(self);
-        let pass = Pass::new(&model.settings, draw);
-        let tower = &model.vision_model;
-        let x = tower.embeddings.forward(pass.input(pixels), &pass);
-        let x = pass.norm(&tower.pre_layrnorm, x);
-        let (last_hidden_state, hidden_states) = tower.encoder.forward(x, keep, &pass);
-        let [batch, _, hidden] = last_hidden_state.dims();
-        let class = last_hidden_state
-            .clone()
-            .slice([0..batch, 0..1])
-            .reshape([batch, hidden]);
-        let pooler_output = pass.norm(&tower.post_layernorm, class);
-        ClipOutput {
-            image_embeds: pass.output(model.visual_projection.forward(pooler_output.clone())),
-            pooler_output: pass.output(pooler_output),
-            last_hidden_state: pass.output(last_hidden_state),
-            hidden_states,
         }
     }
 }

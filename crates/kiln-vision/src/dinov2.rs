@@ -13,12 +13,11 @@ use std::sync::{Arc, Mutex};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 
-use crate::VisionError;
 use crate::config::Dinov2Config;
 use crate::encoder::{Mlp, run_layers};
 use crate::pass::{Draw, Pass, Site, TowerSettings};
 use crate::patches::patch_tokens;
-use crate::tower::{Tower, check_draw, in_compute_dtype};
+use crate::tower::{Tower, in_compute_dtype};
 
 /// The patch projection (`embeddings.patch_embeddings`).
 #[derive(Module, Debug)]
@@ -251,6 +250,8 @@ pub struct Dinov2Model<B: Backend> {
 }
 
 impl<B: Backend> Tower<B> for Dinov2Model<B> {
+    type Output = Dinov2Output<B>;
+
     fn settings(&self) -> &TowerSettings {
         &self.settings
     }
@@ -261,6 +262,29 @@ impl<B: Backend> Tower<B> for Dinov2Model<B> {
 
     fn weights_changed(&mut self) {
         self.embeddings.resized = Default::default();
+    }
+
+    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw<'_>>) -> Dinov2Output<B> {
+        let model = in_compute_dtype(self);
+        let pass = Pass::new(&model.settings, draw);
+        let x = model.embeddings.forward(pass.input(pixels), &pass);
+        let (x, hidden_states) =
+            run_layers(x, &model.encoder.layer, keep, &pass, Dinov2Layer::forward);
+        let last_hidden_state = pass.output(pass.norm(&model.layernorm, x));
+        let [batch, _, hidden] = last_hidden_state.dims();
+        let pooler_output = last_hidden_state
+            .clone()
+            .slice([0..batch, 0..1])
+            .reshape([batch, hidden]);
+        Dinov2Output {
+            pooler_output,
+            last_hidden_state,
+            hidden_states,
+        }
+    }
+
+    fn embeddings_of(output: Dinov2Output<B>) -> Tensor<B, 2> {
+        output.pooler_output
     }
 }
 
@@ -332,46 +356,5 @@ impl<B: Backend> Dinov2Model<B> {
     /// a patch grid).
     pub fn embeddings(&self) -> &Dinov2Embeddings<B> {
         &self.embeddings
-    }
-
-    /// The CLS vectors of normalised `pixels` `[batch, 3, H, W]` (any size divisible into
-    /// patches: the positions are resized to the grid).
-    pub fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
-        self.run(pixels, false, None).pooler_output
-    }
-
-    /// The CLS vectors with Monte-Carlo dropout at the model's sites, masks from `draw` (one
-    /// item per batch row).
-    pub fn forward_sampled(
-        &self,
-        pixels: Tensor<B, 4>,
-        draw: &Draw<'_>,
-    ) -> Result<Tensor<B, 2>, VisionError> {
-        check_draw(draw, pixels.dims()[0])?;
-        Ok(self.run(pixels, false, Some(draw)).pooler_output)
-    }
-
-    /// Every output; `hidden_states` only with `keep_hidden_states`.
-    pub fn forward_all(&self, pixels: Tensor<B, 4>, keep_hidden_states: bool) -> Dinov2Output<B> {
-        self.run(pixels, keep_hidden_states, None)
-    }
-
-    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw<'_>>) -> Dinov2Output<B> {
-        let model = in_compute_dtype(self);
-        let pass = Pass::new(&model.settings, draw);
-        let x = model.embeddings.forward(pass.input(pixels), &pass);
-        let (x, hidden_states) =
-            run_layers(x, &model.encoder.layer, keep, &pass, Dinov2Layer::forward);
-        let last_hidden_state = pass.output(pass.norm(&model.layernorm, x));
-        let [batch, _, hidden] = last_hidden_state.dims();
-        let pooler_output = last_hidden_state
-            .clone()
-            .slice([0..batch, 0..1])
-            .reshape([batch, hidden]);
-        Dinov2Output {
-            pooler_output,
-            last_hidden_state,
-            hidden_states,
-        }
     }
 }

@@ -9,6 +9,7 @@ use burn::tensor::activation::{gelu, gelu_approximate, sigmoid};
 use burn::tensor::backend::Backend;
 
 use crate::config::Activation;
+use crate::host;
 use crate::pass::{Pass, Site};
 
 /// Shapes of an encoder.
@@ -22,11 +23,18 @@ pub(crate) struct EncoderShape {
     pub activation: Activation,
 }
 
-/// Applies `activation`.
+/// Applies `activation` (through kiln's vectorised kernels for f32 on host backends).
 pub(crate) fn activate<B: Backend, const D: usize>(
     x: Tensor<B, D>,
     activation: Activation,
 ) -> Tensor<B, D> {
+    if host::serves(&x) {
+        return match activation {
+            Activation::QuickGelu => host::map(x, host::quick_gelu),
+            Activation::GeluTanh => host::map(x, host::gelu_tanh),
+            Activation::Gelu => host::map(x, host::gelu),
+        };
+    }
     match activation {
         // x · σ(1.702 x)
         Activation::QuickGelu => x.clone() * sigmoid(x * 1.702),

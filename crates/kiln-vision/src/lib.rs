@@ -32,6 +32,7 @@ mod clip;
 mod config;
 mod dinov2;
 mod encoder;
+mod host;
 mod hub;
 mod model;
 mod pass;

@@ -18,7 +18,7 @@ use crate::tower::Tower;
 use crate::weights::load_hf_weights;
 
 /// A loaded vision tower (boxed: the towers' module trees differ in size).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum VisionModel<B: Backend> {
     /// CLIP: embeddings are `image_embeds`.
     Clip(Box<ClipVisionModel<B>>),

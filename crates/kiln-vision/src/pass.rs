@@ -22,6 +22,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rayon::prelude::*;
 
 use crate::VisionError;
+use crate::host;
 
 /// Monte-Carlo dropout rates per site (0 turns a site off). Each is a probability in `[0, 1)`;
 /// kept activations are scaled by `1 / (1 − p)`, as PyTorch's dropout does.
@@ -266,8 +267,10 @@ impl Pass {
     /// Multi-head attention over `[batch, tokens, heads · head_dim]` projections: `query` of
     /// `q_tokens`, `key` and `value` of `kv_tokens`; returns `[batch, q_tokens, heads · head_dim]`.
     ///
-    /// burn's fused kernel (tiled on Flex, flash attention on the GPU backends) unless dropout
-    /// acts on the probabilities, which then are formed explicitly, softmax in f32.
+    /// On the GPU backends, burn's fused kernel (flash attention) unless dropout acts on the
+    /// probabilities, which then are formed explicitly with the softmax in f32. On host backends
+    /// in f32, always explicitly: batched products straight on the head-split views (no copies)
+    /// and kiln's vectorised softmax, twice as fast as burn 0.21's fused kernel there.
     pub fn attention<B: Backend>(
         &self,
         query: Tensor<B, 3>,
@@ -281,9 +284,14 @@ impl Pass {
                 .swap_dims(1, 2)
         };
         let [batch, tokens, width] = query.dims();
+        let scale = ((width / heads) as f64).powf(-0.5);
+        let dropped = self.streams.is_some() && self.dropout.attention_probs > 0.0;
         let (query, key, value) = (split(query), split(key), split(value));
-        let attended = if self.streams.is_some() && self.dropout.attention_probs > 0.0 {
-            let scale = ((width / heads) as f64).powf(-0.5);
+        let attended = if host::serves(&query) {
+            let scores = query.matmul(key.swap_dims(2, 3));
+            let probs = host::softmax_last(scores, scale as f32);
+            self.drop(Site::AttentionProbs, probs).matmul(value)
+        } else if dropped {
             let scores = query.matmul(key.swap_dims(2, 3)) * scale;
             let probs = self.policy.keep_f32(scores, |s| softmax(s, 3));
             self.drop(Site::AttentionProbs, probs).matmul(value)

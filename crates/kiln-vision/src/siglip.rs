@@ -11,12 +11,11 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::linear;
 
-use crate::VisionError;
 use crate::config::SiglipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape, Mlp};
 use crate::pass::{Draw, Pass, Site, TowerSettings};
 use crate::patches::{learned_positions, patch_tokens};
-use crate::tower::{Tower, check_draw, in_compute_dtype};
+use crate::tower::{Tower, in_compute_dtype};
 
 /// Patch and position embeddings (`vision_model.embeddings`).
 #[derive(Module, Debug)]
@@ -120,6 +119,8 @@ pub struct SiglipVisionModel<B: Backend> {
 }
 
 impl<B: Backend> Tower<B> for SiglipVisionModel<B> {
+    type Output = SiglipOutput<B>;
+
     fn settings(&self) -> &TowerSettings {
         &self.settings
     }
@@ -135,6 +136,31 @@ impl<B: Backend> Tower<B> for SiglipVisionModel<B> {
             r"^(embeddings|encoder|post_layernorm|head)\.",
             "vision_model.$1.",
         )]
+    }
+
+    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw<'_>>) -> SiglipOutput<B> {
+        let model = in_compute_dtype(self);
+        let pass = Pass::new(&model.settings, draw);
+        let tower = &model.vision_model;
+        let x = tower.embeddings.forward(pass.input(pixels), &pass);
+        let (x, hidden_states) = tower.encoder.forward(x, keep, &pass);
+        let last_hidden_state = pass.norm(&tower.post_layernorm, x);
+        SiglipOutput {
+            pooler_output: tower
+                .head
+                .as_ref()
+                .map(|head| pass.output(head.forward(last_hidden_state.clone(), &pass))),
+            last_hidden_state: pass.output(last_hidden_state),
+            hidden_states,
+        }
+    }
+
+    /// The pooling head's output, or without a head the mean of the last hidden state's tokens.
+    fn embeddings_of(output: SiglipOutput<B>) -> Tensor<B, 2> {
+        match output.pooler_output {
+            Some(pooled) => pooled,
+            None => output.last_hidden_state.mean_dim(1).squeeze_dim(1),
+        }
     }
 }
 
@@ -186,57 +212,6 @@ impl SiglipVisionConfig {
                 head,
             },
             settings: TowerSettings::default(),
-        }
-    }
-}
-
-impl<B: Backend> SiglipVisionModel<B> {
-    /// The pooled embeddings of normalised `pixels` `[batch, 3, H, W]`; without a pooling head,
-    /// the mean of the last hidden state's tokens.
-    pub fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
-        self.run(pixels, false, None).embeddings()
-    }
-
-    /// The pooled embeddings with Monte-Carlo dropout at the tower's sites, masks from `draw`
-    /// (one item per batch row).
-    pub fn forward_sampled(
-        &self,
-        pixels: Tensor<B, 4>,
-        draw: &Draw<'_>,
-    ) -> Result<Tensor<B, 2>, VisionError> {
-        check_draw(draw, pixels.dims()[0])?;
-        Ok(self.run(pixels, false, Some(draw)).embeddings())
-    }
-
-    /// Every output; `hidden_states` only with `keep_hidden_states`.
-    pub fn forward_all(&self, pixels: Tensor<B, 4>, keep_hidden_states: bool) -> SiglipOutput<B> {
-        self.run(pixels, keep_hidden_states, None)
-    }
-
-    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw<'_>>) -> SiglipOutput<B> {
-        let model = in_compute_dtype(self);
-        let pass = Pass::new(&model.settings, draw);
-        let tower = &model.vision_model;
-        let x = tower.embeddings.forward(pass.input(pixels), &pass);
-        let (x, hidden_states) = tower.encoder.forward(x, keep, &pass);
-        let last_hidden_state = pass.norm(&tower.post_layernorm, x);
-        SiglipOutput {
-            pooler_output: tower
-                .head
-                .as_ref()
-                .map(|head| pass.output(head.forward(last_hidden_state.clone(), &pass))),
-            last_hidden_state: pass.output(last_hidden_state),
-            hidden_states,
-        }
-    }
-}
-
-impl<B: Backend> SiglipOutput<B> {
-    /// The pooling head's output, or without a head the mean of the last hidden state's tokens.
-    fn embeddings(self) -> Tensor<B, 2> {
-        match self.pooler_output {
-            Some(pooled) => pooled,
-            None => self.last_hidden_state.mean_dim(1).squeeze_dim(1),
         }
     }
 }

@@ -4,14 +4,60 @@
 use std::borrow::Cow;
 
 use burn::module::Module;
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_precision::cast_module;
+use kiln_precision::{Policy, cast_module};
 
 use crate::VisionError;
 use crate::pass::{Draw, DropoutSites, TowerSettings};
 
-/// A vision tower that loads from Hugging Face checkpoints and runs under [`TowerSettings`].
+/// A vision tower that loads from Hugging Face checkpoints and runs under [`TowerSettings`]:
+/// `forward` (deterministic embeddings), `forward_sampled` (with Monte-Carlo dropout) and
+/// `forward_all` (every output) for every tower.
 pub trait Tower<B: Backend>: Module<B> {
+    /// Everything a forward pass gives, in the policy's output dtype.
+    type Output;
+
+    /// One forward pass of normalised `pixels` `[batch, 3, H, W]`: every output, the hidden
+    /// states only with `keep_hidden_states`, dropout only with a `draw` (whose length the
+    /// provided methods check).
+    fn run(
+        &self,
+        pixels: Tensor<B, 4>,
+        keep_hidden_states: bool,
+        draw: Option<&Draw<'_>>,
+    ) -> Self::Output;
+
+    /// The embeddings among the outputs, `[batch, D]`.
+    fn embeddings_of(output: Self::Output) -> Tensor<B, 2>;
+
+    /// The embeddings of normalised `pixels` `[batch, 3, H, W]`, deterministic.
+    fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
+        Self::embeddings_of(self.run(pixels, false, None))
+    }
+
+    /// The embeddings with Monte-Carlo dropout at the tower's sites, masks from `draw` (one
+    /// item per batch row).
+    fn forward_sampled(
+        &self,
+        pixels: Tensor<B, 4>,
+        draw: &Draw<'_>,
+    ) -> Result<Tensor<B, 2>, VisionError> {
+        let batch = pixels.dims()[0];
+        if draw.items.len() != batch {
+            return Err(VisionError::Dropout(format!(
+                "the draw names {} item(s) for a batch of {batch}",
+                draw.items.len()
+            )));
+        }
+        Ok(Self::embeddings_of(self.run(pixels, false, Some(draw))))
+    }
+
+    /// Every output; `hidden_states` only with `keep_hidden_states`.
+    fn forward_all(&self, pixels: Tensor<B, 4>, keep_hidden_states: bool) -> Self::Output {
+        self.run(pixels, keep_hidden_states, None)
+    }
+
     /// Regular-expression rewrites from checkpoint keys to this module's parameter paths, for
     /// checkpoints that name them otherwise (none by default: the fields mirror the keys).
     fn key_remapping() -> &'static [(&'static str, &'static str)] {
@@ -26,6 +72,18 @@ pub trait Tower<B: Backend>: Module<B> {
 
     /// Drops whatever the tower derived from its weights (called after they are loaded or cast).
     fn weights_changed(&mut self) {}
+
+    /// The tower under `policy`: parameters cast to its parameter dtype once, forward passes in
+    /// its compute dtype, results in its output dtype.
+    fn with_policy(self, policy: &Policy) -> Self
+    where
+        Self: Sized,
+    {
+        let mut tower = policy.cast_params(self);
+        tower.settings_mut().policy = *policy;
+        tower.weights_changed();
+        tower
+    }
 
     /// The tower with Monte-Carlo dropout at `sites`, for its `forward_sampled` passes (its
     /// `forward` stays deterministic).
@@ -49,16 +107,4 @@ pub(crate) fn in_compute_dtype<B: Backend, T: Tower<B>>(tower: &T) -> Cow<'_, T>
     let mut copy = cast_module(tower.clone(), policy.compute);
     copy.settings_mut().policy.param = policy.compute;
     Cow::Owned(copy)
-}
-
-/// Checks that a draw names one item per batch row.
-pub(crate) fn check_draw(draw: &Draw<'_>, batch: usize) -> Result<(), VisionError> {
-    if draw.items.len() == batch {
-        Ok(())
-    } else {
-        Err(VisionError::Dropout(format!(
-            "the draw names {} item(s) for a batch of {batch}",
-            draw.items.len()
-        )))
-    }
 }

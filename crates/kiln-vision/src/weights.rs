@@ -104,8 +104,5 @@ pub fn load_hf_weights<B: Backend, M: Tower<B>>(
             problems.join("\n  ")
         )));
     }
-    let mut model = policy.cast_params(model);
-    model.settings_mut().policy = *policy;
-    model.weights_changed();
-    Ok(model)
+    Ok(model.with_policy(policy))
 }

@@ -36,6 +36,17 @@ impl Reference {
     }
 }
 
+/// max |ours − expected| / max |expected|.
+pub fn relative(ours: &[f32], expected: &[f32]) -> f32 {
+    assert_eq!(ours.len(), expected.len());
+    let worst = ours
+        .iter()
+        .zip(expected)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    worst / expected.iter().fold(0.0, |m: f32, v| m.max(v.abs()))
+}
+
 /// max |ours − reference| / max |reference| (ours in any float dtype).
 pub fn relative_error<const D: usize>(
     ours: Tensor<Flex, D>,
@@ -45,10 +56,5 @@ pub fn relative_error<const D: usize>(
     let (expected, shape) = reference.get(key);
     assert_eq!(ours.dims().to_vec(), shape, "{key}");
     let ours: Vec<f32> = ours.cast(FloatDType::F32).into_data().to_vec().unwrap();
-    let worst = ours
-        .iter()
-        .zip(&expected)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    worst / expected.iter().fold(0.0, |m: f32, v| m.max(v.abs()))
+    relative(&ours, &expected)
 }

@@ -1,0 +1,130 @@
+//! kiln-vision forward throughput, batch 32, under kiln-bench: images/s and the fraction of the
+//! device's measured GEMM peak (roofline), for the towers the Monte-Carlo job runs. PyTorch's
+//! figures for the same work come from `scripts/bench/vision_torch.py`; both are in
+//! docs/PERFORMANCE.md.
+//!
+//! ```text
+//! cargo bench --bench vision                          # Flex, f32
+//! cargo bench --bench vision -- --save main           # then `-- --compare main`
+//! cargo bench --bench vision -- --filter clip --policy mixed-bf16
+//! cargo bench --features wgpu --bench vision -- --device vulkan
+//! ```
+//!
+//! The towers are randomly initialised at the released sizes: throughput does not depend on the
+//! weights. `*/mc` runs the same forward with Monte-Carlo dropout 0.1 at every site, which adds
+//! the masks' cost and the unfused attention.
+
+use std::process::ExitCode;
+
+use kiln::bench::{BenchError, Benchmark, Runner, Suite, Work, cli};
+use kiln::burn::tensor::backend::Backend;
+use kiln::burn::tensor::{Distribution, Tensor};
+use kiln::vision::{
+    ClipVisionConfig, Dinov2Config, Draw, DropoutSites, SiglipVisionConfig, Tower, VisionConfig,
+    VisionModel,
+};
+
+const BATCH: usize = 32;
+
+/// One forward pass of a batch of `BATCH` random images.
+struct Forward<B: Backend> {
+    name: String,
+    model: VisionModel<B>,
+    size: usize,
+    flops_per_image: f64,
+    sampled: bool,
+}
+
+impl<B: Backend> Benchmark<B> for Forward<B> {
+    type Input = Tensor<B, 4>;
+    type Output = Tensor<B, 2>;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn work(&self) -> Work {
+        Work::items(BATCH as u64).with_flops(self.flops_per_image * BATCH as f64)
+    }
+
+    fn prepare(&self, device: &B::Device, _variant: usize) -> Self::Input {
+        let shape = [BATCH, 3, self.size, self.size];
+        Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
+    }
+
+    fn run(&self, pixels: &Self::Input) -> Self::Output {
+        if self.sampled {
+            let items: Vec<u64> = (0..BATCH as u64).collect();
+            let draw = Draw {
+                seed: 0,
+                pass: 0,
+                items: &items,
+            };
+            self.model
+                .forward_sampled(pixels.clone(), &draw)
+                .expect("one item per row")
+        } else {
+            self.model.forward(pixels.clone())
+        }
+    }
+}
+
+/// The towers of the Monte-Carlo job at their benchmark resolutions.
+fn towers() -> [(&'static str, VisionConfig, usize); 3] {
+    [
+        (
+            "clip_b32",
+            VisionConfig::Clip(ClipVisionConfig::vit_base_patch32()),
+            224,
+        ),
+        (
+            "siglip2_b16",
+            VisionConfig::Siglip(SiglipVisionConfig::base_patch16(224)),
+            224,
+        ),
+        ("dinov2_s", VisionConfig::Dinov2(Dinov2Config::small()), 256),
+    ]
+}
+
+struct Vision;
+
+impl Suite for Vision {
+    fn run<B: Backend>(&self, runner: &mut Runner<'_, B>) -> Result<(), BenchError> {
+        let (device, policy) = (runner.device(), runner.policy());
+        for (name, config, size) in towers() {
+            let model = match &config {
+                VisionConfig::Clip(c) => {
+                    VisionModel::Clip(Box::new(c.init(device).with_policy(&policy)))
+                }
+                VisionConfig::Siglip(c) => {
+                    VisionModel::Siglip(Box::new(c.init(device).with_policy(&policy)))
+                }
+                VisionConfig::Dinov2(c) => {
+                    VisionModel::Dinov2(Box::new(c.init(device).with_policy(&policy)))
+                }
+            };
+            let flops_per_image = config.forward_flops(size, size);
+            runner.bench(&Forward {
+                name: format!("{name}/{size}px,b={BATCH}"),
+                model: model.clone(),
+                size,
+                flops_per_image,
+                sampled: false,
+            })?;
+            runner.bench(&Forward {
+                name: format!("{name}/{size}px,b={BATCH}/mc"),
+                model: model
+                    .with_dropout(DropoutSites::all(0.1))
+                    .expect("0.1 is a rate"),
+                size,
+                flops_per_image,
+                sampled: true,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn main() -> ExitCode {
+    cli::main(Vision)
+}

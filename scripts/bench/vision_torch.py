@@ -1,0 +1,119 @@
+"""PyTorch CPU throughput of the vision towers kiln benchmarks, for docs/PERFORMANCE.md.
+
+Same work as `cargo bench --bench vision`: randomly initialised transformers towers of the
+released sizes (throughput does not depend on the weights), fp32, batch 32, forward only under
+`torch.inference_mode()`, the same thread count. Prints one line per model: median seconds per
+batch over the timed runs and images/s.
+
+    /work/venvs/hf/bin/python scripts/bench/vision_torch.py --threads 2 [--batch 32] [--runs 5]
+
+Requirements: scripts/fixtures/requirements-hf.txt (torch, transformers).
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from transformers import (
+    CLIPVisionConfig,
+    CLIPVisionModelWithProjection,
+    Dinov2Config,
+    Dinov2Model,
+    SiglipVisionConfig,
+    SiglipVisionModel,
+)
+
+# name, model, pixel size: the released configurations (openai/clip-vit-base-patch32,
+# google/siglip2-base-patch16-224, facebook/dinov2-small at 256 px).
+MODELS = [
+    (
+        "clip_b32",
+        lambda: CLIPVisionModelWithProjection(
+            CLIPVisionConfig(
+                hidden_size=768,
+                intermediate_size=3072,
+                num_hidden_layers=12,
+                num_attention_heads=12,
+                image_size=224,
+                patch_size=32,
+                projection_dim=512,
+                hidden_act="quick_gelu",
+            )
+        ),
+        224,
+    ),
+    (
+        "siglip2_b16",
+        lambda: SiglipVisionModel(
+            SiglipVisionConfig(
+                hidden_size=768,
+                intermediate_size=3072,
+                num_hidden_layers=12,
+                num_attention_heads=12,
+                image_size=224,
+                patch_size=16,
+                hidden_act="gelu_pytorch_tanh",
+                layer_norm_eps=1e-6,
+            )
+        ),
+        224,
+    ),
+    (
+        "dinov2_s",
+        lambda: Dinov2Model(
+            Dinov2Config(
+                hidden_size=384,
+                num_hidden_layers=12,
+                num_attention_heads=6,
+                mlp_ratio=4,
+                image_size=518,
+                patch_size=14,
+            )
+        ),
+        256,
+    ),
+]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--only", help="run only the model with this name")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    for name, build, size in MODELS:
+        if args.only and name != args.only:
+            continue
+        model = build().eval()
+        inputs = [torch.randn(args.batch, 3, size, size) for _ in range(3)]
+        with torch.inference_mode():
+            model(pixel_values=inputs[0])  # warm-up
+            seconds = []
+            for run in range(args.runs):
+                start = time.perf_counter()
+                model(pixel_values=inputs[run % len(inputs)])
+                seconds.append(time.perf_counter() - start)
+        median = statistics.median(seconds)
+        print(
+            json.dumps(
+                {
+                    "model": name,
+                    "pixels": size,
+                    "batch": args.batch,
+                    "threads": args.threads,
+                    "torch": torch.__version__,
+                    "median_s_per_batch": round(median, 4),
+                    "images_per_s": round(args.batch / median, 2),
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
