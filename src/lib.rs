@@ -8,10 +8,12 @@
 //! - [`cache`]: decode and preprocess images and video clips once (Hugging Face processor
 //!   parity), store them as memory-mapped 8-bit tensors, keep them on the device or stream
 //!   prefetched batches, normalise batches on the device.
+//! - [`mc`]: the statistics of nested Monte-Carlo runs (f64 Welford per image, per-trial seeds,
+//!   between-trial variance and rank stability).
 //! - [`precision`]: run-time device selection ([`precision::DeviceSpec`]) and mixed-precision
 //!   policy ([`precision::PolicySpec`], [`precision::LossScale`]).
 //! - [`vision`]: CLIP, SigLIP / SigLIP2 and DINOv2 vision towers loaded from Hugging Face
-//!   checkpoints, matching transformers.
+//!   checkpoints, matching transformers, with precision policies and Monte-Carlo dropout.
 //!
 //! Backends are cargo features: `flex` (default, CPU), `ndarray`, `wgpu`, `cuda`. One binary can
 //! hold several; the device is chosen at run time:
@@ -28,5 +30,6 @@
 pub use burn;
 pub use kiln_bench as bench;
 pub use kiln_cache as cache;
+pub use kiln_mc as mc;
 pub use kiln_precision as precision;
 pub use kiln_vision as vision;
