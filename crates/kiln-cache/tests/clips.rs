@@ -213,7 +213,8 @@ fn normalised_storage_uploads_what_8_bit_storage_does() {
     let f16 = worst(&upload(Stored::F16));
     assert!(f16 > 0.0 && f16 <= 2f32.powi(-10), "{f16}");
     // Each storage is its own entry.
-    let dirs = std::fs::read_dir(cache_dir.path().join("images-v2"))
+    let entries = format!("images-v{}", kiln_cache::FORMAT_VERSION);
+    let dirs = std::fs::read_dir(cache_dir.path().join(entries))
         .unwrap()
         .filter(|e| e.as_ref().unwrap().path().is_dir())
         .count();
