@@ -54,12 +54,7 @@ impl<B: Backend> Benchmark<B> for Forward<B> {
 
     fn run(&self, pixels: &Self::Input) -> Self::Output {
         if self.sampled {
-            let items: Vec<u64> = (0..BATCH as u64).collect();
-            let draw = Draw {
-                seed: 0,
-                pass: 0,
-                items: &items,
-            };
+            let draw = Draw::pass(0, 0, 0..BATCH as u64);
             self.model
                 .forward_sampled(pixels.clone(), &draw)
                 .expect("one item per row")

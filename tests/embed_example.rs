@@ -2,7 +2,7 @@
 //! kiln-cache and `--save-pixels` writes exactly what the cache uploads; `--pixels` gives
 //! transformers' embeddings. Runs the example binary that `cargo test` builds beside the tests.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use burn::backend::Flex;
@@ -12,18 +12,7 @@ use kiln::vision::VisionModel;
 
 mod common;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/kiln-vision/tests/fixtures")
-}
-
-/// target/<profile>/examples/embed, beside target/<profile>/deps/<this test>.
-fn example() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().and_then(Path::parent).unwrap();
-    profile
-        .join("examples")
-        .join(format!("embed{}", std::env::consts::EXE_SUFFIX))
-}
+use common::fixtures;
 
 fn worst(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -34,7 +23,7 @@ fn worst(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn embed(args: &[&str], cache: &Path) {
-    let output = Command::new(example())
+    let output = Command::new(common::example("embed"))
         .args(args)
         .env("KILN_CACHE_DIR", cache)
         .output()
@@ -119,7 +108,7 @@ fn pixels_give_transformers_embeddings_normalised_on_request() {
 fn bad_input_is_a_one_line_error_and_writes_nothing() {
     let out = tempfile::tempdir().unwrap();
     let file = out.path().join("embeddings.safetensors");
-    let output = Command::new(example())
+    let output = Command::new(common::example("embed"))
         .args([
             "--model-dir",
             fixtures().join("siglip2_naflex").to_str().unwrap(),

@@ -2,8 +2,6 @@
 //! tiny checkpoints: Flex, NdArray and wgpu (lavapipe in CI) run the same model code, and
 //! Monte-Carlo dropout draws the same masks on each.
 
-use std::path::{Path, PathBuf};
-
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use kiln::precision::{DeviceJob, DeviceSpec, Policy};
@@ -11,11 +9,9 @@ use kiln::vision::{Draw, DropoutSites, VisionModel};
 
 mod common;
 
-const MODELS: [&str; 3] = ["clip_vision", "siglip_vision", "dinov2"];
+use common::fixtures;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/kiln-vision/tests/fixtures")
-}
+const MODELS: [&str; 3] = ["clip_vision", "siglip_vision", "dinov2"];
 
 /// `(values, shape)` of an f32 tensor of a reference file.
 fn reference(file: &str, key: &str) -> (Vec<f32>, Vec<usize>) {
@@ -42,18 +38,13 @@ impl DeviceJob for Embeddings {
             .into_iter()
             .map(|name| {
                 let (values, shape) = reference(&format!("{name}.safetensors"), "pixel_values");
-                let items: Vec<u64> = (0..shape[0] as u64).collect();
                 let pixels = Tensor::<B, 4>::from_data(TensorData::new(values, shape), device);
                 let model =
                     VisionModel::<B>::from_hf_dir(fixtures().join(name), device, &Policy::full())
                         .unwrap()
                         .with_dropout(DropoutSites::all(0.1))
                         .unwrap();
-                let draw = Draw {
-                    seed: 5,
-                    pass: 2,
-                    items: &items,
-                };
+                let draw = Draw::pass(5, 2, 0..pixels.dims()[0] as u64);
                 Embedded {
                     name,
                     deterministic: read(model.forward(pixels.clone())),

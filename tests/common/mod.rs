@@ -3,9 +3,24 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kiln::precision::{DeviceError, DeviceSpec};
+
+/// kiln-vision's committed tiny checkpoints and images.
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/kiln-vision/tests/fixtures")
+}
+
+/// The example binary `name`, which `cargo test` builds beside the tests:
+/// target/<profile>/examples/<name>, next to target/<profile>/deps/<this test>.
+pub fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(Path::parent).unwrap();
+    profile
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
+}
 
 /// `(values, shape)` of the f32 tensor `key` of the safetensors file `file`.
 pub fn read_f32(file: &Path, key: &str) -> (Vec<f32>, Vec<usize>) {

@@ -152,6 +152,11 @@ impl<B: Backend> DeviceImages<B> {
         }
     }
 
+    /// The device the batches go to.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
     /// The dataset.
     pub fn images(&self) -> &CachedImages {
         &self.images

@@ -27,6 +27,52 @@ impl EmbeddingStats {
         }
     }
 
+    /// Statistics from their moments: per image the pass count, and per image and dimension the
+    /// mean and `M2` (sum of squared deviations from the mean), `[images, dims]` row-major.
+    pub fn from_moments(
+        dims: usize,
+        count: Vec<u64>,
+        mean: Vec<f64>,
+        m2: Vec<f64>,
+    ) -> Result<Self, McError> {
+        let values = count.len() * dims;
+        if mean.len() != values || m2.len() != values {
+            return Err(McError::Shape(format!(
+                "{} means and {} M2 values for {} images of {dims} dimensions",
+                mean.len(),
+                m2.len(),
+                count.len()
+            )));
+        }
+        Ok(EmbeddingStats {
+            dims,
+            count,
+            mean,
+            m2,
+        })
+    }
+
+    /// Statistics from each image's pass count, mean and sample variance (as
+    /// [`Self::variances`] gives them).
+    pub fn from_variances(
+        dims: usize,
+        count: Vec<u64>,
+        mean: Vec<f64>,
+        variance: &[f64],
+    ) -> Result<Self, McError> {
+        let m2 = variance
+            .chunks(dims.max(1))
+            .zip(&count)
+            .flat_map(|(row, &n)| row.iter().map(move |v| v * n.saturating_sub(1) as f64))
+            .collect();
+        Self::from_moments(dims, count, mean, m2)
+    }
+
+    /// Passes seen per image.
+    pub fn counts(&self) -> &[u64] {
+        &self.count
+    }
+
     /// Images tracked.
     pub fn images(&self) -> usize {
         self.count.len()

@@ -11,7 +11,7 @@ use burn::tensor::backend::Backend;
 
 use crate::config::ClipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape};
-use crate::pass::{Draw, Pass, Site, TowerSettings};
+use crate::pass::{Draw, Pass, TowerSettings};
 use crate::patches::{learned_positions, patch_tokens};
 use crate::tower::{Tower, in_compute_dtype};
 
@@ -36,10 +36,7 @@ impl<B: Backend> ClipEmbeddings<B> {
             .expand([batch, 1, hidden]);
         let positions =
             learned_positions(&self.position_embedding, 1 + rows * cols, &patches.device());
-        pass.drop(
-            Site::Embeddings,
-            Tensor::cat(vec![class, patches], 1) + positions,
-        )
+        pass.embeddings(Tensor::cat(vec![class, patches], 1) + positions)
     }
 }
 
@@ -85,7 +82,7 @@ impl<B: Backend> Tower<B> for ClipVisionModel<B> {
         &mut self.settings
     }
 
-    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw<'_>>) -> ClipOutput<B> {
+    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw>) -> ClipOutput<B> {
         let model = in_compute_dtype(self);
         let pass = Pass::new(&model.settings, draw);
         let tower = &model.vision_model;

@@ -379,26 +379,13 @@ impl VisionConfig {
     /// assert!((clip.forward_flops(224, 224) / 1e9 - 8.8).abs() < 0.1);
     /// ```
     pub fn forward_flops(&self, height: usize, width: usize) -> f64 {
-        let (hidden, intermediate, layers, patch) = match self {
-            VisionConfig::Clip(c) => (
-                c.hidden_size,
-                c.intermediate_size,
-                c.num_hidden_layers,
-                c.patch_size,
-            ),
-            VisionConfig::Siglip(c) => (
-                c.hidden_size,
-                c.intermediate_size,
-                c.num_hidden_layers,
-                c.patch_size,
-            ),
-            VisionConfig::Dinov2(c) => (
-                c.hidden_size,
-                c.intermediate_size(),
-                c.num_hidden_layers,
-                c.patch_size,
-            ),
-        };
+        let Shape {
+            hidden,
+            intermediate,
+            layers,
+            patch,
+            ..
+        } = self.shape();
         let (h, i) = (hidden as f64, intermediate as f64);
         let patches = ((height / patch) * (width / patch)) as f64;
         let projection = 2.0 * patches * (3 * patch * patch) as f64 * h;
@@ -421,6 +408,63 @@ impl VisionConfig {
             VisionConfig::Dinov2(_) => projection + layers as f64 * layer(patches + 1.0),
         }
     }
+}
+
+impl VisionConfig {
+    /// Bytes of working memory one image's forward pass needs at `height × width` pixels with
+    /// `bytes_per_value`-byte activations: the residual stream, a layer's normed input, query,
+    /// key, value and MLP hidden activations, and its attention scores and probabilities, doubled
+    /// for the allocator's slack. An estimate for choosing batch sizes, not a measurement.
+    ///
+    /// ```
+    /// use kiln_vision::{ClipVisionConfig, VisionConfig};
+    /// let clip = VisionConfig::Clip(ClipVisionConfig::vit_base_patch32());
+    /// // 50 tokens: about 3.2 MB per image in f32.
+    /// assert!((clip.activation_bytes(224, 224, 4) as f64 / 1e6 - 3.2).abs() < 0.1);
+    /// ```
+    pub fn activation_bytes(&self, height: usize, width: usize, bytes_per_value: usize) -> u64 {
+        let shape = self.shape();
+        let tokens = (height / shape.patch) * (width / shape.patch) + 1;
+        let values =
+            tokens * (5 * shape.hidden + shape.intermediate) + 2 * shape.heads * tokens * tokens;
+        (2 * values * bytes_per_value) as u64
+    }
+
+    /// The encoder's sizes.
+    fn shape(&self) -> Shape {
+        match self {
+            VisionConfig::Clip(c) => Shape {
+                hidden: c.hidden_size,
+                intermediate: c.intermediate_size,
+                layers: c.num_hidden_layers,
+                heads: c.num_attention_heads,
+                patch: c.patch_size,
+            },
+            VisionConfig::Siglip(c) => Shape {
+                hidden: c.hidden_size,
+                intermediate: c.intermediate_size,
+                layers: c.num_hidden_layers,
+                heads: c.num_attention_heads,
+                patch: c.patch_size,
+            },
+            VisionConfig::Dinov2(c) => Shape {
+                hidden: c.hidden_size,
+                intermediate: c.intermediate_size(),
+                layers: c.num_hidden_layers,
+                heads: c.num_attention_heads,
+                patch: c.patch_size,
+            },
+        }
+    }
+}
+
+/// The sizes every encoder has.
+struct Shape {
+    hidden: usize,
+    intermediate: usize,
+    layers: usize,
+    heads: usize,
+    patch: usize,
 }
 
 fn parse<T: DeserializeOwned>(value: Value) -> Result<T, VisionError> {

@@ -114,7 +114,7 @@ impl<B: Backend> Dinov2Embeddings<B> {
         let [batch, _, hidden] = patches.dims();
         let cls = self.cls_token.val().expand([batch, 1, hidden]);
         let tokens = Tensor::cat(vec![cls, patches], 1) + self.positions(rows, cols);
-        pass.drop(Site::Embeddings, tokens)
+        pass.embeddings(tokens)
     }
 }
 
@@ -264,7 +264,7 @@ impl<B: Backend> Tower<B> for Dinov2Model<B> {
         self.embeddings.resized = Default::default();
     }
 
-    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw<'_>>) -> Dinov2Output<B> {
+    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw>) -> Dinov2Output<B> {
         let model = in_compute_dtype(self);
         let pass = Pass::new(&model.settings, draw);
         let x = model.embeddings.forward(pass.input(pixels), &pass);

@@ -17,8 +17,8 @@
 //!     .with_dropout("attention_probs=0.1,mlp_hidden=0.1".parse::<DropoutSites>()?)?;
 //! let pixels = Tensor::<Flex, 4>::zeros([2, 3, 224, 224], &device); // normalised images
 //! let embeddings = model.forward(pixels.clone()); // deterministic, [2, 512]
-//! // Monte-Carlo pass 3: each image's masks come from (seed, pass, its id).
-//! let draw = Draw { seed: 0, pass: 3, items: &[17, 18] };
+//! // Monte-Carlo pass 3 of images 17 and 18: each row's masks come from (seed, image id, pass).
+//! let draw = Draw::pass(0, 3, [17, 18]);
 //! let sample = model.forward_sampled(pixels, &draw)?;
 //! # Ok::<(), kiln_vision::VisionError>(())
 //! ```
@@ -54,7 +54,7 @@ pub use encoder::{Encoder, EncoderLayer, Mlp, SelfAttention};
 pub use hub::Hub;
 pub use hub::checkpoint_dir;
 pub use model::VisionModel;
-pub use pass::{Draw, DropoutSites, TowerSettings};
+pub use pass::{Draw, DropoutSites, Sample, TowerSettings};
 pub use siglip::{
     FusedAttention, PoolingHead, SiglipEmbeddings, SiglipOutput, SiglipVisionModel,
     SiglipVisionTransformer,

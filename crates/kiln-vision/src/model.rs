@@ -50,6 +50,24 @@ impl<B: Backend> VisionModel<B> {
         })
     }
 
+    /// A tower of `config` with burn's initialisation (random weights) on `device`, in f32.
+    pub fn from_config(config: &VisionConfig, device: &B::Device) -> Self {
+        match config {
+            VisionConfig::Clip(c) => VisionModel::Clip(Box::new(c.init(device))),
+            VisionConfig::Siglip(c) => VisionModel::Siglip(Box::new(c.init(device))),
+            VisionConfig::Dinov2(c) => VisionModel::Dinov2(Box::new(c.init(device))),
+        }
+    }
+
+    /// The model under `policy` (see [`Tower::with_policy`]).
+    pub fn with_policy(self, policy: &Policy) -> Self {
+        match self {
+            VisionModel::Clip(m) => VisionModel::Clip(Box::new(m.with_policy(policy))),
+            VisionModel::Siglip(m) => VisionModel::Siglip(Box::new(m.with_policy(policy))),
+            VisionModel::Dinov2(m) => VisionModel::Dinov2(Box::new(m.with_policy(policy))),
+        }
+    }
+
     /// [`Self::from_hf_dir`] on what [`checkpoint_dir`] makes of `model`: a local directory, or
     /// with the `hub` feature a Hugging Face id (`org/name[@revision]`), fetched into the
     /// Hugging Face cache unless it is there already.
@@ -71,11 +89,11 @@ impl<B: Backend> VisionModel<B> {
     }
 
     /// The embeddings with Monte-Carlo dropout at the sites set by [`Self::with_dropout`], masks
-    /// from `draw` (one item per batch row).
+    /// from `draw` (one or the same number of samples per image; see [`Tower::forward_sampled`]).
     pub fn forward_sampled(
         &self,
         pixels: Tensor<B, 4>,
-        draw: &Draw<'_>,
+        draw: &Draw,
     ) -> Result<Tensor<B, 2>, VisionError> {
         match self {
             VisionModel::Clip(m) => m.forward_sampled(pixels, draw),

@@ -4,7 +4,7 @@
 //! burn's `Dropout` only acts under autodiff, and its masks come from the backend's global
 //! random state, which any other thread's `Tensor::random` advances. Monte-Carlo inference needs
 //! masks that are reproducible and independent of how images are batched, so kiln draws them
-//! itself: every batch row has its own ChaCha8 stream keyed by `(seed, pass, item id)`, consumed
+//! itself: every batch row has its own ChaCha8 stream keyed by `(seed, item id, pass)`, consumed
 //! site by site in forward order. An image gets the same masks whatever batch it is in.
 
 use std::cell::RefCell;
@@ -135,27 +135,54 @@ impl FromStr for DropoutSites {
     }
 }
 
-/// The randomness of one stochastic forward pass over a batch: the masks of batch row `r` are
-/// drawn from the stream keyed by `(seed, pass, items[r])`, so they depend on which image it is
-/// (its index in the dataset, say), never on the batch it came in.
-#[derive(Debug, Clone, Copy)]
-pub struct Draw<'a> {
-    /// The experiment's seed.
-    pub seed: u64,
-    /// Which stochastic pass (Monte-Carlo sample) this is.
+/// One batch row of a stochastic forward: which image (its id in the dataset, say) and which
+/// Monte-Carlo pass of it. A batch may hold several passes of one image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sample {
+    /// The image's id.
+    pub item: u64,
+    /// Which stochastic pass (Monte-Carlo sample) of the image this row is.
     pub pass: u64,
-    /// One id per batch row.
-    pub items: &'a [u64],
 }
 
-impl Draw<'_> {
-    fn stream(&self, item: u64) -> ChaCha8Rng {
+/// The randomness of one stochastic forward over a batch: the masks of output row `r` are drawn
+/// from the stream keyed by `(seed, rows[r].item, rows[r].pass)`, so they depend on which image
+/// and pass the row is, never on the batch it came in or its place there.
+///
+/// A draw has one sample per image of the batch, or `s` per image: rows `i·s .. (i+1)·s` are
+/// samples of image `i`, and the tower embeds each image once and repeats it `s` times before
+/// the first dropout site (Monte-Carlo passes without uploading or embedding an image again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Draw {
+    /// The experiment's (or trial's) seed.
+    pub seed: u64,
+    /// One sample per batch row.
+    pub rows: Vec<Sample>,
+}
+
+impl Draw {
+    /// Pass `pass` of each of `items`, one per batch row.
+    pub fn pass(seed: u64, pass: u64, items: impl IntoIterator<Item = u64>) -> Self {
+        Draw {
+            seed,
+            rows: items
+                .into_iter()
+                .map(|item| Sample { item, pass })
+                .collect(),
+        }
+    }
+
+    fn stream(&self, row: Sample) -> ChaCha8Rng {
         let mut key = [0u8; 32];
         key[..8].copy_from_slice(&self.seed.to_le_bytes());
-        key[8..16].copy_from_slice(&item.to_le_bytes());
+        key[8..16].copy_from_slice(&row.item.to_le_bytes());
         let mut rng = ChaCha8Rng::from_seed(key);
-        rng.set_stream(self.pass);
+        rng.set_stream(row.pass);
         rng
+    }
+
+    fn streams(&self) -> Vec<ChaCha8Rng> {
+        self.rows.iter().map(|&row| self.stream(row)).collect()
     }
 }
 
@@ -192,18 +219,21 @@ impl Default for TowerSettings {
 pub(crate) struct Pass {
     policy: Policy,
     dropout: DropoutSites,
+    /// Rows the pass computes: the draw's samples, or the batch without a draw.
+    samples: Option<usize>,
     streams: Option<RefCell<Vec<ChaCha8Rng>>>,
 }
 
 impl Pass {
     /// A pass with the settings' dropout when `draw` is given, deterministic otherwise.
-    pub fn new(settings: &TowerSettings, draw: Option<&Draw<'_>>) -> Self {
+    pub fn new(settings: &TowerSettings, draw: Option<&Draw>) -> Self {
         let streams = draw
             .filter(|_| settings.dropout.is_active())
-            .map(|draw| RefCell::new(draw.items.iter().map(|&i| draw.stream(i)).collect()));
+            .map(|draw| RefCell::new(draw.streams()));
         Pass {
             policy: settings.policy,
             dropout: settings.dropout,
+            samples: draw.map(|d| d.rows.len()),
             streams,
         }
     }
@@ -213,8 +243,24 @@ impl Pass {
         Pass {
             policy: self.policy,
             dropout: self.dropout,
+            samples: self.samples,
             streams: None,
         }
+    }
+
+    /// The embedded tokens `[images, tokens, hidden]` as the encoder takes them: each image
+    /// repeated for its samples when the draw has several per image (everything before here is
+    /// deterministic, so it ran once per image), then the embeddings dropout.
+    pub fn embeddings<B: Backend>(&self, tokens: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [images, count, hidden] = tokens.dims();
+        let tokens = match self.samples {
+            Some(samples) if samples > images => tokens
+                .unsqueeze_dim::<4>(1)
+                .repeat_dim(1, samples / images)
+                .reshape([samples, count, hidden]),
+            _ => tokens,
+        };
+        self.drop(Site::Embeddings, tokens)
     }
 
     /// The pixels in the compute dtype.
@@ -353,12 +399,7 @@ mod tests {
 
     #[test]
     fn masks_keep_the_expected_share_and_scale() {
-        let draw = Draw {
-            seed: 7,
-            pass: 3,
-            items: &[10, 11],
-        };
-        let mut streams: Vec<_> = draw.items.iter().map(|&i| draw.stream(i)).collect();
+        let mut streams = Draw::pass(7, 3, [10, 11]).streams();
         let p = 0.25;
         let mask = dropout_mask(&mut streams, [2, 100_000], p)
             .to_vec::<f32>()
@@ -373,22 +414,25 @@ mod tests {
     }
 
     #[test]
-    fn a_row_depends_on_its_item_not_its_batch() {
-        let mask = |items: &[u64], pass| {
+    fn a_row_depends_on_its_sample_not_its_batch() {
+        let sample = |item, pass| Sample { item, pass };
+        let mask = |rows: &[Sample]| {
             let draw = Draw {
                 seed: 1,
-                pass,
-                items,
+                rows: rows.to_vec(),
             };
-            let mut streams: Vec<_> = items.iter().map(|&i| draw.stream(i)).collect();
-            dropout_mask(&mut streams, [items.len(), 64], 0.5)
+            dropout_mask(&mut draw.streams(), [rows.len(), 64], 0.5)
                 .to_vec::<f32>()
                 .unwrap()
         };
-        let pair = mask(&[4, 9], 0);
-        let alone = mask(&[9], 0);
+        let pair = mask(&[sample(4, 0), sample(9, 0)]);
+        let alone = mask(&[sample(9, 0)]);
         assert_eq!(pair[64..], alone[..]);
         assert_ne!(pair[..64], pair[64..]);
-        assert_ne!(mask(&[9], 1), alone);
+        // Two passes of one image in one batch get different masks, each its own.
+        let passes = mask(&[sample(9, 1), sample(9, 0)]);
+        assert_ne!(passes[..64], passes[64..]);
+        assert_eq!(passes[64..], alone[..]);
+        assert_eq!(passes[..64], mask(&[sample(9, 1)])[..]);
     }
 }

@@ -13,7 +13,7 @@ use burn::tensor::module::linear;
 
 use crate::config::SiglipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape, Mlp};
-use crate::pass::{Draw, Pass, Site, TowerSettings};
+use crate::pass::{Draw, Pass, TowerSettings};
 use crate::patches::{learned_positions, patch_tokens};
 use crate::tower::{Tower, in_compute_dtype};
 
@@ -28,7 +28,7 @@ impl<B: Backend> SiglipEmbeddings<B> {
     fn forward(&self, pixels: Tensor<B, 4>, pass: &Pass) -> Tensor<B, 3> {
         let (patches, (rows, cols)) = patch_tokens(&self.patch_embedding, pixels);
         let positions = learned_positions(&self.position_embedding, rows * cols, &patches.device());
-        pass.drop(Site::Embeddings, patches + positions)
+        pass.embeddings(patches + positions)
     }
 }
 
@@ -138,7 +138,7 @@ impl<B: Backend> Tower<B> for SiglipVisionModel<B> {
         )]
     }
 
-    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw<'_>>) -> SiglipOutput<B> {
+    fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw>) -> SiglipOutput<B> {
         let model = in_compute_dtype(self);
         let pass = Pass::new(&model.settings, draw);
         let tower = &model.vision_model;

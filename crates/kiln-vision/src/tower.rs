@@ -25,7 +25,7 @@ pub trait Tower<B: Backend>: Module<B> {
         &self,
         pixels: Tensor<B, 4>,
         keep_hidden_states: bool,
-        draw: Option<&Draw<'_>>,
+        draw: Option<&Draw>,
     ) -> Self::Output;
 
     /// The embeddings among the outputs, `[batch, D]`.
@@ -36,18 +36,20 @@ pub trait Tower<B: Backend>: Module<B> {
         Self::embeddings_of(self.run(pixels, false, None))
     }
 
-    /// The embeddings with Monte-Carlo dropout at the tower's sites, masks from `draw` (one
-    /// item per batch row).
+    /// The embeddings with Monte-Carlo dropout at the tower's sites, masks from `draw`: one row
+    /// per sample, with one sample per image or the same number `s` per image (rows
+    /// `i·s .. (i+1)·s` are samples of image `i`).
     fn forward_sampled(
         &self,
         pixels: Tensor<B, 4>,
-        draw: &Draw<'_>,
+        draw: &Draw,
     ) -> Result<Tensor<B, 2>, VisionError> {
         let batch = pixels.dims()[0];
-        if draw.items.len() != batch {
+        let samples = draw.rows.len();
+        if samples < batch || !samples.is_multiple_of(batch) {
             return Err(VisionError::Dropout(format!(
-                "the draw names {} item(s) for a batch of {batch}",
-                draw.items.len()
+                "the draw names {samples} sample(s) for a batch of {batch}: give one per image or \
+                 the same number per image"
             )));
         }
         Ok(Self::embeddings_of(self.run(pixels, false, Some(draw))))

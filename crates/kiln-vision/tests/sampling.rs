@@ -4,11 +4,11 @@
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use kiln_precision::{Policy, PolicySpec, Precision};
-use kiln_vision::{Draw, DropoutSites, VisionModel};
+use kiln_vision::{Draw, DropoutSites, Sample, VisionModel};
 
 mod support;
 
-use support::{Reference, fixtures, relative_error};
+use support::{Reference, fixtures, relative, relative_error};
 
 /// The vision-only fixtures and the reference key of their embeddings.
 const MODELS: [(&str, &str); 3] = [
@@ -29,12 +29,8 @@ fn values(x: Tensor<Flex, 2>) -> Vec<f32> {
     x.into_data().to_vec().unwrap()
 }
 
-fn draw(items: &[u64], pass: u64) -> Draw<'_> {
-    Draw {
-        seed: 2026,
-        pass,
-        items,
-    }
+fn draw(items: &[u64], pass: u64) -> Draw {
+    Draw::pass(2026, pass, items.iter().copied())
 }
 
 #[test]
@@ -96,10 +92,11 @@ fn a_draw_reproduces_its_masks_and_another_pass_differs() {
     }
 }
 
-/// An image's masks come from its own id: alone or second in a batch, its embedding is the same
-/// (up to the batch's effect on floating-point summation order).
+/// A row's masks come from its own (image id, pass): alone, second in a batch, or next to another
+/// pass of the same image, its embedding is the same (up to the batch's effect on floating-point
+/// summation order).
 #[test]
-fn an_image_gets_the_same_masks_in_any_batch() {
+fn a_sample_gets_the_same_masks_in_any_batch() {
     for (name, _) in MODELS {
         let tower = model(name, &Policy::full())
             .with_dropout(DropoutSites::all(0.2))
@@ -107,15 +104,29 @@ fn an_image_gets_the_same_masks_in_any_batch() {
         let both = pixels(name).narrow(0, 0, 2);
         let second = pixels(name).narrow(0, 1, 1);
         let pair = values(tower.forward_sampled(both, &draw(&[40, 41], 3)).unwrap());
-        let alone = values(tower.forward_sampled(second, &draw(&[41], 3)).unwrap());
+        let alone = values(
+            tower
+                .forward_sampled(second.clone(), &draw(&[41], 3))
+                .unwrap(),
+        );
         let width = alone.len();
-        let worst = pair[width..]
-            .iter()
-            .zip(&alone)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        let scale = alone.iter().fold(0.0, |m: f32, v| m.max(v.abs()));
-        assert!(worst <= 1e-5 * scale, "{name}: {worst} of {scale}");
+        assert!(relative(&pair[width..], &alone) <= 1e-5, "{name}");
+
+        // Two passes of the image: as two copies of it, or as one image with two samples.
+        let rows = [Sample { item: 41, pass: 4 }, Sample { item: 41, pass: 3 }];
+        let draw = Draw {
+            seed: 2026,
+            rows: rows.to_vec(),
+        };
+        let copies = Tensor::cat(vec![second.clone(), second.clone()], 0);
+        let passes = values(tower.forward_sampled(copies, &draw).unwrap());
+        assert!(relative(&passes[width..], &alone) <= 1e-5, "{name}");
+        assert!(
+            relative(&passes[..width], &alone) > 1e-3,
+            "{name}: passes 3 and 4 agree"
+        );
+        let samples = values(tower.forward_sampled(second, &draw).unwrap());
+        assert!(relative(&samples, &passes) <= 1e-5, "{name}");
     }
 }
 
@@ -167,7 +178,7 @@ fn a_draw_must_name_every_batch_row() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("1 item(s)") && err.contains("batch of"),
+        err.contains("1 sample(s)") && err.contains("the same number per image"),
         "{err}"
     );
     let err = model("dinov2", &Policy::full())
