@@ -8,8 +8,10 @@
 //! - [`cache`]: decode and preprocess images and video clips once (Hugging Face processor
 //!   parity), store them as memory-mapped 8-bit tensors, keep them on the device or stream
 //!   prefetched batches, normalise batches on the device.
-//! - [`mc`]: the statistics of nested Monte-Carlo runs (f64 Welford per image, per-trial seeds,
-//!   between-trial variance and rank stability).
+//! - [`forcefield`]: PaiNN potentials loaded from schnetpack state dicts: batched energies and
+//!   forces over per-structure neighbour lists.
+//! - [`mc`]: nested Monte-Carlo over vision encoders (the main job, `examples/exp0_mc/`): trial
+//!   runner, f64 statistics, resumable and shardable experiments.
 //! - [`precision`]: run-time device selection ([`precision::DeviceSpec`]) and mixed-precision
 //!   policy ([`precision::PolicySpec`], [`precision::LossScale`]).
 //! - [`vision`]: CLIP, SigLIP / SigLIP2 and DINOv2 vision towers loaded from Hugging Face
@@ -30,6 +32,7 @@
 pub use burn;
 pub use kiln_bench as bench;
 pub use kiln_cache as cache;
+pub use kiln_forcefield as forcefield;
 pub use kiln_mc as mc;
 pub use kiln_precision as precision;
 pub use kiln_vision as vision;

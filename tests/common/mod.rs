@@ -35,6 +35,17 @@ pub fn read_f32(file: &Path, key: &str) -> (Vec<f32>, Vec<usize>) {
     (values, view.shape().to_vec())
 }
 
+/// max |a − b| / max |b|.
+pub fn relative(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
+    worst / b.iter().fold(0.0, |m: f64, v| m.max(v.abs()))
+}
+
 /// Writes to the terminal past libtest's output capture, so a skipped check is seen even when
 /// the test passes.
 pub fn say(line: &str) {

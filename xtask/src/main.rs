@@ -10,7 +10,9 @@
 //! - `fixtures [NAME]`: regenerates the committed reference fixtures (those whose script path
 //!   contains NAME). The Hugging Face ones run with `$KILN_HF_PYTHON`
 //!   (`scripts/fixtures/requirements-hf.txt`), the video one with `$KILN_VIDEO_PYTHON`
-//!   (`scripts/fixtures/requirements-video.txt`); default `python3`. Tests never run Python;
+//!   (`scripts/fixtures/requirements-video.txt`), the schnetpack one with
+//!   `$KILN_SCHNETPACK_PYTHON` (`scripts/fixtures/requirements-schnetpack.txt`, a virtual
+//!   environment of its own: schnetpack pins an older torch); default `python3`. Tests never run Python;
 //!   they read what this wrote.
 
 use std::process::{Command, ExitCode};
@@ -117,6 +119,12 @@ const FIXTURES: &[Fixture] = &[
         out: "crates/kiln-vision/tests/fixtures",
         python: "KILN_HF_PYTHON",
         requirements: "scripts/fixtures/requirements-hf.txt",
+    },
+    Fixture {
+        script: "scripts/fixtures/painn.py",
+        out: "crates/kiln-forcefield/tests/fixtures",
+        python: "KILN_SCHNETPACK_PYTHON",
+        requirements: "scripts/fixtures/requirements-schnetpack.txt",
     },
 ];
 

@@ -1,7 +1,8 @@
 //! # kiln-mc
 //!
-//! The statistics of kiln's nested Monte-Carlo experiment (`examples/exp0_mc.rs`): for each
-//! model, pass count T and trial k, T stochastic passes of an image encoder over the same images.
+//! kiln's nested Monte-Carlo experiment (the main job, `examples/exp0_mc/`): for each model, pass
+//! count T and trial k, T stochastic passes of an image encoder over the same images, and what
+//! the K trials of each (model, T) say about how many passes are enough.
 //!
 //! - [`EmbeddingStats`]: per image and dimension, the running mean and variance of the embedding
 //!   over passes in f64 (Welford's update; Chan's merge for shards and batches).
@@ -42,7 +43,7 @@ pub use demo::demo_images;
 pub use experiment::{Experiment, Shard, TrialKey};
 pub use naive::naive_trial;
 pub use nested::{NestedStats, spearman};
-pub use runner::{Accumulation, PassFeatures, Timings, Trial, TrialRunner};
+pub use runner::{Accumulation, PassFeatures, Timings, Trial, TrialRunner, batch_rows};
 pub use seeds::trial_seed;
 pub use store::{TrialRecord, TrialStore, collect_trials};
 pub use summary::{SummaryRow, summarize, to_csv};

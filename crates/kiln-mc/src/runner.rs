@@ -12,7 +12,7 @@ use std::time::Instant;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, FloatDType, Tensor};
 use kiln_cache::{DeviceImages, Order};
-use kiln_precision::{Precision, computes_in};
+use kiln_precision::{Precision, computes_in, is_host_backend};
 use kiln_vision::{Draw, Sample, VisionModel};
 use serde::{Deserialize, Serialize};
 
@@ -23,11 +23,14 @@ use crate::welford::EmbeddingStats;
 
 /// Where the per-image statistics are accumulated.
 ///
-/// | backend | computes in f64 | accumulation |
-/// | --- | --- | --- |
-/// | Flex, NdArray (CPU) | yes | `Device`: f64 tensors next to the model's |
-/// | CUDA | yes | `Device` |
-/// | wgpu (Vulkan, Metal) | no | `Host`: each batch read back, Welford in f64 on the host |
+/// | backend | accumulation |
+/// | --- | --- |
+/// | Flex, NdArray (CPU) | `Device`: f64 tensors next to the model's |
+/// | wgpu, CUDA | `Host`: each batch read back (`[rows, D]` f32), Welford in f64 on the host |
+///
+/// burn 0.21's fused GPU backends reject f64 inside fused kernels (CUDA computes in f64, but
+/// its fusion does not), so GPUs read back; a batch's embeddings are a few hundred KB against
+/// the forward pass's GFLOPs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Accumulation {
@@ -39,14 +42,19 @@ pub enum Accumulation {
 }
 
 impl Accumulation {
-    /// `Device` where `device` computes in f64, else `Host`.
+    /// `Device` on host backends that compute in f64, else `Host`.
     pub fn for_device<B: Backend>(device: &B::Device) -> Self {
-        if computes_in::<B>(device, Precision::F64) {
+        if device_accumulates::<B>(device) {
             Accumulation::Device
         } else {
             Accumulation::Host
         }
     }
+}
+
+/// Whether `device` can hold the running statistics in f64.
+fn device_accumulates<B: Backend>(device: &B::Device) -> bool {
+    is_host_backend::<B>(device) && computes_in::<B>(device, Precision::F64)
 }
 
 /// Seconds a trial spent in each stage, each measured between device syncs.
@@ -157,7 +165,7 @@ impl<'a, B: Backend> TrialRunner<'a, B> {
         self
     }
 
-    /// Where to accumulate; `Device` needs a device that computes in f64.
+    /// Where to accumulate; `Device` needs a host backend that computes in f64.
     pub fn accumulation(mut self, accumulation: Accumulation) -> Self {
         self.accumulation = accumulation;
         self
@@ -215,11 +223,10 @@ impl<'a, B: Backend> TrialRunner<'a, B> {
                 images.frames()
             )));
         }
-        if self.accumulation == Accumulation::Device
-            && !computes_in::<B>(&self.device, Precision::F64)
-        {
+        if self.accumulation == Accumulation::Device && !device_accumulates::<B>(&self.device) {
             return Err(McError::Plan(format!(
-                "{} does not compute in f64: accumulate on the host",
+                "{} cannot accumulate in f64 on the device (see `Accumulation`): accumulate on \
+                 the host",
                 B::name(&self.device)
             )));
         }
@@ -293,6 +300,32 @@ impl<'a, B: Backend> TrialRunner<'a, B> {
             timings,
         })
     }
+}
+
+/// Rows (image passes) per forward batch for a tower on `device`: 64 on host backends (larger
+/// batches gain nothing there); on an accelerator with `memory` bytes, as many rows of `per_row`
+/// bytes of activations (kiln-vision's `VisionConfig::activation_bytes`) as fit in half of what
+/// `reserved` bytes (the model, a resident dataset) leave, a multiple of 8 from 8 to 1024; 128
+/// when the memory is unknown.
+///
+/// ```
+/// use burn::backend::Flex;
+/// assert_eq!(kiln_mc::batch_rows::<Flex>(&Default::default(), 3 << 20, None, 0), 64);
+/// ```
+pub fn batch_rows<B: Backend>(
+    device: &B::Device,
+    per_row: u64,
+    memory: Option<u64>,
+    reserved: u64,
+) -> usize {
+    if is_host_backend::<B>(device) {
+        return 64;
+    }
+    let Some(memory) = memory else {
+        return 128;
+    };
+    let free = (memory / 2).saturating_sub(reserved);
+    ((free / per_row.max(1)) as usize).clamp(8, 1024) / 8 * 8
 }
 
 /// How a trial's rows are grouped: `images_per_batch` images × each of `pass_chunks`.

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use kiln_precision::Policy;
@@ -56,6 +57,15 @@ impl<B: Backend> VisionModel<B> {
             VisionConfig::Clip(c) => VisionModel::Clip(Box::new(c.init(device))),
             VisionConfig::Siglip(c) => VisionModel::Siglip(Box::new(c.init(device))),
             VisionConfig::Dinov2(c) => VisionModel::Dinov2(Box::new(c.init(device))),
+        }
+    }
+
+    /// Parameters (weights and biases) in the tower.
+    pub fn num_params(&self) -> usize {
+        match self {
+            VisionModel::Clip(m) => m.num_params(),
+            VisionModel::Siglip(m) => m.num_params(),
+            VisionModel::Dinov2(m) => m.num_params(),
         }
     }
 

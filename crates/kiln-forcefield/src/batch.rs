@@ -1,0 +1,75 @@
+//! A batch of structures as one graph: atoms concatenated, each structure's neighbour pairs
+//! offset by the atoms before it, and the structure every atom belongs to (for the scatter-add
+//! of atomic energies). No structure sees another: pairs never cross structures.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Int, Tensor, TensorData};
+
+use crate::ForceFieldError;
+use crate::neighbors::neighbor_list;
+use crate::structure::Structure;
+
+/// Structures batched into one graph on a device.
+#[derive(Debug, Clone)]
+pub struct Graph<B: Backend> {
+    /// Atomic numbers `[N]`.
+    pub numbers: Tensor<B, 1, Int>,
+    /// Positions `[N, 3]`, Å.
+    pub positions: Tensor<B, 2>,
+    /// Centre atom of every pair `[P]`.
+    pub idx_i: Tensor<B, 1, Int>,
+    /// Neighbour atom of every pair `[P]`.
+    pub idx_j: Tensor<B, 1, Int>,
+    /// Cartesian lattice shift of every pair's neighbour `[P, 3]`, Å.
+    pub shifts: Tensor<B, 2>,
+    /// Structure of every atom `[N]`.
+    pub structure: Tensor<B, 1, Int>,
+    /// Atoms in each structure.
+    pub atoms: Vec<usize>,
+}
+
+impl<B: Backend> Graph<B> {
+    /// The graph of `structures` for a model with `cutoff` (Å) embedding elements below `max_z`,
+    /// floats in `dtype`. The first structure that cannot be evaluated is an error naming it.
+    pub fn new(
+        structures: &[Structure],
+        cutoff: f64,
+        max_z: usize,
+        device: &B::Device,
+        dtype: DType,
+    ) -> Result<Self, ForceFieldError> {
+        let (mut numbers, mut positions, mut structure) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut idx_i, mut idx_j, mut shifts) = (Vec::new(), Vec::new(), Vec::new());
+        let mut atoms = Vec::with_capacity(structures.len());
+        for (index, s) in structures.iter().enumerate() {
+            s.validate(index, max_z)?;
+            let list = neighbor_list(s, cutoff)
+                .map_err(|reason| ForceFieldError::Structure { index, reason })?;
+            let offset = numbers.len() as i64;
+            idx_i.extend(list.i.iter().map(|&i| i64::from(i) + offset));
+            idx_j.extend(list.j.iter().map(|&j| i64::from(j) + offset));
+            shifts.extend(list.shifts.iter().flatten());
+            numbers.extend(s.numbers.iter().map(|&z| i64::from(z)));
+            positions.extend(s.positions.iter().flatten());
+            structure.extend(std::iter::repeat_n(index as i64, s.len()));
+            atoms.push(s.len());
+        }
+        let ints = |values: Vec<i64>| {
+            let n = values.len();
+            Tensor::<B, 1, Int>::from_data(TensorData::new(values, [n]), device)
+        };
+        let floats = |values: Vec<f64>| {
+            let rows = values.len() / 3;
+            Tensor::<B, 2>::from_data(TensorData::new(values, [rows, 3]), (device, dtype))
+        };
+        Ok(Graph {
+            numbers: ints(numbers),
+            positions: floats(positions),
+            idx_i: ints(idx_i),
+            idx_j: ints(idx_j),
+            shifts: floats(shifts),
+            structure: ints(structure),
+            atoms,
+        })
+    }
+}

@@ -1,0 +1,177 @@
+//! The `config.json` next to a `model.safetensors`: schnetpack's PaiNN hyper-parameters in
+//! kiln-forcefield's format.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::ForceFieldError;
+
+/// The radial basis the interatomic distances are expanded in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RadialBasisKind {
+    /// schnetpack `GaussianRBF`: `n_rbf` Gaussians centred from 0 to the cutoff, each as wide as
+    /// the spacing of their centres.
+    Gaussian,
+    /// schnetpack `BesselRBF`: `sin(k π d / rc) / d`, k = 1 … n_rbf.
+    Bessel,
+}
+
+/// The cutoff function that takes filters smoothly to 0 at the cutoff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CutoffFn {
+    /// schnetpack `CosineCutoff`: `½ (cos(π d / rc) + 1)` below rc, 0 beyond.
+    Cosine,
+}
+
+/// A PaiNN potential: representation, readout and energy offset.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PainnConfig {
+    /// Always `"painn"`.
+    pub representation: String,
+    /// Feature width F.
+    pub n_atom_basis: usize,
+    /// Interaction (and mixing) blocks.
+    pub n_interactions: usize,
+    /// Radial basis functions.
+    pub n_rbf: usize,
+    /// Cutoff radius in Å.
+    pub cutoff: f64,
+    /// Radial basis.
+    pub radial_basis: RadialBasisKind,
+    /// Cutoff function.
+    pub cutoff_fn: CutoffFn,
+    /// One set of interaction and mixing weights for every block.
+    #[serde(default)]
+    pub shared_interactions: bool,
+    /// One filter network output for every block.
+    #[serde(default)]
+    pub shared_filters: bool,
+    /// Rows of the element embedding: atomic numbers must be below it.
+    #[serde(default = "default_max_z")]
+    pub max_z: usize,
+    /// Layers of the Atomwise readout MLP.
+    #[serde(default = "default_readout_layers")]
+    pub readout_n_layers: usize,
+    /// Hidden width of the readout; `None` halves the width layer by layer (schnetpack's
+    /// pyramid).
+    #[serde(default)]
+    pub readout_n_hidden: Option<usize>,
+    /// Energy added per atom to the model's output.
+    #[serde(default)]
+    pub mean_per_atom: f64,
+}
+
+fn default_max_z() -> usize {
+    100
+}
+
+fn default_readout_layers() -> usize {
+    2
+}
+
+impl PainnConfig {
+    /// Reads `config.json` (or the model directory holding it) and checks it.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ForceFieldError> {
+        let path = path.as_ref();
+        let file = if path.is_dir() {
+            path.join("config.json")
+        } else {
+            path.to_path_buf()
+        };
+        let fail =
+            |e: &dyn std::fmt::Display| ForceFieldError::Config(format!("{}: {e}", file.display()));
+        let text = std::fs::read_to_string(&file).map_err(|e| fail(&e))?;
+        let config: PainnConfig = serde_json::from_str(&text).map_err(|e| fail(&e))?;
+        config.validate().map_err(|e| fail(&e))?;
+        Ok(config)
+    }
+
+    /// Checks the hyper-parameters describe a model kiln can build.
+    pub fn validate(&self) -> Result<(), ForceFieldError> {
+        let fail = |what: String| Err(ForceFieldError::Config(what));
+        if self.representation != "painn" {
+            return fail(format!(
+                "representation `{}`: only `painn` is supported",
+                self.representation
+            ));
+        }
+        if self.n_atom_basis == 0 || self.n_interactions == 0 || self.n_rbf == 0 {
+            return fail("n_atom_basis, n_interactions and n_rbf must be at least 1".into());
+        }
+        if !(self.cutoff > 0.0 && self.cutoff.is_finite()) {
+            return fail(format!(
+                "cutoff {}: must be a positive length in Å",
+                self.cutoff
+            ));
+        }
+        if self.readout_n_layers == 0 {
+            return fail("readout_n_layers must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The widths of the readout MLP from input to the single output, as schnetpack's
+    /// `build_mlp` makes them.
+    pub fn readout_widths(&self) -> Vec<usize> {
+        let layers = self.readout_n_layers;
+        let mut widths = vec![self.n_atom_basis];
+        match self.readout_n_hidden {
+            Some(hidden) => widths.extend(std::iter::repeat_n(hidden, layers - 1)),
+            None => {
+                let mut width = self.n_atom_basis;
+                for _ in 1..layers {
+                    width = (width / 2).max(1);
+                    widths.push(width);
+                }
+            }
+        }
+        widths.push(1);
+        widths
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(json: &str) -> Result<PainnConfig, String> {
+        let config: PainnConfig = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        config.validate().map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+
+    const BASE: &str = r#""representation": "painn", "n_atom_basis": 128, "n_interactions": 3,
+        "n_rbf": 20, "cutoff": 5.0, "radial_basis": "gaussian", "cutoff_fn": "cosine""#;
+
+    #[test]
+    fn readout_widths_follow_build_mlp() {
+        let pyramid = config(&format!("{{{BASE}}}")).unwrap();
+        assert_eq!(pyramid.readout_widths(), vec![128, 64, 1]);
+        let three = config(&format!("{{{BASE}, \"readout_n_layers\": 3}}")).unwrap();
+        assert_eq!(three.readout_widths(), vec![128, 64, 32, 1]);
+        let hidden = config(&format!(
+            "{{{BASE}, \"readout_n_layers\": 3, \"readout_n_hidden\": 9}}"
+        ))
+        .unwrap();
+        assert_eq!(hidden.readout_widths(), vec![128, 9, 9, 1]);
+        assert_eq!(pyramid.max_z, 100);
+    }
+
+    #[test]
+    fn bad_configs_are_explained() {
+        let err = config(&format!(
+            "{{{}}}",
+            BASE.replace("\"cosine\"", "\"mollifier\"")
+        ))
+        .unwrap_err();
+        assert!(err.contains("mollifier"), "{err}");
+        let err = config(&format!("{{{}}}", BASE.replace("\"painn\"", "\"schnet\""))).unwrap_err();
+        assert!(err.contains("schnet"), "{err}");
+        let err = config(&format!("{{{}}}", BASE.replace("5.0", "-1"))).unwrap_err();
+        assert!(err.contains("positive"), "{err}");
+    }
+}

@@ -1,0 +1,55 @@
+//! # kiln-forcefield
+//!
+//! PaiNN (Schütt, Unke and Gastegger, ICML 2021) exactly as schnetpack 2.x implements it, loading
+//! schnetpack's state dicts, with energies and forces for a batch of structures of any sizes in
+//! one graph: per-structure neighbour lists concatenated with atom offsets (never one dense
+//! N_total² matrix), one scatter-add of atomic energies into structures, forces from one backward
+//! pass over the whole batch.
+//!
+//! ```no_run
+//! use burn::backend::{Autodiff, Flex};
+//! use kiln_forcefield::{Painn, Structure};
+//!
+//! let device = Default::default();
+//! let model = Painn::<Autodiff<Flex>>::from_dir("painn_model/", &device)?;
+//! let water = Structure::molecule(
+//!     vec![8, 1, 1],
+//!     vec![[0.0, 0.0, 0.12], [0.0, 0.76, -0.47], [0.0, -0.76, -0.47]],
+//! );
+//! let results = model.energy_and_forces(&[water], &device)?;
+//! println!("E = {} eV, F(O) = {:?} eV/Å", results.energies[0], results.forces[0]);
+//! # Ok::<(), kiln_forcefield::ForceFieldError>(())
+//! ```
+
+mod batch;
+mod config;
+mod extxyz;
+mod neighbors;
+mod painn;
+mod structure;
+
+pub use batch::Graph;
+pub use config::{CutoffFn, PainnConfig, RadialBasisKind};
+pub use extxyz::{ExtxyzError, Frame, atomic_number, read_extxyz, write_extxyz};
+pub use neighbors::{NeighborList, neighbor_list};
+pub use painn::{EnergiesAndForces, Painn};
+pub use structure::Structure;
+
+/// Why a model or a structure cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ForceFieldError {
+    /// A config.json kiln cannot use.
+    #[error("{0}")]
+    Config(String),
+    /// Weights missing, of the wrong shape, or unreadable.
+    #[error("{0}")]
+    Weights(String),
+    /// A structure that cannot be evaluated (its index in the batch and why).
+    #[error("structure {index}: {reason}")]
+    Structure {
+        /// The structure's index in the input.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+}

@@ -1,0 +1,406 @@
+//! PaiNN as schnetpack 2.x implements it (`schnetpack.representation.PaiNN` inside a
+//! `NeuralNetworkPotential` with an `Atomwise` energy readout). Field names mirror the state
+//! dict's key tree: `representation.filter_net`, `representation.interactions.{t}`,
+//! `representation.mixing.{t}`, `output_modules.0.outnet.{l}`.
+
+use std::f64::consts::PI;
+use std::path::Path;
+
+use burn::module::{Module, Param};
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
+use burn::tensor::activation::silu;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+use burn_store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
+use kiln_precision::{Precision, cast_module, scatter_add};
+
+use crate::ForceFieldError;
+use crate::batch::Graph;
+use crate::config::{PainnConfig, RadialBasisKind};
+use crate::structure::Structure;
+
+/// Stability constant inside the vector norm's square root (schnetpack's `epsilon`).
+const EPSILON: f64 = 1e-8;
+
+/// Message passing between neighbours (`PaiNNInteraction`).
+#[derive(Module, Debug)]
+pub struct Interaction<B: Backend> {
+    /// Dense F → F (SiLU), Dense F → 3F.
+    pub interatomic_context_net: Vec<Linear<B>>,
+}
+
+/// Mixing of each atom's scalar and vector features (`PaiNNMixing`).
+#[derive(Module, Debug)]
+pub struct Mixing<B: Backend> {
+    /// Dense 2F → F (SiLU), Dense F → 3F.
+    pub intraatomic_context_net: Vec<Linear<B>>,
+    /// Dense F → 2F without bias, acting on each vector component.
+    pub mu_channel_mix: Linear<B>,
+}
+
+/// The radial basis's constants, as schnetpack stores them (buffers computed in f32): Gaussian
+/// centres and widths, or Bessel frequencies.
+#[derive(Module, Debug)]
+pub struct RadialBasis<B: Backend> {
+    /// Gaussian centres, `[n_rbf]`, Å.
+    pub offsets: Option<Param<Tensor<B, 1>>>,
+    /// Gaussian widths, `[n_rbf]`, Å.
+    pub widths: Option<Param<Tensor<B, 1>>>,
+    /// Bessel frequencies `k π / rc`, `[n_rbf]`, 1/Å.
+    pub freqs: Option<Param<Tensor<B, 1>>>,
+}
+
+/// The representation: element embedding, filters from the radial basis, T interaction and
+/// mixing blocks.
+#[derive(Module, Debug)]
+pub struct Representation<B: Backend> {
+    /// Element embedding, `[max_z, F]`.
+    pub embedding: Embedding<B>,
+    /// The radial basis's constants.
+    pub radial_basis: RadialBasis<B>,
+    /// Radial basis → every block's filters (3F each, or 3F shared).
+    pub filter_net: Linear<B>,
+    /// Interaction blocks.
+    pub interactions: Vec<Interaction<B>>,
+    /// Mixing blocks.
+    pub mixing: Vec<Mixing<B>>,
+}
+
+/// The energy readout (`Atomwise`): an MLP per atom, summed per structure.
+#[derive(Module, Debug)]
+pub struct Atomwise<B: Backend> {
+    /// Dense layers, SiLU between them.
+    pub outnet: Vec<Linear<B>>,
+}
+
+/// A PaiNN potential: energies of structures and forces on their atoms.
+#[derive(Module, Debug)]
+pub struct Painn<B: Backend> {
+    /// The representation.
+    pub representation: Representation<B>,
+    /// The energy readout (one module).
+    pub output_modules: Vec<Atomwise<B>>,
+    #[module(skip)]
+    config: PainnConfig,
+}
+
+/// Energies of a batch and the forces on every atom.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnergiesAndForces {
+    /// One per structure, eV.
+    pub energies: Vec<f64>,
+    /// One per atom of every structure in input order, eV/Å.
+    pub forces: Vec<[f64; 3]>,
+}
+
+impl PainnConfig {
+    /// A randomly initialised potential of this shape, f32.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Painn<B> {
+        let f = self.n_atom_basis;
+        let linear = |i: usize, o: usize| LinearConfig::new(i, o).init(device);
+        let blocks = self.n_interactions;
+        let filters = if self.shared_filters {
+            3 * f
+        } else {
+            3 * f * blocks
+        };
+        let widths = self.readout_widths();
+        let constant = |values: Vec<f32>| {
+            let n = values.len();
+            Some(
+                Param::from_tensor(Tensor::from_data(TensorData::new(values, [n]), device))
+                    .set_require_grad(false),
+            )
+        };
+        let n = self.n_rbf;
+        let radial_basis = match self.radial_basis {
+            RadialBasisKind::Gaussian => {
+                // torch.linspace(0, rc, n) and the spacing as width, in f32 as schnetpack makes
+                // them (a loaded checkpoint brings its own).
+                let step = if n > 1 {
+                    self.cutoff as f32 / (n - 1) as f32
+                } else {
+                    0.0
+                };
+                let offsets: Vec<f32> = (0..n).map(|k| k as f32 * step).collect();
+                let width = if n > 1 {
+                    (offsets[1] - offsets[0]).abs()
+                } else {
+                    1.0
+                };
+                RadialBasis {
+                    offsets: constant(offsets),
+                    widths: constant(vec![width; n]),
+                    freqs: None,
+                }
+            }
+            RadialBasisKind::Bessel => RadialBasis {
+                offsets: None,
+                widths: None,
+                freqs: constant(
+                    (1..=n)
+                        .map(|k| (k as f64 * PI / self.cutoff) as f32)
+                        .collect(),
+                ),
+            },
+        };
+        Painn {
+            representation: Representation {
+                embedding: EmbeddingConfig::new(self.max_z, f).init(device),
+                radial_basis,
+                filter_net: linear(self.n_rbf, filters),
+                interactions: (0..blocks)
+                    .map(|_| Interaction {
+                        interatomic_context_net: vec![linear(f, f), linear(f, 3 * f)],
+                    })
+                    .collect(),
+                mixing: (0..blocks)
+                    .map(|_| Mixing {
+                        intraatomic_context_net: vec![linear(2 * f, f), linear(f, 3 * f)],
+                        mu_channel_mix: LinearConfig::new(f, 2 * f).with_bias(false).init(device),
+                    })
+                    .collect(),
+            },
+            output_modules: vec![Atomwise {
+                outnet: widths.windows(2).map(|w| linear(w[0], w[1])).collect(),
+            }],
+            config: self.clone(),
+        }
+    }
+}
+
+impl<B: Backend> Painn<B> {
+    /// Reads a model directory: `config.json` and `model.safetensors` (a schnetpack
+    /// `NeuralNetworkPotential` state dict). A missing or mis-shaped tensor is an error listing
+    /// each.
+    pub fn from_dir(dir: impl AsRef<Path>, device: &B::Device) -> Result<Self, ForceFieldError> {
+        let dir = dir.as_ref();
+        let config = PainnConfig::from_file(dir)?;
+        let mut model = config.init::<B>(device);
+        let file = dir.join("model.safetensors");
+        let fail = |e: &dyn std::fmt::Display| {
+            ForceFieldError::Weights(format!("{}: {e}", file.display()))
+        };
+        if !file.is_file() {
+            return Err(fail(&"no such file"));
+        }
+        let mut store = SafetensorsStore::from_file(&file)
+            .with_from_adapter(PyTorchToBurnAdapter)
+            .allow_partial(true);
+        let result = model.load_from(&mut store).map_err(|e| fail(&e))?;
+        let mut problems: Vec<String> = result.errors.iter().map(|e| format!("{e:?}")).collect();
+        problems.extend(
+            result
+                .missing
+                .iter()
+                .map(|(path, _)| format!("{path}: not in the file")),
+        );
+        if !problems.is_empty() {
+            return Err(fail(&format!(
+                "{} tensor(s) cannot be loaded:\n  {}",
+                problems.len(),
+                problems.join("\n  ")
+            )));
+        }
+        Ok(model)
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &PainnConfig {
+        &self.config
+    }
+
+    /// The same model with parameters in `precision` (f64 for reference-grade energies).
+    pub fn with_precision(self, precision: Precision) -> Self {
+        cast_module(self, precision)
+    }
+
+    /// The graph of `structures` for this model, floats in its parameters' dtype.
+    pub fn graph(
+        &self,
+        structures: &[Structure],
+        device: &B::Device,
+    ) -> Result<Graph<B>, ForceFieldError> {
+        let dtype = self.representation.filter_net.weight.val().dtype();
+        Graph::new(
+            structures,
+            self.config.cutoff,
+            self.config.max_z,
+            device,
+            dtype,
+        )
+    }
+
+    /// The energy of every structure of `graph` with its atoms at `positions` `[N, 3]` (the
+    /// graph's own, or a copy that tracks gradients), `[S]`.
+    pub fn energies(&self, graph: &Graph<B>, positions: Tensor<B, 2>) -> Tensor<B, 1> {
+        let atoms = self.atomwise(graph, positions);
+        let structures = graph.atoms.len();
+        let device = atoms.device();
+        let zeros = Tensor::<B, 1>::zeros([structures], (&device, atoms.dtype()));
+        let sums = scatter_add(zeros, 0, graph.structure.clone(), atoms);
+        let counts: Vec<f64> = graph.atoms.iter().map(|&n| n as f64).collect();
+        let offsets = Tensor::<B, 1>::from_data(
+            TensorData::new(counts, [structures]),
+            (&device, sums.dtype()),
+        );
+        sums + offsets * self.config.mean_per_atom
+    }
+
+    /// Every atom's energy contribution `[N]` (before the per-atom mean).
+    fn atomwise(&self, graph: &Graph<B>, positions: Tensor<B, 2>) -> Tensor<B, 1> {
+        let r = &self.representation;
+        let config = &self.config;
+        let f = config.n_atom_basis;
+        let atoms = positions.dims()[0];
+        let r_ij = positions.clone().select(0, graph.idx_j.clone())
+            - positions.select(0, graph.idx_i.clone())
+            + graph.shifts.clone();
+        let d_ij = r_ij.clone().powi_scalar(2).sum_dim(1).sqrt(); // [P, 1]
+        let dir_ij = r_ij / d_ij.clone();
+        let filters =
+            r.filter_net.forward(self.radial_basis(d_ij.clone())) * self.cosine_cutoff(d_ij);
+        let mut q = r
+            .embedding
+            .forward(graph.numbers.clone().unsqueeze_dim(0))
+            .squeeze_dim::<2>(0);
+        let q_dtype = filters.dtype();
+        q = q.cast(q_dtype);
+        let mut mu = Tensor::<B, 3>::zeros([atoms, 3, f], (&q.device(), q_dtype));
+        for (block, (interaction, mixing)) in r.interactions.iter().zip(&r.mixing).enumerate() {
+            let w = if config.shared_filters {
+                filters.clone()
+            } else {
+                filters.clone().narrow(1, 3 * f * block, 3 * f)
+            };
+            (q, mu) = interaction.forward(q, mu, w, dir_ij.clone(), graph, f);
+            (q, mu) = mixing.forward(q, mu, f);
+        }
+        let layers = &self.output_modules[0].outnet;
+        let mut y = q;
+        for (l, layer) in layers.iter().enumerate() {
+            y = layer.forward(y);
+            if l + 1 < layers.len() {
+                y = silu(y);
+            }
+        }
+        y.squeeze_dim::<1>(1)
+    }
+
+    /// The radial basis of distances `[P, 1]`, `[P, n_rbf]`.
+    fn radial_basis(&self, d: Tensor<B, 2>) -> Tensor<B, 2> {
+        let basis = &self.representation.radial_basis;
+        let dtype = d.dtype();
+        let row = |p: &Option<Param<Tensor<B, 1>>>| {
+            p.as_ref()
+                .expect("the config's radial basis has its constants")
+                .val()
+                .cast(dtype)
+                .unsqueeze_dim::<2>(0)
+        };
+        match self.config.radial_basis {
+            RadialBasisKind::Gaussian => {
+                let coeff = row(&basis.widths).powi_scalar(2).recip() * -0.5;
+                ((d - row(&basis.offsets)).powi_scalar(2) * coeff).exp()
+            }
+            RadialBasisKind::Bessel => (d.clone() * row(&basis.freqs)).sin() / d,
+        }
+    }
+
+    /// `½ (cos(π d / rc) + 1)` below the cutoff, 0 beyond, `[P, 1]`.
+    fn cosine_cutoff(&self, d: Tensor<B, 2>) -> Tensor<B, 2> {
+        let rc = self.config.cutoff;
+        let inside = d.clone().lower_elem(rc).float().cast(d.dtype());
+        ((d * (PI / rc)).cos() + 1.0) * 0.5 * inside
+    }
+}
+
+impl<B: Backend> Interaction<B> {
+    fn forward(
+        &self,
+        q: Tensor<B, 2>,
+        mu: Tensor<B, 3>,
+        w: Tensor<B, 2>,
+        dir_ij: Tensor<B, 2>,
+        graph: &Graph<B>,
+        f: usize,
+    ) -> (Tensor<B, 2>, Tensor<B, 3>) {
+        let [atoms, ..] = mu.dims();
+        if graph.idx_i.dims()[0] == 0 {
+            // No atom has a neighbour: no messages (burn-flex's products of empty tensors also
+            // lose their dtype).
+            return (q, mu);
+        }
+        let net = &self.interatomic_context_net;
+        let x = net[1].forward(silu(net[0].forward(q.clone())));
+        let x = w * x.select(0, graph.idx_j.clone());
+        let split = |k: usize| x.clone().narrow(1, k * f, f);
+        let (dq, dmu_r, dmu_mu) = (split(0), split(1), split(2));
+        let mu_j = mu.clone().select(0, graph.idx_j.clone());
+        let dmu = dmu_r.unsqueeze_dim::<3>(1) * dir_ij.unsqueeze_dim::<3>(2)
+            + dmu_mu.unsqueeze_dim::<3>(1) * mu_j;
+        let device = q.device();
+        let dq = scatter_add(
+            Tensor::zeros([atoms, f], (&device, q.dtype())),
+            0,
+            graph.idx_i.clone(),
+            dq,
+        );
+        let dmu = scatter_add(
+            Tensor::zeros([atoms, 3, f], (&device, q.dtype())),
+            0,
+            graph.idx_i.clone(),
+            dmu,
+        );
+        (q + dq, mu + dmu)
+    }
+}
+
+impl<B: Backend> Mixing<B> {
+    fn forward(&self, q: Tensor<B, 2>, mu: Tensor<B, 3>, f: usize) -> (Tensor<B, 2>, Tensor<B, 3>) {
+        let mixed = self.mu_channel_mix.forward(mu.clone());
+        let mu_v = mixed.clone().narrow(2, 0, f);
+        let mu_w = mixed.narrow(2, f, f);
+        let atoms = q.dims()[0];
+        let mu_v_norm = (mu_v.clone().powi_scalar(2).sum_dim(1) + EPSILON)
+            .sqrt()
+            .reshape([atoms, f]);
+        let net = &self.intraatomic_context_net;
+        let x = net[1].forward(silu(
+            net[0].forward(Tensor::cat(vec![q.clone(), mu_v_norm], 1)),
+        ));
+        let split = |k: usize| x.clone().narrow(1, k * f, f);
+        let (dq, dmu, dqmu) = (split(0), split(1), split(2));
+        let dmu = dmu.unsqueeze_dim::<3>(1) * mu_w.clone();
+        let dqmu = dqmu * (mu_v * mu_w).sum_dim(1).reshape([atoms, f]);
+        (q + dq + dqmu, mu + dmu)
+    }
+}
+
+impl<B: AutodiffBackend> Painn<B> {
+    /// Energies of `structures` and forces on their atoms (−∂E/∂R), from one forward and one
+    /// backward pass over the whole batch.
+    pub fn energy_and_forces(
+        &self,
+        structures: &[Structure],
+        device: &B::Device,
+    ) -> Result<EnergiesAndForces, ForceFieldError> {
+        let graph = self.graph(structures, device)?;
+        let positions = graph.positions.clone().require_grad();
+        let energies = self.energies(&graph, positions.clone());
+        let gradients = energies.clone().sum().backward();
+        // Without a single neighbour pair the energy does not depend on the positions.
+        let forces = match positions.grad(&gradients) {
+            Some(gradient) => gradient.neg(),
+            None => positions.inner().zeros_like(),
+        };
+        let read = |data: TensorData| -> Vec<f64> {
+            data.convert::<f64>().to_vec::<f64>().expect("f64 values")
+        };
+        let forces = read(forces.into_data());
+        Ok(EnergiesAndForces {
+            energies: read(energies.into_data()),
+            forces: forces.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect(),
+        })
+    }
+}
