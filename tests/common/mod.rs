@@ -12,6 +12,11 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/kiln-vision/tests/fixtures")
 }
 
+/// kiln-forcefield's committed schnetpack models, structures and reference outputs.
+pub fn forcefield_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/kiln-forcefield/tests/fixtures")
+}
+
 /// The example binary `name`, which `cargo test` builds beside the tests:
 /// target/<profile>/examples/<name>, next to target/<profile>/deps/<this test>.
 pub fn example(name: &str) -> PathBuf {

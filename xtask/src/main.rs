@@ -3,7 +3,8 @@
 //! - `ci`: everything `.ci/run` checks — formatting, clippy, the README's test command, and a
 //!   `cargo check` of each GPU backend on its own.
 //! - `test`: the README's test command.
-//! - `check-backends`: `cargo check` with each backend feature alone.
+//! - `check-backends`: `cargo check` of kiln-precision (where the backend `cfg`s are) with each
+//!   backend feature alone.
 //! - `bench [ARGS]`: kiln's benchmark suite in release mode (`kiln-bench`), e.g.
 //!   `cargo xtask bench --save main`, `cargo xtask bench --compare main --device cuda`. The backend
 //!   feature the `--device` needs is enabled automatically.
@@ -21,14 +22,19 @@ use std::process::{Command, ExitCode};
 const TEST: &[&str] = &["test", "--workspace", "--all-features"];
 
 /// Each backend feature on its own, so a `cfg` slip in one of them cannot hide behind another.
+/// Backend `cfg`s live in kiln-precision (device selection); the other crates only forward the
+/// features, and the all-features clippy and test runs cover their code. Checking that one
+/// crate keeps a cold CI run from re-checking every other dependency three more times.
 const BACKEND_CHECKS: &[&str] = &["wgpu", "cuda", "ndarray"];
 
 fn cargo(args: &[&str]) -> Result<(), String> {
     println!("--- cargo {}", args.join(" "));
+    let start = std::time::Instant::now();
     let status = Command::new(env!("CARGO"))
         .args(args)
         .status()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
+    println!("--- {:.0} s", start.elapsed().as_secs_f64());
     if status.success() {
         Ok(())
     } else {
@@ -40,7 +46,8 @@ fn check_backends() -> Result<(), String> {
     BACKEND_CHECKS.iter().try_for_each(|feature| {
         cargo(&[
             "check",
-            "--workspace",
+            "-p",
+            "kiln-precision",
             "--no-default-features",
             "--features",
             feature,

@@ -3,74 +3,12 @@
 //! Bessel basis with shared interactions and filters) over molecules, a periodic silicon cell
 //! smaller than twice the cutoff, an isolated atom and two far-apart molecules.
 
-use std::path::{Path, PathBuf};
-
-use burn::backend::{Autodiff, Flex};
-use kiln_forcefield::{Painn, Structure};
+use kiln_forcefield::Painn;
 use kiln_precision::Precision;
-use safetensors::SafeTensors;
 
-type B = Autodiff<Flex>;
+mod support;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-/// Every tensor of a fixture file as f64 (integers converted), with its shape.
-fn read(file: &str, key: &str) -> Vec<f64> {
-    let bytes = std::fs::read(fixtures().join(file)).unwrap();
-    let tensors = SafeTensors::deserialize(&bytes).unwrap();
-    let view = tensors.tensor(key).unwrap();
-    let data = view.data();
-    match view.dtype() {
-        safetensors::Dtype::F64 => data
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
-            .collect(),
-        safetensors::Dtype::I64 => data
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f64)
-            .collect(),
-        safetensors::Dtype::U8 => data.iter().map(|&b| f64::from(b)).collect(),
-        other => panic!("{key}: {other:?}"),
-    }
-}
-
-fn structures() -> Vec<Structure> {
-    let (numbers, positions) = (
-        read("structures.safetensors", "numbers"),
-        read("structures.safetensors", "positions"),
-    );
-    let (cells, pbc) = (
-        read("structures.safetensors", "cells"),
-        read("structures.safetensors", "pbc"),
-    );
-    let mut first = 0;
-    read("structures.safetensors", "atoms")
-        .iter()
-        .enumerate()
-        .map(|(s, &n)| {
-            let atoms = first..first + n as usize;
-            first += n as usize;
-            Structure::periodic(
-                atoms.clone().map(|a| numbers[a] as u32).collect(),
-                atoms
-                    .map(|a| [positions[3 * a], positions[3 * a + 1], positions[3 * a + 2]])
-                    .collect(),
-                std::array::from_fn(|r| std::array::from_fn(|c| cells[9 * s + 3 * r + c])),
-                std::array::from_fn(|k| pbc[3 * s + k] != 0.0),
-            )
-        })
-        .collect()
-}
-
-fn worst(ours: &[f64], expected: &[f64]) -> f64 {
-    assert_eq!(ours.len(), expected.len());
-    ours.iter()
-        .zip(expected)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max)
-}
+use support::{B, fixtures, model, read, structures, worst};
 
 fn check(name: &str, precision: Precision, tolerance: f64) {
     let device = Default::default();
@@ -137,9 +75,7 @@ fn extxyz_written_by_ase_reads_back() {
 #[test]
 fn a_batch_without_pairs_is_evaluated() {
     let device = Default::default();
-    let model = Painn::<B>::from_dir(fixtures().join("painn_gaussian"), &device)
-        .unwrap()
-        .with_precision(Precision::F64);
+    let model = model("painn_gaussian");
     let isolated = structures().swap_remove(4);
     assert_eq!(isolated.len(), 1);
     let results = model.energy_and_forces(&[isolated], &device).unwrap();

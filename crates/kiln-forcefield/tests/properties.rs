@@ -1,0 +1,214 @@
+//! Physics the potential must respect whatever its weights, checked in f64 on the fixture
+//! models: energies invariant and forces equivariant under rotation, translation, permutation
+//! and lattice shifts; forces equal to finite differences of the energy; smooth at the cutoff;
+//! far-apart molecules add up; a batch equals its structures one by one, and no structure's
+//! energy depends on another's atoms.
+
+use burn::tensor::Tensor;
+use kiln_forcefield::{EnergiesAndForces, Structure};
+
+mod support;
+
+use support::{B, model, structures, worst};
+
+const MODELS: [&str; 2] = ["painn_gaussian", "painn_bessel_shared"];
+
+fn evaluate(name: &str, batch: &[Structure]) -> EnergiesAndForces {
+    model(name)
+        .energy_and_forces(batch, &Default::default())
+        .unwrap()
+}
+
+fn flat(forces: &[[f64; 3]]) -> Vec<f64> {
+    forces.iter().flatten().copied().collect()
+}
+
+/// A rotation by `angle` about the (normalised) `axis` (Rodrigues).
+fn rotation(axis: [f64; 3], angle: f64) -> [[f64; 3]; 3] {
+    let n = (axis[0] * axis[0] + axis[1] * axis[1] + axis[2] * axis[2]).sqrt();
+    let [x, y, z] = axis.map(|a| a / n);
+    let (s, c) = angle.sin_cos();
+    let t = 1.0 - c;
+    [
+        [t * x * x + c, t * x * y - s * z, t * x * z + s * y],
+        [t * x * y + s * z, t * y * y + c, t * y * z - s * x],
+        [t * x * z - s * y, t * y * z + s * x, t * z * z + c],
+    ]
+}
+
+fn apply(m: [[f64; 3]; 3], v: [f64; 3]) -> [f64; 3] {
+    std::array::from_fn(|r| m[r][0] * v[0] + m[r][1] * v[1] + m[r][2] * v[2])
+}
+
+#[test]
+fn energies_are_invariant_and_forces_equivariant_under_rotation_and_translation() {
+    let all = structures();
+    // Ethanol, and the periodic silicon cell (rotated together with its lattice).
+    for structure in [&all[2], &all[3]] {
+        let rotate = rotation([0.3, -0.5, 0.8], 1.1);
+        let moved = Structure {
+            positions: structure
+                .positions
+                .iter()
+                .map(|&r| {
+                    let r = apply(rotate, r);
+                    [r[0] + 3.0, r[1] - 1.5, r[2] + 0.25]
+                })
+                .collect(),
+            cell: structure.cell.map(|v| apply(rotate, v)),
+            ..structure.clone()
+        };
+        for name in MODELS {
+            let before = evaluate(name, std::slice::from_ref(structure));
+            let after = evaluate(name, std::slice::from_ref(&moved));
+            assert!(
+                (before.energies[0] - after.energies[0]).abs() < 1e-10,
+                "{name}"
+            );
+            let rotated: Vec<[f64; 3]> = before.forces.iter().map(|&f| apply(rotate, f)).collect();
+            assert!(
+                worst(&flat(&after.forces), &flat(&rotated)) < 1e-9,
+                "{name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn energies_are_invariant_under_permutation_and_lattice_shifts() {
+    let all = structures();
+    let ethanol = &all[2];
+    let order: Vec<usize> = (0..ethanol.len()).rev().collect();
+    let permuted = Structure {
+        numbers: order.iter().map(|&a| ethanol.numbers[a]).collect(),
+        positions: order.iter().map(|&a| ethanol.positions[a]).collect(),
+        ..ethanol.clone()
+    };
+    let silicon = &all[3];
+    let mut shifted = silicon.clone();
+    let a = silicon.cell[0];
+    let b = silicon.cell[2];
+    shifted.positions[1] = std::array::from_fn(|k| shifted.positions[1][k] + a[k] - 2.0 * b[k]);
+    for name in MODELS {
+        let results = evaluate(name, &[ethanol.clone(), permuted.clone()]);
+        assert!((results.energies[0] - results.energies[1]).abs() < 1e-10);
+        let n = ethanol.len();
+        let expected: Vec<[f64; 3]> = order.iter().map(|&a| results.forces[a]).collect();
+        assert!(worst(&flat(&results.forces[n..]), &flat(&expected)) < 1e-10);
+
+        let results = evaluate(name, &[silicon.clone(), shifted.clone()]);
+        assert!((results.energies[0] - results.energies[1]).abs() < 1e-10);
+        let n = silicon.len();
+        assert!(worst(&flat(&results.forces[..n]), &flat(&results.forces[n..])) < 1e-9);
+    }
+}
+
+#[test]
+fn forces_are_minus_the_energy_gradient() {
+    let all = structures();
+    let h = 1e-5;
+    for structure in [&all[2], &all[3]] {
+        for name in MODELS {
+            let forces = evaluate(name, std::slice::from_ref(structure)).forces;
+            // Central differences of every coordinate, all displaced copies in one batch.
+            let mut batch = Vec::new();
+            for atom in 0..structure.len() {
+                for k in 0..3 {
+                    for sign in [1.0, -1.0] {
+                        let mut displaced = structure.clone();
+                        displaced.positions[atom][k] += sign * h;
+                        batch.push(displaced);
+                    }
+                }
+            }
+            let energies = evaluate(name, &batch).energies;
+            let numeric: Vec<f64> = energies
+                .chunks_exact(2)
+                .map(|pair| -(pair[0] - pair[1]) / (2.0 * h))
+                .collect();
+            let error = worst(&numeric, &flat(&forces));
+            assert!(error < 1e-6, "{name}: finite differences off by {error:e}");
+        }
+    }
+}
+
+#[test]
+fn energy_and_forces_are_smooth_at_the_cutoff() {
+    for (name, cutoff) in [("painn_gaussian", 5.0), ("painn_bessel_shared", 4.0)] {
+        let pair = |d: f64| Structure::molecule(vec![8, 1], vec![[0.0; 3], [d, 0.0, 0.0]]);
+        let results = evaluate(
+            name,
+            &[
+                pair(cutoff + 1e-6),
+                pair(cutoff - 1e-6),
+                pair(cutoff - 1e-4),
+                pair(cutoff - 0.5),
+            ],
+        );
+        let (outside, inside) = (results.energies[0], results.energies[1]);
+        assert!(
+            (outside - inside).abs() < 1e-9,
+            "{name}: energy jumps at the cutoff"
+        );
+        // The cosine cutoff's slope vanishes at rc: the force fades linearly to 0 there.
+        let (near, inner) = (results.forces[4][0].abs(), results.forces[6][0].abs());
+        assert!(
+            near < 1e-3 * inner,
+            "{name}: force {near:e} just inside the cutoff, {inner:e} 0.5 Å in"
+        );
+    }
+}
+
+#[test]
+fn far_apart_molecules_add_up_and_batches_equal_single_structures() {
+    let all = structures();
+    let both = &all[5];
+    let (water, ammonia) = (
+        Structure::molecule(both.numbers[..3].to_vec(), both.positions[..3].to_vec()),
+        Structure::molecule(both.numbers[3..].to_vec(), both.positions[3..].to_vec()),
+    );
+    for name in MODELS {
+        let apart = evaluate(name, &[water.clone(), ammonia.clone(), both.clone()]);
+        let sum = apart.energies[0] + apart.energies[1];
+        assert!((apart.energies[2] - sum).abs() < 1e-10, "{name}");
+        let n = water.len() + ammonia.len();
+        assert!(worst(&flat(&apart.forces[..n]), &flat(&apart.forces[n..])) < 1e-12);
+
+        let batch = evaluate(name, &all);
+        let mut first = 0;
+        for (s, structure) in all.iter().enumerate() {
+            let alone = evaluate(name, std::slice::from_ref(structure));
+            assert!(
+                (batch.energies[s] - alone.energies[0]).abs() < 1e-10,
+                "{name} {s}"
+            );
+            let atoms = first..first + structure.len();
+            assert!(worst(&flat(&batch.forces[atoms.clone()]), &flat(&alone.forces)) < 1e-10);
+            first = atoms.end;
+        }
+    }
+}
+
+/// The gradient of one structure's energy with respect to every other structure's atoms is
+/// exactly zero: nothing couples structures in a batch.
+#[test]
+fn no_structure_depends_on_another() {
+    let device = Default::default();
+    let all = structures();
+    let model = model("painn_gaussian");
+    let graph = model.graph(&all, &device).unwrap();
+    let positions = graph.positions.clone().require_grad();
+    let energies = model.energies(&graph, positions.clone());
+    let first: Tensor<B, 1> = energies.narrow(0, 0, 1);
+    let gradients = first.sum().backward();
+    let gradient: Vec<f64> = positions
+        .grad(&gradients)
+        .unwrap()
+        .into_data()
+        .convert::<f64>()
+        .to_vec()
+        .unwrap();
+    let own = 3 * all[0].len();
+    assert!(gradient[..own].iter().any(|&g| g != 0.0));
+    assert!(gradient[own..].iter().all(|&g| g == 0.0));
+}

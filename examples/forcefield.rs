@@ -1,0 +1,150 @@
+//! Energies and forces of every structure of an extxyz file with a PaiNN potential (a schnetpack
+//! state dict and its config.json), written as extxyz that ASE reads.
+//!
+//! ```text
+//! cargo run --release --example forcefield -- --model painn/ --input in.extxyz \
+//!     --output out.extxyz [--batch 64] [--device cpu]
+//! ```
+//!
+//! Structures are evaluated `--batch` at a time as one graph (one forward and one backward pass
+//! per batch). A structure that cannot be evaluated (atomic number beyond the model's,
+//! non-finite or overlapping positions, no atoms) is written back without results and with an
+//! `error` entry naming the problem; the others keep theirs, and the run exits with an error
+//! status after writing everything. A file that is not extxyz (or names an unknown element) is
+//! rejected before any work, naming the line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
+use clap::Parser;
+use kiln::burn;
+use kiln::forcefield::{Frame, Painn, read_extxyz, write_extxyz};
+use kiln::precision::{DeviceJob, DeviceSpec};
+
+/// Energies and forces of extxyz structures with a PaiNN potential.
+#[derive(Parser)]
+struct Args {
+    /// Model directory: model.safetensors and config.json.
+    #[arg(long)]
+    model: PathBuf,
+    /// Structures to evaluate (extended XYZ).
+    #[arg(long)]
+    input: PathBuf,
+    /// Where to write them with `energy` and `forces` (extended XYZ).
+    #[arg(long)]
+    output: PathBuf,
+    /// Structures per forward pass.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
+}
+
+impl DeviceJob for Args {
+    type Output = Result<usize, String>;
+
+    /// Evaluates and writes every frame; returns how many could not be evaluated.
+    fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+        let text = std::fs::read_to_string(&self.input)
+            .map_err(|e| format!("{}: {e}", self.input.display()))?;
+        let mut frames =
+            read_extxyz(&text).map_err(|e| format!("{}: {e}", self.input.display()))?;
+        let model =
+            Painn::<Autodiff<B>>::from_dir(&self.model, device).map_err(|e| e.to_string())?;
+        let max_z = model.config().max_z;
+        // Structures that cannot be evaluated are set aside before batching.
+        let mut failed = 0;
+        let mut good = Vec::new();
+        for (index, frame) in frames.iter_mut().enumerate() {
+            frame.info.remove("energy");
+            frame.arrays.remove("forces");
+            match frame.structure.validate(index, max_z) {
+                Ok(()) => good.push(index),
+                Err(e) => {
+                    eprintln!("{e}");
+                    frame.info.insert("error".into(), e.to_string());
+                    failed += 1;
+                }
+            }
+        }
+        let start = Instant::now();
+        for chunk in good.chunks(self.batch.max(1)) {
+            let structures: Vec<_> = chunk.iter().map(|&i| frames[i].structure.clone()).collect();
+            match model.energy_and_forces(&structures, device) {
+                Ok(results) => store(&mut frames, chunk, results.energies, results.forces),
+                // A problem found only while building neighbour lists (overlapping atoms):
+                // evaluate the chunk's structures one at a time so only the bad one is lost.
+                Err(_) => {
+                    for &index in chunk {
+                        let single = [frames[index].structure.clone()];
+                        match model.energy_and_forces(&single, device) {
+                            Ok(results) => {
+                                store(&mut frames, &[index], results.energies, results.forces)
+                            }
+                            Err(e) => {
+                                let message = e.to_string().replacen(
+                                    "structure 0",
+                                    &format!("structure {index}"),
+                                    1,
+                                );
+                                eprintln!("{message}");
+                                frames[index].info.insert("error".into(), message);
+                                failed += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        let evaluated = frames.iter().filter(|f| f.info.contains_key("energy"));
+        let (count, atoms) = evaluated.fold((0, 0), |(n, a), f| (n + 1, a + f.structure.len()));
+        eprintln!(
+            "{count} structures ({atoms} atoms) in {seconds:.3} s: {:.1} structures/s on {}",
+            count as f64 / seconds.max(f64::MIN_POSITIVE),
+            self.device
+        );
+        let partial = self.output.with_extension("partial");
+        std::fs::write(&partial, write_extxyz(&frames))
+            .and_then(|()| std::fs::rename(&partial, &self.output))
+            .map_err(|e| format!("{}: {e}", self.output.display()))?;
+        Ok(failed)
+    }
+}
+
+/// Puts results into the frames `indices` (energy in the info, forces as a per-atom array).
+fn store(frames: &mut [Frame], indices: &[usize], energies: Vec<f64>, forces: Vec<[f64; 3]>) {
+    let mut first = 0;
+    for (&index, energy) in indices.iter().zip(energies) {
+        let frame = &mut frames[index];
+        let atoms = frame.structure.len();
+        frame.info.insert("energy".into(), format!("{energy:.10}"));
+        let values = forces[first..first + atoms]
+            .iter()
+            .flatten()
+            .copied()
+            .collect();
+        frame.arrays.insert("forces".into(), (3, values));
+        first += atoms;
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let device = args.device;
+    match device.run(args).map_err(|e| e.to_string()).and_then(|r| r) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(failed) => {
+            eprintln!("error: {failed} structure(s) could not be evaluated (written with `error`)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

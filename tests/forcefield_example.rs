@@ -1,0 +1,117 @@
+//! The `forcefield` example end to end on kiln-forcefield's committed fixtures: energies and
+//! forces match schnetpack's, in input order, in extxyz that reads back; a bad structure in the
+//! middle is reported and written with its error while every other keeps its results.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use kiln::forcefield::{Frame, read_extxyz};
+
+mod common;
+
+use common::forcefield_fixtures as fixtures;
+
+fn forcefield(input: &Path, output: &Path, batch: &str) -> Output {
+    Command::new(common::example("forcefield"))
+        .arg("--model")
+        .arg(fixtures().join("painn_gaussian"))
+        .arg("--input")
+        .arg(input)
+        .arg("--output")
+        .arg(output)
+        .args(["--batch", batch])
+        .output()
+        .expect("the forcefield example is built with the tests")
+}
+
+fn frames(path: &Path) -> Vec<Frame> {
+    read_extxyz(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// f64 values of `key` in the schnetpack reference file.
+fn reference(key: &str) -> Vec<f64> {
+    let bytes = std::fs::read(fixtures().join("painn_gaussian.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    tensors
+        .tensor(key)
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+fn energy(frame: &Frame) -> f64 {
+    frame.info["energy"].parse().unwrap()
+}
+
+#[test]
+fn writes_schnetpack_energies_and_forces_in_input_order() {
+    let out = tempfile::tempdir().unwrap();
+    let output = out.path().join("out.extxyz");
+    let run = forcefield(&fixtures().join("structures.extxyz"), &output, "4");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let written = frames(&output);
+    let energies: Vec<f64> = written.iter().map(energy).collect();
+    let forces: Vec<f64> = written
+        .iter()
+        .flat_map(|f| f.arrays["forces"].1.clone())
+        .collect();
+    let worst = |a: &[f64], b: &[f64]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
+    };
+    assert!(worst(&energies, &reference("energy_f64")) < 1e-4);
+    assert!(worst(&forces, &reference("forces_f64")) < 1e-4);
+}
+
+#[test]
+fn a_bad_structure_loses_nothing_else() {
+    let out = tempfile::tempdir().unwrap();
+    let good = std::fs::read_to_string(fixtures().join("structures.extxyz")).unwrap();
+    // A structure with a non-finite coordinate, second in the file.
+    let mut frames_text: Vec<String> = Vec::new();
+    let mut lines = good.lines().peekable();
+    while let Some(count) = lines.next() {
+        let n: usize = count.trim().parse().unwrap();
+        let frame: Vec<&str> = std::iter::once(count)
+            .chain(lines.by_ref().take(n + 1))
+            .collect();
+        frames_text.push(frame.join("\n"));
+    }
+    let bad = "2\nProperties=species:S:1:pos:R:3\nO 0 0 0\nH nan 0 0.9";
+    frames_text.insert(1, bad.to_string());
+    let input = out.path().join("in.extxyz");
+    std::fs::write(&input, frames_text.join("\n") + "\n").unwrap();
+    let output = out.path().join("out.extxyz");
+    let run = forcefield(&input, &output, "64");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success());
+    assert!(
+        stderr.contains("structure 1") && stderr.contains("non-finite"),
+        "{stderr}"
+    );
+    let written = frames(&output);
+    assert_eq!(written.len(), 7);
+    assert!(written[1].info["error"].contains("non-finite"));
+    assert!(!written[1].info.contains_key("energy"));
+    let energies: Vec<f64> = written
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != 1)
+        .map(|(_, f)| energy(f))
+        .collect();
+    let expected = reference("energy_f64");
+    assert!(
+        energies
+            .iter()
+            .zip(&expected)
+            .all(|(a, b)| (a - b).abs() < 1e-4)
+    );
+}
