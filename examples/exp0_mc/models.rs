@@ -30,27 +30,24 @@ pub struct ModelSpec {
 impl ModelSpec {
     /// A released architecture with random weights.
     pub fn preset(name: &str) -> Result<Self, String> {
-        let mini = |layers, heads| (192, 768, layers, heads);
+        // The "mini" presets: the released architectures at 192 wide, 4 layers, 3 heads.
         let (config, preprocess) = match name {
             "clip-mini" => {
-                let (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads) =
-                    mini(4, 3);
                 let config = ClipVisionConfig {
-                    hidden_size,
-                    intermediate_size,
-                    num_hidden_layers,
-                    num_attention_heads,
+                    hidden_size: 192,
+                    intermediate_size: 768,
+                    num_hidden_layers: 4,
+                    num_attention_heads: 3,
                     projection_dim: 128,
                     ..ClipVisionConfig::vit_base_patch32()
                 };
                 (VisionConfig::Clip(config), Preprocess::clip(224))
             }
             "dinov2-mini" => {
-                let (hidden_size, _, num_hidden_layers, num_attention_heads) = mini(4, 3);
                 let config = Dinov2Config {
-                    hidden_size,
-                    num_hidden_layers,
-                    num_attention_heads,
+                    hidden_size: 192,
+                    num_hidden_layers: 4,
+                    num_attention_heads: 3,
                     patch_size: 28,
                     image_size: 224,
                     ..Dinov2Config::small()
