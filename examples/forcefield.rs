@@ -1,5 +1,6 @@
-//! Energies and forces of every structure of an extxyz file with a PaiNN potential (a schnetpack
-//! state dict and its config.json), written as extxyz that ASE reads.
+//! Energies and forces (and stresses of fully periodic cells) of every structure of an extxyz
+//! file with a PaiNN potential (a schnetpack state dict and its config.json), written as extxyz
+//! that ASE reads.
 //!
 //! ```text
 //! cargo run --release --example forcefield -- --model painn/ --input in.extxyz \
@@ -21,7 +22,7 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
-use kiln::forcefield::{Frame, Painn, read_extxyz, write_extxyz};
+use kiln::forcefield::{Frame, Painn, Predictions, read_extxyz, write_extxyz};
 use kiln::precision::{DeviceJob, DeviceSpec};
 
 /// Energies and forces of extxyz structures with a PaiNN potential.
@@ -33,7 +34,7 @@ struct Args {
     /// Structures to evaluate (extended XYZ).
     #[arg(long)]
     input: PathBuf,
-    /// Where to write them with `energy` and `forces` (extended XYZ).
+    /// Where to write them with `energy`, `forces` and `stress` (extended XYZ).
     #[arg(long)]
     output: PathBuf,
     /// Structures per forward pass.
@@ -61,8 +62,9 @@ impl DeviceJob for Args {
         let mut good = Vec::new();
         for (index, frame) in frames.iter_mut().enumerate() {
             frame.info.remove("energy");
+            frame.info.remove("stress");
             frame.arrays.remove("forces");
-            match frame.structure.validate(index, max_z) {
+            match frame.validate(index, max_z) {
                 Ok(()) => good.push(index),
                 Err(e) => {
                     eprintln!("{e}");
@@ -74,17 +76,15 @@ impl DeviceJob for Args {
         let start = Instant::now();
         for chunk in good.chunks(self.batch.max(1)) {
             let structures: Vec<_> = chunk.iter().map(|&i| frames[i].structure.clone()).collect();
-            match model.energy_and_forces(&structures, device) {
-                Ok(results) => store(&mut frames, chunk, results.energies, results.forces),
+            match model.predict(&structures, device) {
+                Ok(results) => store(&mut frames, chunk, results),
                 // A problem found only while building neighbour lists (overlapping atoms):
                 // evaluate the chunk's structures one at a time so only the bad one is lost.
                 Err(_) => {
                     for &index in chunk {
                         let single = [frames[index].structure.clone()];
-                        match model.energy_and_forces(&single, device) {
-                            Ok(results) => {
-                                store(&mut frames, &[index], results.energies, results.forces)
-                            }
+                        match model.predict(&single, device) {
+                            Ok(results) => store(&mut frames, &[index], results),
                             Err(e) => {
                                 let message = e.to_string().replacen(
                                     "structure 0",
@@ -116,14 +116,24 @@ impl DeviceJob for Args {
     }
 }
 
-/// Puts results into the frames `indices` (energy in the info, forces as a per-atom array).
-fn store(frames: &mut [Frame], indices: &[usize], energies: Vec<f64>, forces: Vec<[f64; 3]>) {
+/// Puts results into the frames `indices`: energy and stress (3×3, row by row, as ASE writes
+/// it) in the info, forces as a per-atom array.
+fn store(frames: &mut [Frame], indices: &[usize], results: Predictions) {
     let mut first = 0;
-    for (&index, energy) in indices.iter().zip(energies) {
+    for (s, &index) in indices.iter().enumerate() {
         let frame = &mut frames[index];
         let atoms = frame.structure.len();
+        let energy = results.energies[s];
         frame.info.insert("energy".into(), format!("{energy:.10}"));
-        let values = forces[first..first + atoms]
+        if let Some(stress) = results.stresses[s] {
+            let values: Vec<String> = stress
+                .iter()
+                .flatten()
+                .map(|v| format!("{v:.10e}"))
+                .collect();
+            frame.info.insert("stress".into(), values.join(" "));
+        }
+        let values = results.forces[first..first + atoms]
             .iter()
             .flatten()
             .copied()

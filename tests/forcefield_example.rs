@@ -1,5 +1,5 @@
 //! The `forcefield` example end to end on kiln-forcefield's committed fixtures: energies and
-//! forces match schnetpack's, in input order, in extxyz that reads back; a bad structure in the
+//! forces (and stresses of periodic cells) match schnetpack's, in input order, in extxyz that reads back; a bad structure in the
 //! middle is reported and written with its error while every other keeps its results.
 
 use std::path::Path;
@@ -69,13 +69,22 @@ fn writes_schnetpack_energies_and_forces_in_input_order() {
     };
     assert!(worst(&energies, &reference("energy_f64")) < 1e-4);
     assert!(worst(&forces, &reference("forces_f64")) < 1e-4);
+    // Stresses of the fully periodic cells only, 3×3 row by row.
+    let stresses: Vec<f64> = written
+        .iter()
+        .filter_map(|f| f.info.get("stress"))
+        .flat_map(|s| s.split_whitespace().map(|v| v.parse::<f64>().unwrap()))
+        .collect();
+    assert!(worst(&stresses, &reference("stress_f64")) < 1e-6);
+    assert_eq!(stresses.len(), reference("stress_f64").len());
 }
 
 #[test]
 fn a_bad_structure_loses_nothing_else() {
     let out = tempfile::tempdir().unwrap();
     let good = std::fs::read_to_string(fixtures().join("structures.extxyz")).unwrap();
-    // A structure with a non-finite coordinate, second in the file.
+    // A structure with a non-finite coordinate, second in the file, and one with an unknown
+    // element, fourth.
     let mut frames_text: Vec<String> = Vec::new();
     let mut lines = good.lines().peekable();
     while let Some(count) = lines.next() {
@@ -87,6 +96,7 @@ fn a_bad_structure_loses_nothing_else() {
     }
     let bad = "2\nProperties=species:S:1:pos:R:3\nO 0 0 0\nH nan 0 0.9";
     frames_text.insert(1, bad.to_string());
+    frames_text.insert(3, "1\nProperties=species:S:1:pos:R:3\nQq 0 0 0".to_string());
     let input = out.path().join("in.extxyz");
     std::fs::write(&input, frames_text.join("\n") + "\n").unwrap();
     let output = out.path().join("out.extxyz");
@@ -97,21 +107,84 @@ fn a_bad_structure_loses_nothing_else() {
         stderr.contains("structure 1") && stderr.contains("non-finite"),
         "{stderr}"
     );
+    assert!(
+        stderr.contains("structure 3: atom 0 has unknown element `Qq`"),
+        "{stderr}"
+    );
     let written = frames(&output);
-    assert_eq!(written.len(), 7);
+    let expected = reference("energy_f64");
+    assert_eq!(written.len(), expected.len() + 2);
     assert!(written[1].info["error"].contains("non-finite"));
-    assert!(!written[1].info.contains_key("energy"));
+    assert!(written[3].info["error"].contains("Qq"));
+    assert_eq!(written[3].unknown_species[&0], "Qq");
+    assert!(!written[1].info.contains_key("energy") && !written[3].info.contains_key("energy"));
     let energies: Vec<f64> = written
         .iter()
         .enumerate()
-        .filter(|&(i, _)| i != 1)
+        .filter(|&(i, _)| i != 1 && i != 3)
         .map(|(_, f)| energy(f))
         .collect();
-    let expected = reference("energy_f64");
+    assert_eq!(energies.len(), expected.len());
     assert!(
         energies
             .iter()
             .zip(&expected)
             .all(|(a, b)| (a - b).abs() < 1e-4)
     );
+}
+
+fn md(args: &[&str], trajectory: &Path) -> Output {
+    Command::new(common::example("md"))
+        .arg("--model")
+        .arg(fixtures().join("painn_gaussian"))
+        .arg("--input")
+        .arg(fixtures().join("structures.extxyz"))
+        .arg("--trajectory")
+        .arg(trajectory)
+        .args(args)
+        .output()
+        .expect("the md example is built with the tests")
+}
+
+/// The md example integrates ethanol (frame 2), writing every reported frame with its energies,
+/// and reports the drift; a frame that is not there is an error before any work.
+#[test]
+fn md_writes_a_trajectory_that_conserves_energy() {
+    let out = tempfile::tempdir().unwrap();
+    let trajectory = out.path().join("md.extxyz");
+    let args = [
+        "--frame",
+        "2",
+        "--steps",
+        "40",
+        "--every",
+        "10",
+        "--timestep",
+        "0.25",
+    ];
+    let run = md(&args, &trajectory);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("meV/atom/ps"), "{stdout}");
+    let written = frames(&trajectory);
+    assert_eq!(written.len(), 5, "steps 0, 10, 20, 30, 40");
+    let totals: Vec<f64> = written
+        .iter()
+        .map(|f| f.info["total"].parse().unwrap())
+        .collect();
+    let atoms = written[0].structure.len() as f64;
+    assert!(
+        totals.iter().all(|t| (t - totals[0]).abs() / atoms < 1e-4),
+        "{totals:?}"
+    );
+    assert!(written[4].structure.positions != written[0].structure.positions);
+    assert_eq!(written[4].arrays["velocities"].1.len(), 3 * atoms as usize);
+
+    let run = md(&["--frame", "99"], &trajectory);
+    assert!(!run.status.success());
+    assert!(String::from_utf8_lossy(&run.stderr).contains("no frame 99"));
 }

@@ -1,7 +1,8 @@
 //! Project automation: `cargo xtask <task>`.
 //!
-//! - `ci`: everything `.ci/run` checks — formatting, clippy, the README's test command, and a
-//!   `cargo check` of each GPU backend on its own.
+//! - `ci`: everything `.ci/run` checks — formatting, clippy, a `cargo check` of each GPU backend
+//!   on its own, and the README's test command (check-only artifacts pruned before it, so a cold
+//!   run needs the disk of one build at a time).
 //! - `test`: the README's test command.
 //! - `check-backends`: `cargo check` of kiln-precision (where the backend `cfg`s are) with each
 //!   backend feature alone.
@@ -66,8 +67,38 @@ fn ci() -> Result<(), String> {
         "-D",
         "warnings",
     ])?;
-    cargo(TEST)?;
-    check_backends()
+    check_backends()?;
+    prune_check_metadata()?;
+    cargo(TEST)
+}
+
+/// Deletes what only `cargo check` and `cargo clippy` use (`.rmeta` files without a compiled
+/// library beside them) before the test build: a cold CI run then needs the test build's disk
+/// space, not both at once. A later check rebuilds what it misses.
+fn prune_check_metadata() -> Result<(), String> {
+    let deps = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .ok_or("xtask is not inside the workspace")?
+        .join("target/debug/deps");
+    let Ok(entries) = std::fs::read_dir(&deps) else {
+        return Ok(());
+    };
+    let mut freed = 0u64;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "rmeta") {
+            continue;
+        }
+        let compiled = ["rlib", "so", "dylib", "dll"]
+            .iter()
+            .any(|ext| path.with_extension(ext).exists());
+        if !compiled {
+            freed += entry.metadata().map_or(0, |m| m.len());
+            std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    println!("--- pruned {:.0} MB of check metadata", freed as f64 / 1e6);
+    Ok(())
 }
 
 /// The cargo feature that compiles in the backend of a device string.

@@ -26,6 +26,8 @@ pub struct Graph<B: Backend> {
     pub structure: Tensor<B, 1, Int>,
     /// Atoms in each structure.
     pub atoms: Vec<usize>,
+    /// Cell volume (Å³) of each structure periodic along all three lattice vectors.
+    pub volumes: Vec<Option<f64>>,
 }
 
 impl<B: Backend> Graph<B> {
@@ -41,6 +43,7 @@ impl<B: Backend> Graph<B> {
         let (mut numbers, mut positions, mut structure) = (Vec::new(), Vec::new(), Vec::new());
         let (mut idx_i, mut idx_j, mut shifts) = (Vec::new(), Vec::new(), Vec::new());
         let mut atoms = Vec::with_capacity(structures.len());
+        let mut volumes = Vec::with_capacity(structures.len());
         for (index, s) in structures.iter().enumerate() {
             s.validate(index, max_z)?;
             let list = neighbor_list(s, cutoff)
@@ -48,11 +51,12 @@ impl<B: Backend> Graph<B> {
             let offset = numbers.len() as i64;
             idx_i.extend(list.i.iter().map(|&i| i64::from(i) + offset));
             idx_j.extend(list.j.iter().map(|&j| i64::from(j) + offset));
-            shifts.extend(list.shifts.iter().flatten());
+            shifts.extend((0..list.len()).flat_map(|p| list.shift(p, &s.cell)));
             numbers.extend(s.numbers.iter().map(|&z| i64::from(z)));
             positions.extend(s.positions.iter().flatten());
             structure.extend(std::iter::repeat_n(index as i64, s.len()));
             atoms.push(s.len());
+            volumes.push(s.volume());
         }
         let ints = |values: Vec<i64>| {
             let n = values.len();
@@ -70,6 +74,7 @@ impl<B: Backend> Graph<B> {
             shifts: floats(shifts),
             structure: ints(structure),
             atoms,
+            volumes,
         })
     }
 }

@@ -3,12 +3,12 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ForceFieldError;
 
 /// The radial basis the interatomic distances are expanded in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RadialBasisKind {
     /// schnetpack `GaussianRBF`: `n_rbf` Gaussians centred from 0 to the cutoff, each as wide as
@@ -19,7 +19,7 @@ pub enum RadialBasisKind {
 }
 
 /// The cutoff function that takes filters smoothly to 0 at the cutoff.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CutoffFn {
     /// schnetpack `CosineCutoff`: `½ (cos(π d / rc) + 1)` below rc, 0 beyond.
@@ -27,7 +27,7 @@ pub enum CutoffFn {
 }
 
 /// A PaiNN potential: representation, readout and energy offset.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PainnConfig {
     /// Always `"painn"`.
@@ -63,6 +63,10 @@ pub struct PainnConfig {
     /// Energy added per atom to the model's output.
     #[serde(default)]
     pub mean_per_atom: f64,
+    /// Reference energy of each element in eV, indexed by atomic number (schnetpack's
+    /// `atomref`, `max_z` values): added for every atom.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub atomref: Option<Vec<f64>>,
 }
 
 fn default_max_z() -> usize {
@@ -110,6 +114,18 @@ impl PainnConfig {
         }
         if self.readout_n_layers == 0 {
             return fail("readout_n_layers must be at least 1".into());
+        }
+        if let Some(atomref) = &self.atomref {
+            if atomref.len() != self.max_z {
+                return fail(format!(
+                    "atomref has {} values: one per atomic number below max_z = {} expected",
+                    atomref.len(),
+                    self.max_z
+                ));
+            }
+            if let Some(z) = atomref.iter().position(|e| !e.is_finite()) {
+                return fail(format!("atomref[{z}] is not finite"));
+            }
         }
         Ok(())
     }
@@ -173,5 +189,10 @@ mod tests {
         assert!(err.contains("schnet"), "{err}");
         let err = config(&format!("{{{}}}", BASE.replace("5.0", "-1"))).unwrap_err();
         assert!(err.contains("positive"), "{err}");
+        let err = config(&format!(
+            "{{{BASE}, \"max_z\": 3, \"atomref\": [0, -13.6]}}"
+        ))
+        .unwrap_err();
+        assert!(err.contains("atomref has 2 values"), "{err}");
     }
 }

@@ -6,28 +6,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::ForceFieldError;
+use crate::elements::{ELEMENTS, atomic_number};
 use crate::structure::Structure;
-
-/// Element symbols by atomic number (index 0 unused).
-const ELEMENTS: [&str; 119] = [
-    "X", "H", "He", "Li", "Be", "B", "C", "N", "O", "F", "Ne", "Na", "Mg", "Al", "Si", "P", "S",
-    "Cl", "Ar", "K", "Ca", "Sc", "Ti", "V", "Cr", "Mn", "Fe", "Co", "Ni", "Cu", "Zn", "Ga", "Ge",
-    "As", "Se", "Br", "Kr", "Rb", "Sr", "Y", "Zr", "Nb", "Mo", "Tc", "Ru", "Rh", "Pd", "Ag", "Cd",
-    "In", "Sn", "Sb", "Te", "I", "Xe", "Cs", "Ba", "La", "Ce", "Pr", "Nd", "Pm", "Sm", "Eu", "Gd",
-    "Tb", "Dy", "Ho", "Er", "Tm", "Yb", "Lu", "Hf", "Ta", "W", "Re", "Os", "Ir", "Pt", "Au", "Hg",
-    "Tl", "Pb", "Bi", "Po", "At", "Rn", "Fr", "Ra", "Ac", "Th", "Pa", "U", "Np", "Pu", "Am", "Cm",
-    "Bk", "Cf", "Es", "Fm", "Md", "No", "Lr", "Rf", "Db", "Sg", "Bh", "Hs", "Mt", "Ds", "Rg", "Cn",
-    "Nh", "Fl", "Mc", "Lv", "Ts", "Og",
-];
-
-/// The atomic number of an element symbol.
-pub fn atomic_number(symbol: &str) -> Option<u32> {
-    ELEMENTS
-        .iter()
-        .skip(1)
-        .position(|&e| e == symbol)
-        .map(|i| i as u32 + 1)
-}
 
 /// One frame: its structure, the comment line's other `key=value` pairs, and per-atom float
 /// columns other than the positions (e.g. `forces`), row-major.
@@ -39,6 +20,33 @@ pub struct Frame {
     pub info: BTreeMap<String, String>,
     /// Per-atom real columns other than `pos`, by name: `count` values per atom, row-major.
     pub arrays: BTreeMap<String, (usize, Vec<f64>)>,
+    /// Atoms whose species is not an element, with the symbol as written (kept when the frame
+    /// is written back); their atomic number is 0, which no model accepts.
+    pub unknown_species: BTreeMap<usize, String>,
+}
+
+impl Frame {
+    /// A frame of `structure` with nothing else.
+    pub fn new(structure: Structure) -> Self {
+        Frame {
+            structure,
+            info: BTreeMap::new(),
+            arrays: BTreeMap::new(),
+            unknown_species: BTreeMap::new(),
+        }
+    }
+
+    /// Why the frame's structure cannot be evaluated by a model embedding elements below
+    /// `max_z`; `index` names it.
+    pub fn validate(&self, index: usize, max_z: usize) -> Result<(), ForceFieldError> {
+        if let Some((atom, symbol)) = self.unknown_species.first_key_value() {
+            return Err(ForceFieldError::Structure {
+                index,
+                reason: format!("atom {atom} has unknown element `{symbol}`"),
+            });
+        }
+        self.structure.validate(index, max_z)
+    }
 }
 
 /// Why a file is not extended XYZ kiln can read: the line (1-based) and what is wrong there.
@@ -103,6 +111,7 @@ pub fn read_extxyz(text: &str) -> Result<Vec<Frame>, ExtxyzError> {
         };
         let width: usize = columns.iter().map(|c| c.count).sum();
         let (mut numbers, mut positions) = (Vec::with_capacity(count), Vec::with_capacity(count));
+        let mut unknown_species = BTreeMap::new();
         let mut arrays: BTreeMap<String, (usize, Vec<f64>)> = columns
             .iter()
             .filter(|c| c.kind == 'R' && c.name != "pos")
@@ -129,10 +138,10 @@ pub fn read_extxyz(text: &str) -> Result<Vec<Frame>, ExtxyzError> {
                 field += column.count;
                 match (column.name.as_str(), column.kind) {
                     ("species", 'S') => {
-                        let z = atomic_number(values[0]).ok_or_else(|| {
-                            fail(index, format!("unknown element `{}`", values[0]))
-                        })?;
-                        numbers.push(z);
+                        numbers.push(atomic_number(values[0]).unwrap_or_else(|| {
+                            unknown_species.insert(atom, values[0].to_string());
+                            0
+                        }))
                     }
                     ("Z", 'I') => numbers.push(values[0].parse().map_err(|_| {
                         fail(index, format!("`{}` is not an atomic number", values[0]))
@@ -168,6 +177,7 @@ pub fn read_extxyz(text: &str) -> Result<Vec<Frame>, ExtxyzError> {
             structure: Structure::periodic(numbers, positions, cell, pbc),
             info,
             arrays,
+            unknown_species,
         });
         at += 2 + count;
     }
@@ -207,7 +217,10 @@ pub fn write_extxyz(frames: &[Frame]) -> String {
         comment.push(format!("pbc=\"{}\"", flags.join(" ")));
         let _ = writeln!(out, "{}", comment.join(" "));
         for (atom, (z, r)) in s.numbers.iter().zip(&s.positions).enumerate() {
-            let symbol = ELEMENTS.get(*z as usize).copied().unwrap_or("X");
+            let symbol = match frame.unknown_species.get(&atom) {
+                Some(symbol) => symbol.as_str(),
+                None => ELEMENTS.get(*z as usize).copied().unwrap_or("X"),
+            };
             let _ = write!(
                 out,
                 "{symbol:<2} {:>16.8} {:>16.8} {:>16.8}",
@@ -310,8 +323,12 @@ mod tests {
         assert_eq!(frames[1].structure.pbc, [false; 3]);
         assert_eq!(read_extxyz(&write_extxyz(&frames)).unwrap(), frames);
 
-        let err = read_extxyz("1\nProperties=species:S:1:pos:R:3\nQq 0 0 0\n").unwrap_err();
-        assert_eq!((err.line, err.reason.contains("Qq")), (3, true));
+        // An unknown element spoils its frame only, and is written back as it was.
+        let text = "2\nProperties=species:S:1:pos:R:3\nH 0 0 0\nQq 0 0 1\n";
+        let frames = read_extxyz(text).unwrap();
+        let err = frames[0].validate(7, 100).unwrap_err().to_string();
+        assert_eq!(err, "structure 7: atom 1 has unknown element `Qq`");
+        assert!(write_extxyz(&frames).contains("\nQq "));
         let err = read_extxyz("2\n\nO 0 0 0\n").unwrap_err();
         assert_eq!(err.line, 4, "{err}");
         let err = read_extxyz("1\n\nO 0 0\n").unwrap_err();

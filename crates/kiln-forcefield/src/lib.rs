@@ -3,8 +3,10 @@
 //! PaiNN (Schütt, Unke and Gastegger, ICML 2021) exactly as schnetpack 2.x implements it, loading
 //! schnetpack's state dicts, with energies and forces for a batch of structures of any sizes in
 //! one graph: per-structure neighbour lists concatenated with atom offsets (never one dense
-//! N_total² matrix), one scatter-add of atomic energies into structures, forces from one backward
-//! pass over the whole batch.
+//! N_total² matrix; brute force for molecules, an O(N) cell list for large and periodic systems),
+//! one scatter-add of atomic energies into structures, forces (and stresses of periodic cells)
+//! from one backward pass over the whole batch. Also: extxyz as ASE reads and writes it, and
+//! velocity-Verlet NVE molecular dynamics ([`run_nve`]).
 //!
 //! ```no_run
 //! use burn::backend::{Autodiff, Flex};
@@ -16,23 +18,29 @@
 //!     vec![8, 1, 1],
 //!     vec![[0.0, 0.0, 0.12], [0.0, 0.76, -0.47], [0.0, -0.76, -0.47]],
 //! );
-//! let results = model.energy_and_forces(&[water], &device)?;
+//! let results = model.predict(&[water], &device)?;
 //! println!("E = {} eV, F(O) = {:?} eV/Å", results.energies[0], results.forces[0]);
 //! # Ok::<(), kiln_forcefield::ForceFieldError>(())
 //! ```
 
 mod batch;
 mod config;
+mod elements;
 mod extxyz;
+mod md;
 mod neighbors;
 mod painn;
 mod structure;
 
 pub use batch::Graph;
 pub use config::{CutoffFn, PainnConfig, RadialBasisKind};
-pub use extxyz::{ExtxyzError, Frame, atomic_number, read_extxyz, write_extxyz};
-pub use neighbors::{NeighborList, neighbor_list};
-pub use painn::{EnergiesAndForces, Painn};
+pub use elements::{atomic_mass, atomic_number};
+pub use extxyz::{ExtxyzError, Frame, read_extxyz, write_extxyz};
+pub use md::{
+    BOLTZMANN, Conservation, MdState, NveConfig, kinetic_energy, maxwell_boltzmann, run_nve,
+};
+pub use neighbors::{NeighborList, NeighborMethod, neighbor_list, neighbor_list_with};
+pub use painn::{Painn, Predictions};
 pub use structure::Structure;
 
 /// Why a model or a structure cannot be used.

@@ -10,8 +10,8 @@ use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::activation::silu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorData};
-use burn_store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
+use burn::tensor::{ElementConversion, Tensor, TensorData};
+use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
 use kiln_precision::{Precision, cast_module, scatter_add};
 
 use crate::ForceFieldError;
@@ -50,6 +50,13 @@ pub struct RadialBasis<B: Backend> {
     pub freqs: Option<Param<Tensor<B, 1>>>,
 }
 
+/// The cutoff function's constant, as schnetpack stores it (a buffer in f32).
+#[derive(Module, Debug)]
+pub struct CutoffFunction<B: Backend> {
+    /// The cutoff radius `[1]`, Å (computations use config.json's f64 value, which must agree).
+    pub cutoff: Param<Tensor<B, 1>>,
+}
+
 /// The representation: element embedding, filters from the radial basis, T interaction and
 /// mixing blocks.
 #[derive(Module, Debug)]
@@ -58,6 +65,8 @@ pub struct Representation<B: Backend> {
     pub embedding: Embedding<B>,
     /// The radial basis's constants.
     pub radial_basis: RadialBasis<B>,
+    /// The cutoff function's constant.
+    pub cutoff_fn: CutoffFunction<B>,
     /// Radial basis → every block's filters (3F each, or 3F shared).
     pub filter_net: Linear<B>,
     /// Interaction blocks.
@@ -84,13 +93,16 @@ pub struct Painn<B: Backend> {
     config: PainnConfig,
 }
 
-/// Energies of a batch and the forces on every atom.
+/// What a potential predicts for a batch.
 #[derive(Debug, Clone, PartialEq)]
-pub struct EnergiesAndForces {
+pub struct Predictions {
     /// One per structure, eV.
     pub energies: Vec<f64>,
     /// One per atom of every structure in input order, eV/Å.
     pub forces: Vec<[f64; 3]>,
+    /// One per structure: for those periodic along all three lattice vectors, the stress
+    /// `(1/V) ∂E/∂ε` in eV/Å³ (ASE's sign convention: positive under tension).
+    pub stresses: Vec<Option<[[f64; 3]; 3]>>,
 }
 
 impl PainnConfig {
@@ -107,10 +119,8 @@ impl PainnConfig {
         let widths = self.readout_widths();
         let constant = |values: Vec<f32>| {
             let n = values.len();
-            Some(
-                Param::from_tensor(Tensor::from_data(TensorData::new(values, [n]), device))
-                    .set_require_grad(false),
-            )
+            Param::from_tensor(Tensor::from_data(TensorData::new(values, [n]), device))
+                .set_require_grad(false)
         };
         let n = self.n_rbf;
         let radial_basis = match self.radial_basis {
@@ -129,25 +139,28 @@ impl PainnConfig {
                     1.0
                 };
                 RadialBasis {
-                    offsets: constant(offsets),
-                    widths: constant(vec![width; n]),
+                    offsets: Some(constant(offsets)),
+                    widths: Some(constant(vec![width; n])),
                     freqs: None,
                 }
             }
             RadialBasisKind::Bessel => RadialBasis {
                 offsets: None,
                 widths: None,
-                freqs: constant(
+                freqs: Some(constant(
                     (1..=n)
                         .map(|k| (k as f64 * PI / self.cutoff) as f32)
                         .collect(),
-                ),
+                )),
             },
         };
         Painn {
             representation: Representation {
                 embedding: EmbeddingConfig::new(self.max_z, f).init(device),
                 radial_basis,
+                cutoff_fn: CutoffFunction {
+                    cutoff: constant(vec![self.cutoff as f32]),
+                },
                 filter_net: linear(self.n_rbf, filters),
                 interactions: (0..blocks)
                     .map(|_| Interaction {
@@ -202,7 +215,40 @@ impl<B: Backend> Painn<B> {
                 problems.join("\n  ")
             )));
         }
+        let stored: f64 = model
+            .representation
+            .cutoff_fn
+            .cutoff
+            .val()
+            .into_scalar()
+            .elem();
+        if (stored - config.cutoff).abs() > 1e-5 * config.cutoff {
+            return Err(ForceFieldError::Config(format!(
+                "{}: cutoff {} Å, but the weights were trained with {stored} Å \
+                 (representation.cutoff_fn.cutoff)",
+                dir.join("config.json").display(),
+                config.cutoff
+            )));
+        }
         Ok(model)
+    }
+
+    /// Writes `config.json` and `model.safetensors` into `dir` (created if needed): kiln's own
+    /// format, which is schnetpack's — the state dict holds exactly the keys, shapes and f32
+    /// dtype of a `NeuralNetworkPotential`'s, so `load_state_dict` takes it as it is.
+    pub fn save(&self, dir: impl AsRef<Path>) -> Result<(), ForceFieldError> {
+        let dir = dir.as_ref();
+        let fail =
+            |e: &dyn std::fmt::Display| ForceFieldError::Weights(format!("{}: {e}", dir.display()));
+        std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
+        let config = serde_json::to_string_pretty(&self.config).map_err(|e| fail(&e))?;
+        std::fs::write(dir.join("config.json"), config + "\n").map_err(|e| fail(&e))?;
+        let mut store = SafetensorsStore::from_file(dir.join("model.safetensors"))
+            .with_to_adapter(BurnToPyTorchAdapter)
+            .overwrite(true);
+        cast_module(self.clone(), Precision::F32)
+            .save_into(&mut store)
+            .map_err(|e| fail(&e))
     }
 
     /// The model's hyper-parameters.
@@ -234,9 +280,29 @@ impl<B: Backend> Painn<B> {
     /// The energy of every structure of `graph` with its atoms at `positions` `[N, 3]` (the
     /// graph's own, or a copy that tracks gradients), `[S]`.
     pub fn energies(&self, graph: &Graph<B>, positions: Tensor<B, 2>) -> Tensor<B, 1> {
-        let atoms = self.atomwise(graph, positions);
+        self.strained_energies(graph, positions, None)
+    }
+
+    /// [`energies`](Self::energies) of the structures deformed by `strain` `[S, 3, 3]`: every
+    /// interatomic vector `r` becomes `r (1 + ε)` with `ε` the strain's symmetric part (as
+    /// schnetpack's `Strain` deforms positions and cell), so `∂E/∂ε` at zero strain is the
+    /// virial.
+    pub fn strained_energies(
+        &self,
+        graph: &Graph<B>,
+        positions: Tensor<B, 2>,
+        strain: Option<Tensor<B, 3>>,
+    ) -> Tensor<B, 1> {
+        let mut atoms = self.atomwise(graph, positions, strain);
         let structures = graph.atoms.len();
         let device = atoms.device();
+        if let Some(atomref) = &self.config.atomref {
+            let table = Tensor::<B, 1>::from_data(
+                TensorData::new(atomref.clone(), [atomref.len()]),
+                (&device, atoms.dtype()),
+            );
+            atoms = atoms + table.select(0, graph.numbers.clone());
+        }
         let zeros = Tensor::<B, 1>::zeros([structures], (&device, atoms.dtype()));
         let sums = scatter_add(zeros, 0, graph.structure.clone(), atoms);
         let counts: Vec<f64> = graph.atoms.iter().map(|&n| n as f64).collect();
@@ -248,14 +314,30 @@ impl<B: Backend> Painn<B> {
     }
 
     /// Every atom's energy contribution `[N]` (before the per-atom mean).
-    fn atomwise(&self, graph: &Graph<B>, positions: Tensor<B, 2>) -> Tensor<B, 1> {
+    fn atomwise(
+        &self,
+        graph: &Graph<B>,
+        positions: Tensor<B, 2>,
+        strain: Option<Tensor<B, 3>>,
+    ) -> Tensor<B, 1> {
         let r = &self.representation;
         let config = &self.config;
         let f = config.n_atom_basis;
         let atoms = positions.dims()[0];
-        let r_ij = positions.clone().select(0, graph.idx_j.clone())
+        let mut r_ij = positions.clone().select(0, graph.idx_j.clone())
             - positions.select(0, graph.idx_i.clone())
             + graph.shifts.clone();
+        if let Some(strain) = strain {
+            let pairs = r_ij.dims()[0];
+            let symmetric = (strain.clone() + strain.swap_dims(1, 2)) * 0.5;
+            let pair_strain =
+                symmetric.select(0, graph.structure.clone().select(0, graph.idx_i.clone()));
+            // (r ε)_x = Σ_k r_k ε_kx, per pair.
+            let deformation = (r_ij.clone().unsqueeze_dim::<3>(2) * pair_strain)
+                .sum_dim(1)
+                .reshape([pairs, 3]);
+            r_ij = r_ij + deformation;
+        }
         let d_ij = r_ij.clone().powi_scalar(2).sum_dim(1).sqrt(); // [P, 1]
         let dir_ij = r_ij / d_ij.clone();
         let filters =
@@ -378,29 +460,48 @@ impl<B: Backend> Mixing<B> {
 }
 
 impl<B: AutodiffBackend> Painn<B> {
-    /// Energies of `structures` and forces on their atoms (−∂E/∂R), from one forward and one
-    /// backward pass over the whole batch.
-    pub fn energy_and_forces(
+    /// Energies of `structures`, forces on their atoms (−∂E/∂R) and, for fully periodic ones,
+    /// stresses, from one forward and one backward pass over the whole batch.
+    pub fn predict(
         &self,
         structures: &[Structure],
         device: &B::Device,
-    ) -> Result<EnergiesAndForces, ForceFieldError> {
+    ) -> Result<Predictions, ForceFieldError> {
         let graph = self.graph(structures, device)?;
         let positions = graph.positions.clone().require_grad();
-        let energies = self.energies(&graph, positions.clone());
+        let periodic = graph.volumes.iter().any(Option::is_some);
+        let strain = periodic.then(|| {
+            Tensor::<B, 3>::zeros([structures.len(), 3, 3], (device, positions.dtype()))
+                .require_grad()
+        });
+        let energies = self.strained_energies(&graph, positions.clone(), strain.clone());
         let gradients = energies.clone().sum().backward();
-        // Without a single neighbour pair the energy does not depend on the positions.
-        let forces = match positions.grad(&gradients) {
-            Some(gradient) => gradient.neg(),
-            None => positions.inner().zeros_like(),
-        };
         let read = |data: TensorData| -> Vec<f64> {
             data.convert::<f64>().to_vec::<f64>().expect("f64 values")
         };
-        let forces = read(forces.into_data());
-        Ok(EnergiesAndForces {
+        // Without a single neighbour pair the energy does not depend on the positions.
+        let forces = match positions.grad(&gradients) {
+            Some(gradient) => read(gradient.neg().into_data()),
+            None => vec![0.0; 3 * positions.dims()[0]],
+        };
+        let virials = strain
+            .and_then(|strain| strain.grad(&gradients))
+            .map(|gradient| read(gradient.into_data()));
+        let stresses = graph
+            .volumes
+            .iter()
+            .enumerate()
+            .map(|(s, volume)| {
+                let (volume, virial) = (volume.as_ref()?, virials.as_ref());
+                Some(std::array::from_fn(|a| {
+                    std::array::from_fn(|b| virial.map_or(0.0, |v| v[9 * s + 3 * a + b]) / volume)
+                }))
+            })
+            .collect();
+        Ok(Predictions {
             energies: read(energies.into_data()),
             forces: forces.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect(),
+            stresses,
         })
     }
 }

@@ -52,6 +52,14 @@ impl Structure {
         self.numbers.is_empty()
     }
 
+    /// The cell's volume (Å³) when the structure is periodic along all three lattice vectors.
+    pub fn volume(&self) -> Option<f64> {
+        let [a, b, c] = self.cell;
+        let triple = a[0] * (b[1] * c[2] - b[2] * c[1]) - a[1] * (b[0] * c[2] - b[2] * c[0])
+            + a[2] * (b[0] * c[1] - b[1] * c[0]);
+        self.pbc.iter().all(|&p| p).then_some(triple.abs())
+    }
+
     /// Checks the structure can be evaluated by a model embedding elements below `max_z`;
     /// `index` names it in the error.
     pub fn validate(&self, index: usize, max_z: usize) -> Result<(), ForceFieldError> {

@@ -2,10 +2,13 @@
 //! models: energies invariant and forces equivariant under rotation, translation, permutation
 //! and lattice shifts; forces equal to finite differences of the energy; smooth at the cutoff;
 //! far-apart molecules add up; a batch equals its structures one by one, and no structure's
-//! energy depends on another's atoms.
+//! energy depends on another's atoms; stresses equal finite differences of the energy under
+//! strain; NVE dynamics conserve energy with errors falling as the timestep squared.
 
 use burn::tensor::Tensor;
-use kiln_forcefield::{EnergiesAndForces, Structure};
+use kiln_forcefield::{
+    BOLTZMANN, NveConfig, Predictions, Structure, kinetic_energy, maxwell_boltzmann, run_nve,
+};
 
 mod support;
 
@@ -13,10 +16,8 @@ use support::{B, model, structures, worst};
 
 const MODELS: [&str; 2] = ["painn_gaussian", "painn_bessel_shared"];
 
-fn evaluate(name: &str, batch: &[Structure]) -> EnergiesAndForces {
-    model(name)
-        .energy_and_forces(batch, &Default::default())
-        .unwrap()
+fn evaluate(name: &str, batch: &[Structure]) -> Predictions {
+    model(name).predict(batch, &Default::default()).unwrap()
 }
 
 fn flat(forces: &[[f64; 3]]) -> Vec<f64> {
@@ -132,6 +133,63 @@ fn forces_are_minus_the_energy_gradient() {
     }
 }
 
+/// `structure` with positions and cell deformed by `r → r (1 + ε)`, ε symmetric with
+/// `ε_ab = ε_ba = h / 2` (`h` on the diagonal).
+fn strained(structure: &Structure, a: usize, b: usize, h: f64) -> Structure {
+    let deform = |r: [f64; 3]| -> [f64; 3] {
+        let mut out = r;
+        out[b] += 0.5 * h * r[a];
+        out[a] += 0.5 * h * r[b];
+        out
+    };
+    Structure {
+        positions: structure.positions.iter().map(|&r| deform(r)).collect(),
+        cell: structure.cell.map(deform),
+        ..structure.clone()
+    }
+}
+
+#[test]
+fn stresses_are_the_energy_strain_derivative_over_the_volume() {
+    let silicon = structures().swap_remove(3);
+    // The same atoms in a skewed (triclinic) cell: b leans over a, c over a and b.
+    let mut skewed = silicon.clone();
+    skewed.cell[1][0] += 1.3;
+    skewed.cell[2][0] -= 0.7;
+    skewed.cell[2][1] += 0.9;
+    let h = 1e-5;
+    for structure in [&silicon, &skewed] {
+        let volume = structure.volume().unwrap();
+        for name in MODELS {
+            let stress = evaluate(name, std::slice::from_ref(structure)).stresses[0].unwrap();
+            let mut batch = Vec::new();
+            for a in 0..3 {
+                for b in 0..3 {
+                    batch.push(strained(structure, a, b, h));
+                    batch.push(strained(structure, a, b, -h));
+                }
+            }
+            let energies = evaluate(name, &batch).energies;
+            for (c, pair) in energies.chunks_exact(2).enumerate() {
+                let numeric = (pair[0] - pair[1]) / (2.0 * h * volume);
+                let ours = stress[c / 3][c % 3];
+                assert!(
+                    (numeric - ours).abs() < 1e-7,
+                    "{name}: stress[{}][{}] = {ours:e}, finite differences {numeric:e}",
+                    c / 3,
+                    c % 3
+                );
+            }
+            assert!(stress[0][1] != 0.0, "{name}: a stress that cannot fail");
+        }
+    }
+    // Molecules and slabs have no stress.
+    let mut slab = silicon.clone();
+    slab.pbc[2] = false;
+    let results = evaluate("painn_gaussian", &[structures().swap_remove(0), slab]);
+    assert_eq!(results.stresses, vec![None, None]);
+}
+
 #[test]
 fn energy_and_forces_are_smooth_at_the_cutoff() {
     for (name, cutoff) in [("painn_gaussian", 5.0), ("painn_bessel_shared", 4.0)] {
@@ -211,4 +269,95 @@ fn no_structure_depends_on_another() {
     let own = 3 * all[0].len();
     assert!(gradient[..own].iter().any(|&g| g != 0.0));
     assert!(gradient[own..].iter().all(|&g| g == 0.0));
+}
+
+/// Per-element reference energies (`atomref` in config.json) shift each energy by the sum over
+/// its atoms and leave forces alone.
+#[test]
+fn reference_energies_add_per_atom() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = support::fixtures().join("painn_gaussian");
+    std::fs::copy(
+        source.join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("config.json")).unwrap())
+            .unwrap();
+    let atomref: Vec<f64> = (0..100).map(|z| -0.5 * z as f64 - 0.125).collect();
+    config["atomref"] = serde_json::json!(atomref);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let device = Default::default();
+    let with = kiln_forcefield::Painn::<B>::from_dir(dir.path(), &device)
+        .unwrap()
+        .with_precision(kiln_precision::Precision::F64);
+    let all = structures();
+    let plain = evaluate("painn_gaussian", &all);
+    let shifted = with.predict(&all, &device).unwrap();
+    for (s, structure) in all.iter().enumerate() {
+        let reference: f64 = structure.numbers.iter().map(|&z| atomref[z as usize]).sum();
+        let difference = shifted.energies[s] - plain.energies[s];
+        assert!((difference - reference).abs() < 1e-9, "structure {s}");
+    }
+    assert!(worst(&flat(&shifted.forces), &flat(&plain.forces)) < 1e-12);
+}
+
+/// Velocity Verlet is second order: the energy error of 100 fs of ethanol at 300 K falls about
+/// fourfold when the timestep halves, and at 0.25 fs the drift is far below what NVE runs
+/// tolerate (1 meV/atom/ps).
+#[test]
+fn nve_conserves_energy_to_second_order_in_the_timestep() {
+    let ethanol = structures().swap_remove(2);
+    let model = model("painn_gaussian");
+    let run = |timestep_fs: f64| {
+        let config = NveConfig {
+            timestep_fs,
+            steps: (100.0 / timestep_fs) as usize,
+            temperature_k: 300.0,
+            seed: 3,
+            every: 1,
+        };
+        let mut temperatures = Vec::new();
+        let conservation = run_nve(&model, &ethanol, &config, &Default::default(), |state| {
+            temperatures.push(state.temperature_k())
+        })
+        .unwrap();
+        assert_eq!(temperatures.len(), config.steps + 1);
+        // The atoms really moved: kinetic and potential energy were exchanged.
+        let (lo, hi) = temperatures
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), &t| (l.min(t), h.max(t)));
+        assert!(
+            hi - lo > 20.0,
+            "temperature stayed within {lo:.1}..{hi:.1} K"
+        );
+        conservation
+    };
+    let (coarse, fine) = (run(0.5), run(0.25));
+    let ratio = coarse.max_deviation_mev_per_atom / fine.max_deviation_mev_per_atom;
+    eprintln!("0.5 fs: {coarse:?}\n0.25 fs: {fine:?}");
+    assert!(
+        (2.5..6.5).contains(&ratio),
+        "halving the timestep shrank the energy error {ratio:.2}× ({coarse:?}, {fine:?})"
+    );
+    assert!(fine.drift_mev_per_atom_ps.abs() < 1.0, "{fine:?}");
+}
+
+/// The initial velocities: the requested temperature within sampling error, no centre-of-mass
+/// motion, the same draw for the same seed.
+#[test]
+fn maxwell_boltzmann_velocities_have_the_temperature() {
+    let masses: Vec<f64> = (0..3000).map(|a| [1.008, 12.011, 15.999][a % 3]).collect();
+    let velocities = maxwell_boltzmann(&masses, 500.0, 9);
+    let temperature =
+        2.0 * kinetic_energy(&masses, &velocities) / (3.0 * masses.len() as f64 * BOLTZMANN);
+    // Relative standard error sqrt(2 / 3N) = 1.5 %; allow four of them.
+    assert!((temperature - 500.0).abs() < 30.0, "{temperature} K");
+    for x in 0..3 {
+        let momentum: f64 = masses.iter().zip(&velocities).map(|(m, v)| m * v[x]).sum();
+        assert!(momentum.abs() < 1e-10, "{momentum}");
+    }
+    assert_eq!(velocities, maxwell_boltzmann(&masses, 500.0, 9));
+    assert_ne!(velocities, maxwell_boltzmann(&masses, 500.0, 10));
 }

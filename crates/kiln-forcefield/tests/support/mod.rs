@@ -32,9 +32,20 @@ pub fn read(file: &str, key: &str) -> Vec<f64> {
             .chunks_exact(8)
             .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f64)
             .collect(),
+        safetensors::Dtype::I32 => data
+            .chunks_exact(4)
+            .map(|b| f64::from(i32::from_le_bytes(b.try_into().unwrap())))
+            .collect(),
         safetensors::Dtype::U8 => data.iter().map(|&b| f64::from(b)).collect(),
         other => panic!("{key}: {other:?}"),
     }
+}
+
+/// The names of the tensors in a fixture file.
+pub fn names(file: &str) -> Vec<String> {
+    let bytes = std::fs::read(fixtures().join(file)).unwrap();
+    let tensors = SafeTensors::deserialize(&bytes).unwrap();
+    tensors.names().into_iter().map(String::from).collect()
 }
 
 /// The fixture structures, in order (from structures.safetensors).

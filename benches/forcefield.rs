@@ -1,0 +1,209 @@
+//! kiln-forcefield throughput under kiln-bench: energies and forces of batches of 1 … 256 mixed
+//! molecules (3–60 atoms) per call, for the seed's PaiNN size (F = 128, 3 blocks, 20 Gaussians,
+//! 5 Å) and a tiny one (F = 16, 2 blocks, 8 Gaussians, 5 Å), and the fixed cost of one call (a
+//! water molecule through the tiny model). schnetpack's figures for the same models and
+//! molecules come from `scripts/bench/painn_torch.py`; both are in docs/PERFORMANCE.md.
+//!
+//! ```text
+//! cargo bench --bench forcefield                      # Flex
+//! cargo bench --bench forcefield -- --filter tiny --save main
+//! ```
+//!
+//! A call is what a user's loop pays: neighbour lists, upload, forward, backward, readback.
+//! Every call moves the atoms (a deterministic jitter that changes with each call), so nothing
+//! can be served from a cache. The models (random weights, saved in kiln's = schnetpack's format)
+//! and the molecules (extxyz) are written to `target/bench/painn/` for the PyTorch script and the
+//! `forcefield` example.
+
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use kiln::bench::{BenchError, Benchmark, Runner, Suite, Work, batch_sizes, cli};
+use kiln::burn::backend::Autodiff;
+use kiln::burn::tensor::backend::Backend;
+use kiln::forcefield::{
+    CutoffFn, Frame, Painn, PainnConfig, Predictions, RadialBasisKind, Structure, write_extxyz,
+};
+
+/// Molecules in the pool; batch b evaluates the first b.
+const MOLECULES: usize = 256;
+
+/// A PaiNN of width `f`, `blocks` interaction blocks and `n_rbf` Gaussians, 5 Å cutoff.
+fn painn(f: usize, blocks: usize, n_rbf: usize) -> PainnConfig {
+    PainnConfig {
+        representation: "painn".into(),
+        n_atom_basis: f,
+        n_interactions: blocks,
+        n_rbf,
+        cutoff: 5.0,
+        radial_basis: RadialBasisKind::Gaussian,
+        cutoff_fn: CutoffFn::Cosine,
+        shared_interactions: false,
+        shared_filters: false,
+        max_z: 100,
+        readout_n_layers: 2,
+        readout_n_hidden: None,
+        mean_per_atom: 0.0,
+        atomref: None,
+    }
+}
+
+/// A deterministic stream of numbers in [0, 1).
+fn uniform(seed: u64) -> impl FnMut() -> f64 {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// `count` molecule-like clusters of H, C, N and O: each atom 1.0–1.6 Å from an earlier one and
+/// no closer than 0.95 Å to any. Sizes follow a golden-ratio sequence over 3–60, so every prefix
+/// of the pool averages about 31 atoms and batch sizes compare like with like.
+fn molecules(count: usize) -> Vec<Structure> {
+    let mut next = uniform(2026);
+    let golden = (5f64.sqrt() - 1.0) / 2.0;
+    (0..count)
+        .map(|k| {
+            let atoms = 3 + ((0.5 + k as f64 * golden).fract() * 58.0) as usize;
+            let mut positions: Vec<[f64; 3]> = vec![[0.0; 3]];
+            while positions.len() < atoms {
+                let anchor = positions[(next() * positions.len() as f64) as usize];
+                let (cos_t, phi, d) = (
+                    2.0 * next() - 1.0,
+                    2.0 * std::f64::consts::PI * next(),
+                    1.0 + 0.6 * next(),
+                );
+                let sin_t = (1.0 - cos_t * cos_t).sqrt();
+                let r = [
+                    anchor[0] + d * sin_t * phi.cos(),
+                    anchor[1] + d * sin_t * phi.sin(),
+                    anchor[2] + d * cos_t,
+                ];
+                let far = positions.iter().all(|q| {
+                    let d2: f64 = (0..3).map(|x| (q[x] - r[x]).powi(2)).sum();
+                    d2 > 0.95 * 0.95
+                });
+                if far {
+                    positions.push(r);
+                }
+            }
+            let numbers = (0..atoms)
+                .map(|_| match next() {
+                    u if u < 0.5 => 1,
+                    u if u < 0.8 => 6,
+                    u if u < 0.9 => 7,
+                    _ => 8,
+                })
+                .collect();
+            Structure::molecule(numbers, positions)
+        })
+        .collect()
+}
+
+/// `structures` with every coordinate moved by up to ±0.01 Å, differently for each `call`.
+fn jitter(structures: &[Structure], call: u64) -> Vec<Structure> {
+    let mut next = uniform(call + 1);
+    structures
+        .iter()
+        .map(|s| Structure {
+            positions: s
+                .positions
+                .iter()
+                .map(|r| r.map(|x| x + 0.02 * (next() - 0.5)))
+                .collect(),
+            ..s.clone()
+        })
+        .collect()
+}
+
+/// Energies and forces of a batch of molecules, one `predict` call per run.
+struct Predict<'m, B: Backend> {
+    name: String,
+    model: &'m Painn<Autodiff<B>>,
+    structures: Vec<Structure>,
+    calls: Cell<u64>,
+}
+
+impl<B: Backend> Benchmark<B> for Predict<'_, B> {
+    type Input = (Vec<Structure>, B::Device);
+    type Output = Predictions;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn work(&self) -> Work {
+        Work::items(self.structures.len() as u64)
+    }
+
+    fn prepare(&self, device: &B::Device, variant: usize) -> Self::Input {
+        (
+            jitter(&self.structures, 1 << 32 | variant as u64),
+            device.clone(),
+        )
+    }
+
+    fn run(&self, (structures, device): &Self::Input) -> Self::Output {
+        let call = self.calls.get();
+        self.calls.set(call + 1);
+        self.model
+            .predict(&jitter(structures, call), device)
+            .expect("valid molecules")
+    }
+}
+
+/// Where the models and molecules go: `target/bench/painn/`.
+fn output_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench/painn")
+}
+
+struct Forcefield;
+
+impl Suite for Forcefield {
+    fn run<B: Backend>(&self, runner: &mut Runner<'_, B>) -> Result<(), BenchError> {
+        let device = runner.device().clone();
+        let pool = molecules(MOLECULES);
+        let out = output_dir();
+        std::fs::create_dir_all(&out).map_err(|e| BenchError::Io(e.to_string()))?;
+        let frames: Vec<Frame> = pool.iter().cloned().map(Frame::new).collect();
+        std::fs::write(out.join("molecules.extxyz"), write_extxyz(&frames))
+            .map_err(|e| BenchError::Io(e.to_string()))?;
+        let mean_atoms = pool.iter().map(Structure::len).sum::<usize>() as f64 / pool.len() as f64;
+        eprintln!("{MOLECULES} molecules of 3–60 atoms, {mean_atoms:.1} on average");
+        for (label, config) in [("seed", painn(128, 3, 20)), ("tiny", painn(16, 2, 8))] {
+            Autodiff::<B>::seed(&device, 7);
+            let model = config.init::<Autodiff<B>>(&device);
+            model
+                .save(out.join(label))
+                .map_err(|e| BenchError::Io(e.to_string()))?;
+            let make = |batch: usize| Predict {
+                name: format!("painn/{label}/b={batch}"),
+                model: &model,
+                structures: pool[..batch].to_vec(),
+                calls: Cell::new(0),
+            };
+            runner.batch_scaling(&format!("painn/{label}"), &batch_sizes(MOLECULES), make)?;
+            if label == "tiny" {
+                let water = Structure::molecule(
+                    vec![8, 1, 1],
+                    vec![[0.0, 0.0, 0.12], [0.0, 0.76, -0.47], [0.0, -0.76, -0.47]],
+                );
+                runner.bench(&Predict {
+                    name: "painn/tiny/overhead-water".into(),
+                    model: &model,
+                    structures: vec![water],
+                    calls: Cell::new(0),
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn main() -> ExitCode {
+    cli::main(Forcefield)
+}

@@ -1,0 +1,169 @@
+//! Constant-energy (NVE) molecular dynamics of one structure with a PaiNN potential: velocity
+//! Verlet from Maxwell–Boltzmann velocities, the trajectory written as extxyz while it runs, and
+//! the energy drift at the end.
+//!
+//! ```text
+//! cargo run --release --example md -- --model painn/ --input molecule.extxyz \
+//!     --trajectory md.extxyz [--frame 0] [--timestep 0.5] [--steps 1000] [--temperature 300] \
+//!     [--seed 0] [--every 10] [--device cpu]
+//! ```
+//!
+//! Every reported frame carries `energy` (potential), `kinetic`, `total` and `temperature` in its
+//! info and `forces` and `velocities` (Å/fs) as per-atom arrays.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln::burn;
+use kiln::forcefield::{Frame, MdState, NveConfig, Painn, read_extxyz, run_nve, write_extxyz};
+use kiln::precision::{DeviceJob, DeviceSpec};
+
+/// NVE molecular dynamics with a PaiNN potential.
+#[derive(Parser)]
+struct Args {
+    /// Model directory: model.safetensors and config.json.
+    #[arg(long)]
+    model: PathBuf,
+    /// Extended XYZ file holding the starting structure.
+    #[arg(long)]
+    input: PathBuf,
+    /// Which frame of the input to start from.
+    #[arg(long, default_value_t = 0)]
+    frame: usize,
+    /// Where to write the trajectory (extended XYZ).
+    #[arg(long)]
+    trajectory: PathBuf,
+    /// Integration step, fs.
+    #[arg(long, default_value_t = 0.5)]
+    timestep: f64,
+    /// Steps to integrate.
+    #[arg(long, default_value_t = 1000)]
+    steps: usize,
+    /// Temperature of the initial Maxwell–Boltzmann velocities, K.
+    #[arg(long, default_value_t = 300.0)]
+    temperature: f64,
+    /// Seed of the initial velocities.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write a frame every this many steps.
+    #[arg(long, default_value_t = 10)]
+    every: usize,
+    /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
+}
+
+impl DeviceJob for Args {
+    type Output = Result<(), String>;
+
+    fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+        let input = self.input.display();
+        let text = std::fs::read_to_string(&self.input).map_err(|e| format!("{input}: {e}"))?;
+        let frames = read_extxyz(&text).map_err(|e| format!("{input}: {e}"))?;
+        let start = frames.get(self.frame).ok_or_else(|| {
+            format!(
+                "{input} has {} frame(s): no frame {}",
+                frames.len(),
+                self.frame
+            )
+        })?;
+        let model =
+            Painn::<Autodiff<B>>::from_dir(&self.model, device).map_err(|e| e.to_string())?;
+        start
+            .validate(self.frame, model.config().max_z)
+            .map_err(|e| e.to_string())?;
+        let config = NveConfig {
+            timestep_fs: self.timestep,
+            steps: self.steps,
+            temperature_k: self.temperature,
+            seed: self.seed,
+            every: self.every,
+        };
+        let file = File::create(&self.trajectory)
+            .map_err(|e| format!("{}: {e}", self.trajectory.display()))?;
+        let mut out = BufWriter::new(file);
+        let mut written = Ok(());
+        let progress = ProgressBar::new(self.steps as u64).with_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} steps {msg} [{elapsed} < {eta}]")
+                .expect("a valid template"),
+        );
+        let started = std::time::Instant::now();
+        let conservation = run_nve(&model, &start.structure, &config, device, |state| {
+            progress.set_position(state.step as u64);
+            progress.set_message(format!(
+                "E = {:.4} eV, T = {:.0} K",
+                state.total(),
+                state.temperature_k()
+            ));
+            if written.is_ok() {
+                written = out
+                    .write_all(write_extxyz(&[frame(state)]).as_bytes())
+                    .and_then(|()| out.flush());
+            }
+        })
+        .map_err(|e| e.to_string())?;
+        progress.finish_and_clear();
+        written.map_err(|e| format!("{}: {e}", self.trajectory.display()))?;
+        let seconds = started.elapsed().as_secs_f64();
+        println!(
+            "{} steps of {} fs ({} atoms) in {seconds:.1} s: {:.1} steps/s, {:.2} ns/day",
+            self.steps,
+            self.timestep,
+            start.structure.len(),
+            self.steps as f64 / seconds,
+            self.steps as f64 * self.timestep * 1e-6 / (seconds / 86_400.0)
+        );
+        println!(
+            "energy drift {:.4} meV/atom/ps, largest deviation {:.4} meV/atom",
+            conservation.drift_mev_per_atom_ps, conservation.max_deviation_mev_per_atom
+        );
+        Ok(())
+    }
+}
+
+/// A trajectory frame: positions, energies, temperature, forces and velocities.
+fn frame(state: &MdState) -> Frame {
+    let mut frame = Frame::new(state.structure.clone());
+    let flat = |v: &[[f64; 3]]| v.iter().flatten().copied().collect();
+    frame
+        .info
+        .insert("energy".into(), format!("{:.10}", state.potential));
+    frame
+        .info
+        .insert("kinetic".into(), format!("{:.10}", state.kinetic));
+    frame
+        .info
+        .insert("total".into(), format!("{:.10}", state.total()));
+    frame.info.insert(
+        "temperature".into(),
+        format!("{:.3}", state.temperature_k()),
+    );
+    frame
+        .info
+        .insert("time_fs".into(), format!("{}", state.time_fs));
+    frame
+        .arrays
+        .insert("forces".into(), (3, flat(&state.forces)));
+    frame
+        .arrays
+        .insert("velocities".into(), (3, flat(&state.velocities)));
+    frame
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let device = args.device;
+    match device.run(args).map_err(|e| e.to_string()).and_then(|r| r) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
