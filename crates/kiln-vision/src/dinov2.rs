@@ -14,7 +14,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 
 use crate::config::Dinov2Config;
-use crate::encoder::{Mlp, run_layers};
+use crate::encoder::{Mlp, project, run_layers};
 use crate::pass::{Draw, Pass, Site, TowerSettings};
 use crate::patches::patch_tokens;
 use crate::tower::{Tower, in_compute_dtype};
@@ -177,12 +177,12 @@ impl<B: Backend> Dinov2Attention<B> {
     fn forward(&self, x: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
         let qkv = &self.attention;
         let attended = pass.attention(
-            qkv.query.forward(x.clone()),
-            qkv.key.forward(x.clone()),
-            qkv.value.forward(x),
+            project(&qkv.query, x.clone()),
+            project(&qkv.key, x.clone()),
+            project(&qkv.value, x),
             self.heads,
         );
-        pass.drop(Site::AttentionOutput, self.output.dense.forward(attended))
+        pass.drop(Site::AttentionOutput, project(&self.output.dense, attended))
     }
 }
 

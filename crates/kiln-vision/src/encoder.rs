@@ -43,6 +43,20 @@ pub(crate) fn activate<B: Backend, const D: usize>(
     }
 }
 
+/// `linear(x)` with every leading dimension of `x` flattened into the rows of one matrix.
+/// burn 0.21 multiplies a `[batch, tokens, in]` input by the weight one image at a time, as
+/// `batch` small products; one `[batch · tokens, in]` product runs at the GEMM's full rate.
+pub(crate) fn project<B: Backend, const D: usize>(
+    linear: &Linear<B>,
+    x: Tensor<B, D>,
+) -> Tensor<B, D> {
+    let mut dims = x.dims();
+    let rows = dims[..D - 1].iter().product();
+    let y = linear.forward(x.reshape([rows, dims[D - 1]]));
+    dims[D - 1] = y.dims()[1];
+    y.reshape(dims)
+}
+
 /// `fc2(act(fc1(x)))`, Monte-Carlo dropout on the hidden activations.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
@@ -67,8 +81,8 @@ impl<B: Backend> Mlp<B> {
     }
 
     pub(crate) fn forward<const D: usize>(&self, x: Tensor<B, D>, pass: &Pass) -> Tensor<B, D> {
-        let hidden = activate(self.fc1.forward(x), self.activation);
-        self.fc2.forward(pass.drop(Site::MlpHidden, hidden))
+        let hidden = activate(project(&self.fc1, x), self.activation);
+        project(&self.fc2, pass.drop(Site::MlpHidden, hidden))
     }
 }
 
@@ -97,12 +111,12 @@ impl<B: Backend> SelfAttention<B> {
 
     fn forward(&self, x: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
         let attended = pass.attention(
-            self.q_proj.forward(x.clone()),
-            self.k_proj.forward(x.clone()),
-            self.v_proj.forward(x),
+            project(&self.q_proj, x.clone()),
+            project(&self.k_proj, x.clone()),
+            project(&self.v_proj, x),
             self.heads,
         );
-        pass.drop(Site::AttentionOutput, self.out_proj.forward(attended))
+        pass.drop(Site::AttentionOutput, project(&self.out_proj, attended))
     }
 }
 

@@ -34,6 +34,7 @@ mod dinov2;
 mod encoder;
 mod host;
 mod hub;
+mod matmul;
 mod model;
 mod pass;
 mod patches;

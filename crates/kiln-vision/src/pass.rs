@@ -290,15 +290,8 @@ impl Pass {
     /// Dropout at `site` on `x` (`[batch, ..]`), or `x` unchanged when the pass is deterministic
     /// or the site's rate is 0.
     pub fn drop<B: Backend, const D: usize>(&self, site: Site, x: Tensor<B, D>) -> Tensor<B, D> {
-        let p = match site {
-            Site::Embeddings => self.dropout.embeddings,
-            Site::AttentionProbs => self.dropout.attention_probs,
-            Site::AttentionOutput => self.dropout.attention_output,
-            Site::MlpHidden => self.dropout.mlp_hidden,
-        };
-        match &self.streams {
-            Some(streams) if p > 0.0 => {
-                let mask = dropout_mask(&mut streams.borrow_mut(), x.dims(), p);
+        match self.mask(site, x.dims()) {
+            Some(mask) => {
                 let mask = Tensor::<B, D>::from_data(mask, &x.device());
                 x.clone()
                     * cast(
@@ -306,17 +299,30 @@ impl Pass {
                         Precision::from_dtype(x.dtype()).unwrap_or(Precision::F32),
                     )
             }
-            _ => x,
+            None => x,
         }
+    }
+
+    /// The next dropout mask of `site` for a `[batch, ..]` tensor of `dims`, or `None` when the
+    /// pass is deterministic or the site's rate is 0.
+    fn mask<const D: usize>(&self, site: Site, dims: [usize; D]) -> Option<TensorData> {
+        let p = match site {
+            Site::Embeddings => self.dropout.embeddings,
+            Site::AttentionProbs => self.dropout.attention_probs,
+            Site::AttentionOutput => self.dropout.attention_output,
+            Site::MlpHidden => self.dropout.mlp_hidden,
+        };
+        let streams = self.streams.as_ref().filter(|_| p > 0.0)?;
+        Some(dropout_mask(&mut streams.borrow_mut(), dims, p))
     }
 
     /// Multi-head attention over `[batch, tokens, heads · head_dim]` projections: `query` of
     /// `q_tokens`, `key` and `value` of `kv_tokens`; returns `[batch, q_tokens, heads · head_dim]`.
     ///
-    /// On the GPU backends, burn's fused kernel (flash attention) unless dropout acts on the
-    /// probabilities, which then are formed explicitly with the softmax in f32. On host backends
-    /// in f32, always explicitly: batched products straight on the head-split views (no copies)
-    /// and kiln's vectorised softmax, twice as fast as burn 0.21's fused kernel there.
+    /// On host backends in f32, kiln's attention kernel ([`host::attention`]), with the
+    /// probabilities' dropout mask when there is one. On the GPU backends, burn's fused kernel
+    /// (flash attention) unless dropout acts on the probabilities, which then are formed
+    /// explicitly with the softmax in f32.
     pub fn attention<B: Backend>(
         &self,
         query: Tensor<B, 3>,
@@ -324,20 +330,23 @@ impl Pass {
         value: Tensor<B, 3>,
         heads: usize,
     ) -> Tensor<B, 3> {
+        let [batch, tokens, width] = query.dims();
+        let scale = ((width / heads) as f64).powf(-0.5);
+        if host::serves(&query) {
+            let mask = self.mask(Site::AttentionProbs, [batch, heads, tokens, key.dims()[1]]);
+            let mask = mask
+                .as_ref()
+                .map(|m| m.as_slice::<f32>().expect("dropout masks are f32"));
+            return host::attention(query, key, value, heads, scale as f32, mask);
+        }
         let split = |x: Tensor<B, 3>| {
             let [batch, tokens, width] = x.dims();
             x.reshape([batch, tokens, heads, width / heads])
                 .swap_dims(1, 2)
         };
-        let [batch, tokens, width] = query.dims();
-        let scale = ((width / heads) as f64).powf(-0.5);
         let dropped = self.streams.is_some() && self.dropout.attention_probs > 0.0;
         let (query, key, value) = (split(query), split(key), split(value));
-        let attended = if host::serves(&query) {
-            let scores = query.matmul(key.swap_dims(2, 3));
-            let probs = host::softmax_last(scores, scale as f32);
-            self.drop(Site::AttentionProbs, probs).matmul(value)
-        } else if dropped {
+        let attended = if dropped {
             let scores = query.matmul(key.swap_dims(2, 3)) * scale;
             let probs = self.policy.keep_f32(scores, |s| softmax(s, 3));
             self.drop(Site::AttentionProbs, probs).matmul(value)

@@ -44,7 +44,9 @@ pub struct FusedAttention<B: Backend> {
 }
 
 impl<B: Backend> FusedAttention<B> {
-    /// `x · W_partᵀ + b_part` with the part (0 = q, 1 = k, 2 = v) of the fused projection.
+    /// `x · W_partᵀ + b_part` with the part (0 = q, 1 = k, 2 = v) of the fused projection. (Not
+    /// flattened into one matrix as the encoder's projections are: with the sliced weight that
+    /// gave wrong values on burn 0.21's wgpu backend.)
     fn project(&self, x: Tensor<B, 3>, part: usize) -> Tensor<B, 3> {
         let [_, hidden] = self.in_proj_weight.dims();
         let rows = part * hidden..(part + 1) * hidden;
