@@ -22,6 +22,24 @@ use crate::structure::Structure;
 /// Stability constant inside the vector norm's square root (schnetpack's `epsilon`).
 const EPSILON: f64 = 1e-8;
 
+/// `layer(x)` as `parts` equal column blocks of its output, each its own contiguous tensor: a
+/// product with a column block of the weight rather than a `narrow` of one output. burn-flex
+/// runs arithmetic on `narrow`ed (strided) operands, and its autodiff backward, one element at a
+/// time.
+fn linear_parts<B: Backend>(layer: &Linear<B>, x: Tensor<B, 2>, parts: usize) -> Vec<Tensor<B, 2>> {
+    let weight = layer.weight.val();
+    let width = weight.dims()[1] / parts;
+    (0..parts)
+        .map(|k| {
+            let y = x.clone().matmul(weight.clone().narrow(1, k * width, width));
+            match &layer.bias {
+                Some(bias) => y + bias.val().narrow(0, k * width, width).unsqueeze_dim(0),
+                None => y,
+            }
+        })
+        .collect()
+}
+
 /// Message passing between neighbours (`PaiNNInteraction`).
 #[derive(Module, Debug)]
 pub struct Interaction<B: Backend> {
@@ -340,22 +358,25 @@ impl<B: Backend> Painn<B> {
         }
         let d_ij = r_ij.clone().powi_scalar(2).sum_dim(1).sqrt(); // [P, 1]
         let dir_ij = r_ij / d_ij.clone();
-        let filters =
-            r.filter_net.forward(self.radial_basis(d_ij.clone())) * self.cosine_cutoff(d_ij);
+        let cutoff = self.cosine_cutoff(d_ij.clone());
+        let blocks = r.interactions.len();
+        let filter_sets = if config.shared_filters { 1 } else { blocks };
+        let filters: Vec<Tensor<B, 2>> =
+            linear_parts(&r.filter_net, self.radial_basis(d_ij), 3 * filter_sets)
+                .into_iter()
+                .map(|w| w * cutoff.clone())
+                .collect();
         let mut q = r
             .embedding
             .forward(graph.numbers.clone().unsqueeze_dim(0))
             .squeeze_dim::<2>(0);
-        let q_dtype = filters.dtype();
+        let q_dtype = cutoff.dtype();
         q = q.cast(q_dtype);
         let mut mu = Tensor::<B, 3>::zeros([atoms, 3, f], (&q.device(), q_dtype));
         for (block, (interaction, mixing)) in r.interactions.iter().zip(&r.mixing).enumerate() {
-            let w = if config.shared_filters {
-                filters.clone()
-            } else {
-                filters.clone().narrow(1, 3 * f * block, 3 * f)
-            };
-            (q, mu) = interaction.forward(q, mu, w, dir_ij.clone(), graph, f);
+            let set = if config.shared_filters { 0 } else { block };
+            let w = &filters[3 * set..3 * set + 3];
+            (q, mu) = interaction.forward(q, mu, w, dir_ij.clone(), graph);
             (q, mu) = mixing.forward(q, mu, f);
         }
         let layers = &self.output_modules[0].outnet;
@@ -402,22 +423,20 @@ impl<B: Backend> Interaction<B> {
         &self,
         q: Tensor<B, 2>,
         mu: Tensor<B, 3>,
-        w: Tensor<B, 2>,
+        w: &[Tensor<B, 2>],
         dir_ij: Tensor<B, 2>,
         graph: &Graph<B>,
-        f: usize,
     ) -> (Tensor<B, 2>, Tensor<B, 3>) {
-        let [atoms, ..] = mu.dims();
+        let [atoms, _, f] = mu.dims();
         if graph.idx_i.dims()[0] == 0 {
             // No atom has a neighbour: no messages (burn-flex's products of empty tensors also
             // lose their dtype).
             return (q, mu);
         }
         let net = &self.interatomic_context_net;
-        let x = net[1].forward(silu(net[0].forward(q.clone())));
-        let x = w * x.select(0, graph.idx_j.clone());
-        let split = |k: usize| x.clone().narrow(1, k * f, f);
-        let (dq, dmu_r, dmu_mu) = (split(0), split(1), split(2));
+        let x = linear_parts(&net[1], silu(net[0].forward(q.clone())), 3);
+        let part = |k: usize| w[k].clone() * x[k].clone().select(0, graph.idx_j.clone());
+        let (dq, dmu_r, dmu_mu) = (part(0), part(1), part(2));
         let mu_j = mu.clone().select(0, graph.idx_j.clone());
         let dmu = dmu_r.unsqueeze_dim::<3>(1) * dir_ij.unsqueeze_dim::<3>(2)
             + dmu_mu.unsqueeze_dim::<3>(1) * mu_j;
@@ -440,19 +459,18 @@ impl<B: Backend> Interaction<B> {
 
 impl<B: Backend> Mixing<B> {
     fn forward(&self, q: Tensor<B, 2>, mu: Tensor<B, 3>, f: usize) -> (Tensor<B, 2>, Tensor<B, 3>) {
-        let mixed = self.mu_channel_mix.forward(mu.clone());
-        let mu_v = mixed.clone().narrow(2, 0, f);
-        let mu_w = mixed.narrow(2, f, f);
         let atoms = q.dims()[0];
+        let mixed = linear_parts(&self.mu_channel_mix, mu.clone().reshape([atoms * 3, f]), 2);
+        let mu_v = mixed[0].clone().reshape([atoms, 3, f]);
+        let mu_w = mixed[1].clone().reshape([atoms, 3, f]);
         let mu_v_norm = (mu_v.clone().powi_scalar(2).sum_dim(1) + EPSILON)
             .sqrt()
             .reshape([atoms, f]);
         let net = &self.intraatomic_context_net;
-        let x = net[1].forward(silu(
-            net[0].forward(Tensor::cat(vec![q.clone(), mu_v_norm], 1)),
-        ));
-        let split = |k: usize| x.clone().narrow(1, k * f, f);
-        let (dq, dmu, dqmu) = (split(0), split(1), split(2));
+        let hidden = silu(net[0].forward(Tensor::cat(vec![q.clone(), mu_v_norm], 1)));
+        let [dq, dmu, dqmu]: [Tensor<B, 2>; 3] = linear_parts(&net[1], hidden, 3)
+            .try_into()
+            .expect("three parts");
         let dmu = dmu.unsqueeze_dim::<3>(1) * mu_w.clone();
         let dqmu = dqmu * (mu_v * mu_w).sum_dim(1).reshape([atoms, f]);
         (q + dq + dqmu, mu + dmu)
