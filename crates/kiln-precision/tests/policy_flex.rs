@@ -2,11 +2,11 @@
 //! checked against the same computation done in f64 on the host.
 
 use burn::backend::Flex;
-use burn::module::Module;
+use burn::module::{Module, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
-use kiln_precision::{DtypeSpec, Policy, PolicySpec, Precision, PrecisionError, scatter_add};
+use kiln_precision::{DtypeSpec, Policy, PolicySpec, Precision, scatter_add};
 
 type B = Flex;
 
@@ -69,20 +69,25 @@ fn forward(policy: &Policy, linear: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2>
 fn forward_matches_f64_in_every_compute_dtype() {
     let device = Default::default();
     let (rows, d_in, d_out) = (8, 64, 32);
+    // Fixed inputs and weights (PyTorch's nn.Linear scale), so the half-precision errors below
+    // are the same on every run.
+    let scale = (d_in as f32).sqrt().recip();
     let x = inputs(rows * d_in, 1);
-    let linear: Linear<B> = LinearConfig::new(d_in, d_out).init(&device);
-    let w_t: Vec<f32> = linear.weight.val().into_data().to_vec().unwrap(); // [d_in, d_out]
-    let w: Vec<f32> = (0..d_out * d_in)
-        .map(|k| w_t[(k % d_in) * d_out + k / d_in])
-        .collect();
-    let b: Vec<f32> = linear
-        .bias
-        .as_ref()
-        .unwrap()
-        .val()
-        .into_data()
-        .to_vec()
-        .unwrap();
+    let w: Vec<f32> = inputs(d_out * d_in, 2).iter().map(|v| v * scale).collect(); // [d_out, d_in]
+    let b: Vec<f32> = inputs(d_out, 3).iter().map(|v| v * scale).collect();
+    let w_t: Vec<f32> = (0..d_in * d_out)
+        .map(|k| w[(k % d_out) * d_in + k / d_out])
+        .collect(); // [d_in, d_out], burn's layout
+    let linear = Linear::<B> {
+        weight: Param::from_tensor(Tensor::from_data(
+            TensorData::new(w_t, [d_in, d_out]),
+            &device,
+        )),
+        bias: Some(Param::from_tensor(Tensor::from_data(
+            TensorData::new(b.clone(), [d_out]),
+            &device,
+        ))),
+    };
     let want = reference(&x, &w, &b, rows, d_in, d_out);
 
     for (policy, dtype, tol) in [
@@ -108,6 +113,7 @@ fn forward_matches_f64_in_every_compute_dtype() {
             .zip(&want)
             .map(|(g, w)| (g - w).abs() / w.abs().max(1e-3))
             .fold(0.0, f64::max);
+        eprintln!("{policy}: worst relative error {worst:e}");
         assert!(
             worst < tol,
             "{policy}: worst relative error {worst:e} ≥ {tol:e}"
@@ -206,6 +212,7 @@ fn half_resolves_to_bf16_on_flex_and_accumulation_to_f64() {
 #[test]
 fn half_falls_back_to_f32_where_no_16_bit_type_computes() {
     use burn::backend::NdArray;
+    use kiln_precision::PrecisionError;
     let device = Default::default();
     let policy = "mixed-bf16".parse::<PolicySpec>().unwrap();
     let err = policy.resolve::<NdArray>(&device).unwrap_err();
