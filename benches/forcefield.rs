@@ -26,6 +26,12 @@ use kiln::forcefield::{
     CutoffFn, Frame, Painn, PainnConfig, Predictions, RadialBasisKind, Structure, write_extxyz,
 };
 
+/// burn-flex allocates every intermediate afresh. glibc's allocator returns large freed blocks to
+/// the kernel, which zeroes them again when the next call faults them back in; mimalloc keeps
+/// them (about 1.5× on large batches, docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Molecules in the pool; batch b evaluates the first b.
 const MOLECULES: usize = 256;
 

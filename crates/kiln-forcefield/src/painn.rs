@@ -10,7 +10,7 @@ use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::activation::silu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Tensor, TensorData};
+use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
 use kiln_precision::{Precision, cast_module, scatter_add};
 
@@ -39,6 +39,11 @@ fn linear_parts<B: Backend>(layer: &Linear<B>, x: Tensor<B, 2>, parts: usize) ->
         })
         .collect()
 }
+
+/// Vector features as one `[atoms, F]` tensor per Cartesian axis (schnetpack keeps
+/// `[atoms, 3, F]`): every operation on them is then 2-D on contiguous operands, which burn-flex
+/// vectorises, where broadcasts over the middle axis and 3-D scatters go element by element.
+type Vectors<B> = [Tensor<B, 2>; 3];
 
 /// Message passing between neighbours (`PaiNNInteraction`).
 #[derive(Module, Debug)]
@@ -358,26 +363,26 @@ impl<B: Backend> Painn<B> {
         }
         let d_ij = r_ij.clone().powi_scalar(2).sum_dim(1).sqrt(); // [P, 1]
         let dir_ij = r_ij / d_ij.clone();
-        let cutoff = self.cosine_cutoff(d_ij.clone());
-        let blocks = r.interactions.len();
-        let filter_sets = if config.shared_filters { 1 } else { blocks };
-        let filters: Vec<Tensor<B, 2>> =
-            linear_parts(&r.filter_net, self.radial_basis(d_ij), 3 * filter_sets)
-                .into_iter()
-                .map(|w| w * cutoff.clone())
-                .collect();
+        let device = dir_ij.device();
+        let dirs: Vectors<B> = std::array::from_fn(|axis| {
+            let axis =
+                Tensor::<B, 1, Int>::from_data(TensorData::new(vec![axis as i64], [1]), &device);
+            dir_ij.clone().select(1, axis)
+        });
+        let filters = self.filters(d_ij);
         let mut q = r
             .embedding
             .forward(graph.numbers.clone().unsqueeze_dim(0))
             .squeeze_dim::<2>(0);
-        let q_dtype = cutoff.dtype();
+        let q_dtype = dir_ij.dtype();
         q = q.cast(q_dtype);
-        let mut mu = Tensor::<B, 3>::zeros([atoms, 3, f], (&q.device(), q_dtype));
+        let mut mu: Vectors<B> =
+            std::array::from_fn(|_| Tensor::zeros([atoms, f], (&device, q_dtype)));
         for (block, (interaction, mixing)) in r.interactions.iter().zip(&r.mixing).enumerate() {
             let set = if config.shared_filters { 0 } else { block };
             let w = &filters[3 * set..3 * set + 3];
-            (q, mu) = interaction.forward(q, mu, w, dir_ij.clone(), graph);
-            (q, mu) = mixing.forward(q, mu, f);
+            (q, mu) = interaction.forward(q, mu, w, &dirs, graph);
+            (q, mu) = mixing.forward(q, mu);
         }
         let layers = &self.output_modules[0].outnet;
         let mut y = q;
@@ -388,6 +393,30 @@ impl<B: Backend> Painn<B> {
             }
         }
         y.squeeze_dim::<1>(1)
+    }
+
+    /// The filter network's outputs times the cosine cutoff for distances `[P, 1]`: 3 `[P, F]`
+    /// filters per interaction block (3 in all with shared filters). `(rbf W + b) c` is formed
+    /// as one product `[rbf c, c] [W; b]`, so neither the bias nor the cutoff costs a pass over
+    /// the pairs.
+    fn filters(&self, d: Tensor<B, 2>) -> Vec<Tensor<B, 2>> {
+        let net = &self.representation.filter_net;
+        let cutoff = self.cosine_cutoff(d.clone());
+        let basis = Tensor::cat(vec![self.radial_basis(d) * cutoff.clone(), cutoff], 1);
+        let bias = net
+            .bias
+            .as_ref()
+            .expect("schnetpack's filter network has a bias");
+        let weight = Tensor::cat(vec![net.weight.val(), bias.val().unsqueeze_dim(0)], 0);
+        let width = self.config.n_atom_basis;
+        let parts = weight.dims()[1] / width;
+        (0..parts)
+            .map(|k| {
+                basis
+                    .clone()
+                    .matmul(weight.clone().narrow(1, k * width, width))
+            })
+            .collect()
     }
 
     /// The radial basis of distances `[P, 1]`, `[P, n_rbf]`.
@@ -419,15 +448,16 @@ impl<B: Backend> Painn<B> {
 }
 
 impl<B: Backend> Interaction<B> {
+    /// Adds every atom's messages from its neighbours (filters `w`, unit vectors `dirs` from
+    /// centre to neighbour, both per pair) to its features.
     fn forward(
         &self,
         q: Tensor<B, 2>,
-        mu: Tensor<B, 3>,
+        mu: Vectors<B>,
         w: &[Tensor<B, 2>],
-        dir_ij: Tensor<B, 2>,
+        dirs: &Vectors<B>,
         graph: &Graph<B>,
-    ) -> (Tensor<B, 2>, Tensor<B, 3>) {
-        let [atoms, _, f] = mu.dims();
+    ) -> (Tensor<B, 2>, Vectors<B>) {
         if graph.idx_i.dims()[0] == 0 {
             // No atom has a neighbour: no messages (burn-flex's products of empty tensors also
             // lose their dtype).
@@ -435,45 +465,57 @@ impl<B: Backend> Interaction<B> {
         }
         let net = &self.interatomic_context_net;
         let x = linear_parts(&net[1], silu(net[0].forward(q.clone())), 3);
-        let part = |k: usize| w[k].clone() * x[k].clone().select(0, graph.idx_j.clone());
-        let (dq, dmu_r, dmu_mu) = (part(0), part(1), part(2));
-        let mu_j = mu.clone().select(0, graph.idx_j.clone());
-        let dmu = dmu_r.unsqueeze_dim::<3>(1) * dir_ij.unsqueeze_dim::<3>(2)
-            + dmu_mu.unsqueeze_dim::<3>(1) * mu_j;
-        let device = q.device();
-        let dq = scatter_add(
-            Tensor::zeros([atoms, f], (&device, q.dtype())),
-            0,
-            graph.idx_i.clone(),
-            dq,
-        );
-        let dmu = scatter_add(
-            Tensor::zeros([atoms, 3, f], (&device, q.dtype())),
-            0,
-            graph.idx_i.clone(),
-            dmu,
-        );
-        (q + dq, mu + dmu)
+        let from_neighbours = |k: usize, atom_values: Tensor<B, 2>| {
+            w[k].clone() * atom_values.select(0, graph.idx_j.clone())
+        };
+        let receive = |features: Tensor<B, 2>, messages: Tensor<B, 2>| {
+            scatter_add(features, 0, graph.idx_i.clone(), messages)
+        };
+        let dq = from_neighbours(0, x[0].clone());
+        let dmu_r = from_neighbours(1, x[1].clone());
+        // schnetpack's dmu_mu · mu_j, with the product x_mu · mu taken per atom (one pass over
+        // the atoms instead of one over the pairs).
+        let mu = std::array::from_fn(|axis| {
+            let dmu_mu = from_neighbours(2, x[2].clone() * mu[axis].clone());
+            receive(
+                mu[axis].clone(),
+                dmu_r.clone() * dirs[axis].clone() + dmu_mu,
+            )
+        });
+        (receive(q, dq), mu)
     }
 }
 
 impl<B: Backend> Mixing<B> {
-    fn forward(&self, q: Tensor<B, 2>, mu: Tensor<B, 3>, f: usize) -> (Tensor<B, 2>, Tensor<B, 3>) {
-        let atoms = q.dims()[0];
-        let mixed = linear_parts(&self.mu_channel_mix, mu.clone().reshape([atoms * 3, f]), 2);
-        let mu_v = mixed[0].clone().reshape([atoms, 3, f]);
-        let mu_w = mixed[1].clone().reshape([atoms, 3, f]);
-        let mu_v_norm = (mu_v.clone().powi_scalar(2).sum_dim(1) + EPSILON)
-            .sqrt()
-            .reshape([atoms, f]);
+    /// Mixes each atom's scalar features with the norms and projections of its vector ones.
+    fn forward(&self, q: Tensor<B, 2>, mu: Vectors<B>) -> (Tensor<B, 2>, Vectors<B>) {
+        let (mu_v, mu_w): (Vec<_>, Vec<_>) = mu
+            .iter()
+            .map(|axis| {
+                let [v, w]: [Tensor<B, 2>; 2] = linear_parts(&self.mu_channel_mix, axis.clone(), 2)
+                    .try_into()
+                    .expect("two parts");
+                (v, w)
+            })
+            .unzip();
+        let sum_over_axes =
+            |terms: Vec<Tensor<B, 2>>| terms.into_iter().reduce(|a, b| a + b).expect("three axes");
+        let mu_v_norm = (sum_over_axes(mu_v.iter().map(|v| v.clone().powi_scalar(2)).collect())
+            + EPSILON)
+            .sqrt();
+        let dot = sum_over_axes(
+            mu_v.into_iter()
+                .zip(&mu_w)
+                .map(|(v, w)| v * w.clone())
+                .collect(),
+        );
         let net = &self.intraatomic_context_net;
         let hidden = silu(net[0].forward(Tensor::cat(vec![q.clone(), mu_v_norm], 1)));
         let [dq, dmu, dqmu]: [Tensor<B, 2>; 3] = linear_parts(&net[1], hidden, 3)
             .try_into()
             .expect("three parts");
-        let dmu = dmu.unsqueeze_dim::<3>(1) * mu_w.clone();
-        let dqmu = dqmu * (mu_v * mu_w).sum_dim(1).reshape([atoms, f]);
-        (q + dq + dqmu, mu + dmu)
+        let mu = std::array::from_fn(|axis| mu[axis].clone() + dmu.clone() * mu_w[axis].clone());
+        (q + dq + dqmu * dot, mu)
     }
 }
 
