@@ -1,9 +1,9 @@
 //! The `kiln-bench` binary end to end on Flex: save a baseline, compare a repeat run (passes),
 //! compare a deliberately slowed run (fails with a non-zero exit).
 //!
-//! Separate processes on a shared 2-core CI machine drift by tens of percent, more than the
-//! samples of one run can show, so the comparisons here use a 50% threshold and a slowdown of 4×
-//! (+300%): both verdicts hold with a wide margin.
+//! Separate processes on a shared 2-core CI machine drift apart, at times by 2× (a repeat run
+//! once measured +109%), more than the samples of one run can show. So the comparisons here use
+//! a 1000% threshold and a slowdown of 30× (+2900%): both verdicts hold with a wide margin.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -17,7 +17,7 @@ fn kiln_bench(dir: &Path, slowdown: usize, args: &[&str]) -> Output {
             "--filter",
             "gemm/n=512",
             "--threshold",
-            "50",
+            "1000",
             "--dir",
         ])
         .arg(dir)
@@ -57,7 +57,7 @@ fn repeat_runs_pass_and_a_slowed_run_fails_the_comparison() {
         "{text}"
     );
 
-    let slowed = kiln_bench(dir.path(), 4, &["--compare", "base"]);
+    let slowed = kiln_bench(dir.path(), 30, &["--compare", "base"]);
     let text = stdout(&slowed);
     assert_eq!(slowed.status.code(), Some(1), "{text}");
     assert!(
