@@ -26,9 +26,8 @@ use kiln::forcefield::{
     CutoffFn, Frame, Painn, PainnConfig, Predictions, RadialBasisKind, Structure, write_extxyz,
 };
 
-/// burn-flex allocates every intermediate afresh. glibc's allocator returns large freed blocks to
-/// the kernel, which zeroes them again when the next call faults them back in; mimalloc keeps
-/// them (about 1.5× on large batches, docs/PERFORMANCE.md).
+/// mimalloc keeps freed tensor buffers for reuse; glibc's allocator hands large ones back to the
+/// kernel, which zeroes them again on the next call (docs/PERFORMANCE.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -24,6 +24,11 @@ use kiln::vision::{
     VisionModel,
 };
 
+/// mimalloc keeps freed tensor buffers for reuse; glibc's allocator hands large ones back to the
+/// kernel, which zeroes them again on the next call (docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const BATCH: usize = 32;
 
 /// One forward pass of a batch of `BATCH` random images.

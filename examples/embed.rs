@@ -27,6 +27,11 @@ use kiln::cache::{DeviceImages, ImageCache, ImageSource, Order, Preprocess, Resi
 use kiln::precision::{DeviceJob, DeviceSpec, PolicySpec, Precision};
 use kiln::vision::{VisionModel, checkpoint_dir};
 
+/// mimalloc keeps freed tensor buffers for reuse; glibc's allocator hands large ones back to the
+/// kernel, which zeroes them again on the next call (docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Embed images with a vision checkpoint.
 #[derive(Parser)]
 struct Args {

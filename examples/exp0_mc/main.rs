@@ -50,6 +50,11 @@ use serde_json::json;
 use models::{Loaded, load_models, model_specs, weights_seed};
 use report::{Bars, Clock, report_timings, write_results};
 
+/// mimalloc keeps freed tensor buffers for reuse; glibc's allocator hands large ones back to the
+/// kernel, which zeroes them again on the next call (docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Nested Monte-Carlo over vision encoders (Exp 0).
 #[derive(Parser, Clone)]
 struct Args {
