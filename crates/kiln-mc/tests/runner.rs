@@ -4,8 +4,10 @@
 //! resume and shard into the same summary as one uninterrupted run.
 
 use std::path::Path;
+use std::sync::Mutex;
 
 use burn::backend::Flex;
+use burn::tensor::backend::Backend;
 use kiln_cache::{CachedImages, DeviceImages, ImageCache, ImageSource, Preprocess, Residency};
 use kiln_mc::{
     Accumulation, EmbeddingStats, Experiment, Shard, SummaryRow, TrialRunner, TrialStore,
@@ -37,8 +39,15 @@ fn dataset(dir: &Path, count: usize) -> CachedImages {
         .unwrap()
 }
 
-/// A CLIP tower of the released architecture at toy size, random weights.
+/// A CLIP tower of the released architecture at toy size, random weights drawn from a fixed seed
+/// (one test at a time seeds burn's generator and draws from it).
 fn model(dropout: f64) -> VisionModel<Flex> {
+    static DRAWING: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = DRAWING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let device = Default::default();
+    Flex::seed(&device, 2026);
     let config = ClipVisionConfig {
         hidden_size: 24,
         intermediate_size: 40,
@@ -49,7 +58,7 @@ fn model(dropout: f64) -> VisionModel<Flex> {
         projection_dim: 16,
         ..ClipVisionConfig::vit_base_patch32()
     };
-    VisionModel::Clip(Box::new(config.init(&Default::default())))
+    VisionModel::Clip(Box::new(config.init(&device)))
         .with_dropout(DropoutSites::all(dropout))
         .unwrap()
 }
@@ -159,7 +168,7 @@ fn batching_does_not_change_a_trial_and_seeds_do() {
 fn experiment(images: &CachedImages) -> Experiment {
     Experiment {
         models: vec!["tiny_clip".into()],
-        passes: vec![2, 4],
+        passes: vec![2, 16],
         trials: 3,
         seed: 9,
         dropout: DropoutSites::all(0.1).to_string(),
@@ -244,6 +253,7 @@ fn a_resumed_run_and_merged_shards_summarise_as_one_run() {
             .0,
     )
     .unwrap();
-    // More passes, a steadier mean: the between-trial variance falls with T.
+    // More passes, a steadier mean: the between-trial variance falls with T (as 1/T, 8× from
+    // T = 2 to 16; 3 trials estimate it loosely, so only the direction is asserted).
     assert!(rows[1].mean_variance < rows[0].mean_variance, "{rows:?}");
 }
