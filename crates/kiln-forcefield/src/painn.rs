@@ -402,12 +402,14 @@ impl<B: Backend> Painn<B> {
     fn filters(&self, d: Tensor<B, 2>) -> Vec<Tensor<B, 2>> {
         let net = &self.representation.filter_net;
         let cutoff = self.cosine_cutoff(d.clone());
-        let basis = Tensor::cat(vec![self.radial_basis(d) * cutoff.clone(), cutoff], 1);
-        let bias = net
-            .bias
-            .as_ref()
-            .expect("schnetpack's filter network has a bias");
-        let weight = Tensor::cat(vec![net.weight.val(), bias.val().unsqueeze_dim(0)], 0);
+        let basis = self.radial_basis(d) * cutoff.clone();
+        let (basis, weight) = match &net.bias {
+            Some(bias) => (
+                Tensor::cat(vec![basis, cutoff], 1),
+                Tensor::cat(vec![net.weight.val(), bias.val().unsqueeze_dim(0)], 0),
+            ),
+            None => (basis, net.weight.val()),
+        };
         let width = self.config.n_atom_basis;
         let parts = weight.dims()[1] / width;
         (0..parts)
