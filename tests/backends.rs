@@ -10,6 +10,7 @@ use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use common::say;
 use kiln::precision::{DeviceJob, DeviceSpec, PolicySpec, is_host_backend, scatter_add};
 
+#[macro_use]
 mod common;
 
 /// softmax(A·B) and a mixed-dtype scatter-add, read back as f64, and whether the backend keeps
@@ -74,24 +75,7 @@ fn check(device: DeviceSpec) {
     assert_eq!(on_host, cpu, "{device}");
 }
 
-#[test]
-fn cpu() {
-    check(DeviceSpec::Flex);
-}
-
-#[cfg(feature = "ndarray")]
-#[test]
-fn ndarray() {
-    check(DeviceSpec::NdArray);
-}
-
-#[cfg(feature = "wgpu")]
-#[test]
-fn wgpu() {
-    if let Some(device) = common::vulkan("wgpu test") {
-        check(device);
-    }
-}
+backend_tests!("test"; cpu, ndarray, wgpu, cuda);
 
 #[test]
 fn cuda_without_a_driver_is_a_one_line_error() {

@@ -7,6 +7,7 @@ use burn::tensor::{Tensor, TensorData};
 use kiln::precision::{DeviceJob, DeviceSpec, Policy};
 use kiln::vision::{Draw, DropoutSites, VisionModel};
 
+#[macro_use]
 mod common;
 
 use common::fixtures;
@@ -76,32 +77,16 @@ fn check(device: DeviceSpec) {
             "pooler_output"
         };
         let (expected, _) = reference(&format!("{name}.safetensors"), key);
+        let tolerance = 1e-4 * common::tf32_slack(device) as f32;
         let error = relative_error(&ours.deterministic, &expected);
-        assert!(error <= 1e-4, "{device} {name}: {error}");
+        assert!(error <= tolerance, "{device} {name}: {error}");
         let error = relative_error(&ours.sampled, &flex.sampled);
         assert!(
-            error <= 1e-4,
+            error <= tolerance,
             "{device} {name} sampled, against Flex: {error}"
         );
         assert!(relative_error(&ours.sampled, &ours.deterministic) > 1e-3);
     }
 }
 
-#[test]
-fn cpu() {
-    check(DeviceSpec::Flex);
-}
-
-#[cfg(feature = "ndarray")]
-#[test]
-fn ndarray() {
-    check(DeviceSpec::NdArray);
-}
-
-#[cfg(feature = "wgpu")]
-#[test]
-fn wgpu() {
-    if let Some(device) = common::vulkan("wgpu vision parity test") {
-        check(device);
-    }
-}
+backend_tests!("vision parity test"; cpu, ndarray, wgpu, cuda);

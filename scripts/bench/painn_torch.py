@@ -1,4 +1,4 @@
-"""schnetpack (PyTorch CPU) throughput of PaiNN energies and forces, for docs/PERFORMANCE.md.
+"""schnetpack (PyTorch) throughput of PaiNN energies and forces, for docs/PERFORMANCE.md.
 
 Same work as `cargo bench --bench forcefield`, which writes what this reads into
 target/bench/painn/: the molecules (molecules.extxyz, 256 of 3-60 atoms) and the two models
@@ -8,6 +8,8 @@ autograd. Every call moves the atoms by a fresh jitter, as the Rust benchmark do
 model and batch size, the median seconds per call, structures/s, atoms/s and µs per structure.
 
     /work/venvs/spk/bin/python scripts/bench/painn_torch.py --threads 2 [--runs 20] [--json out.json]
+    python3 scripts/bench/painn_torch.py --device cuda    # on a GPU (then ASE's neighbour lists
+                                                          # and the batching stay on the CPU)
 
 Requirements: scripts/fixtures/requirements-schnetpack.txt (its own virtual environment).
 """
@@ -54,15 +56,20 @@ def main():
     parser.add_argument("--seconds", type=float, default=3.0, help="time budget per batch size")
     parser.add_argument("--models", default="seed,tiny")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     args = parser.parse_args()
+    device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     molecules = read(ROOT / "molecules.extxyz", index=":")
     rng = np.random.default_rng(0)
     results = []
     for name in args.models.split(","):
         model, cutoff = load(ROOT / name)
+        model = model.to(device)
         convert = spk.interfaces.AtomsConverter(
-            neighbor_list=spk.transform.ASENeighborList(cutoff=cutoff), dtype=torch.float32
+            neighbor_list=spk.transform.ASENeighborList(cutoff=cutoff),
+            dtype=torch.float32,
+            device=device,
         )
 
         def call(batch):
@@ -70,7 +77,8 @@ def main():
             for a in atoms:
                 a.positions += rng.uniform(-0.01, 0.01, size=a.positions.shape)
             outputs = model(convert(atoms))
-            return outputs["energy"].detach().numpy(), outputs["forces"].detach().numpy()
+            # Reading the results back to the host waits for the GPU.
+            return outputs["energy"].detach().cpu().numpy(), outputs["forces"].detach().cpu().numpy()
 
         for batch in batch_sizes(len(molecules)):
             atoms = sum(len(a) for a in molecules[:batch])
@@ -83,6 +91,7 @@ def main():
             median = statistics.median(samples)
             row = {
                 "model": name,
+                "device": str(device),
                 "batch": batch,
                 "atoms": atoms,
                 "median_s": median,

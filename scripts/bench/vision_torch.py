@@ -1,11 +1,14 @@
-"""PyTorch CPU throughput of the vision towers kiln benchmarks, for docs/PERFORMANCE.md.
+"""PyTorch throughput of the vision towers kiln benchmarks, for docs/PERFORMANCE.md.
 
 Same work as `cargo bench --bench vision`: randomly initialised transformers towers of the
 released sizes (throughput does not depend on the weights), fp32, batch 32, forward only under
-`torch.inference_mode()`, the same thread count. Prints one line per model: median seconds per
-batch over the timed runs and images/s.
+`torch.inference_mode()`, the same thread count (CPU) or the same GPU (`--device cuda`, timed
+between `torch.cuda.synchronize()` calls; fp32 matrix products in full fp32, not TF32, as
+PyTorch's default). Prints one line per model: median seconds per batch over the timed runs
+and images/s.
 
     /work/venvs/hf/bin/python scripts/bench/vision_torch.py --threads 2 [--batch 32] [--runs 5]
+    python3 scripts/bench/vision_torch.py --device cuda --runs 50
 
 Requirements: scripts/fixtures/requirements-hf.txt (torch, transformers).
 """
@@ -83,20 +86,31 @@ def main():
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--only", help="run only the model with this name")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    device = torch.device(args.device)
+    torch.backends.cudnn.allow_tf32 = False  # the patch convolution too, like the matmuls
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     for name, build, size in MODELS:
         if args.only and name != args.only:
             continue
-        model = build().eval()
-        inputs = [torch.randn(args.batch, 3, size, size) for _ in range(3)]
+        model = build().eval().to(device)
+        inputs = [torch.randn(args.batch, 3, size, size, device=device) for _ in range(3)]
         with torch.inference_mode():
-            model(pixel_values=inputs[0])  # warm-up
+            for _ in range(3 if device.type == "cuda" else 1):  # warm-up
+                model(pixel_values=inputs[0])
             seconds = []
             for run in range(args.runs):
+                sync()
                 start = time.perf_counter()
                 model(pixel_values=inputs[run % len(inputs)])
+                sync()
                 seconds.append(time.perf_counter() - start)
         median = statistics.median(seconds)
         print(
@@ -105,6 +119,7 @@ def main():
                     "model": name,
                     "pixels": size,
                     "batch": args.batch,
+                    "device": str(device),
                     "threads": args.threads,
                     "torch": torch.__version__,
                     "median_s_per_batch": round(median, 4),

@@ -61,7 +61,31 @@ pub fn say(line: &str) {
 /// The Vulkan device, or `None` (said on stderr) where there is no adapter. With
 /// `KILN_REQUIRE_WGPU` set (CI), a missing adapter fails the test instead.
 pub fn vulkan(test: &str) -> Option<DeviceSpec> {
-    let device: DeviceSpec = "vulkan".parse().unwrap();
+    present("vulkan", test, "KILN_REQUIRE_WGPU")
+}
+
+/// The first CUDA GPU, or `None` (said on stderr) where there is none. With `KILN_REQUIRE_CUDA`
+/// set (a GPU machine's test run), a missing GPU fails the test instead.
+pub fn cuda(test: &str) -> Option<DeviceSpec> {
+    present("cuda:0", test, "KILN_REQUIRE_CUDA")
+}
+
+/// How many times an f32 tolerance widens on `device`: 100 on CUDA, where burn 0.21's matrix
+/// products of f32 tensors run on TF32 tensor cores (10-bit mantissa, cubek-matmul's
+/// `adjust_dtypes`; PyTorch's `allow_tf32`), else 1. Measured on an H100 (docs/PERFORMANCE.md):
+/// CLIP embeddings 8.1e-4 relative, Monte-Carlo means 7.5e-4, PaiNN energies 2.7e-3 eV.
+pub fn tf32_slack(device: DeviceSpec) -> f64 {
+    if matches!(device, DeviceSpec::Cuda(_)) {
+        100.0
+    } else {
+        1.0
+    }
+}
+
+/// `device` if this machine has it; else `None` and a `SKIPPED` line, or a failure where the
+/// environment variable `require` is set.
+fn present(device: &str, test: &str, require: &str) -> Option<DeviceSpec> {
+    let device: DeviceSpec = device.parse().unwrap();
     match device.report() {
         Ok(report) => {
             say(&format!("{test} runs on: {}", report.hardware.name));
@@ -69,14 +93,50 @@ pub fn vulkan(test: &str) -> Option<DeviceSpec> {
         }
         Err(e @ DeviceError::Unavailable { .. }) => {
             assert!(
-                std::env::var_os("KILN_REQUIRE_WGPU").is_none(),
-                "KILN_REQUIRE_WGPU is set but {e}"
+                std::env::var_os(require).is_none(),
+                "{require} is set but {e}"
             );
-            say(&format!(
-                "SKIPPED {test}: no Vulkan adapter on this machine ({e})"
-            ));
+            say(&format!("SKIPPED {test}: {e}"));
             None
         }
         Err(e) => panic!("{e}"),
     }
+}
+
+/// One test per backend, each `check(device)` of the invoking file: `cpu` (Flex), `ndarray`,
+/// `wgpu` and `cuda` (each where compiled in; wgpu and CUDA where this machine has them, else a
+/// `SKIPPED` line). `backend_tests!("vision parity test"; cpu, ndarray, wgpu, cuda)`.
+macro_rules! backend_tests {
+    ($what:literal; $($backend:ident),+) => { $(backend_tests!(@one $what, $backend);)+ };
+    (@one $what:literal, cpu) => {
+        #[test]
+        fn cpu() {
+            check(DeviceSpec::Flex);
+        }
+    };
+    (@one $what:literal, ndarray) => {
+        #[cfg(feature = "ndarray")]
+        #[test]
+        fn ndarray() {
+            check(DeviceSpec::NdArray);
+        }
+    };
+    (@one $what:literal, wgpu) => {
+        #[cfg(feature = "wgpu")]
+        #[test]
+        fn wgpu() {
+            if let Some(device) = common::vulkan(concat!("wgpu ", $what)) {
+                check(device);
+            }
+        }
+    };
+    (@one $what:literal, cuda) => {
+        #[cfg(feature = "cuda")]
+        #[test]
+        fn cuda() {
+            if let Some(device) = common::cuda(concat!("cuda ", $what)) {
+                check(device);
+            }
+        }
+    };
 }

@@ -27,6 +27,7 @@ mod batch;
 mod config;
 mod elements;
 mod extxyz;
+mod host;
 mod md;
 mod neighbors;
 mod painn;

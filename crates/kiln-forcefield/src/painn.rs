@@ -10,17 +10,18 @@ use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::activation::silu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
-use kiln_precision::{Precision, cast_module, scatter_add};
+use kiln_precision::{Precision, cast_module, is_host_backend, scatter_add};
 
 use crate::ForceFieldError;
 use crate::batch::Graph;
 use crate::config::{PainnConfig, RadialBasisKind};
+use crate::host;
 use crate::structure::Structure;
 
 /// Stability constant inside the vector norm's square root (schnetpack's `epsilon`).
-const EPSILON: f64 = 1e-8;
+pub(crate) const EPSILON: f64 = 1e-8;
 
 /// `layer(x)` as `parts` equal column blocks of its output, each its own contiguous tensor: a
 /// product with a column block of the weight rather than a `narrow` of one output. burn-flex
@@ -523,8 +524,27 @@ impl<B: Backend> Mixing<B> {
 
 impl<B: AutodiffBackend> Painn<B> {
     /// Energies of `structures`, forces on their atoms (−∂E/∂R) and, for fully periodic ones,
-    /// stresses, from one forward and one backward pass over the whole batch.
+    /// stresses. On the CPU backends (Flex, NdArray) with f32 or f64 parameters this is a fused
+    /// host kernel, structures in parallel (see `host.rs`); elsewhere it is
+    /// [`predict_tensors`](Self::predict_tensors). Both compute the same function.
     pub fn predict(
+        &self,
+        structures: &[Structure],
+        device: &B::Device,
+    ) -> Result<Predictions, ForceFieldError> {
+        if is_host_backend::<B>(device) {
+            match self.representation.filter_net.weight.val().dtype() {
+                DType::F32 => return host::predict::<f32, B>(self, structures),
+                DType::F64 => return host::predict::<f64, B>(self, structures),
+                _ => {}
+            }
+        }
+        self.predict_tensors(structures, device)
+    }
+
+    /// [`predict`](Self::predict) through tensor operations on the device: the batch as one
+    /// graph, one forward and one backward pass (autodiff) over it. Any backend, any dtype.
+    pub fn predict_tensors(
         &self,
         structures: &[Structure],
         device: &B::Device,
@@ -554,10 +574,10 @@ impl<B: AutodiffBackend> Painn<B> {
             .iter()
             .enumerate()
             .map(|(s, volume)| {
-                let (volume, virial) = (volume.as_ref()?, virials.as_ref());
-                Some(std::array::from_fn(|a| {
-                    std::array::from_fn(|b| virial.map_or(0.0, |v| v[9 * s + 3 * a + b]) / volume)
-                }))
+                let virial = std::array::from_fn(|a| {
+                    std::array::from_fn(|b| virials.as_ref().map_or(0.0, |v| v[9 * s + 3 * a + b]))
+                });
+                Some(stress(&virial, (*volume)?))
             })
             .collect();
         Ok(Predictions {
@@ -566,4 +586,10 @@ impl<B: AutodiffBackend> Painn<B> {
             stresses,
         })
     }
+}
+
+/// The stress `sym(∂E/∂ε) / V` of a cell of volume `V` (Å³) from its virial `∂E/∂ε` (eV); the
+/// strain enters through its symmetric part.
+pub(crate) fn stress(virial: &[[f64; 3]; 3], volume: f64) -> [[f64; 3]; 3] {
+    std::array::from_fn(|a| std::array::from_fn(|b| 0.5 * (virial[a][b] + virial[b][a]) / volume))
 }

@@ -11,23 +11,41 @@ mod support;
 
 use support::{B, fixtures, model, names, read, structures, worst};
 
+/// `predict` (on Flex: the fused host kernel) or `predict_tensors` (burn's tensor operations and
+/// autodiff, the path of the GPU backends).
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Predict,
+    Tensors,
+}
+
 fn check(name: &str, precision: Precision, tolerance: f64) {
+    for route in [Route::Predict, Route::Tensors] {
+        check_route(name, precision, tolerance, route);
+    }
+}
+
+fn check_route(name: &str, precision: Precision, tolerance: f64, route: Route) {
     let device = Default::default();
     let model = Painn::<B>::from_dir(fixtures().join(name), &device)
         .unwrap()
         .with_precision(precision);
-    let results = model.predict(&structures(), &device).unwrap();
+    let results = match route {
+        Route::Predict => model.predict(&structures(), &device),
+        Route::Tensors => model.predict_tensors(&structures(), &device),
+    }
+    .unwrap();
     let reference = format!("{name}.safetensors");
     let energy = worst(&results.energies, &read(&reference, "energy_f64"));
     let forces: Vec<f64> = results.forces.iter().flatten().copied().collect();
     let force = worst(&forces, &read(&reference, "forces_f64"));
     assert!(
         energy <= tolerance,
-        "{name} {precision:?}: energy off by {energy:e} eV"
+        "{name} {precision:?} {route:?}: energy off by {energy:e} eV"
     );
     assert!(
         force <= tolerance,
-        "{name} {precision:?}: forces off by {force:e} eV/Å"
+        "{name} {precision:?} {route:?}: forces off by {force:e} eV/Å"
     );
     let stresses: Vec<f64> = results
         .stresses
@@ -45,7 +63,7 @@ fn check(name: &str, precision: Precision, tolerance: f64) {
     let stress = worst(&stresses, &expected);
     assert!(
         stress <= tolerance * 1e-2,
-        "{name} {precision:?}: stresses off by {stress:e} eV/Å³"
+        "{name} {precision:?} {route:?}: stresses off by {stress:e} eV/Å³"
     );
 }
 
