@@ -106,6 +106,7 @@ fn present(device: &str, test: &str, require: &str) -> Option<DeviceSpec> {
 /// One test per backend, each `check(device)` of the invoking file: `cpu` (Flex), `ndarray`,
 /// `wgpu` and `cuda` (each where compiled in; wgpu and CUDA where this machine has them, else a
 /// `SKIPPED` line). `backend_tests!("vision parity test"; cpu, ndarray, wgpu, cuda)`.
+#[allow(unused_macros)] // used by the backend test files only
 macro_rules! backend_tests {
     ($what:literal; $($backend:ident),+) => { $(backend_tests!(@one $what, $backend);)+ };
     (@one $what:literal, cpu) => {
