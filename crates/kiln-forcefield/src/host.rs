@@ -412,15 +412,20 @@ impl<T: Real> Weights<T> {
         }
     }
 
-    /// Block `t`'s filters of a pair, `[3F]`, from its `psi`.
+    /// The first column of block `t`'s filters in `[W; b]`.
     #[inline(always)]
-    fn pair_filters(&self, t: usize, psi: &[T], out: &mut [T]) {
-        let width = self.filter.len() / psi.len();
-        let start = if self.shared_filters {
+    fn filter_start(&self, t: usize) -> usize {
+        if self.shared_filters {
             0
         } else {
             3 * self.f * t
-        };
+        }
+    }
+
+    /// Block `t`'s filters of a pair, `[3F]`, from its `psi`.
+    #[inline(always)]
+    fn pair_filters(&self, t: usize, psi: &[T], out: &mut [T]) {
+        let (width, start) = (self.filter.len() / psi.len(), self.filter_start(t));
         out.fill(T::zero());
         for (&a, row) in psi.iter().zip(self.filter.chunks_exact(width)) {
             axpy(a, &row[start..start + out.len()], out);
@@ -430,12 +435,7 @@ impl<T: Real> Weights<T> {
     /// `psi`'s gradient from block `t`'s filters' gradient `g` `[3F]`, added to `gpsi`.
     #[inline(always)]
     fn pair_filters_backward(&self, t: usize, g: &[T], gpsi: &mut [T]) {
-        let width = self.filter.len() / gpsi.len();
-        let start = if self.shared_filters {
-            0
-        } else {
-            3 * self.f * t
-        };
+        let (width, start) = (self.filter.len() / gpsi.len(), self.filter_start(t));
         for (gp, row) in gpsi.iter_mut().zip(self.filter.chunks_exact(width)) {
             *gp += dot(g, &row[start..start + g.len()]);
         }
