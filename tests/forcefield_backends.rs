@@ -10,7 +10,7 @@ use kiln::precision::{DeviceJob, DeviceSpec};
 #[macro_use]
 mod common;
 
-use common::forcefield_fixtures as fixtures;
+use common::{forcefield_fixtures as fixtures, max_abs_diff};
 
 /// Both fixture potentials over every fixture structure, as one batch each.
 struct Predict;
@@ -37,38 +37,21 @@ impl DeviceJob for Predict {
 
 /// f64 values of `key` in a schnetpack reference file.
 fn reference(name: &str, key: &str) -> Vec<f64> {
-    let bytes = std::fs::read(fixtures().join(format!("{name}.safetensors"))).unwrap();
-    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    tensors
-        .tensor(key)
-        .unwrap()
-        .data()
-        .chunks_exact(8)
-        .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
-
-/// max |ours − expected|.
-fn worst(ours: &[f64], expected: &[f64]) -> f64 {
-    assert_eq!(ours.len(), expected.len());
-    ours.iter()
-        .zip(expected)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max)
+    common::read_f64(&fixtures().join(format!("{name}.safetensors")), key)
 }
 
 fn check(device: DeviceSpec) {
     for (name, predictions) in device.run(Predict).unwrap() {
-        let energy = worst(&predictions.energies, &reference(name, "energy_f64"));
+        let energy = max_abs_diff(&predictions.energies, &reference(name, "energy_f64"));
         let forces: Vec<f64> = predictions.forces.iter().flatten().copied().collect();
-        let force = worst(&forces, &reference(name, "forces_f64"));
+        let force = max_abs_diff(&forces, &reference(name, "forces_f64"));
         let stresses: Vec<f64> = predictions
             .stresses
             .iter()
             .flatten()
             .flat_map(|s| s.iter().flatten().copied())
             .collect();
-        let stress = worst(&stresses, &reference(name, "stress_f64"));
+        let stress = max_abs_diff(&stresses, &reference(name, "stress_f64"));
         common::say(&format!(
             "{device} {name}: |ΔE| {energy:.1e} eV, |ΔF| {force:.1e} eV/Å, |Δσ| {stress:.1e} eV/Å³"
         ));
@@ -88,17 +71,4 @@ fn check(device: DeviceSpec) {
     }
 }
 
-backend_tests!("force-field parity test"; cpu, ndarray, cuda);
-
-/// Known failure: on wgpu (lavapipe) the Bessel fixture's energies come back as the per-atom
-/// mean alone for four of the seven structures (atomic energies missing from the sum) while its
-/// forces and the Gaussian fixture's energies match schnetpack. Not yet understood; run with
-/// `cargo test --features wgpu --test forcefield_backends -- --ignored`.
-#[cfg(feature = "wgpu")]
-#[test]
-#[ignore = "wgpu: Bessel fixture energies lose the atomic terms (under investigation, issue 7)"]
-fn wgpu() {
-    if let Some(device) = common::vulkan("wgpu force-field parity test") {
-        check(device);
-    }
-}
+backend_tests!("force-field parity test"; cpu, ndarray, wgpu, cuda);

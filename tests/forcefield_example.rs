@@ -9,7 +9,7 @@ use kiln::forcefield::{Frame, read_extxyz};
 
 mod common;
 
-use common::forcefield_fixtures as fixtures;
+use common::{forcefield_fixtures as fixtures, max_abs_diff};
 
 fn forcefield(input: &Path, output: &Path, batch: &str) -> Output {
     Command::new(common::example("forcefield"))
@@ -30,15 +30,7 @@ fn frames(path: &Path) -> Vec<Frame> {
 
 /// f64 values of `key` in the schnetpack reference file.
 fn reference(key: &str) -> Vec<f64> {
-    let bytes = std::fs::read(fixtures().join("painn_gaussian.safetensors")).unwrap();
-    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    tensors
-        .tensor(key)
-        .unwrap()
-        .data()
-        .chunks_exact(8)
-        .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
-        .collect()
+    common::read_f64(&fixtures().join("painn_gaussian.safetensors"), key)
 }
 
 fn energy(frame: &Frame) -> f64 {
@@ -61,21 +53,15 @@ fn writes_schnetpack_energies_and_forces_in_input_order() {
         .iter()
         .flat_map(|f| f.arrays["forces"].1.clone())
         .collect();
-    let worst = |a: &[f64], b: &[f64]| {
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f64::max)
-    };
-    assert!(worst(&energies, &reference("energy_f64")) < 1e-4);
-    assert!(worst(&forces, &reference("forces_f64")) < 1e-4);
+    assert!(max_abs_diff(&energies, &reference("energy_f64")) < 1e-4);
+    assert!(max_abs_diff(&forces, &reference("forces_f64")) < 1e-4);
     // Stresses of the fully periodic cells only, 3×3 row by row.
     let stresses: Vec<f64> = written
         .iter()
         .filter_map(|f| f.info.get("stress"))
         .flat_map(|s| s.split_whitespace().map(|v| v.parse::<f64>().unwrap()))
         .collect();
-    assert!(worst(&stresses, &reference("stress_f64")) < 1e-6);
+    assert!(max_abs_diff(&stresses, &reference("stress_f64")) < 1e-6);
     assert_eq!(stresses.len(), reference("stress_f64").len());
 }
 

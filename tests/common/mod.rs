@@ -1,4 +1,4 @@
-//! What the facade's tests share: finding the wgpu device (or saying why not), and reading f32
+//! What the facade's tests share: finding the wgpu device (or saying why not), and reading
 //! tensors from safetensors files.
 
 #![allow(dead_code)] // each test binary uses its own subset
@@ -40,15 +40,31 @@ pub fn read_f32(file: &Path, key: &str) -> (Vec<f32>, Vec<usize>) {
     (values, view.shape().to_vec())
 }
 
-/// max |a − b| / max |b|.
-pub fn relative(a: &[f64], b: &[f64]) -> f64 {
+/// The values of the f64 tensor `key` of the safetensors file `file`.
+pub fn read_f64(file: &Path, key: &str) -> Vec<f64> {
+    let bytes = std::fs::read(file).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    tensors
+        .tensor(key)
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// max |a − b|.
+pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
-    let worst = a
-        .iter()
+    a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max);
-    worst / b.iter().fold(0.0, |m: f64, v| m.max(v.abs()))
+        .fold(0.0, f64::max)
+}
+
+/// max |a − b| / max |b|.
+pub fn relative(a: &[f64], b: &[f64]) -> f64 {
+    max_abs_diff(a, b) / b.iter().fold(0.0, |m: f64, v| m.max(v.abs()))
 }
 
 /// Writes to the terminal past libtest's output capture, so a skipped check is seen even when

@@ -385,15 +385,15 @@ impl<B: Backend> Painn<B> {
             (q, mu) = interaction.forward(q, mu, w, &dirs, graph);
             (q, mu) = mixing.forward(q, mu);
         }
-        let layers = &self.output_modules[0].outnet;
+        let (last, hidden) = self.output_modules[0]
+            .outnet
+            .split_last()
+            .expect("the config has at least one readout layer");
         let mut y = q;
-        for (l, layer) in layers.iter().enumerate() {
-            y = layer.forward(y);
-            if l + 1 < layers.len() {
-                y = silu(y);
-            }
+        for layer in hidden {
+            y = silu(layer.forward(y));
         }
-        y.squeeze_dim::<1>(1)
+        single_output(last, y)
     }
 
     /// The filter network's outputs times the cosine cutoff for distances `[P, 1]`: 3 `[P, F]`
@@ -447,6 +447,18 @@ impl<B: Backend> Painn<B> {
         let rc = self.config.cutoff;
         let inside = d.clone().lower_elem(rc).float().cast(d.dtype());
         ((d * (PI / rc)).cos() + 1.0) * 0.5 * inside
+    }
+}
+
+/// The readout's last layer `[N, K] → [N]` as a row-wise dot product: one output column needs no
+/// matrix product, and burn 0.21's fused wgpu kernel for `[M, K] [K, 1] + bias` returns wrong
+/// rows when `K` is odd.
+fn single_output<B: Backend>(layer: &Linear<B>, y: Tensor<B, 2>) -> Tensor<B, 1> {
+    let row = layer.weight.val().transpose(); // [1, K]
+    let dot = (y * row).sum_dim(1).squeeze_dim::<1>(1);
+    match &layer.bias {
+        Some(bias) => dot + bias.val(),
+        None => dot,
     }
 }
 
