@@ -14,9 +14,10 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 
 use crate::config::Dinov2Config;
-use crate::encoder::{Mlp, project, run_layers};
+use crate::encoder::{Mlp, run_layers};
 use crate::pass::{Draw, Pass, Site, TowerSettings};
 use crate::patches::patch_tokens;
+use crate::projection::{Then, project_dropped, self_attention};
 use crate::tower::{Tower, in_compute_dtype};
 
 /// The patch projection (`embeddings.patch_embeddings`).
@@ -174,15 +175,17 @@ pub struct Dinov2Attention<B: Backend> {
 }
 
 impl<B: Backend> Dinov2Attention<B> {
-    fn forward(&self, x: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
+    /// `then(output(attention(x)))`, Monte-Carlo dropout before `then`.
+    fn forward(&self, x: Tensor<B, 3>, then: Then<B, 3>, pass: &Pass) -> Tensor<B, 3> {
         let qkv = &self.attention;
-        let attended = pass.attention(
-            project(&qkv.query, x.clone()),
-            project(&qkv.key, x.clone()),
-            project(&qkv.value, x),
-            self.heads,
-        );
-        pass.drop(Site::AttentionOutput, project(&self.output.dense, attended))
+        let attended = self_attention(&qkv.query, &qkv.key, &qkv.value, x, self.heads, pass);
+        project_dropped(
+            &self.output.dense,
+            attended,
+            Site::AttentionOutput,
+            then,
+            pass,
+        )
     }
 }
 
@@ -193,9 +196,12 @@ pub struct LayerScale<B: Backend> {
 }
 
 impl<B: Backend> LayerScale<B> {
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let [hidden] = self.lambda1.dims();
-        x * self.lambda1.val().reshape([1, 1, hidden])
+    /// `residual + λ ⊙ ·`, for the projection before it to finish with.
+    fn onto(&self, residual: Tensor<B, 3>) -> Then<B, 3> {
+        Then::AddTo {
+            residual,
+            scale: Some(self.lambda1.val()),
+        }
     }
 }
 
@@ -212,12 +218,12 @@ pub struct Dinov2Layer<B: Backend> {
 
 impl<B: Backend> Dinov2Layer<B> {
     fn forward(&self, x: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
-        let attended = self
+        let normed = pass.norm(&self.norm1, x.clone());
+        let x = self
             .attention
-            .forward(pass.norm(&self.norm1, x.clone()), pass);
-        let x = x + self.layer_scale1.forward(attended);
-        let transformed = self.mlp.forward(pass.norm(&self.norm2, x.clone()), pass);
-        x + self.layer_scale2.forward(transformed)
+            .forward(normed, self.layer_scale1.onto(x), pass);
+        let normed = pass.norm(&self.norm2, x.clone());
+        self.mlp.forward(normed, self.layer_scale2.onto(x), pass)
     }
 }
 

@@ -5,12 +5,11 @@
 use burn::module::Module;
 use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::Tensor;
-use burn::tensor::activation::{gelu, gelu_approximate, sigmoid};
 use burn::tensor::backend::Backend;
 
 use crate::config::Activation;
-use crate::host;
 use crate::pass::{Pass, Site};
+use crate::projection::{Then, project, project_dropped, self_attention};
 
 /// Shapes of an encoder.
 #[derive(Debug, Clone, Copy)]
@@ -23,41 +22,8 @@ pub(crate) struct EncoderShape {
     pub activation: Activation,
 }
 
-/// Applies `activation` (through kiln's vectorised kernels for f32 on host backends).
-pub(crate) fn activate<B: Backend, const D: usize>(
-    x: Tensor<B, D>,
-    activation: Activation,
-) -> Tensor<B, D> {
-    if host::serves(&x) {
-        return match activation {
-            Activation::QuickGelu => host::map(x, host::quick_gelu),
-            Activation::GeluTanh => host::map(x, host::gelu_tanh),
-            Activation::Gelu => host::map(x, host::gelu),
-        };
-    }
-    match activation {
-        // x · σ(1.702 x)
-        Activation::QuickGelu => x.clone() * sigmoid(x * 1.702),
-        Activation::GeluTanh => gelu_approximate(x),
-        Activation::Gelu => gelu(x),
-    }
-}
-
-/// `linear(x)` with every leading dimension of `x` flattened into the rows of one matrix.
-/// burn 0.21 multiplies a `[batch, tokens, in]` input by the weight one image at a time, as
-/// `batch` small products; one `[batch · tokens, in]` product runs at the GEMM's full rate.
-pub(crate) fn project<B: Backend, const D: usize>(
-    linear: &Linear<B>,
-    x: Tensor<B, D>,
-) -> Tensor<B, D> {
-    let mut dims = x.dims();
-    let rows = dims[..D - 1].iter().product();
-    let y = linear.forward(x.reshape([rows, dims[D - 1]]));
-    dims[D - 1] = y.dims()[1];
-    y.reshape(dims)
-}
-
-/// `fc2(act(fc1(x)))`, Monte-Carlo dropout on the hidden activations.
+/// `fc2(act(fc1(x)))`, Monte-Carlo dropout on the hidden activations, then what the caller
+/// asks for (the residual connection).
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
     fc1: Linear<B>,
@@ -80,9 +46,14 @@ impl<B: Backend> Mlp<B> {
         }
     }
 
-    pub(crate) fn forward<const D: usize>(&self, x: Tensor<B, D>, pass: &Pass) -> Tensor<B, D> {
-        let hidden = activate(project(&self.fc1, x), self.activation);
-        project(&self.fc2, pass.drop(Site::MlpHidden, hidden))
+    pub(crate) fn forward<const D: usize>(
+        &self,
+        x: Tensor<B, D>,
+        then: Then<B, D>,
+        pass: &Pass,
+    ) -> Tensor<B, D> {
+        let hidden = project(&self.fc1, x, Then::Activate(self.activation));
+        project(&self.fc2, pass.drop(Site::MlpHidden, hidden), then)
     }
 }
 
@@ -109,14 +80,21 @@ impl<B: Backend> SelfAttention<B> {
         }
     }
 
-    fn forward(&self, x: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
-        let attended = pass.attention(
-            project(&self.q_proj, x.clone()),
-            project(&self.k_proj, x.clone()),
-            project(&self.v_proj, x),
+    /// `residual + out_proj(attention(x))`, Monte-Carlo dropout before the sum.
+    fn forward(&self, x: Tensor<B, 3>, residual: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
+        let attended = self_attention(
+            &self.q_proj,
+            &self.k_proj,
+            &self.v_proj,
+            x,
             self.heads,
+            pass,
         );
-        pass.drop(Site::AttentionOutput, project(&self.out_proj, attended))
+        let then = Then::AddTo {
+            residual,
+            scale: None,
+        };
+        project_dropped(&self.out_proj, attended, Site::AttentionOutput, then, pass)
     }
 }
 
@@ -131,11 +109,14 @@ pub struct EncoderLayer<B: Backend> {
 
 impl<B: Backend> EncoderLayer<B> {
     fn forward(&self, x: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
-        let x = x.clone()
-            + self
-                .self_attn
-                .forward(pass.norm(&self.layer_norm1, x), pass);
-        x.clone() + self.mlp.forward(pass.norm(&self.layer_norm2, x), pass)
+        let normed = pass.norm(&self.layer_norm1, x.clone());
+        let x = self.self_attn.forward(normed, x, pass);
+        let normed = pass.norm(&self.layer_norm2, x.clone());
+        let then = Then::AddTo {
+            residual: x,
+            scale: None,
+        };
+        self.mlp.forward(normed, then, pass)
     }
 }
 

@@ -1,12 +1,12 @@
-//! f32 kernels for the host backends (Flex, NdArray): element-wise maps, softmax and attention.
+//! f32 kernels for the host backends (Flex, NdArray): bias + activation, softmax and attention.
 //!
 //! burn 0.21's host backends evaluate `exp`, `tanh`, `erf` and `sigmoid` one element at a time
 //! on one thread through the C library: on a ViT-B/16 batch the MLP activation took longer than
-//! the matrix product before it. Here the tensor's memory is taken over (no copy on Flex), each
-//! element goes through a branch-free polynomial that the compiler vectorises for the widest
-//! instruction set the CPU has (chosen at run time through `pulp`: AVX-512 or AVX2 + FMA on
-//! x86-64, NEON on ARM), and the work is split across rayon's threads. Accuracy: `exp` within 2 × 10⁻⁷ relative, `erf` within
-//! 1.5 × 10⁻⁷ absolute (Abramowitz & Stegun 7.1.26), both below f32's own rounding of the
+//! the matrix product before it. Here each element goes through a branch-free polynomial that
+//! the compiler vectorises for the widest instruction set the CPU has (chosen at run time through
+//! `pulp`: AVX-512 or AVX2 + FMA on x86-64, NEON on ARM), in place on the product it follows, and
+//! the work is split across rayon's threads. Accuracy: `exp` within 2 × 10⁻⁷ relative, `erf`
+//! within 1.5 × 10⁻⁷ absolute (Abramowitz & Stegun 7.1.26), both below f32's own rounding of the
 //! activations they feed.
 
 use burn::tensor::backend::Backend;
@@ -14,7 +14,7 @@ use burn::tensor::{DType, Tensor, TensorData};
 use kiln_precision::is_host_backend;
 use rayon::prelude::*;
 
-use crate::matmul::{View, matmul};
+use crate::matmul::{Threads, View, Write, matmul};
 
 /// Whether `x` is an f32 tensor of a host backend, which these kernels serve.
 pub(crate) fn serves<B: Backend, const D: usize>(x: &Tensor<B, D>) -> bool {
@@ -30,39 +30,44 @@ fn f32s(data: &TensorData) -> &[f32] {
 /// Elements per parallel task: large enough to amortise scheduling, small enough to balance.
 const CHUNK: usize = 1 << 14;
 
-/// `f` applied to every element of the f32 host tensor `x`.
-pub fn map<B: Backend, const D: usize>(
-    x: Tensor<B, D>,
-    f: impl Fn(f32) -> f32 + Sync,
-) -> Tensor<B, D> {
-    let device = x.device();
-    let mut data = x.into_data();
-    let values = data
-        .as_mut_slice::<f32>()
-        .expect("host kernels are only used on f32 tensors");
-    values.par_chunks_mut(CHUNK).for_each(|values| {
-        pulp::Arch::new().dispatch(Map { values, f: &f });
-    });
-    Tensor::from_data(data, &device)
+/// `f(v + bias[c])` for every element `v` in column `c` of `values`, a row-major matrix of
+/// `bias.len()` columns, in place; rows split across rayon's threads.
+pub fn add_bias_map(values: &mut [f32], bias: &[f32], f: impl Fn(f32) -> f32 + Sync) {
+    let width = bias.len().max(1);
+    values
+        .par_chunks_mut((CHUNK / width).max(1) * width)
+        .for_each(|values| {
+            pulp::Arch::new().dispatch(BiasMap {
+                values,
+                bias,
+                f: &f,
+            });
+        });
 }
 
-/// `f` on each of `values`, compiled (through `pulp`'s dispatch, which needs the work inlined
-/// into it) for the best SIMD instruction set the CPU has.
-struct Map<'a, F> {
+/// [`add_bias_map`] on one block of rows, compiled (through `pulp`'s dispatch, which needs the
+/// work inlined into it) for the best SIMD instruction set the CPU has.
+struct BiasMap<'a, F> {
     values: &'a mut [f32],
+    bias: &'a [f32],
     f: &'a F,
 }
 
-impl<F: Fn(f32) -> f32> pulp::WithSimd for Map<'_, F> {
+impl<F: Fn(f32) -> f32> pulp::WithSimd for BiasMap<'_, F> {
     type Output = ();
 
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) {
-        self.values.iter_mut().for_each(|v| *v = (self.f)(*v));
+        for row in self.values.chunks_exact_mut(self.bias.len().max(1)) {
+            row.iter_mut()
+                .zip(self.bias)
+                .for_each(|(v, b)| *v = (self.f)(*v + b));
+        }
     }
 }
 
-/// `softmax(scale · row)` of each `width`-long row of `rows`, in place, vectorised as [`Map`].
+/// `softmax(scale · row)` of each `width`-long row of `rows`, in place, vectorised as
+/// [`BiasMap`].
 struct SoftmaxRows<'a> {
     rows: &'a mut [f32],
     width: usize,
@@ -118,13 +123,45 @@ fn row_sum(row: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + rest.iter().sum::<f32>()
 }
 
+/// One input of [`attention`] inside a buffer: token `t` of image `b` is the `heads · head_dim`
+/// values from `offset + (b · tokens + t) · row_stride`. The q, k and v of one product, side by
+/// side in its rows, are the same buffer at three offsets.
+#[derive(Debug, Clone, Copy)]
+pub struct Rows<'a> {
+    pub data: &'a [f32],
+    pub offset: usize,
+    pub row_stride: usize,
+    pub tokens: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// Every row of the f32 data of a `[batch, tokens, width]` tensor.
+    pub fn of(data: &'a TensorData) -> Self {
+        let [_, tokens, width] = data.shape[..] else {
+            panic!("attention inputs are [batch, tokens, width]");
+        };
+        Rows {
+            data: f32s(data),
+            offset: 0,
+            row_stride: width,
+            tokens,
+        }
+    }
+
+    /// `rows` tokens from `first` of image `image`, columns `column .. column + cols`.
+    fn view(&self, image: usize, first: usize, rows: usize, column: usize, cols: usize) -> View {
+        let start = self.offset + (image * self.tokens + first) * self.row_stride + column;
+        View::rows(start, rows, cols, self.row_stride)
+    }
+}
+
 /// Query rows per attention task: a `ROWS × kv_tokens` score tile stays in the L2 cache between
 /// its two products (96 × 325 f32 for DINOv2 at 256 px: 125 kB).
 const ATTENTION_ROWS: usize = 96;
 
-/// Multi-head attention on f32 host tensors: `softmax(scale · q kᵀ) v` per head, with `query`
-/// `[batch, q_tokens, heads · head_dim]` and `key`, `value` `[batch, kv_tokens, heads ·
-/// head_dim]`; returns `[batch, q_tokens, heads · head_dim]`, the heads already merged.
+/// Multi-head attention of f32 rows: `softmax(scale · q kᵀ) v` per head for `batch` images, with
+/// heads of `head_dim` columns; returns `[batch, query.tokens, heads · head_dim]`, the heads
+/// already merged, row-major.
 ///
 /// `mask` (`[batch, heads, q_tokens, kv_tokens]`, row-major), when given, multiplies the
 /// probabilities after the softmax (Monte-Carlo dropout).
@@ -133,20 +170,19 @@ const ATTENTION_ROWS: usize = 96;
 /// time, normalises them while they are in cache and multiplies them into `v` straight into the
 /// output rows. The head split and merge are strides of the products, never copies. burn 0.21's
 /// batched products ran these shapes at about a quarter of PyTorch's fused attention.
-pub fn attention<B: Backend>(
-    query: Tensor<B, 3>,
-    key: Tensor<B, 3>,
-    value: Tensor<B, 3>,
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    query: Rows,
+    key: Rows,
+    value: Rows,
+    batch: usize,
     heads: usize,
+    head_dim: usize,
     scale: f32,
     mask: Option<&[f32]>,
-) -> Tensor<B, 3> {
-    let device = query.device();
-    let [batch, q_tokens, width] = query.dims();
-    let kv_tokens = key.dims()[1];
-    let head_dim = width / heads;
-    let (query, key, value) = (query.into_data(), key.into_data(), value.into_data());
-    let (q, k, v) = (f32s(&query), f32s(&key), f32s(&value));
+) -> Vec<f32> {
+    let (q_tokens, kv_tokens) = (query.tokens, key.tokens);
+    let width = heads * head_dim;
     if let Some(mask) = mask {
         assert_eq!(
             mask.len(),
@@ -166,20 +202,16 @@ pub fn attention<B: Backend>(
                     let mut scores = vec![0f32; rows * kv_tokens];
                     for head in 0..heads {
                         let column = head * head_dim;
-                        let kv = image * kv_tokens * width + column;
                         // scores = q[rows] · kᵀ
                         matmul(
                             &mut scores,
                             View::rows(0, rows, kv_tokens, kv_tokens),
-                            q,
-                            View::rows(
-                                (image * q_tokens + first) * width + column,
-                                rows,
-                                head_dim,
-                                width,
-                            ),
-                            k,
-                            View::rows(kv, kv_tokens, head_dim, width).transposed(),
+                            query.data,
+                            query.view(image, first, rows, column, head_dim),
+                            key.data,
+                            key.view(image, 0, kv_tokens, column, head_dim).transposed(),
+                            Write::Overwrite,
+                            Threads::One,
                         );
                         pulp::Arch::new().dispatch(SoftmaxRows {
                             rows: &mut scores,
@@ -199,13 +231,15 @@ pub fn attention<B: Backend>(
                             View::rows(column, rows, head_dim, width),
                             &scores,
                             View::rows(0, rows, kv_tokens, kv_tokens),
-                            v,
-                            View::rows(kv, kv_tokens, head_dim, width),
+                            value.data,
+                            value.view(image, 0, kv_tokens, column, head_dim),
+                            Write::Overwrite,
+                            Threads::One,
                         );
                     }
                 });
         });
-    Tensor::from_data(TensorData::new(out, [batch, q_tokens, width]), &device)
+    out
 }
 
 /// eˣ: `x = n·ln 2 + r` with `|r| ≤ ln 2 / 2`, a degree-6 Taylor polynomial for eʳ, and 2ⁿ
@@ -301,8 +335,8 @@ mod tests {
 
     #[test]
     fn attention_matches_the_definition() {
-        use burn::backend::Flex;
-        // Two tiles of query rows (the second partial), keys of another length, a mask.
+        // Two tiles of query rows (the second partial), keys of another length, a mask; k and v
+        // side by side in the rows of one buffer, as one product leaves them.
         let (batch, heads, head_dim, q_tokens, kv_tokens) = (2, 3, 4, ATTENTION_ROWS + 5, 37);
         let width = heads * head_dim;
         let values = |n: usize, seed: usize| -> Vec<f32> {
@@ -310,32 +344,43 @@ mod tests {
                 .map(|i| (((i + seed) * 7919) % 23) as f32 * 0.37 - 4.0)
                 .collect()
         };
-        let (q, k, v) = (
+        let (q, kv) = (
             values(batch * q_tokens * width, 1),
-            values(batch * kv_tokens * width, 2),
-            values(batch * kv_tokens * width, 3),
+            values(batch * kv_tokens * 2 * width, 2),
         );
+        let half = |second: usize| -> Vec<f32> {
+            kv.chunks_exact(2 * width)
+                .flat_map(|row| &row[second * width..(second + 1) * width])
+                .copied()
+                .collect()
+        };
+        let (k, v) = (half(0), half(1));
         let mask: Vec<f32> = (0..batch * heads * q_tokens * kv_tokens)
             .map(|i| if i % 3 == 0 { 0.0 } else { 1.5 })
             .collect();
-        let tensor = |data: &[f32], tokens: usize| {
-            Tensor::<Flex, 3>::from_data(
-                TensorData::new(data.to_vec(), [batch, tokens, width]),
-                &Default::default(),
-            )
-        };
         let scale = 0.5f32;
-        let got: Vec<f32> = attention(
-            tensor(&q, q_tokens),
-            tensor(&k, kv_tokens),
-            tensor(&v, kv_tokens),
+        let side_by_side = |offset| Rows {
+            data: &kv,
+            offset,
+            row_stride: 2 * width,
+            tokens: kv_tokens,
+        };
+        let query = Rows {
+            data: &q,
+            offset: 0,
+            row_stride: width,
+            tokens: q_tokens,
+        };
+        let got = attention(
+            query,
+            side_by_side(0),
+            side_by_side(width),
+            batch,
             heads,
+            head_dim,
             scale,
             Some(&mask),
-        )
-        .into_data()
-        .to_vec()
-        .unwrap();
+        );
         for (b, h, t) in (0..batch)
             .flat_map(|b| (0..heads).map(move |h| (b, h)))
             .flat_map(|(b, h)| (0..q_tokens).map(move |t| (b, h, t)))

@@ -38,6 +38,7 @@ mod matmul;
 mod model;
 mod pass;
 mod patches;
+mod projection;
 mod siglip;
 mod tower;
 mod weights;

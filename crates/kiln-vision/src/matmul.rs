@@ -1,6 +1,6 @@
-//! Strided single-threaded matrix products on host slices, through the `gemm` crate (the kernels
-//! burn's Flex backend uses), for host kernels that multiply views of larger buffers in
-//! parallel tasks of their own.
+//! Strided f32 matrix products on host slices through the `gemm` crate (the kernels burn's Flex
+//! backend uses), written into or added to their destination: views of larger buffers multiplied
+//! on the calling thread inside parallel tasks of their own, or whole products on every thread.
 
 /// An `rows × cols` matrix inside a slice: element `(r, c)` at `offset + r·row_stride +
 /// c·col_stride`.
@@ -45,12 +45,40 @@ impl View {
     }
 }
 
-/// `dst[d] = lhs[l] · rhs[r]`, overwriting `dst`'s view, on the calling thread.
+/// The threads a product runs on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Threads {
+    /// The calling thread (for tasks that are already parallel).
+    One,
+    /// All of rayon's.
+    All,
+}
+
+/// Whether a product overwrites its destination or is added to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// `dst = lhs · rhs`.
+    Overwrite,
+    /// `dst += lhs · rhs`.
+    Add,
+}
+
+/// `dst[d] = lhs[l] · rhs[r]` (or `+=`, as `write` says) on `threads`.
 ///
 /// Panics when the shapes disagree, a view reaches past its slice, or `dst`'s view is not
 /// row-major with rows that do not overlap (so that it names each element once).
-#[allow(unsafe_code)]
-pub(crate) fn matmul(dst: &mut [f32], d: View, lhs: &[f32], l: View, rhs: &[f32], r: View) {
+#[allow(unsafe_code, clippy::too_many_arguments)]
+pub(crate) fn matmul(
+    dst: &mut [f32],
+    d: View,
+    lhs: &[f32],
+    l: View,
+    rhs: &[f32],
+    r: View,
+    write: Write,
+    threads: Threads,
+) {
+    let accumulate = write == Write::Add;
     assert!(
         l.rows == d.rows && r.cols == d.cols && l.cols == r.rows,
         "matmul: [{}×{}] · [{}×{}] into [{}×{}]",
@@ -68,8 +96,8 @@ pub(crate) fn matmul(dst: &mut [f32], d: View, lhs: &[f32], l: View, rhs: &[f32]
     }
     // SAFETY: the asserts above keep every element gemm reads (lhs, rhs) or writes (dst) inside
     // its slice, and dst's elements are distinct; `dst` is borrowed mutably, so it aliases
-    // neither input. With `read_dst` false gemm never reads dst, and with alpha 0 and beta 1 it
-    // writes `lhs · rhs`.
+    // neither input. gemm computes `alpha · dst + beta · lhs · rhs`, reading dst only with
+    // `read_dst`: alpha 0 (or dst unread) and beta 1 writes the product, alpha 1 adds it.
     unsafe {
         gemm::gemm(
             d.rows,
@@ -78,19 +106,22 @@ pub(crate) fn matmul(dst: &mut [f32], d: View, lhs: &[f32], l: View, rhs: &[f32]
             dst.as_mut_ptr().add(d.offset),
             d.col_stride as isize,
             d.row_stride as isize,
-            false,
+            accumulate,
             lhs.as_ptr().add(l.offset),
             l.col_stride as isize,
             l.row_stride as isize,
             rhs.as_ptr().add(r.offset),
             r.col_stride as isize,
             r.row_stride as isize,
-            0.0f32,
+            if accumulate { 1.0f32 } else { 0.0 },
             1.0f32,
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            match threads {
+                Threads::One => gemm::Parallelism::None,
+                Threads::All => gemm::Parallelism::Rayon(0),
+            },
         );
     }
 }
@@ -106,7 +137,16 @@ mod tests {
         let rhs: Vec<f32> = (0..40).map(|i| (i as f32 * 0.11).cos()).collect();
         let (l, r) = (View::rows(2, 3, 4, 6), View::rows(1, 5, 4, 7).transposed());
         let mut dst = vec![-1.0f32; 3 * 8];
-        matmul(&mut dst, View::rows(3, 3, 5, 8), &lhs, l, &rhs, r);
+        matmul(
+            &mut dst,
+            View::rows(3, 3, 5, 8),
+            &lhs,
+            l,
+            &rhs,
+            r,
+            Write::Overwrite,
+            Threads::One,
+        );
         for i in 0..3 {
             for j in 0..5 {
                 let want: f32 = (0..4)
@@ -116,6 +156,26 @@ mod tests {
             }
             // Elements outside the view are untouched.
             assert!(dst[i * 8..i * 8 + 3].iter().all(|&x| x == -1.0));
+        }
+    }
+
+    #[test]
+    fn a_product_adds_to_its_destination_on_every_thread() {
+        let (m, k, n) = (70, 33, 45);
+        let lhs: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.23).sin()).collect();
+        let rhs: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.07).cos()).collect();
+        let start: Vec<f32> = (0..m * n).map(|i| i as f32 * 0.01).collect();
+        let mut dst = start.clone();
+        let (l, r, d) = (
+            View::rows(0, m, k, k),
+            View::rows(0, k, n, n),
+            View::rows(0, m, n, n),
+        );
+        matmul(&mut dst, d, &lhs, l, &rhs, r, Write::Add, Threads::All);
+        for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
+            let want =
+                start[i * n + j] + (0..k).map(|c| lhs[i * k + c] * rhs[c * n + j]).sum::<f32>();
+            assert!((dst[i * n + j] - want).abs() < 1e-4, "{i} {j}");
         }
     }
 
@@ -130,6 +190,8 @@ mod tests {
             View::rows(0, 2, 2, 2),
             &[0.0; 3],
             View::rows(0, 2, 2, 2),
+            Write::Overwrite,
+            Threads::One,
         );
     }
 }

@@ -22,7 +22,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rayon::prelude::*;
 
 use crate::VisionError;
-use crate::host;
+use crate::host::{self, Rows};
 
 /// Monte-Carlo dropout rates per site (0 turns a site off). Each is a probability in `[0, 1)`;
 /// kept activations are scaled by `1 / (1 − p)`, as PyTorch's dropout does.
@@ -306,14 +306,24 @@ impl Pass {
     /// The next dropout mask of `site` for a `[batch, ..]` tensor of `dims`, or `None` when the
     /// pass is deterministic or the site's rate is 0.
     fn mask<const D: usize>(&self, site: Site, dims: [usize; D]) -> Option<TensorData> {
-        let p = match site {
+        let p = self.rate(site);
+        let streams = self.streams.as_ref().filter(|_| p > 0.0)?;
+        Some(dropout_mask(&mut streams.borrow_mut(), dims, p))
+    }
+
+    /// Whether this pass drops activations at `site`.
+    pub fn drops(&self, site: Site) -> bool {
+        self.streams.is_some() && self.rate(site) > 0.0
+    }
+
+    /// The dropout rate of `site`.
+    fn rate(&self, site: Site) -> f64 {
+        match site {
             Site::Embeddings => self.dropout.embeddings,
             Site::AttentionProbs => self.dropout.attention_probs,
             Site::AttentionOutput => self.dropout.attention_output,
             Site::MlpHidden => self.dropout.mlp_hidden,
-        };
-        let streams = self.streams.as_ref().filter(|_| p > 0.0)?;
-        Some(dropout_mask(&mut streams.borrow_mut(), dims, p))
+        }
     }
 
     /// Multi-head attention over `[batch, tokens, heads · head_dim]` projections: `query` of
@@ -333,18 +343,17 @@ impl Pass {
         let [batch, tokens, width] = query.dims();
         let scale = ((width / heads) as f64).powf(-0.5);
         if host::serves(&query) {
-            let mask = self.mask(Site::AttentionProbs, [batch, heads, tokens, key.dims()[1]]);
-            let mask = mask
-                .as_ref()
-                .map(|m| m.as_slice::<f32>().expect("dropout masks are f32"));
-            return host::attention(query, key, value, heads, scale as f32, mask);
+            let device = query.device();
+            let [query, key, value] = [query, key, value].map(Tensor::into_data);
+            let (query, key, value) = (Rows::of(&query), Rows::of(&key), Rows::of(&value));
+            return self.host_attention(query, key, value, batch, heads, width, &device);
         }
         let split = |x: Tensor<B, 3>| {
             let [batch, tokens, width] = x.dims();
             x.reshape([batch, tokens, heads, width / heads])
                 .swap_dims(1, 2)
         };
-        let dropped = self.streams.is_some() && self.dropout.attention_probs > 0.0;
+        let dropped = self.drops(Site::AttentionProbs);
         let (query, key, value) = (split(query), split(key), split(value));
         let attended = if dropped {
             let scores = query.matmul(key.swap_dims(2, 3)) * scale;
@@ -354,6 +363,59 @@ impl Pass {
             attention(query, key, value, None, None, Default::default())
         };
         attended.swap_dims(1, 2).reshape([batch, tokens, width])
+    }
+
+    /// Self-attention on a host backend over the f32 data `qkv` `[batch, tokens, 3 · width]`:
+    /// the q, k and v projections side by side in each row, as one product leaves them.
+    pub fn attention_side_by_side<B: Backend>(
+        &self,
+        qkv: TensorData,
+        heads: usize,
+        device: &B::Device,
+    ) -> Tensor<B, 3> {
+        let [batch, _, columns] = qkv.shape[..] else {
+            panic!("q, k and v side by side are [batch, tokens, 3 · width]");
+        };
+        let part = |offset| Rows {
+            offset,
+            ..Rows::of(&qkv)
+        };
+        let width = columns / 3;
+        self.host_attention(
+            part(0),
+            part(width),
+            part(2 * width),
+            batch,
+            heads,
+            width,
+            device,
+        )
+    }
+
+    /// [`host::attention`] of `heads` heads over `width` columns with this pass's probability
+    /// dropout, as a `[batch, q_tokens, width]` tensor.
+    #[allow(clippy::too_many_arguments)]
+    fn host_attention<B: Backend>(
+        &self,
+        query: Rows,
+        key: Rows,
+        value: Rows,
+        batch: usize,
+        heads: usize,
+        width: usize,
+        device: &B::Device,
+    ) -> Tensor<B, 3> {
+        let head_dim = width / heads;
+        let mask = self.mask(
+            Site::AttentionProbs,
+            [batch, heads, query.tokens, key.tokens],
+        );
+        let mask = mask
+            .as_ref()
+            .map(|m| m.as_slice::<f32>().expect("dropout masks are f32"));
+        let scale = (head_dim as f64).powf(-0.5) as f32;
+        let out = host::attention(query, key, value, batch, heads, head_dim, scale, mask);
+        Tensor::from_data(TensorData::new(out, [batch, query.tokens, width]), device)
     }
 }
 

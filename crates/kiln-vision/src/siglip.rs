@@ -15,6 +15,7 @@ use crate::config::SiglipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape, Mlp};
 use crate::pass::{Draw, Pass, TowerSettings};
 use crate::patches::{learned_positions, patch_tokens};
+use crate::projection::Then;
 use crate::tower::{Tower, in_compute_dtype};
 
 /// Patch and position embeddings (`vision_model.embeddings`).
@@ -84,10 +85,12 @@ impl<B: Backend> PoolingHead<B> {
     fn forward(&self, tokens: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 2> {
         let [batch, _, hidden] = tokens.dims();
         let h = self.attention.forward(self.probe.val(), tokens, pass);
-        let h = h.clone()
-            + self
-                .mlp
-                .forward(pass.norm(&self.layernorm, h), &pass.deterministic());
+        let normed = pass.norm(&self.layernorm, h.clone());
+        let then = Then::AddTo {
+            residual: h,
+            scale: None,
+        };
+        let h = self.mlp.forward(normed, then, &pass.deterministic());
         h.reshape([batch, hidden])
     }
 }
