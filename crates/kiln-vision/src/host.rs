@@ -22,7 +22,7 @@ pub(crate) fn serves<B: Backend, const D: usize>(x: &Tensor<B, D>) -> bool {
 }
 
 /// The values of an f32 tensor's data.
-fn f32s(data: &TensorData) -> &[f32] {
+pub(crate) fn f32s(data: &TensorData) -> &[f32] {
     data.as_slice::<f32>()
         .expect("host kernels are only used on f32 tensors")
 }

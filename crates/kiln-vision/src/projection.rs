@@ -136,7 +136,7 @@ fn project_on_host<B: Backend, const D: usize>(
             matmul(
                 values,
                 View::rows(0, rows, outputs, outputs),
-                host_slice(&x),
+                host::f32s(&x),
                 View::rows(0, rows, inputs, inputs),
                 &weight,
                 View::rows(0, inputs, outputs, outputs),
@@ -162,7 +162,7 @@ fn product_then(
     matmul(
         &mut out,
         View::rows(0, rows, outputs, outputs),
-        host_slice(&x),
+        host::f32s(&x),
         View::rows(0, rows, inputs, inputs),
         weight,
         View::rows(0, inputs, outputs, outputs),
@@ -197,11 +197,6 @@ fn host_values<B: Backend, const D: usize>(x: Tensor<B, D>) -> Vec<f32> {
         .convert::<f32>()
         .into_vec::<f32>()
         .expect("converted to f32")
-}
-
-/// The f32 values of host data.
-fn host_slice(data: &TensorData) -> &[f32] {
-    data.as_slice::<f32>().expect("host projections are f32")
 }
 
 /// A `[features]` tensor shaped to broadcast along the last axis of a rank-`D` tensor.
