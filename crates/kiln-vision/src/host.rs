@@ -244,23 +244,34 @@ pub fn attention(
 
 /// eˣ: `x = n·ln 2 + r` with `|r| ≤ ln 2 / 2`, a degree-6 Taylor polynomial for eʳ, and 2ⁿ
 /// written into the exponent bits. Inputs are clamped to where 2ⁿ stays a normal f32.
+///
+/// Every step vectorises: the clamp is two selects (`f32::clamp`'s NaN rule made the compiler
+/// compare lane by lane) and `n` is read from the bits of the rounded sum rather than converted
+/// (a saturating float-to-int cast does not vectorise either).
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;
     // ln 2 split so that n · LN2_HI is exact for the n that occur.
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
-    // Adding and subtracting 1.5 · 2²³ rounds to the nearest integer without a rounding
-    // instruction (baseline x86-64 has none that vectorises).
+    // Adding 1.5 · 2²³ rounds to the nearest integer without a rounding instruction (baseline
+    // x86-64 has none that vectorises) and leaves that integer in the low mantissa bits.
     const ROUND: f32 = 12_582_912.0;
-    let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2_E + ROUND) - ROUND;
+    let x = if x < -87.0 { -87.0 } else { x };
+    let x = if x > 88.0 { 88.0 } else { x };
+    let shifted = x * LOG2_E + ROUND;
+    let n = shifted - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // n + 127 in the exponent field: |n| ≤ 127, so the wrapping difference is n's two's complement.
+    let biased = shifted
+        .to_bits()
+        .wrapping_sub(ROUND.to_bits())
+        .wrapping_add(127);
+    p * f32::from_bits(biased << 23)
 }
 
 /// `x · σ(1.702 x)` (CLIP's quick GELU).

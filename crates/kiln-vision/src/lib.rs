@@ -39,6 +39,7 @@ mod model;
 mod pass;
 mod patches;
 mod projection;
+mod sgemm;
 mod siglip;
 mod tower;
 mod weights;

@@ -1,7 +1,8 @@
 //! The encoders' projections `x W + b` and what follows them: an activation, or LayerScale and
-//! the residual stream. On host backends in f32 that step runs in one pass over the product's
-//! rows, or inside the product itself, and self-attention's q, k and v come from one product that
-//! the attention kernel reads in place; on the other backends these are burn operations.
+//! the residual stream. On host backends in f32 that step runs inside the product as each tile
+//! is stored ([`sgemm`], on AVX2 CPUs for products of enough rows) or in one pass over the
+//! product's rows, and self-attention's q, k and v come from one product that the attention
+//! kernel reads in place; on the other backends these are burn operations.
 
 use burn::nn::Linear;
 use burn::tensor::activation::{gelu, gelu_approximate, sigmoid};
@@ -12,6 +13,7 @@ use crate::config::Activation;
 use crate::host;
 use crate::matmul::{Threads, View, Write, matmul};
 use crate::pass::{Pass, Site};
+use crate::sgemm;
 
 /// What follows a projection `x W + b`.
 pub(crate) enum Then<B: Backend, const D: usize> {
@@ -131,18 +133,7 @@ fn project_on_host<B: Backend, const D: usize>(
             }
             let mut out = residual.into_data();
             let values = out.as_mut_slice::<f32>().expect("host projections are f32");
-            host::add_bias_map(values, &bias, |v| v);
-            let (rows, inputs, outputs) = shape(&x, bias.len());
-            matmul(
-                values,
-                View::rows(0, rows, outputs, outputs),
-                host::f32s(&x),
-                View::rows(0, rows, inputs, inputs),
-                &weight,
-                View::rows(0, inputs, outputs, outputs),
-                Write::Add,
-                Threads::All,
-            );
+            add_product(values, &x, &weight, &bias);
             return Tensor::from_data(out, &device);
         }
     };
@@ -159,6 +150,11 @@ fn product_then(
 ) -> Vec<f32> {
     let (rows, inputs, outputs) = shape(&x, bias.len());
     let mut out = vec![0f32; rows * outputs];
+    if sgemm::suits(rows) {
+        let shape = (rows, inputs, outputs);
+        sgemm::product(&mut out, host::f32s(&x), weight, shape, false, bias, f);
+        return out;
+    }
     matmul(
         &mut out,
         View::rows(0, rows, outputs, outputs),
@@ -171,6 +167,27 @@ fn product_then(
     );
     host::add_bias_map(&mut out, bias, f);
     out
+}
+
+/// `residual += x W + b` in place, `residual` row-major `[rows, out]`.
+fn add_product(residual: &mut [f32], x: &TensorData, weight: &[f32], bias: &[f32]) {
+    let (rows, inputs, outputs) = shape(x, bias.len());
+    if sgemm::suits(rows) {
+        let shape = (rows, inputs, outputs);
+        sgemm::product(residual, host::f32s(x), weight, shape, true, bias, |v| v);
+        return;
+    }
+    host::add_bias_map(residual, bias, |v| v);
+    matmul(
+        residual,
+        View::rows(0, rows, outputs, outputs),
+        host::f32s(x),
+        View::rows(0, rows, inputs, inputs),
+        weight,
+        View::rows(0, inputs, outputs, outputs),
+        Write::Add,
+        Threads::All,
+    );
 }
 
 /// `(rows, inputs, outputs)` of a product of the data `x` (leading dimensions flattened) with a
@@ -213,5 +230,53 @@ fn activate<B: Backend, const D: usize>(x: Tensor<B, D>, activation: Activation)
         Activation::QuickGelu => x.clone() * sigmoid(x * 1.702),
         Activation::GeluTanh => gelu_approximate(x),
         Activation::Gelu => gelu(x),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::nn::LinearConfig;
+    use burn::tensor::Distribution;
+
+    /// The host path of every projection form against burn's operations, with few rows (the
+    /// `gemm` crate, then a pass for bias and activation) and with enough rows for the AVX2
+    /// kernel (bias and activation inside the product) where the CPU has one.
+    #[test]
+    fn host_projections_match_burn_operations() {
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let linear = LinearConfig::new(40, 56).init::<Flex>(&device);
+        let many = sgemm::min_rows() + 7;
+        assert_eq!(sgemm::suits(many), sgemm::available());
+        for rows in [13, many] {
+            let x = Tensor::<Flex, 3>::random([1, rows, 40], normal, &device);
+            let residual = Tensor::<Flex, 3>::random([1, rows, 56], normal, &device);
+            let scale = Tensor::<Flex, 1>::random([56], normal, &device);
+            let forms = || {
+                [
+                    Then::Nothing,
+                    Then::Activate(Activation::QuickGelu),
+                    Then::Activate(Activation::GeluTanh),
+                    Then::Activate(Activation::Gelu),
+                    Then::AddTo {
+                        residual: residual.clone(),
+                        scale: None,
+                    },
+                    Then::AddTo {
+                        residual: residual.clone(),
+                        scale: Some(scale.clone()),
+                    },
+                ]
+            };
+            for (ours, then) in forms().into_iter().zip(forms()) {
+                let got = project(&linear, x.clone(), ours);
+                let want = finish(linear.forward(x.clone()), then);
+                let diff = (got - want.clone()).abs().max().into_scalar();
+                let size = want.abs().max().into_scalar();
+                assert!(diff <= 1e-5 * size, "{rows} rows: max |Δ| {diff} of {size}");
+            }
+        }
     }
 }
