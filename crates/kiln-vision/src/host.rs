@@ -27,6 +27,24 @@ pub(crate) fn f32s(data: &TensorData) -> &[f32] {
         .expect("host kernels are only used on f32 tensors")
 }
 
+/// The `cols × rows` transpose of a row-major `rows × cols` matrix, in 32 × 32 blocks (one
+/// cache line of each of 32 rows at a time).
+pub fn transposed(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    const BLOCK: usize = 32;
+    assert_eq!(values.len(), rows * cols, "transposed: shape");
+    let mut out = vec![0f32; rows * cols];
+    for r0 in (0..rows).step_by(BLOCK) {
+        for c0 in (0..cols).step_by(BLOCK) {
+            for r in r0..(r0 + BLOCK).min(rows) {
+                for c in c0..(c0 + BLOCK).min(cols) {
+                    out[c * rows + r] = values[r * cols + c];
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Elements per parallel task: large enough to amortise scheduling, small enough to balance.
 const CHUNK: usize = 1 << 14;
 

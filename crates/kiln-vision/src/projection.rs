@@ -142,7 +142,7 @@ fn project_on_host<B: Backend, const D: usize>(
 
 /// `f(x W + b)`, row-major `[rows, out]`, for the data `x` with its leading dimensions flattened
 /// into rows and the row-major weight `[in, out]`.
-fn product_then(
+pub(crate) fn product_then(
     x: TensorData,
     weight: &[f32],
     bias: &[f32],
@@ -209,7 +209,7 @@ fn bias_values<B: Backend>(linear: &Linear<B>) -> Vec<f32> {
 }
 
 /// The values of a host tensor (a weight, bias or scale) as f32.
-fn host_values<B: Backend, const D: usize>(x: Tensor<B, D>) -> Vec<f32> {
+pub(crate) fn host_values<B: Backend, const D: usize>(x: Tensor<B, D>) -> Vec<f32> {
     x.into_data()
         .convert::<f32>()
         .into_vec::<f32>()
