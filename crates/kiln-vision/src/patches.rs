@@ -7,7 +7,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use rayon::prelude::*;
 
 use crate::host;
-use crate::projection::{host_values, product_then};
+use crate::projection::{bias_values, host_values, product_then};
 
 /// The patch tokens of `pixels` `[batch, 3, H, W]` through the patch convolution, row-major
 /// `[batch, rows · cols, hidden]`, and the grid `(rows, cols)`.
@@ -67,10 +67,7 @@ fn unfolded_product<B: Backend>(
             }
         });
     let kernel = host::transposed(&host_values(conv.weight.val()), hidden, depth);
-    let bias = match &conv.bias {
-        Some(bias) => host_values(bias.val()),
-        None => vec![0.0; hidden],
-    };
+    let bias = bias_values(conv.bias.as_ref(), hidden);
     let unfolded = TensorData::new(unfolded, [batch * rows * cols, depth]);
     let tokens = product_then(unfolded, &kernel, &bias, |v| v);
     let tokens = TensorData::new(tokens, [batch, rows * cols, hidden]);

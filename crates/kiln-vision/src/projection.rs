@@ -4,6 +4,7 @@
 //! product's rows, and self-attention's q, k and v come from one product that the attention
 //! kernel reads in place; on the other backends these are burn operations.
 
+use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::activation::{gelu, gelu_approximate, sigmoid};
 use burn::tensor::backend::Backend;
@@ -94,7 +95,10 @@ pub(crate) fn self_attention<B: Backend>(
     let [batch, tokens, _] = x.dims();
     let device = x.device();
     let weight = Tensor::cat(vec![q.weight.val(), k.weight.val(), v.weight.val()], 1);
-    let bias: Vec<f32> = [q, k, v].into_iter().flat_map(bias_values).collect();
+    let bias: Vec<f32> = [q, k, v]
+        .into_iter()
+        .flat_map(|linear| bias_values(linear.bias.as_ref(), linear.weight.dims()[1]))
+        .collect();
     let columns = bias.len();
     let qkv = product_then(x.into_data(), &host_values(weight), &bias, |v| v);
     pass.attention_side_by_side(
@@ -114,7 +118,7 @@ fn project_on_host<B: Backend, const D: usize>(
     let mut dims = x.dims();
     let x = x.into_data();
     let mut weight = host_values(linear.weight.val());
-    let mut bias = bias_values(linear);
+    let mut bias = bias_values(linear.bias.as_ref(), linear.weight.dims()[1]);
     dims[D - 1] = bias.len();
     let values = match then {
         Then::Nothing => product_then(x, &weight, &bias, |v| v),
@@ -200,11 +204,14 @@ fn shape(x: &TensorData, outputs: usize) -> (usize, usize, usize) {
     (x.num_elements() / inputs.max(1), inputs, outputs)
 }
 
-/// The bias of `linear`, zeros without one.
-fn bias_values<B: Backend>(linear: &Linear<B>) -> Vec<f32> {
-    match &linear.bias {
+/// A layer's bias of `width` values, zeros without one.
+pub(crate) fn bias_values<B: Backend>(
+    bias: Option<&Param<Tensor<B, 1>>>,
+    width: usize,
+) -> Vec<f32> {
+    match bias {
         Some(bias) => host_values(bias.val()),
-        None => vec![0.0; linear.weight.dims()[1]],
+        None => vec![0.0; width],
     }
 }
 
