@@ -7,10 +7,12 @@
 //!   dtype, with `half` resolved per device, one-off parameter casting and the keep-in-f32 helper
 //!   [`Policy::keep_f32`].
 //! - [`scatter_add`]: index-add across dtypes, accumulated in at least f32.
+//! - [`HostValues`]: a host tensor's f32 values, read in place from Flex's storage.
 //! - [`LossScale`]: no-op, static and dynamic loss scaling for half-precision training.
 
 mod device;
 mod dtype;
+mod host;
 mod loss_scale;
 mod ops;
 mod policy;
@@ -20,6 +22,7 @@ pub use device::{
     Hardware, is_host_backend,
 };
 pub use dtype::{DtypeSpec, Precision};
+pub use host::HostValues;
 pub use loss_scale::{DynamicLossScale, LossScale, StepDecision};
 pub use ops::scatter_add;
 pub use policy::{

@@ -13,6 +13,7 @@ use crate::config::ClipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape};
 use crate::pass::{Draw, Pass, TowerSettings};
 use crate::patches::{learned_positions, patch_tokens};
+use crate::prepared::PreparedWeights;
 use crate::tower::{Tower, in_compute_dtype};
 
 /// Patch, class and position embeddings (`vision_model.embeddings`).
@@ -27,7 +28,7 @@ impl<B: Backend> ClipEmbeddings<B> {
     /// `[batch, 1 + patches, hidden]` of `pixels` `[batch, 3, H, W]` (H and W the configured
     /// image size: CLIP's position table is not interpolated).
     fn forward(&self, pixels: Tensor<B, 4>, pass: &Pass) -> Tensor<B, 3> {
-        let (patches, (rows, cols)) = patch_tokens(&self.patch_embedding, pixels);
+        let (patches, (rows, cols)) = patch_tokens(&self.patch_embedding, pixels, pass);
         let [batch, _, hidden] = patches.dims();
         let class = self
             .class_embedding
@@ -69,6 +70,8 @@ pub struct ClipVisionModel<B: Backend> {
     visual_projection: Linear<B>,
     #[module(skip)]
     settings: TowerSettings,
+    #[module(skip)]
+    prepared: PreparedWeights,
 }
 
 impl<B: Backend> Tower<B> for ClipVisionModel<B> {
@@ -82,9 +85,13 @@ impl<B: Backend> Tower<B> for ClipVisionModel<B> {
         &mut self.settings
     }
 
+    fn weights_changed(&mut self) {
+        self.prepared = Default::default();
+    }
+
     fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw>) -> ClipOutput<B> {
         let model = in_compute_dtype(self);
-        let pass = Pass::new(&model.settings, draw);
+        let pass = Pass::new(&model.settings, &model.prepared, draw);
         let tower = &model.vision_model;
         let x = tower.embeddings.forward(pass.input(pixels), &pass);
         let x = pass.norm(&tower.pre_layrnorm, x);
@@ -152,6 +159,7 @@ impl ClipVisionConfig {
                 .with_bias(false)
                 .init(device),
             settings: TowerSettings::default(),
+            prepared: PreparedWeights::default(),
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::config::Dinov2Config;
 use crate::encoder::{Mlp, run_layers};
 use crate::pass::{Draw, Pass, Site, TowerSettings};
 use crate::patches::patch_tokens;
+use crate::prepared::PreparedWeights;
 use crate::projection::{Then, project_dropped, self_attention};
 use crate::tower::{Tower, in_compute_dtype};
 
@@ -111,7 +112,7 @@ impl<B: Backend> Dinov2Embeddings<B> {
     }
 
     fn forward(&self, pixels: Tensor<B, 4>, pass: &Pass) -> Tensor<B, 3> {
-        let (patches, (rows, cols)) = patch_tokens(&self.patch_embeddings.projection, pixels);
+        let (patches, (rows, cols)) = patch_tokens(&self.patch_embeddings.projection, pixels, pass);
         let [batch, _, hidden] = patches.dims();
         let cls = self.cls_token.val().expand([batch, 1, hidden]);
         let tokens = Tensor::cat(vec![cls, patches], 1) + self.positions(rows, cols);
@@ -253,6 +254,8 @@ pub struct Dinov2Model<B: Backend> {
     layernorm: LayerNorm<B>,
     #[module(skip)]
     settings: TowerSettings,
+    #[module(skip)]
+    prepared: PreparedWeights,
 }
 
 impl<B: Backend> Tower<B> for Dinov2Model<B> {
@@ -268,11 +271,12 @@ impl<B: Backend> Tower<B> for Dinov2Model<B> {
 
     fn weights_changed(&mut self) {
         self.embeddings.resized = Default::default();
+        self.prepared = Default::default();
     }
 
     fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw>) -> Dinov2Output<B> {
         let model = in_compute_dtype(self);
-        let pass = Pass::new(&model.settings, draw);
+        let pass = Pass::new(&model.settings, &model.prepared, draw);
         let x = model.embeddings.forward(pass.input(pixels), &pass);
         let (x, hidden_states) =
             run_layers(x, &model.encoder.layer, keep, &pass, Dinov2Layer::forward);
@@ -353,6 +357,7 @@ impl Dinov2Config {
             encoder: Dinov2Encoder { layer },
             layernorm: norm(),
             settings: TowerSettings::default(),
+            prepared: PreparedWeights::default(),
         }
     }
 }

@@ -52,8 +52,8 @@ impl<B: Backend> Mlp<B> {
         then: Then<B, D>,
         pass: &Pass,
     ) -> Tensor<B, D> {
-        let hidden = project(&self.fc1, x, Then::Activate(self.activation));
-        project(&self.fc2, pass.drop(Site::MlpHidden, hidden), then)
+        let hidden = project(&self.fc1, x, Then::Activate(self.activation), pass);
+        project(&self.fc2, pass.drop(Site::MlpHidden, hidden), then, pass)
     }
 }
 

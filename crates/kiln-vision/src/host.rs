@@ -16,9 +16,11 @@ use rayon::prelude::*;
 
 use crate::matmul::{Threads, View, Write, matmul};
 
-/// Whether `x` is an f32 tensor of a host backend, which these kernels serve.
+/// Whether `x` is an f32 tensor of a host backend without autodiff, which these kernels serve
+/// (they read and write the values directly, which would cut a gradient's path).
 pub(crate) fn serves<B: Backend, const D: usize>(x: &Tensor<B, D>) -> bool {
-    x.dtype() == DType::F32 && is_host_backend::<B>(&x.device())
+    let device = x.device();
+    x.dtype() == DType::F32 && is_host_backend::<B>(&device) && !B::ad_enabled(&device)
 }
 
 /// The values of an f32 tensor's data.

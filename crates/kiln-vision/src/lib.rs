@@ -38,6 +38,7 @@ mod matmul;
 mod model;
 mod pass;
 mod patches;
+mod prepared;
 mod projection;
 mod sgemm;
 mod siglip;

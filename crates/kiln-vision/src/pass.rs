@@ -23,6 +23,7 @@ use rayon::prelude::*;
 
 use crate::VisionError;
 use crate::host::{self, Rows};
+use crate::prepared::PreparedWeights;
 
 /// Monte-Carlo dropout rates per site (0 turns a site off). Each is a probability in `[0, 1)`;
 /// kept activations are scaled by `1 / (1 − p)`, as PyTorch's dropout does.
@@ -222,11 +223,13 @@ pub(crate) struct Pass {
     /// Rows the pass computes: the draw's samples, or the batch without a draw.
     samples: Option<usize>,
     streams: Option<RefCell<Vec<ChaCha8Rng>>>,
+    prepared: PreparedWeights,
 }
 
 impl Pass {
-    /// A pass with the settings' dropout when `draw` is given, deterministic otherwise.
-    pub fn new(settings: &TowerSettings, draw: Option<&Draw>) -> Self {
+    /// A pass with the settings' dropout when `draw` is given, deterministic otherwise, reading
+    /// the host weights the tower keeps in `prepared`.
+    pub fn new(settings: &TowerSettings, prepared: &PreparedWeights, draw: Option<&Draw>) -> Self {
         let streams = draw
             .filter(|_| settings.dropout.is_active())
             .map(|draw| RefCell::new(draw.streams()));
@@ -235,6 +238,7 @@ impl Pass {
             dropout: settings.dropout,
             samples: draw.map(|d| d.rows.len()),
             streams,
+            prepared: prepared.clone(),
         }
     }
 
@@ -245,7 +249,13 @@ impl Pass {
             dropout: self.dropout,
             samples: self.samples,
             streams: None,
+            prepared: self.prepared.clone(),
         }
+    }
+
+    /// The tower's host weights, prepared once per weight.
+    pub fn prepared(&self) -> &PreparedWeights {
+        &self.prepared
     }
 
     /// The embedded tokens `[images, tokens, hidden]` as the encoder takes them: each image

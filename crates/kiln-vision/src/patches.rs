@@ -7,7 +7,8 @@ use burn::tensor::{Int, Tensor, TensorData};
 use rayon::prelude::*;
 
 use crate::host;
-use crate::projection::{bias_values, host_values, product_then};
+use crate::pass::Pass;
+use crate::projection::product_then;
 
 /// The patch tokens of `pixels` `[batch, 3, H, W]` through the patch convolution, row-major
 /// `[batch, rows · cols, hidden]`, and the grid `(rows, cols)`.
@@ -18,9 +19,10 @@ use crate::projection::{bias_values, host_values, product_then};
 pub(crate) fn patch_tokens<B: Backend>(
     projection: &Conv2d<B>,
     pixels: Tensor<B, 4>,
+    pass: &Pass,
 ) -> (Tensor<B, 3>, (usize, usize)) {
     if host::serves(&pixels) && tiles_the_image(projection) {
-        return unfolded_product(projection, pixels);
+        return unfolded_product(projection, pixels, pass);
     }
     let patches = projection.forward(pixels);
     let [batch, hidden, rows, cols] = patches.dims();
@@ -44,6 +46,7 @@ fn tiles_the_image<B: Backend>(conv: &Conv2d<B>) -> bool {
 fn unfolded_product<B: Backend>(
     conv: &Conv2d<B>,
     pixels: Tensor<B, 4>,
+    pass: &Pass,
 ) -> (Tensor<B, 3>, (usize, usize)) {
     let device = pixels.device();
     let [batch, channels, height, width] = pixels.dims();
@@ -66,10 +69,9 @@ fn unfolded_product<B: Backend>(
                 }
             }
         });
-    let kernel = host::transposed(&host_values(conv.weight.val()), hidden, depth);
-    let bias = bias_values(conv.bias.as_ref(), hidden);
+    let kernel = pass.prepared().unfolded_kernel(conv);
     let unfolded = TensorData::new(unfolded, [batch * rows * cols, depth]);
-    let tokens = product_then(unfolded, &kernel, &bias, |v| v);
+    let tokens = product_then(unfolded, &kernel, |v| v);
     let tokens = TensorData::new(tokens, [batch, rows * cols, hidden]);
     (Tensor::from_data(tokens, &device), (rows, cols))
 }
@@ -91,6 +93,9 @@ mod tests {
     use burn::nn::conv::Conv2dConfig;
     use burn::tensor::Distribution;
 
+    use crate::pass::TowerSettings;
+    use crate::prepared::PreparedWeights;
+
     /// The unfolded product against burn's convolution, with and without a bias, on an image
     /// whose sides are not multiples of the patch (the convolution drops the remainder).
     #[test]
@@ -98,13 +103,14 @@ mod tests {
         let device = Default::default();
         let pixels =
             Tensor::<Flex, 4>::random([2, 3, 37, 45], Distribution::Normal(0.0, 1.0), &device);
+        let pass = Pass::new(&TowerSettings::default(), &PreparedWeights::default(), None);
         for bias in [true, false] {
             let conv = Conv2dConfig::new([3, 20], [8, 8])
                 .with_stride([8, 8])
                 .with_bias(bias)
                 .init::<Flex>(&device);
             assert!(tiles_the_image(&conv));
-            let (got, grid) = unfolded_product(&conv, pixels.clone());
+            let (got, grid) = unfolded_product(&conv, pixels.clone(), &pass);
             let want = conv.forward(pixels.clone());
             assert_eq!(grid, (4, 5));
             let want = want.reshape([2, 20, 20]).swap_dims(1, 2);

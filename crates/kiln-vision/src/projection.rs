@@ -1,10 +1,10 @@
 //! The encoders' projections `x W + b` and what follows them: an activation, or LayerScale and
 //! the residual stream. On host backends in f32 that step runs inside the product as each tile
-//! is stored ([`sgemm`], on AVX2 CPUs for products of enough rows) or in one pass over the
-//! product's rows, and self-attention's q, k and v come from one product that the attention
-//! kernel reads in place; on the other backends these are burn operations.
+//! is stored ([`sgemm`], on AVX2 CPUs) or in one pass over the product's rows, the weights are
+//! prepared once per weight ([`crate::prepared`]), and self-attention's q, k and v come from one
+//! product that the attention kernel reads in place; on the other backends these are burn
+//! operations.
 
-use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::activation::{gelu, gelu_approximate, sigmoid};
 use burn::tensor::backend::Backend;
@@ -14,6 +14,7 @@ use crate::config::Activation;
 use crate::host;
 use crate::matmul::{Threads, View, Write, matmul};
 use crate::pass::{Pass, Site};
+use crate::prepared::{HostWeight, Operand};
 use crate::sgemm;
 
 /// What follows a projection `x W + b`.
@@ -35,13 +36,14 @@ pub(crate) fn project<B: Backend, const D: usize>(
     linear: &Linear<B>,
     x: Tensor<B, D>,
     then: Then<B, D>,
+    pass: &Pass,
 ) -> Tensor<B, D> {
     let residual_served = match &then {
         Then::AddTo { residual, .. } => host::serves(residual),
         _ => true,
     };
     if host::serves(&x) && residual_served {
-        return project_on_host(linear, x, then);
+        return project_on_host(linear, x, then, pass);
     }
     let mut dims = x.dims();
     let rows = dims[..D - 1].iter().product();
@@ -60,9 +62,12 @@ pub(crate) fn project_dropped<B: Backend, const D: usize>(
     pass: &Pass,
 ) -> Tensor<B, D> {
     if !pass.drops(site) {
-        return project(linear, x, then);
+        return project(linear, x, then, pass);
     }
-    finish(pass.drop(site, project(linear, x, Then::Nothing)), then)
+    finish(
+        pass.drop(site, project(linear, x, Then::Nothing, pass)),
+        then,
+    )
 }
 
 /// `then(y)` through burn's operations.
@@ -89,20 +94,15 @@ pub(crate) fn self_attention<B: Backend>(
     pass: &Pass,
 ) -> Tensor<B, 3> {
     if !host::serves(&x) {
-        let [query, key] = [q, k].map(|linear| project(linear, x.clone(), Then::Nothing));
-        return pass.attention(query, key, project(v, x, Then::Nothing), heads);
+        let [query, key] = [q, k].map(|linear| project(linear, x.clone(), Then::Nothing, pass));
+        return pass.attention(query, key, project(v, x, Then::Nothing, pass), heads);
     }
     let [batch, tokens, _] = x.dims();
     let device = x.device();
-    let weight = Tensor::cat(vec![q.weight.val(), k.weight.val(), v.weight.val()], 1);
-    let bias: Vec<f32> = [q, k, v]
-        .into_iter()
-        .flat_map(|linear| bias_values(linear.bias.as_ref(), linear.weight.dims()[1]))
-        .collect();
-    let columns = bias.len();
-    let qkv = product_then(x.into_data(), &host_values(weight), &bias, |v| v);
+    let weight = pass.prepared().side_by_side(&[q, k, v]);
+    let qkv = product_then(x.into_data(), &weight, |v| v);
     pass.attention_side_by_side(
-        TensorData::new(qkv, [batch, tokens, columns]),
+        TensorData::new(qkv, [batch, tokens, weight.columns()]),
         heads,
         &device,
     )
@@ -113,85 +113,102 @@ fn project_on_host<B: Backend, const D: usize>(
     linear: &Linear<B>,
     x: Tensor<B, D>,
     then: Then<B, D>,
+    pass: &Pass,
 ) -> Tensor<B, D> {
     let device = x.device();
     let mut dims = x.dims();
     let x = x.into_data();
-    let mut weight = host_values(linear.weight.val());
-    let mut bias = bias_values(linear.bias.as_ref(), linear.weight.dims()[1]);
-    dims[D - 1] = bias.len();
     let values = match then {
-        Then::Nothing => product_then(x, &weight, &bias, |v| v),
-        Then::Activate(Activation::QuickGelu) => product_then(x, &weight, &bias, host::quick_gelu),
-        Then::Activate(Activation::GeluTanh) => product_then(x, &weight, &bias, host::gelu_tanh),
-        Then::Activate(Activation::Gelu) => product_then(x, &weight, &bias, host::gelu),
         Then::AddTo { residual, scale } => {
-            // residual + s ⊙ (x W + b) = (residual + s ⊙ b) + x (W diag s): the scale goes into
-            // the weight's columns and the product is added onto the residual stream in place.
-            if let Some(scale) = scale {
-                let scale = host_values(scale);
-                for row in weight.chunks_exact_mut(scale.len()) {
-                    row.iter_mut().zip(&scale).for_each(|(w, s)| *w *= s);
-                }
-                bias.iter_mut().zip(&scale).for_each(|(b, s)| *b *= s);
-            }
+            // residual + s ⊙ (x W + b) = (residual + s ⊙ b) + x (W diag s): the scale is in the
+            // prepared weight's columns and the product is added onto the residual stream in place.
+            let weight = pass.prepared().linear(linear, scale.as_ref());
             let mut out = residual.into_data();
             let values = out.as_mut_slice::<f32>().expect("host projections are f32");
-            add_product(values, &x, &weight, &bias);
+            add_product(values, &x, &weight);
             return Tensor::from_data(out, &device);
         }
+        Then::Nothing => product_then(x, &pass.prepared().linear(linear, None), |v| v),
+        Then::Activate(activation) => {
+            let weight = pass.prepared().linear(linear, None);
+            match activation {
+                Activation::QuickGelu => product_then(x, &weight, host::quick_gelu),
+                Activation::GeluTanh => product_then(x, &weight, host::gelu_tanh),
+                Activation::Gelu => product_then(x, &weight, host::gelu),
+            }
+        }
     };
+    dims[D - 1] = linear.weight.dims()[1];
     Tensor::from_data(TensorData::new(values, dims), &device)
 }
 
 /// `f(x W + b)`, row-major `[rows, out]`, for the data `x` with its leading dimensions flattened
-/// into rows and the row-major weight `[in, out]`.
+/// into rows.
 pub(crate) fn product_then(
     x: TensorData,
-    weight: &[f32],
-    bias: &[f32],
+    weight: &HostWeight,
     f: impl Fn(f32) -> f32 + Sync,
 ) -> Vec<f32> {
-    let (rows, inputs, outputs) = shape(&x, bias.len());
+    let (rows, inputs, outputs) = shape(&x, weight.columns());
     let mut out = vec![0f32; rows * outputs];
-    if sgemm::suits(rows) {
-        let shape = (rows, inputs, outputs);
-        sgemm::product(&mut out, host::f32s(&x), weight, shape, false, bias, f);
-        return out;
+    match &weight.operand {
+        Operand::Packed(packed) => {
+            sgemm::product(
+                &mut out,
+                host::f32s(&x),
+                packed,
+                rows,
+                false,
+                &weight.bias,
+                f,
+            );
+        }
+        Operand::RowMajor(values) => {
+            matmul(
+                &mut out,
+                View::rows(0, rows, outputs, outputs),
+                host::f32s(&x),
+                View::rows(0, rows, inputs, inputs),
+                values,
+                View::rows(0, inputs, outputs, outputs),
+                Write::Overwrite,
+                Threads::All,
+            );
+            host::add_bias_map(&mut out, &weight.bias, f);
+        }
     }
-    matmul(
-        &mut out,
-        View::rows(0, rows, outputs, outputs),
-        host::f32s(&x),
-        View::rows(0, rows, inputs, inputs),
-        weight,
-        View::rows(0, inputs, outputs, outputs),
-        Write::Overwrite,
-        Threads::All,
-    );
-    host::add_bias_map(&mut out, bias, f);
     out
 }
 
 /// `residual += x W + b` in place, `residual` row-major `[rows, out]`.
-fn add_product(residual: &mut [f32], x: &TensorData, weight: &[f32], bias: &[f32]) {
-    let (rows, inputs, outputs) = shape(x, bias.len());
-    if sgemm::suits(rows) {
-        let shape = (rows, inputs, outputs);
-        sgemm::product(residual, host::f32s(x), weight, shape, true, bias, |v| v);
-        return;
+fn add_product(residual: &mut [f32], x: &TensorData, weight: &HostWeight) {
+    let (rows, inputs, outputs) = shape(x, weight.columns());
+    match &weight.operand {
+        Operand::Packed(packed) => {
+            sgemm::product(
+                residual,
+                host::f32s(x),
+                packed,
+                rows,
+                true,
+                &weight.bias,
+                |v| v,
+            );
+        }
+        Operand::RowMajor(values) => {
+            host::add_bias_map(residual, &weight.bias, |v| v);
+            matmul(
+                residual,
+                View::rows(0, rows, outputs, outputs),
+                host::f32s(x),
+                View::rows(0, rows, inputs, inputs),
+                values,
+                View::rows(0, inputs, outputs, outputs),
+                Write::Add,
+                Threads::All,
+            );
+        }
     }
-    host::add_bias_map(residual, bias, |v| v);
-    matmul(
-        residual,
-        View::rows(0, rows, outputs, outputs),
-        host::f32s(x),
-        View::rows(0, rows, inputs, inputs),
-        weight,
-        View::rows(0, inputs, outputs, outputs),
-        Write::Add,
-        Threads::All,
-    );
 }
 
 /// `(rows, inputs, outputs)` of a product of the data `x` (leading dimensions flattened) with a
@@ -202,25 +219,6 @@ fn shape(x: &TensorData, outputs: usize) -> (usize, usize, usize) {
         .last()
         .expect("a projection's input has a last axis");
     (x.num_elements() / inputs.max(1), inputs, outputs)
-}
-
-/// A layer's bias of `width` values, zeros without one.
-pub(crate) fn bias_values<B: Backend>(
-    bias: Option<&Param<Tensor<B, 1>>>,
-    width: usize,
-) -> Vec<f32> {
-    match bias {
-        Some(bias) => host_values(bias.val()),
-        None => vec![0.0; width],
-    }
-}
-
-/// The values of a host tensor (a weight, bias or scale) as f32.
-pub(crate) fn host_values<B: Backend, const D: usize>(x: Tensor<B, D>) -> Vec<f32> {
-    x.into_data()
-        .convert::<f32>()
-        .into_vec::<f32>()
-        .expect("converted to f32")
 }
 
 /// A `[features]` tensor shaped to broadcast along the last axis of a rank-`D` tensor.
@@ -247,17 +245,18 @@ mod tests {
     use burn::nn::LinearConfig;
     use burn::tensor::Distribution;
 
-    /// The host path of every projection form against burn's operations, with few rows (the
-    /// `gemm` crate, then a pass for bias and activation) and with enough rows for the AVX2
-    /// kernel (bias and activation inside the product) where the CPU has one.
+    use crate::pass::TowerSettings;
+    use crate::prepared::PreparedWeights;
+
+    /// The host path of every projection form against burn's operations, with fewer rows than
+    /// one register tile per thread and with many.
     #[test]
     fn host_projections_match_burn_operations() {
         let device = Default::default();
         let normal = Distribution::Normal(0.0, 1.0);
         let linear = LinearConfig::new(40, 56).init::<Flex>(&device);
-        let many = sgemm::min_rows() + 7;
-        assert_eq!(sgemm::suits(many), sgemm::available());
-        for rows in [13, many] {
+        let pass = Pass::new(&TowerSettings::default(), &PreparedWeights::default(), None);
+        for rows in [7, 700] {
             let x = Tensor::<Flex, 3>::random([1, rows, 40], normal, &device);
             let residual = Tensor::<Flex, 3>::random([1, rows, 56], normal, &device);
             let scale = Tensor::<Flex, 1>::random([56], normal, &device);
@@ -278,11 +277,82 @@ mod tests {
                 ]
             };
             for (ours, then) in forms().into_iter().zip(forms()) {
-                let got = project(&linear, x.clone(), ours);
+                let got = project(&linear, x.clone(), ours, &pass);
                 let want = finish(linear.forward(x.clone()), then);
                 let diff = (got - want.clone()).abs().max().into_scalar();
                 let size = want.abs().max().into_scalar();
                 assert!(diff <= 1e-5 * size, "{rows} rows: max |Δ| {diff} of {size}");
+            }
+        }
+    }
+
+    /// On an autodiff backend the projections are burn operations, so gradients reach the
+    /// weights (the host kernels would cut their path).
+    #[test]
+    fn gradients_reach_the_weights_under_autodiff() {
+        type Ad = burn::backend::Autodiff<Flex>;
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let linear = LinearConfig::new(6, 4).init::<Ad>(&device);
+        let x = Tensor::<Ad, 2>::random([5, 6], normal, &device);
+        let pass = Pass::new(&TowerSettings::default(), &PreparedWeights::default(), None);
+        let then = || Then::Activate(Activation::Gelu);
+        let ours = project(&linear, x.clone(), then(), &pass).sum().backward();
+        let burns = finish(linear.forward(x), then()).sum().backward();
+        let [ours, burns] = [ours, burns].map(|g| linear.weight.grad(&g).expect("a gradient"));
+        let diff = (ours - burns.clone()).abs().max().into_scalar();
+        assert!(
+            diff <= 1e-6 * burns.abs().max().into_scalar(),
+            "max |Δ| {diff}"
+        );
+    }
+
+    /// Both forms of a prepared weight (sgemm's panels where the CPU runs it, row-major for the
+    /// `gemm` crate) give `f(x W + b)` and `r + x W + b`.
+    #[test]
+    fn both_operands_give_the_product() {
+        let (rows, inputs, outputs) = (50, 33, 20);
+        let x: Vec<f32> = (0..rows * inputs).map(|i| (i as f32 * 0.3).sin()).collect();
+        let w: Vec<f32> = (0..inputs * outputs)
+            .map(|i| (i as f32 * 0.7).cos())
+            .collect();
+        let bias: Vec<f32> = (0..outputs).map(|i| i as f32 * 0.1).collect();
+        let residual: Vec<f32> = (0..rows * outputs).map(|i| (i as f32).sqrt()).collect();
+        let f = |v: f32| v.max(0.0);
+        let dot = |r: usize, c: usize| -> f32 {
+            (0..inputs)
+                .map(|p| x[r * inputs + p] * w[p * outputs + c])
+                .sum::<f32>()
+                + bias[c]
+        };
+        let mut operands = vec![Operand::RowMajor(w.clone())];
+        if sgemm::available() {
+            operands.push(Operand::Packed(sgemm::Packed::new(
+                inputs,
+                &[(&w, outputs)],
+            )));
+        }
+        for operand in operands {
+            let name = format!("{operand:?}").chars().take(9).collect::<String>();
+            let weight = HostWeight {
+                operand,
+                bias: bias.clone(),
+            };
+            let data = TensorData::new(x.clone(), [rows, inputs]);
+            let product = product_then(data.clone(), &weight, f);
+            let mut added = residual.clone();
+            add_product(&mut added, &data, &weight);
+            for (r, c) in (0..rows).flat_map(|r| (0..outputs).map(move |c| (r, c))) {
+                let i = r * outputs + c;
+                let want = dot(r, c);
+                assert!(
+                    (product[i] - f(want)).abs() < 1e-4,
+                    "{name} f(xW+b) at {r},{c}"
+                );
+                assert!(
+                    (added[i] - residual[i] - want).abs() < 1e-4,
+                    "{name} r+xW+b at {r},{c}"
+                );
             }
         }
     }

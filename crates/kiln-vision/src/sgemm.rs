@@ -5,11 +5,13 @@
 //! [3072, 768]` MLP product (b = 32) at about 110 GFLOP/s where PyTorch's `torch.mm` reached
 //! 155–165, and each product was followed by a pass of its own over 16–64 MB for the bias, the
 //! activation or the residual sum. This is the packed-panel scheme of Goto & van de Geijn
-//! ("Anatomy of high-performance matrix multiplication", 2008): `B` is packed once per product
-//! into 16-column panels, each task packs a block of 6-row panels of `A` that stays in L2, and a
+//! ("Anatomy of high-performance matrix multiplication", 2008): `B` is packed once per weight
+//! into 16-column panels ([`Packed`], kept by [`crate::prepared`]), each task packs a block of 6-row panels of `A` that stays in L2, and a
 //! 6 × 16 register tile (twelve AVX accumulators) runs over a 256-deep block of the inner
 //! dimension at a time; after the last block the bias and the activation are applied to the tile
 //! as it is stored. Measurements: docs/PERFORMANCE.md.
+
+use std::ops::Range;
 
 use rayon::prelude::*;
 
@@ -23,19 +25,8 @@ const KC: usize = 256;
 /// Rows per task: a 144 × 256 block of packed `A` (147 kB) stays in L2.
 const MC: usize = 144;
 
-/// Whether [`product`] runs a product of `rows` rows here: the CPU has AVX2 and FMA and no
-/// AVX-512 (where the `gemm` crate's 512-bit kernels are faster than these 256-bit ones), and the
-/// rows make at least two tasks per thread (tasks are blocks of rows).
-pub(crate) fn suits(rows: usize) -> bool {
-    available() && rows >= min_rows()
-}
-
-/// The fewest rows [`suits`] accepts: two tasks per thread.
-pub(crate) fn min_rows() -> usize {
-    2 * MC * rayon::current_num_threads()
-}
-
-/// Whether the CPU has AVX2 and FMA and no AVX-512.
+/// Whether [`product`] runs here: an x86-64 CPU with AVX2 and FMA and no AVX-512 (where the
+/// `gemm` crate's 512-bit kernels are faster than these 256-bit ones).
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -49,23 +40,74 @@ pub(crate) fn available() -> bool {
     }
 }
 
+/// A product's right operand `[k, n]` as 16-column panels, each `k` rows of 16 consecutive
+/// values (zero past `n`): packed once, read by every task of every product with it.
+#[derive(Debug)]
+pub(crate) struct Packed {
+    k: usize,
+    n: usize,
+    panels: Vec<f32>,
+}
+
+impl Packed {
+    /// The row-major `[k, n]` matrix whose columns are those of `blocks` side by side, each
+    /// block a row-major `[k, columns]` matrix given with its column count.
+    pub(crate) fn new(k: usize, blocks: &[(&[f32], usize)]) -> Packed {
+        let n: usize = blocks.iter().map(|(_, columns)| columns).sum();
+        assert!(
+            blocks.iter().all(|(b, columns)| b.len() == k * columns),
+            "sgemm::Packed::new: a block is not [k, columns]"
+        );
+        // Each block's first column in the concatenation.
+        let starts: Vec<usize> = blocks
+            .iter()
+            .scan(0, |next, (_, columns)| {
+                let start = *next;
+                *next += columns;
+                Some(start)
+            })
+            .collect();
+        let mut panels = vec![0f32; n.div_ceil(NR) * k * NR];
+        panels
+            .par_chunks_mut((k * NR).max(1))
+            .enumerate()
+            .for_each(|(panel, packed)| {
+                let (first, last) = (panel * NR, (panel * NR + NR).min(n));
+                for ((block, columns), &start) in blocks.iter().zip(&starts) {
+                    // This block's columns within the panel, as panel offsets and block columns.
+                    let (from, to) = (first.max(start), last.min(start + columns));
+                    if from >= to {
+                        continue;
+                    }
+                    for (row, out) in packed.chunks_exact_mut(NR).enumerate() {
+                        out[from - first..to - first]
+                            .copy_from_slice(&block[row * columns + from - start..][..to - from]);
+                    }
+                }
+            });
+        Packed { k, n, panels }
+    }
+}
+
 /// `c = f(a · b + bias)`, or `c = f(c + a · b + bias)` with `accumulate`, for row-major `a`
-/// `[m, k]`, `b` `[k, n]` and `c` `[m, n]` and `bias` `[n]`, on all of rayon's threads. `f` and
-/// the bias are applied to each register tile as it is written, never in a pass of their own.
+/// `[m, k]`, the packed `b` `[k, n]` and `c` `[m, n]`, and `bias` `[n]`, on all of rayon's
+/// threads. `f` and the bias are applied to each register tile as it is written, never in a pass
+/// of their own.
 ///
 /// Panics when a slice is shorter than its shape or the CPU lacks AVX2 and FMA.
 #[allow(unsafe_code)]
 pub(crate) fn product(
     c: &mut [f32],
     a: &[f32],
-    b: &[f32],
-    (m, k, n): (usize, usize, usize),
+    b: &Packed,
+    m: usize,
     accumulate: bool,
     bias: &[f32],
     f: impl Fn(f32) -> f32 + Sync,
 ) {
+    let (k, n) = (b.k, b.n);
     assert!(available(), "sgemm::product needs AVX2 + FMA");
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n && bias.len() == n);
+    assert!(a.len() >= m * k && c.len() >= m * n && bias.len() == n);
     if m == 0 || n == 0 {
         return;
     }
@@ -77,55 +119,90 @@ pub(crate) fn product(
         }
         return;
     }
-    let packed_b = pack_b(b, k, n);
     let steps = k.div_ceil(KC);
     let depth = k.div_ceil(steps);
-    c[..m * n]
-        .par_chunks_mut(MC * n)
-        .enumerate()
-        .for_each(|(block, c)| {
-            let rows = c.len() / n;
-            let a = &a[block * MC * k..][..rows * k];
-            let mut packed_a = vec![0f32; rows.div_ceil(MR) * MR * depth];
-            for step in 0..steps {
-                let first = step * depth;
-                let depth = depth.min(k - first);
-                pack_a(&mut packed_a[..rows.div_ceil(MR) * MR * depth], a, k, first);
-                let write = Tile {
-                    add: accumulate || step > 0,
-                    last: step + 1 == steps,
-                };
-                for panel in 0..n.div_ceil(NR) {
-                    let b = &packed_b[(panel * k + first) * NR..][..depth * NR];
-                    let cols = NR.min(n - panel * NR);
-                    let mut panel_bias = [0f32; NR];
-                    panel_bias[..cols].copy_from_slice(&bias[panel * NR..][..cols]);
-                    for (tile, a) in packed_a.chunks_exact(MR * depth).enumerate() {
-                        let tile_rows = MR.min(rows - tile * MR);
-                        let c = &mut c[tile * MR * n + panel * NR..];
-                        let corner = (tile_rows, cols);
-                        // SAFETY: `available()` was asserted above; both panels hold `depth`
-                        // steps and `c` holds `tile_rows` rows of `n` from its start.
-                        unsafe { tile_6x16(a, b, c, n, corner, write, &panel_bias, &f) };
+    let out = Out(c.as_mut_ptr());
+    let tasks = tasks(m, n.div_ceil(NR), rayon::current_num_threads());
+    tasks.into_par_iter().for_each(|Task { rows, panels }| {
+        let a = &a[rows.start * k..rows.end * k];
+        let tiles = rows.len().div_ceil(MR);
+        let mut packed_a = vec![0f32; tiles * MR * depth];
+        for step in 0..steps {
+            let first = step * depth;
+            let depth = depth.min(k - first);
+            let packed_a = &mut packed_a[..tiles * MR * depth];
+            pack_a(packed_a, a, k, first);
+            let write = Tile {
+                add: accumulate || step > 0,
+                last: step + 1 == steps,
+            };
+            for panel in panels.clone() {
+                let b = &b.panels[(panel * k + first) * NR..][..depth * NR];
+                let cols = NR.min(n - panel * NR);
+                let mut panel_bias = [0f32; NR];
+                panel_bias[..cols].copy_from_slice(&bias[panel * NR..][..cols]);
+                for (tile, a) in packed_a.chunks_exact(MR * depth).enumerate() {
+                    let row = rows.start + tile * MR;
+                    let corner = (MR.min(rows.end - row), cols);
+                    // SAFETY: `available()` was asserted above; both panels hold `depth` steps;
+                    // the tile's corner lies inside `c` (`row < m`, `panel · 16 + cols ≤ n`) and
+                    // in this task's block, which no other task writes.
+                    unsafe {
+                        let c = out.at(row * n + panel * NR);
+                        tile_6x16(a, b, c, n, corner, write, &panel_bias, &f);
                     }
                 }
             }
-        });
+        }
+    });
 }
-/// `b` `[k, n]` as 16-column panels, each `k` rows of 16 consecutive values (zero past `n`).
-fn pack_b(b: &[f32], k: usize, n: usize) -> Vec<f32> {
-    let mut packed = vec![0f32; n.div_ceil(NR) * k * NR];
-    packed
-        .par_chunks_mut(k * NR)
-        .enumerate()
-        .for_each(|(panel, packed)| {
-            let first = panel * NR;
-            let cols = NR.min(n - first);
-            for (row, out) in packed.chunks_exact_mut(NR).enumerate() {
-                out[..cols].copy_from_slice(&b[row * n + first..][..cols]);
-            }
-        });
-    packed
+
+/// The start of `C`, shared by the tasks, each of which writes only its own block.
+struct Out(*mut f32);
+
+// SAFETY: the tasks write disjoint blocks of `C`, which outlives them.
+#[allow(unsafe_code)]
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The element `offset` values into `C`.
+    ///
+    /// # Safety
+    /// `offset` lies inside `C`.
+    #[allow(unsafe_code)]
+    unsafe fn at(&self, offset: usize) -> *mut f32 {
+        // SAFETY: as the caller promises.
+        unsafe { self.0.add(offset) }
+    }
+}
+
+/// One task of a product: a block of rows of `C` by a range of its 16-column panels.
+#[derive(Debug, Clone, PartialEq)]
+struct Task {
+    rows: Range<usize>,
+    panels: Range<usize>,
+}
+
+/// The tasks of a product of `m` rows and `panels` column panels on `threads` threads: blocks of
+/// about [`MC`] rows, a multiple of `threads` of them, in whole register tiles that differ by at
+/// most one tile (CLIP-B/32's 1 600 rows at b = 32 were eleven blocks of 144 and one of 16, and a
+/// thread waited on the short one); when that makes fewer than two blocks per thread, the panels
+/// are split into ranges as well.
+fn tasks(m: usize, panels: usize, threads: usize) -> Vec<Task> {
+    let threads = threads.max(1);
+    let tiles = m.div_ceil(MR);
+    let row_blocks = m.div_ceil(MC).next_multiple_of(threads).min(tiles);
+    let panel_ranges = (2 * threads).div_ceil(row_blocks).min(panels).max(1);
+    let row = |block: usize| (block * tiles / row_blocks * MR).min(m);
+    let panel = |range: usize| range * panels / panel_ranges;
+    (0..row_blocks)
+        .flat_map(|block| {
+            (0..panel_ranges).map(move |range| Task {
+                rows: row(block)..row(block + 1),
+                panels: panel(range)..panel(range + 1),
+            })
+        })
+        .collect()
 }
 
 /// Columns `first ..` of `a` (rows of `k`) as 6-row panels filling `packed`: as many steps of
@@ -154,18 +231,19 @@ struct Tile {
 }
 
 /// One 6 × 16 register tile over the packed panels `a` (`steps × 6`) and `b` (`steps × 16`),
-/// written as `write` says into the `rows × cols` corner at the start of `c` (rows `ldc` apart).
+/// written as `write` says into the `rows × cols` corner that starts at `c` (rows `ldc` apart).
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `a.len() / 6 == b.len() / 16`; `c` holds `rows` rows of `ldc`
-/// elements (the last one at least `cols`); `rows ≤ 6`, `cols ≤ 16`.
+/// The CPU has AVX2 and FMA; `a.len() / 6 == b.len() / 16`; the corner's `rows` rows of `cols`
+/// values from `c`, `ldc` apart, are valid for reads and writes that nothing else makes while
+/// this runs; `rows ≤ 6`, `cols ≤ 16`.
 #[allow(unsafe_code, clippy::too_many_arguments)]
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_6x16(
     a: &[f32],
     b: &[f32],
-    c: &mut [f32],
+    c: *mut f32,
     ldc: usize,
     (rows, cols): (usize, usize),
     write: Tile,
@@ -175,7 +253,7 @@ unsafe fn tile_6x16(
     use std::arch::x86_64::*;
     let steps = b.len() / NR;
     debug_assert_eq!(a.len(), steps * MR);
-    debug_assert!(rows <= MR && cols <= NR && c.len() >= (rows - 1) * ldc + cols);
+    debug_assert!(rows <= MR && cols <= NR);
     let (a, b) = (a.as_ptr(), b.as_ptr());
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     for step in 0..steps {
@@ -192,9 +270,9 @@ unsafe fn tile_6x16(
     }
     if !write.last && rows == MR && cols == NR {
         for (r, acc) in acc.iter().enumerate() {
-            // SAFETY: a full tile: row `r` holds 16 values from `r · ldc`.
+            // SAFETY: a full tile: row `r` of the corner is 16 values from `r · ldc`.
             unsafe {
-                let out = c.as_mut_ptr().add(r * ldc);
+                let out = c.add(r * ldc);
                 let (mut lo, mut hi) = (acc[0], acc[1]);
                 if write.add {
                     lo = _mm256_add_ps(lo, _mm256_loadu_ps(out));
@@ -215,7 +293,8 @@ unsafe fn tile_6x16(
         }
     }
     for (r, row) in tile.iter_mut().enumerate().take(rows) {
-        let out = &mut c[r * ldc..][..cols];
+        // SAFETY: row `r` of the corner is `cols` values from `r · ldc`, for this call alone.
+        let out = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), cols) };
         if write.add {
             row.iter_mut().zip(out.iter()).for_each(|(v, c)| *v += c);
         }
@@ -231,7 +310,7 @@ unsafe fn tile_6x16(
 unsafe fn tile_6x16(
     _: &[f32],
     _: &[f32],
-    _: &mut [f32],
+    _: *mut f32,
     _: usize,
     _: (usize, usize),
     _: Tile,
@@ -246,7 +325,8 @@ mod tests {
     use super::*;
 
     /// Every shape class: whole tiles, row and column tails, an inner dimension over several
-    /// blocks, more rows than one task, no inner dimension; both writes, with a bias and `f`.
+    /// blocks, more rows than one task, few rows (tasks split by columns), no inner dimension;
+    /// both writes, with a bias and `f`; the right operand packed from two column blocks.
     #[test]
     fn products_match_the_definition() {
         if !available() {
@@ -259,6 +339,8 @@ mod tests {
             (7, 5, 3),
             (150, 600, 37),
             (301, 257, 48),
+            (40, 300, 100),
+            (700, 64, 33),
             (1, 1, 1),
             (8, 0, 5),
         ] {
@@ -266,9 +348,18 @@ mod tests {
             let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
             let bias: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin()).collect();
             let start: Vec<f32> = (0..m * n).map(|i| (i as f32 * 0.05).sin()).collect();
+            // The right operand in two column blocks, packed side by side.
+            let split = n / 3;
+            let left: Vec<f32> = (0..k * split)
+                .map(|i| b[i / split * n + i % split])
+                .collect();
+            let right: Vec<f32> = (0..k * (n - split))
+                .map(|i| b[i / (n - split) * n + split + i % (n - split)])
+                .collect();
+            let packed = Packed::new(k, &[(&left, split), (&right, n - split)]);
             for accumulate in [false, true] {
                 let mut c = start.clone();
-                product(&mut c, &a, &b, (m, k, n), accumulate, &bias, f);
+                product(&mut c, &a, &packed, m, accumulate, &bias, f);
                 for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
                     let dot: f64 = (0..k)
                         .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
@@ -282,6 +373,36 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The tasks cover every row and panel once, in blocks of whole tiles (but the last) within
+    /// a tile of each other, at least two per thread when there are enough tiles and panels.
+    #[test]
+    fn tasks_cover_the_product_evenly() {
+        for (m, panels, threads) in [(1600, 48, 2), (1600, 48, 16), (10400, 72, 2), (32, 4, 2)]
+            .into_iter()
+            .chain([(7, 1, 2), (1, 1, 8), (145, 3, 3), (300, 1, 1)])
+        {
+            let tasks = tasks(m, panels, threads);
+            let mut covered = vec![0; m * panels];
+            for task in &tasks {
+                assert!(task.rows.start % MR == 0, "{task:?} starts inside a tile");
+                for row in task.rows.clone() {
+                    for panel in task.panels.clone() {
+                        covered[row * panels + panel] += 1;
+                    }
+                }
+            }
+            assert!(covered.iter().all(|&n| n == 1), "{m} × {panels}: {tasks:?}");
+            let sizes: Vec<usize> = tasks.iter().map(|t| t.rows.len().div_ceil(MR)).collect();
+            let (least, most) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+            assert!(most - least <= 1, "{m} rows: tiles per task {sizes:?}");
+            let enough = m.div_ceil(MR) * panels >= 2 * threads;
+            assert!(
+                !enough || tasks.len() >= 2 * threads,
+                "{m} × {panels}: {tasks:?}"
+            );
         }
     }
 }

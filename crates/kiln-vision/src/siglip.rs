@@ -15,6 +15,7 @@ use crate::config::SiglipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape, Mlp};
 use crate::pass::{Draw, Pass, TowerSettings};
 use crate::patches::{learned_positions, patch_tokens};
+use crate::prepared::PreparedWeights;
 use crate::projection::Then;
 use crate::tower::{Tower, in_compute_dtype};
 
@@ -27,7 +28,7 @@ pub struct SiglipEmbeddings<B: Backend> {
 
 impl<B: Backend> SiglipEmbeddings<B> {
     fn forward(&self, pixels: Tensor<B, 4>, pass: &Pass) -> Tensor<B, 3> {
-        let (patches, (rows, cols)) = patch_tokens(&self.patch_embedding, pixels);
+        let (patches, (rows, cols)) = patch_tokens(&self.patch_embedding, pixels, pass);
         let positions = learned_positions(&self.position_embedding, rows * cols, &patches.device());
         pass.embeddings(patches + positions)
     }
@@ -121,6 +122,8 @@ pub struct SiglipVisionModel<B: Backend> {
     vision_model: SiglipVisionTransformer<B>,
     #[module(skip)]
     settings: TowerSettings,
+    #[module(skip)]
+    prepared: PreparedWeights,
 }
 
 impl<B: Backend> Tower<B> for SiglipVisionModel<B> {
@@ -134,6 +137,10 @@ impl<B: Backend> Tower<B> for SiglipVisionModel<B> {
         &mut self.settings
     }
 
+    fn weights_changed(&mut self) {
+        self.prepared = Default::default();
+    }
+
     /// `SiglipVisionModel` files of transformers 5 have no `vision_model.` prefix; those of
     /// transformers 4 and `SiglipModel` files do.
     fn key_remapping() -> &'static [(&'static str, &'static str)] {
@@ -145,7 +152,7 @@ impl<B: Backend> Tower<B> for SiglipVisionModel<B> {
 
     fn run(&self, pixels: Tensor<B, 4>, keep: bool, draw: Option<&Draw>) -> SiglipOutput<B> {
         let model = in_compute_dtype(self);
-        let pass = Pass::new(&model.settings, draw);
+        let pass = Pass::new(&model.settings, &model.prepared, draw);
         let tower = &model.vision_model;
         let x = tower.embeddings.forward(pass.input(pixels), &pass);
         let (x, hidden_states) = tower.encoder.forward(x, keep, &pass);
@@ -217,6 +224,7 @@ impl SiglipVisionConfig {
                 head,
             },
             settings: TowerSettings::default(),
+            prepared: PreparedWeights::default(),
         }
     }
 }
