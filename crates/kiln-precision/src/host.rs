@@ -2,16 +2,16 @@
 
 use std::sync::Arc;
 
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor};
 
 /// The f32 values of a tensor, read in place from a Flex tensor's storage when it is contiguous
 /// f32, copied (and converted) otherwise.
 ///
-/// A view read in place holds a reference to the storage, which keeps it alive and shared: burn-flex
-/// writes into a tensor's storage only when nothing else holds it, so while a view exists its values
-/// stay what they were. [`HostValues::same_storage`] therefore tells when two reads of a weight hold the
-/// same values without comparing them, and a cache can key on it.
+/// A view read in place holds a reference to the storage, which keeps it alive and shared:
+/// burn-flex writes into a tensor's storage only when nothing else holds it, so while a view
+/// exists its values stay what they were. [`HostValues::same_storage`] therefore tells when two
+/// reads of a weight hold the same values without comparing them, and a cache can key on it.
 ///
 /// ```
 /// use burn::backend::Flex;
@@ -39,7 +39,7 @@ impl HostValues {
     /// The values of `x` in row-major order.
     pub fn of<B: Backend, const D: usize>(x: &Tensor<B, D>) -> HostValues {
         #[cfg(feature = "flex")]
-        if x.dtype() == DType::F32 {
+        if x.dtype() == burn::tensor::DType::F32 {
             let primitive: Box<dyn std::any::Any> = Box::new(x.clone().into_primitive().tensor());
             if let Ok(flex) = primitive.downcast::<burn::backend::flex::FlexTensor>()
                 && flex.as_slice::<f32>().is_some()
@@ -47,14 +47,8 @@ impl HostValues {
                 return HostValues(Read::InPlace(*flex));
             }
         }
-        let data = x.clone().into_data();
-        let values = match data.dtype {
-            DType::F32 => data.into_vec::<f32>(),
-            _ => data.convert::<f32>().into_vec::<f32>(),
-        };
-        HostValues(Read::Copied(
-            values.expect("converted to f32").into_boxed_slice().into(),
-        ))
+        let values = x.clone().into_data().convert::<f32>().into_vec::<f32>();
+        HostValues(Read::Copied(values.expect("converted to f32").into()))
     }
 
     /// The values.
@@ -97,6 +91,7 @@ impl std::fmt::Debug for HostValues {
 mod tests {
     use super::*;
     use burn::backend::Flex;
+    use burn::tensor::DType;
 
     /// A view read in place keeps the storage shared, so an operation that could write in place
     /// copies instead and the view's values stay as read.

@@ -9,6 +9,7 @@
 //! the parameter and checked against the storage it was read from: a weight that changes (an
 //! optimiser step, a load, a cast) is prepared anew, never served stale.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -42,7 +43,7 @@ impl HostWeight {
     /// The weight whose columns are those of `blocks` side by side (each a row-major
     /// `[inputs, columns]` matrix with its column count), and its bias.
     pub(crate) fn new(inputs: usize, blocks: &[(&[f32], usize)], bias: Vec<f32>) -> HostWeight {
-        let operand = if sgemm::available() {
+        let operand = if sgemm::preferred() {
             Operand::Packed(sgemm::Packed::new(inputs, blocks))
         } else {
             let columns: usize = blocks.iter().map(|(_, columns)| columns).sum();
@@ -95,11 +96,11 @@ impl PreparedWeights {
         let mut sources = weight_and_bias(&linear.weight, linear.bias.as_ref());
         sources.extend(scale.map(HostValues::of));
         self.get(linear.weight.id, sources, |sources| {
-            let mut weight = sources[0].values().to_vec();
+            let mut weight = Cow::Borrowed(sources[0].values());
             let mut bias = bias_of(linear.bias.is_some().then(|| &sources[1]), outputs);
             if scale.is_some() {
                 let scale = sources.last().expect("the scale was read").values();
-                for row in weight.chunks_exact_mut(outputs) {
+                for row in weight.to_mut().chunks_exact_mut(outputs) {
                     row.iter_mut().zip(scale).for_each(|(w, s)| *w *= s);
                 }
                 bias.iter_mut().zip(scale).for_each(|(b, s)| *b *= s);

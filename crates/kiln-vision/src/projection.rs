@@ -326,14 +326,17 @@ mod tests {
                 + bias[c]
         };
         let mut operands = vec![Operand::RowMajor(w.clone())];
-        if sgemm::available() {
+        if sgemm::supported() {
             operands.push(Operand::Packed(sgemm::Packed::new(
                 inputs,
                 &[(&w, outputs)],
             )));
         }
         for operand in operands {
-            let name = format!("{operand:?}").chars().take(9).collect::<String>();
+            let name = match operand {
+                Operand::Packed(_) => "packed",
+                Operand::RowMajor(_) => "row-major",
+            };
             let weight = HostWeight {
                 operand,
                 bias: bias.clone(),

@@ -6,10 +6,10 @@
 //! 155–165, and each product was followed by a pass of its own over 16–64 MB for the bias, the
 //! activation or the residual sum. This is the packed-panel scheme of Goto & van de Geijn
 //! ("Anatomy of high-performance matrix multiplication", 2008): `B` is packed once per weight
-//! into 16-column panels ([`Packed`], kept by [`crate::prepared`]), each task packs a block of 6-row panels of `A` that stays in L2, and a
-//! 6 × 16 register tile (twelve AVX accumulators) runs over a 256-deep block of the inner
-//! dimension at a time; after the last block the bias and the activation are applied to the tile
-//! as it is stored. Measurements: docs/PERFORMANCE.md.
+//! into 16-column panels ([`Packed`], kept by [`crate::prepared`]), each task packs a block of
+//! 6-row panels of `A` that stays in L2, and a 6 × 16 register tile (twelve AVX accumulators)
+//! runs over a 256-deep block of the inner dimension at a time; after the last block the bias and
+//! the activation are applied to the tile as it is stored. Measurements: docs/PERFORMANCE.md.
 
 use std::ops::Range;
 
@@ -25,14 +25,24 @@ const KC: usize = 256;
 /// Rows per task: a 144 × 256 block of packed `A` (147 kB) stays in L2.
 const MC: usize = 144;
 
-/// Whether [`product`] runs here: an x86-64 CPU with AVX2 and FMA and no AVX-512 (where the
-/// `gemm` crate's 512-bit kernels are faster than these 256-bit ones).
-pub(crate) fn available() -> bool {
+/// Whether [`product`] can run here: an x86-64 CPU with AVX2 and FMA.
+pub(crate) fn supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && !std::arch::is_x86_feature_detected!("avx512f")
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether the projections should run through [`product`] here: it is [`supported`] and the CPU
+/// has no AVX-512 (where the `gemm` crate's 512-bit kernels are faster than these 256-bit ones).
+pub(crate) fn preferred() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        supported() && !std::arch::is_x86_feature_detected!("avx512f")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -106,7 +116,7 @@ pub(crate) fn product(
     f: impl Fn(f32) -> f32 + Sync,
 ) {
     let (k, n) = (b.k, b.n);
-    assert!(available(), "sgemm::product needs AVX2 + FMA");
+    assert!(supported(), "sgemm::product needs AVX2 + FMA");
     assert!(a.len() >= m * k && c.len() >= m * n && bias.len() == n);
     if m == 0 || n == 0 {
         return;
@@ -144,7 +154,7 @@ pub(crate) fn product(
                 for (tile, a) in packed_a.chunks_exact(MR * depth).enumerate() {
                     let row = rows.start + tile * MR;
                     let corner = (MR.min(rows.end - row), cols);
-                    // SAFETY: `available()` was asserted above; both panels hold `depth` steps;
+                    // SAFETY: `supported()` was asserted above; both panels hold `depth` steps;
                     // the tile's corner lies inside `c` (`row < m`, `panel · 16 + cols ≤ n`) and
                     // in this task's block, which no other task writes.
                     unsafe {
@@ -317,7 +327,7 @@ unsafe fn tile_6x16(
     _: &[f32; NR],
     _: &impl Fn(f32) -> f32,
 ) {
-    unreachable!("sgemm::available() is false off x86-64")
+    unreachable!("sgemm::supported() is false off x86-64")
 }
 
 #[cfg(test)]
@@ -329,7 +339,7 @@ mod tests {
     /// both writes, with a bias and `f`; the right operand packed from two column blocks.
     #[test]
     fn products_match_the_definition() {
-        if !available() {
+        if !supported() {
             eprintln!("skipped: this CPU has no AVX2 + FMA, or has AVX-512");
             return;
         }
