@@ -164,6 +164,12 @@ const FIXTURES: &[Fixture] = &[
         python: "KILN_SCHNETPACK_PYTHON",
         requirements: "scripts/fixtures/requirements-schnetpack.txt",
     },
+    Fixture {
+        script: "scripts/fixtures/train.py",
+        out: "crates/kiln-train/tests/fixtures",
+        python: "KILN_HF_PYTHON",
+        requirements: "scripts/fixtures/requirements-hf.txt",
+    },
 ];
 
 /// Runs the fixture scripts whose path contains `filter` (all without one), each with the Python

@@ -165,18 +165,25 @@ impl<B: Backend> DeviceImages<B> {
     /// One pass over the dataset in `order`, `batch_size` items a batch (the last one may be
     /// smaller; a batch size of 0 is taken as 1).
     pub fn batches(&self, batch_size: usize, order: Order) -> Batches<'_, B> {
+        self.batches_from(batch_size, order, 0)
+    }
+
+    /// The same pass from batch `first` on (a resumed training epoch): the batches before it
+    /// are neither read nor uploaded.
+    pub fn batches_from(&self, batch_size: usize, order: Order, first: usize) -> Batches<'_, B> {
         let batch_size = batch_size.max(1);
         let order = Arc::new(order.indices(self.images.len()));
         let count = order.len().div_ceil(batch_size);
+        let first = first.min(count);
         let streams = match self.resident {
             Some(_) => Vec::new(),
-            None => (0..self.workers.min(count))
+            None => (0..self.workers.min(count - first))
                 .map(|worker| {
                     Stream::start(
                         self.images.clone(),
                         Arc::clone(&order),
                         batch_size,
-                        worker,
+                        first + worker,
                         self.workers,
                         self.prefetch,
                         normalises_on_host::<B>(&self.device),
@@ -188,7 +195,8 @@ impl<B: Backend> DeviceImages<B> {
             feed: self,
             order,
             batch_size,
-            next: 0,
+            first,
+            next: first,
             count,
             streams,
         }
@@ -227,6 +235,7 @@ pub struct Batches<'a, B: Backend> {
     feed: &'a DeviceImages<B>,
     order: Arc<Vec<usize>>,
     batch_size: usize,
+    first: usize,
     next: usize,
     count: usize,
     streams: Vec<Stream>,
@@ -247,7 +256,7 @@ impl<B: Backend> Iterator for Batches<'_, B> {
             Some(resident) => self.feed.resident_batch(resident, &indices),
             None => {
                 let streams = self.streams.len();
-                let stream = &mut self.streams[batch % streams];
+                let stream = &mut self.streams[(batch - self.first) % streams];
                 stream.receive().upload(
                     self.feed.images.preprocess().affine(),
                     &self.feed.device,
@@ -266,7 +275,7 @@ impl<B: Backend> Iterator for Batches<'_, B> {
 
 impl<B: Backend> ExactSizeIterator for Batches<'_, B> {}
 
-/// A background thread preparing batches `worker`, `worker + workers`, … of a pass on the host,
+/// A background thread preparing batches `start`, `start + workers`, … of a pass on the host,
 /// at most `prefetch` ahead of the consumer.
 struct Stream {
     receiver: Option<Receiver<HostBatch>>,
@@ -278,16 +287,16 @@ impl Stream {
         images: CachedImages,
         order: Arc<Vec<usize>>,
         batch_size: usize,
-        worker: usize,
+        start: usize,
         workers: usize,
         prefetch: usize,
         on_host: bool,
     ) -> Self {
         let (sender, receiver): (SyncSender<HostBatch>, _) = sync_channel(prefetch);
         let thread = std::thread::Builder::new()
-            .name(format!("kiln-feed-{worker}"))
+            .name(format!("kiln-feed-{}", start % workers))
             .spawn(move || {
-                for chunk in order.chunks(batch_size).skip(worker).step_by(workers) {
+                for chunk in order.chunks(batch_size).skip(start).step_by(workers) {
                     // The consumer hung up (its pass was dropped): stop.
                     if sender.send(images.host_batch(chunk, on_host)).is_err() {
                         return;

@@ -60,6 +60,35 @@ fn resident_and_streamed_batches_are_the_uploads_of_their_items() {
 }
 
 #[test]
+fn a_pass_resumed_at_a_batch_gives_the_rest_of_the_full_pass() {
+    let cache_dir = tempfile::tempdir().unwrap();
+    let images = images(cache_dir.path());
+    let device = Default::default();
+    let order = Order::Shuffled { seed: 5, epoch: 2 };
+    for (residency, workers) in [
+        (Residency::Host, 2),
+        (Residency::Host, 3),
+        (Residency::Device, 1),
+    ] {
+        let full = pass(&images, residency, workers, 2, order);
+        let feed = images
+            .to_device::<Flex>(&device, Precision::F32, residency)
+            .workers(workers);
+        for first in 0..=full.len() {
+            let rest: Vec<_> = feed
+                .batches_from(2, order, first)
+                .map(|b| (b.indices, b.pixels.into_data().to_vec::<f32>().unwrap()))
+                .collect();
+            assert_eq!(
+                rest,
+                full[first..],
+                "{residency:?}, {workers} workers, from {first}"
+            );
+        }
+    }
+}
+
+#[test]
 fn shuffled_orders_are_seeded_permutations_per_epoch() {
     let order = |seed, epoch| Order::Shuffled { seed, epoch }.indices(50);
     let first = order(7, 0);

@@ -1,0 +1,357 @@
+//! Checkpoints: `checkpoints/step-00000120/` holding the model (`model.bin`), AdamW's moments
+//! (`optimizer.bin`, burn records at full precision, so f32 values round-trip bit for bit) and
+//! `state.json` (step, data position, loss scale, best metric, the run's settings and the model's
+//! parameter shapes). A checkpoint is written into a temporary directory and renamed into place,
+//! so a run killed at any moment, or a full disk, leaves every earlier checkpoint whole; the
+//! newest complete one is what a rerun resumes from.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use burn::module::AutodiffModule;
+use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
+use burn::tensor::backend::AutodiffBackend;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::TrainError;
+use crate::optim::{GroupedAdamW, GroupedAdamWRecord, ParamInfo};
+
+/// Everything but the tensors that a resumed run needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointState {
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// The epoch the next batch comes from.
+    pub epoch: u64,
+    /// The next batch's index in that epoch.
+    pub batch: usize,
+    /// The loss scale and its finite steps since it last changed.
+    pub loss_scale: (f32, u32),
+    /// The best evaluation so far: the metric's value and the step.
+    pub best: Option<(f64, u64)>,
+    /// Evaluations since the best one.
+    pub evals_since_best: usize,
+    /// Steps skipped for non-finite values, in all and in a row at the end.
+    pub skipped: (u64, usize),
+    /// Whether early stopping ended the run.
+    pub stopped_early: bool,
+    /// The run's settings (training and model) the checkpoint was written with.
+    pub settings: Value,
+    /// The model's parameters (paths and shapes).
+    pub params: Vec<ParamInfo>,
+}
+
+/// The checkpoint directory of a run.
+#[derive(Debug, Clone)]
+pub struct Checkpoints {
+    dir: PathBuf,
+}
+
+const STATE: &str = "state.json";
+const MODEL: &str = "model";
+const OPTIMIZER: &str = "optimizer";
+
+fn recorder() -> BinFileRecorder<FullPrecisionSettings> {
+    BinFileRecorder::new()
+}
+
+impl Checkpoints {
+    /// Checkpoints under `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Checkpoints { dir: dir.into() }
+    }
+
+    /// The directory of the checkpoint after `step` steps.
+    pub fn path(&self, step: u64) -> PathBuf {
+        self.dir.join(format!("step-{step:08}"))
+    }
+
+    /// The complete checkpoints, oldest first.
+    pub fn list(&self) -> Vec<(u64, PathBuf)> {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut found: Vec<(u64, PathBuf)> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let step = name.strip_prefix("step-")?.parse().ok()?;
+                e.path().join(STATE).is_file().then(|| (step, e.path()))
+            })
+            .collect();
+        found.sort();
+        found
+    }
+
+    /// The newest complete checkpoint's state, if any.
+    pub fn latest(&self) -> Result<Option<(PathBuf, CheckpointState)>, TrainError> {
+        let Some((_, path)) = self.list().pop() else {
+            return Ok(None);
+        };
+        let file = path.join(STATE);
+        let text = fs::read_to_string(&file).map_err(|e| TrainError::io(&file, e))?;
+        let state = serde_json::from_str(&text).map_err(|e| {
+            TrainError::Checkpoint(format!(
+                "{}: not a kiln checkpoint state: {e}",
+                file.display()
+            ))
+        })?;
+        Ok(Some((path, state)))
+    }
+
+    /// Writes a checkpoint of `model` and `optimizer` at `state.step`, then deletes the older
+    /// ones beyond the newest `keep_last` (never the best). On any error the earlier
+    /// checkpoints are untouched.
+    pub fn save<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        state: &CheckpointState,
+        model: &M,
+        optimizer: &GroupedAdamW<B, M>,
+        keep_last: usize,
+    ) -> Result<PathBuf, TrainError> {
+        let target = self.path(state.step);
+        let temporary = self.dir.join(format!(".tmp-step-{:08}", state.step));
+        let written = (|| {
+            if temporary.exists() {
+                fs::remove_dir_all(&temporary).map_err(|e| TrainError::io(&temporary, e))?;
+            }
+            fs::create_dir_all(&temporary).map_err(|e| TrainError::io(&temporary, e))?;
+            let failed = |what: &str, e: &dyn std::fmt::Display| {
+                TrainError::Checkpoint(format!(
+                    "writing the {what} into {}: {e}",
+                    temporary.display()
+                ))
+            };
+            model
+                .clone()
+                .save_file(temporary.join(MODEL), &recorder())
+                .map_err(|e| failed("model", &e))?;
+            Recorder::<B>::record(
+                &recorder(),
+                optimizer.to_record(),
+                temporary.join(OPTIMIZER),
+            )
+            .map_err(|e| failed("optimizer state", &e))?;
+            let json = serde_json::to_string_pretty(state).expect("the state serialises");
+            let file = temporary.join(STATE);
+            write_synced(&file, json.as_bytes())?;
+            if target.exists() {
+                fs::remove_dir_all(&target).map_err(|e| TrainError::io(&target, e))?;
+            }
+            fs::rename(&temporary, &target).map_err(|e| TrainError::io(&target, e))
+        })();
+        if let Err(e) = written {
+            let _ = fs::remove_dir_all(&temporary);
+            return Err(e);
+        }
+        self.prune(keep_last, state.best.map(|(_, step)| step));
+        Ok(target)
+    }
+
+    /// Deletes all but the newest `keep_last` checkpoints and the one at `best_step`.
+    fn prune(&self, keep_last: usize, best_step: Option<u64>) {
+        let all = self.list();
+        let old = all.len().saturating_sub(keep_last.max(1));
+        for (step, path) in &all[..old] {
+            if Some(*step) != best_step
+                && let Err(e) = fs::remove_dir_all(path)
+            {
+                log::warn!(
+                    "could not delete the old checkpoint {}: {e}",
+                    path.display()
+                );
+            }
+        }
+    }
+
+    /// Loads the model of the checkpoint at `path` into `model` (parameter ids included:
+    /// build the optimizer after this).
+    pub fn load_model<B: AutodiffBackend, M: AutodiffModule<B>>(
+        path: &Path,
+        model: M,
+        device: &B::Device,
+    ) -> Result<M, TrainError> {
+        model
+            .load_file(path.join(MODEL), &recorder(), device)
+            .map_err(|e| {
+                TrainError::Checkpoint(format!("reading the model of {}: {e}", path.display()))
+            })
+    }
+
+    /// Loads the optimizer state of the checkpoint at `path` into `optimizer`, built for the
+    /// model [`Self::load_model`] loaded.
+    pub fn load_optimizer<B: AutodiffBackend, M: AutodiffModule<B>>(
+        path: &Path,
+        optimizer: GroupedAdamW<B, M>,
+        device: &B::Device,
+    ) -> Result<GroupedAdamW<B, M>, TrainError> {
+        let failed = |e: &dyn std::fmt::Display| {
+            TrainError::Checkpoint(format!(
+                "reading the optimizer state of {}: {e}",
+                path.display()
+            ))
+        };
+        let record: GroupedAdamWRecord<B, M> =
+            Recorder::<B>::load(&recorder(), path.join(OPTIMIZER), device)
+                .map_err(|e| failed(&e))?;
+        optimizer.load_record(record).map_err(|e| failed(&e))
+    }
+}
+
+/// Why a checkpoint written with `saved` settings and parameters cannot continue a run with
+/// `settings` and `params`: every difference, named.
+pub fn compatible(
+    saved: &CheckpointState,
+    settings: &Value,
+    params: &[ParamInfo],
+) -> Result<(), String> {
+    let mut differences = Vec::new();
+    let (mut before, mut now) = (Vec::new(), Vec::new());
+    flatten("", &saved.settings, &mut before);
+    flatten("", settings, &mut now);
+    for (key, value) in &before {
+        match now.iter().find(|(k, _)| k == key) {
+            Some((_, v)) if v == value => {}
+            Some((_, v)) => differences.push(format!("{key}: checkpoint {value}, this run {v}")),
+            None => differences.push(format!("{key}: checkpoint {value}, this run has none")),
+        }
+    }
+    for (key, value) in &now {
+        if !before.iter().any(|(k, _)| k == key) {
+            differences.push(format!("{key}: checkpoint has none, this run {value}"));
+        }
+    }
+    for param in &saved.params {
+        match params.iter().find(|p| p.path == param.path) {
+            Some(p) if p.shape == param.shape => {}
+            Some(p) => differences.push(format!(
+                "parameter {}: checkpoint shape {:?}, this model {:?}",
+                param.path, param.shape, p.shape
+            )),
+            None => differences.push(format!(
+                "parameter {} {:?} is not in this model",
+                param.path, param.shape
+            )),
+        }
+    }
+    for param in params {
+        if !saved.params.iter().any(|p| p.path == param.path) {
+            differences.push(format!(
+                "parameter {} {:?} is not in the checkpoint",
+                param.path, param.shape
+            ));
+        }
+    }
+    if differences.is_empty() {
+        return Ok(());
+    }
+    let shown = differences.len().min(10);
+    let mut message = differences[..shown].join("\n  ");
+    if differences.len() > shown {
+        message += &format!("\n  … and {} more", differences.len() - shown);
+    }
+    Err(message)
+}
+
+/// `value`'s leaves as (dotted key, value).
+fn flatten(prefix: &str, value: &Value, out: &mut Vec<(String, Value)>) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&key, v, out);
+            }
+        }
+        leaf => out.push((prefix.to_string(), leaf.clone())),
+    }
+}
+
+/// Writes `bytes` to `path` and flushes them to the disk.
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
+    use std::io::Write;
+    let mut file = fs::File::create(path).map_err(|e| TrainError::io(path, e))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| TrainError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn state(settings: Value, params: Vec<ParamInfo>) -> CheckpointState {
+        CheckpointState {
+            step: 3,
+            epoch: 0,
+            batch: 3,
+            loss_scale: (1.0, 0),
+            best: None,
+            evals_since_best: 0,
+            skipped: (0, 0),
+            stopped_early: false,
+            settings,
+            params,
+        }
+    }
+
+    fn param(path: &str, shape: &[usize]) -> ParamInfo {
+        ParamInfo {
+            path: path.into(),
+            id: None,
+            shape: shape.to_vec(),
+        }
+    }
+
+    #[test]
+    fn every_difference_is_named() {
+        let saved = state(
+            json!({"lr": 0.001, "model": {"hidden": 64, "layers": 2}}),
+            vec![param("fc.weight", &[4, 3]), param("fc.bias", &[3])],
+        );
+        assert!(compatible(&saved, &saved.settings.clone(), &saved.params.clone()).is_ok());
+        let e = compatible(
+            &saved,
+            &json!({"lr": 0.002, "model": {"hidden": 64, "layers": 2}, "extra": true}),
+            &[param("fc.weight", &[4, 5]), param("head.bias", &[5])],
+        )
+        .unwrap_err();
+        for needle in [
+            "lr: checkpoint 0.001, this run 0.002",
+            "extra: checkpoint has none",
+            "fc.weight: checkpoint shape [4, 3], this model [4, 5]",
+            "fc.bias [3] is not in this model",
+            "head.bias [5] is not in the checkpoint",
+        ] {
+            assert!(e.contains(needle), "`{needle}` missing from:\n{e}");
+        }
+    }
+
+    #[test]
+    fn only_complete_checkpoints_count_and_the_newest_is_latest() {
+        let dir = tempfile::tempdir().unwrap();
+        let checkpoints = Checkpoints::new(dir.path());
+        assert!(checkpoints.latest().unwrap().is_none());
+        for step in [2u64, 10] {
+            let path = checkpoints.path(step);
+            fs::create_dir_all(&path).unwrap();
+            let mut s = state(json!({}), vec![]);
+            s.step = step;
+            fs::write(path.join(STATE), serde_json::to_string(&s).unwrap()).unwrap();
+        }
+        // A checkpoint cut off before its state was written, and a temporary directory.
+        fs::create_dir_all(checkpoints.path(12)).unwrap();
+        fs::create_dir_all(dir.path().join(".tmp-step-00000014")).unwrap();
+        let (path, latest) = checkpoints.latest().unwrap().unwrap();
+        assert_eq!(latest.step, 10);
+        assert_eq!(path, checkpoints.path(10));
+        checkpoints.prune(1, Some(2));
+        let left: Vec<u64> = checkpoints.list().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(left, [2, 10], "the best (2) and the newest stay");
+    }
+}

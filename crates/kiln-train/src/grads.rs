@@ -1,0 +1,129 @@
+//! Whole-model gradient operations: the global L2 norm (`torch.nn.utils.clip_grad_norm_`'s, over
+//! every parameter at once — burn-optim's clipping treats each tensor alone) and scaling every
+//! gradient by one factor (unscaling a scaled loss and clipping in the same pass).
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Tensor};
+
+/// Σ g² over every gradient of `module`, on the device as f32 (`None` without gradients).
+pub fn squared_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &GradientsParams,
+) -> Option<Tensor<B::InnerBackend, 1>> {
+    struct Sum<'a, B: AutodiffBackend> {
+        grads: &'a GradientsParams,
+        total: Option<Tensor<B::InnerBackend, 1>>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Sum<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) {
+                let squares = grad.cast(DType::F32).square().sum();
+                self.total = Some(match self.total.take() {
+                    Some(total) => total + squares,
+                    None => squares,
+                });
+            }
+        }
+    }
+    let mut sum = Sum::<B> { grads, total: None };
+    module.visit(&mut sum);
+    sum.total
+}
+
+/// Multiplies every gradient of `module` by `factor`.
+pub fn scale<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &mut GradientsParams,
+    factor: f32,
+) {
+    struct Scale<'a> {
+        grads: &'a mut GradientsParams,
+        factor: f32,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+                self.grads
+                    .register::<B::InnerBackend, D>(param.id, grad.mul_scalar(self.factor));
+            }
+        }
+    }
+    module.visit(&mut Scale { grads, factor });
+}
+
+/// `clip_grad_norm_`'s factor for a gradient of global norm `norm`: `max / (norm + 1e-6)` when
+/// that is below 1, else 1.
+pub fn clip_factor(norm: f64, max_norm: Option<f64>) -> f64 {
+    match max_norm {
+        Some(max) => (max / (norm + 1e-6)).min(1.0),
+        None => 1.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+    use burn::module::Module;
+    use burn::nn::{Linear, LinearConfig};
+    use burn::tensor::ElementConversion;
+
+    type B = Autodiff<Flex>;
+
+    #[derive(Module, Debug)]
+    struct Two<B: burn::tensor::backend::Backend> {
+        a: Linear<B>,
+        b: Linear<B>,
+    }
+
+    #[test]
+    fn the_norm_covers_every_parameter_and_scaling_scales_it() {
+        let device = Default::default();
+        let model = Two::<B> {
+            a: LinearConfig::new(3, 2).init(&device),
+            b: LinearConfig::new(2, 1).init(&device),
+        };
+        let x = Tensor::<B, 2>::from_floats([[1.0, -2.0, 0.5], [0.3, 0.1, -1.0]], &device);
+        let loss = model.b.forward(model.a.forward(x)).square().sum();
+        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        // Independent sum: each parameter's gradient read on the host.
+        let mut expected = 0.0f64;
+        for id in [model.a.weight.id, model.b.weight.id] {
+            let g: Vec<f32> = grads
+                .get::<Flex, 2>(id)
+                .unwrap()
+                .into_data()
+                .to_vec()
+                .unwrap();
+            expected += g.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>();
+        }
+        for bias in [&model.a.bias, &model.b.bias] {
+            let id = bias.as_ref().unwrap().id;
+            let g: Vec<f32> = grads
+                .get::<Flex, 1>(id)
+                .unwrap()
+                .into_data()
+                .to_vec()
+                .unwrap();
+            expected += g.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>();
+        }
+        let sq = |grads: &GradientsParams| -> f64 {
+            squared_norm::<B, _>(&model, grads)
+                .unwrap()
+                .into_scalar()
+                .elem::<f64>()
+        };
+        assert!((sq(&grads) - expected).abs() <= 1e-5 * expected);
+        scale::<B, _>(&model, &mut grads, 0.5);
+        assert!((sq(&grads) - 0.25 * expected).abs() <= 1e-5 * expected);
+    }
+
+    #[test]
+    fn clipping_only_shrinks() {
+        assert_eq!(clip_factor(0.5, Some(1.0)), 1.0);
+        assert!((clip_factor(4.0, Some(1.0)) - 1.0 / (4.0 + 1e-6)).abs() < 1e-15);
+        assert_eq!(clip_factor(1e9, None), 1.0);
+    }
+}

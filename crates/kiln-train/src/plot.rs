@@ -1,0 +1,122 @@
+//! `loss.png`: training loss per step with the evaluation loss
+//! beside it, and each group's learning rate, drawn at every evaluation and at the end.
+
+use std::path::Path;
+
+use crate::metrics::StepPoint;
+
+/// Draws `points` into `path`.
+pub fn plot_curves(path: &Path, points: &[StepPoint], groups: &[String]) -> Result<(), String> {
+    use plotters::prelude::*;
+
+    let (width, height) = (1200u32, 500u32);
+    let mut buffer = vec![0u8; (width * height * 3) as usize];
+    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
+        .map_err(|_| fail(&"the bundled font"))?;
+    let last = points.last().map_or(1, |p| p.step).max(1) as f64;
+    let train: Vec<(f64, f64)> = points
+        .iter()
+        .map(|p| (p.step as f64, p.loss))
+        .filter(|(_, l)| l.is_finite())
+        .collect();
+    let eval: Vec<(f64, f64)> = points
+        .iter()
+        .filter_map(|p| {
+            let (_, v) = p.eval.iter().find(|(k, _)| k == "loss")?;
+            v.is_finite().then_some((p.step as f64, *v))
+        })
+        .collect();
+    {
+        let root = BitMapBackend::with_buffer(&mut buffer, (width, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| fail(&e))?;
+        let panels = root.split_evenly((1, 2));
+        let values = train.iter().chain(&eval).map(|&(_, v)| v);
+        let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(l, h), v| (l.min(v), h.max(v)));
+        let (lo, hi) = if lo > hi { (0.1, 1.0) } else { (lo, hi) };
+        let colours = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+        {
+            let pad = 0.05 * (hi - lo).abs().max(1e-3);
+            let mut c = ChartBuilder::on(&panels[0])
+                .caption("loss", ("sans-serif", 22))
+                .margin(16)
+                .x_label_area_size(40)
+                .y_label_area_size(70)
+                .build_cartesian_2d(0f64..last, (lo - pad).min(0.0)..(hi + pad))
+                .map_err(|e| fail(&e))?;
+            c.configure_mesh()
+                .x_desc("optimizer step")
+                .y_label_formatter(&|v| format!("{v:.3}"))
+                .draw()
+                .map_err(|e| fail(&e))?;
+            c.draw_series(LineSeries::new(train.clone(), BLUE.stroke_width(1)))
+                .map_err(|e| fail(&e))?
+                .label("train")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE));
+            if !eval.is_empty() {
+                c.draw_series(LineSeries::new(eval.clone(), RED.stroke_width(2)))
+                    .map_err(|e| fail(&e))?
+                    .label("eval")
+                    .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED));
+                c.draw_series(eval.iter().map(|&p| Circle::new(p, 4, RED.filled())))
+                    .map_err(|e| fail(&e))?;
+            }
+            c.configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(|e| fail(&e))?;
+        }
+        let lr_max = points
+            .iter()
+            .flat_map(|p| p.lrs.iter().copied())
+            .filter(|v| v.is_finite())
+            .fold(0.0f64, f64::max);
+        let mut c = ChartBuilder::on(&panels[1])
+            .caption("learning rate", ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0f64..last, 0f64..(lr_max * 1.05).max(1e-12))
+            .map_err(|e| fail(&e))?;
+        c.configure_mesh()
+            .x_desc("optimizer step")
+            .y_label_formatter(&|v| format!("{v:.1e}"))
+            .draw()
+            .map_err(|e| fail(&e))?;
+        for (g, (name, colour)) in groups.iter().zip(colours.iter().cycle()).enumerate() {
+            let series: Vec<(f64, f64)> = points
+                .iter()
+                .map(|p| (p.step as f64, p.lrs.get(g).copied().unwrap_or(f64::NAN)))
+                .filter(|(_, v)| v.is_finite())
+                .collect();
+            c.draw_series(LineSeries::new(series, colour.stroke_width(2)))
+                .map_err(|e| fail(&e))?
+                .label(name.as_str())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour));
+        }
+        c.configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| fail(&e))?;
+        root.present().map_err(|e| fail(&e))?;
+    }
+    image_png(path, &buffer, width, height)
+}
+
+/// Writes an RGB buffer as a PNG through a temporary file (a reader never sees half a plot).
+fn image_png(path: &Path, rgb: &[u8], width: u32, height: u32) -> Result<(), String> {
+    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let temporary = path.with_extension("png.tmp");
+    image::save_buffer_with_format(
+        &temporary,
+        rgb,
+        width,
+        height,
+        image::ExtendedColorType::Rgb8,
+        image::ImageFormat::Png,
+    )
+    .map_err(|e| fail(&e))?;
+    std::fs::rename(&temporary, path).map_err(|e| fail(&e))
+}

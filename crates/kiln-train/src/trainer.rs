@@ -1,0 +1,535 @@
+//! The loop: k micro-batches → one optimizer step (loss scaled by 1/k and by the loss scale,
+//! gradients accumulated by burn-optim's `GradientsAccumulator`), one device read per step for
+//! the loss, its parts and the global gradient norm, a skipped step for anything non-finite,
+//! clipping and unscaling as one multiplication, each group's AdamW at its scheduled rate; then
+//! the step's `metrics.jsonl` line, evaluation, checkpoint and plot as they fall due.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Tensor};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kiln_cache::Order;
+use kiln_precision::{DynamicLossScale, LossScale, StepDecision};
+use serde_json::{Map, Value, json};
+
+use crate::TrainError;
+use crate::checkpoint::{CheckpointState, Checkpoints, compatible};
+use crate::config::{LossScaling, TrainConfig};
+use crate::data::Loader;
+use crate::grads::{clip_factor, scale, squared_norm};
+use crate::metrics::MetricsLog;
+use crate::optim::{GroupedAdamW, parameters};
+use crate::plot::plot_curves;
+use crate::step::{EvalStep, StepContext, TrainStep};
+
+/// What decides where and how long this invocation runs, not what it computes.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The run's directory: `metrics.jsonl`, `loss.png`, `checkpoints/`.
+    pub out: PathBuf,
+    /// Stop after this many more optimizer steps (with a checkpoint); a rerun continues.
+    pub max_steps_now: Option<u64>,
+    /// Draw a progress bar on a terminal.
+    pub progress: bool,
+    /// The model's settings, recorded in checkpoints beside the training settings (a resumed
+    /// run with other settings is refused).
+    pub model_settings: Value,
+}
+
+impl RunOptions {
+    /// A run in `out`, to its last step, with a progress bar.
+    pub fn new(out: impl Into<PathBuf>) -> Self {
+        RunOptions {
+            out: out.into(),
+            max_steps_now: None,
+            progress: true,
+            model_settings: Value::Null,
+        }
+    }
+}
+
+/// How a call to [`Trainer::fit`] ended.
+#[derive(Debug)]
+pub struct Outcome<M> {
+    /// The trained model.
+    pub model: M,
+    /// Optimizer steps taken in all (this call and the ones it resumed).
+    pub step: u64,
+    /// Whether the run is complete (all its steps, or stopped early).
+    pub finished: bool,
+    /// Whether early stopping ended it.
+    pub stopped_early: bool,
+    /// The last evaluation's metrics, if this call evaluated.
+    pub eval: Vec<(String, f64)>,
+    /// The best metric's value and step.
+    pub best: Option<(f64, u64)>,
+    /// Steps skipped for non-finite values.
+    pub skipped_steps: u64,
+}
+
+/// Trains models under one [`TrainConfig`].
+#[derive(Debug, Clone)]
+pub struct Trainer<B: AutodiffBackend> {
+    config: TrainConfig,
+    options: RunOptions,
+    device: B::Device,
+}
+
+impl<B: AutodiffBackend> Trainer<B> {
+    /// A trainer on `device`.
+    pub fn new(config: TrainConfig, options: RunOptions, device: B::Device) -> Self {
+        Trainer {
+            config,
+            options,
+            device,
+        }
+    }
+
+    /// Trains `model` on `train`, evaluating on `eval`; resumes from the newest checkpoint in
+    /// the run's directory if there is one.
+    pub fn fit<M, L, E>(
+        &self,
+        model: M,
+        train: &L,
+        eval: Option<&E>,
+    ) -> Result<Outcome<M>, TrainError>
+    where
+        M: TrainStep<B, Batch = L::Batch>,
+        M::InnerModule: EvalStep<B::InnerBackend, Batch = E::Batch>,
+        L: Loader,
+        E: Loader,
+    {
+        let config = &self.config;
+        config.validate().map_err(TrainError::Config)?;
+        if train.batches_per_epoch() == 0 {
+            return Err(TrainError::Data("the training set has no batches".into()));
+        }
+        let out = &self.options.out;
+        std::fs::create_dir_all(out).map_err(|e| TrainError::io(out, e))?;
+        let groups = config.optimizer.group_names();
+        let params = parameters(&model);
+        // As a checkpoint reads them back: parsed from text (serde_json's parser may round the
+        // last bit of a float differently from the value it printed).
+        let settings = json!({ "train": config, "model": self.options.model_settings });
+        let settings: Value = serde_json::from_str(&settings.to_string()).expect("JSON parses");
+        let checkpoints = Checkpoints::new(out.join("checkpoints"));
+        let mut model = model;
+        let mut state = CheckpointState {
+            step: 0,
+            epoch: 0,
+            batch: 0,
+            loss_scale: (initial_loss_scale(config.loss_scaling).scale(), 0),
+            best: None,
+            evals_since_best: 0,
+            skipped: (0, 0),
+            stopped_early: false,
+            settings: settings.clone(),
+            params: params.clone(),
+        };
+        let mut last_checkpoint = None;
+        let progress = progress_bar(config.steps, self.options.progress);
+        if let Some((path, saved)) = checkpoints.latest()? {
+            compatible(&saved, &settings, &params).map_err(|differences| {
+                TrainError::Incompatible {
+                    path: path.clone(),
+                    differences,
+                }
+            })?;
+            model = Checkpoints::load_model(&path, model, &self.device)?;
+            say(
+                &progress,
+                format!(
+                    "resuming from {} (step {}, epoch {}, batch {})",
+                    path.display(),
+                    saved.step,
+                    saved.epoch,
+                    saved.batch
+                ),
+            );
+            state = saved;
+            last_checkpoint = Some(path);
+        }
+        // Built for the parameters' ids, which a loaded checkpoint sets.
+        let params = parameters(&model);
+        let mut optimizer = GroupedAdamW::new(&config.optimizer, &params);
+        if let Some(path) = &last_checkpoint {
+            optimizer = Checkpoints::load_optimizer(path, optimizer, &self.device)?;
+        } else {
+            say(&progress, format!("schedule: {}", config.schedule));
+            for line in optimizer.describe(&config.optimizer, &params) {
+                say(&progress, line);
+            }
+        }
+        let mut loss_scale = restored_loss_scale(config.loss_scaling, state.loss_scale);
+        let mut log = MetricsLog::open(&out.join("metrics.jsonl"), state.step, &groups)?;
+        let mut cursor = Cursor {
+            loader: train,
+            seed: config.seed,
+            epoch: state.epoch,
+            batch: state.batch,
+            batches: None,
+        };
+        let stop_at = match self.options.max_steps_now {
+            Some(more) => config.steps.min(state.step + more),
+            None => config.steps,
+        };
+        let mut last_eval = Vec::new();
+        progress.set_position(state.step);
+        while state.step < stop_at && !state.stopped_early {
+            let started = Instant::now();
+            let (step, wait) = self.one_step(&mut model, &mut cursor, &mut loss_scale, state.step);
+            let factor = config.schedule.factor(state.step);
+            let lrs: Vec<f64> = config
+                .optimizer
+                .group_lrs()
+                .iter()
+                .map(|lr| lr * factor)
+                .collect();
+            let finite = step.loss.is_finite() && step.grad_norm.is_finite();
+            let applied = loss_scale.adjust(finite) == StepDecision::Apply;
+            if applied {
+                let factor = clip_factor(step.grad_norm, config.max_grad_norm) / step.scale;
+                let mut grads = step.grads;
+                if factor != 1.0 {
+                    scale::<B, M>(&model, &mut grads, factor as f32);
+                }
+                model = optimizer.step(&lrs, model, grads);
+                state.skipped.1 = 0;
+            } else {
+                state.skipped.0 += 1;
+                state.skipped.1 += 1;
+                say(
+                    &progress,
+                    format!(
+                        "warning: step {} skipped: loss {}, gradient norm {} (loss scale {})",
+                        state.step + 1,
+                        step.loss,
+                        step.grad_norm,
+                        step.scale
+                    ),
+                );
+            }
+            state.step += 1;
+            (state.epoch, state.batch) = (cursor.epoch, cursor.batch);
+            state.loss_scale = loss_scale_state(&loss_scale);
+            let seconds = started.elapsed().as_secs_f64();
+            let mut line = Map::new();
+            line.insert("step".into(), json!(state.step));
+            line.insert("epoch".into(), json!(step.epoch));
+            line.insert("loss".into(), json!(finite_or_null(step.loss)));
+            for (name, value) in &step.parts {
+                line.insert(name.clone(), json!(finite_or_null(*value)));
+            }
+            for (group, lr) in groups.iter().zip(&lrs) {
+                line.insert(format!("lr_{group}"), json!(lr));
+            }
+            line.insert("lr".into(), json!(lrs.last()));
+            line.insert("grad_norm".into(), json!(finite_or_null(step.grad_norm)));
+            line.insert("loss_scale".into(), json!(step.scale));
+            line.insert("skipped".into(), json!(!applied));
+            line.insert("step_time_s".into(), json!(seconds));
+            line.insert("data_wait_s".into(), json!(wait.as_secs_f64()));
+            line.insert("items_per_s".into(), json!(step.items as f64 / seconds));
+            let evaluate = state.step == config.steps
+                || (config.eval_every > 0 && state.step.is_multiple_of(config.eval_every));
+            let mut improved = false;
+            if let (true, Some(eval)) = (evaluate, eval) {
+                last_eval = evaluate_on(&model.valid(), eval)?;
+                for (name, value) in &last_eval {
+                    line.insert(format!("eval_{name}"), json!(finite_or_null(*value)));
+                }
+                improved = self.track_best(&mut state, &last_eval);
+                say(
+                    &progress,
+                    format!(
+                        "step {}: eval {}",
+                        state.step,
+                        last_eval
+                            .iter()
+                            .map(|(k, v)| format!("{k} {v:.4}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                );
+            }
+            log.append(line, &groups)?;
+            if state.skipped.1 >= config.max_skipped_in_a_row {
+                progress.abandon();
+                return Err(TrainError::NonFinite {
+                    step: state.step,
+                    in_a_row: state.skipped.1,
+                    checkpoint: last_checkpoint,
+                });
+            }
+            progress.set_position(state.step);
+            progress.set_message(format!(
+                "loss {:.4} lr {:.2e}",
+                step.loss,
+                lrs.last().copied().unwrap_or(0.0)
+            ));
+            let due = state.step.is_multiple_of(config.checkpoint_every)
+                || state.step == stop_at
+                || state.stopped_early
+                || improved;
+            if due {
+                last_checkpoint =
+                    Some(checkpoints.save(&state, &model, &optimizer, config.keep_last)?);
+            }
+            if evaluate {
+                self.plot(&log, &groups);
+            }
+        }
+        let finished = state.step >= config.steps || state.stopped_early;
+        if finished
+            && last_eval.is_empty()
+            && let Some(eval) = eval
+        {
+            last_eval = evaluate_on(&model.valid(), eval)?;
+        }
+        self.plot(&log, &groups);
+        progress.finish_and_clear();
+        Ok(Outcome {
+            model,
+            step: state.step,
+            finished,
+            stopped_early: state.stopped_early,
+            eval: last_eval,
+            best: state.best,
+            skipped_steps: state.skipped.0,
+        })
+    }
+
+    /// The micro-batches of one optimizer step: forward, scaled backward, accumulation, and one
+    /// read of the loss, its parts and the gradient norm.
+    fn one_step<M, L>(
+        &self,
+        model: &mut M,
+        cursor: &mut Cursor<'_, L>,
+        loss_scale: &mut LossScale,
+        step: u64,
+    ) -> (StepResult, Duration)
+    where
+        M: TrainStep<B, Batch = L::Batch>,
+        L: Loader,
+    {
+        let k = self.config.accumulate;
+        let mut accumulator = GradientsAccumulator::<M>::new();
+        let mut wait = Duration::ZERO;
+        let mut sums: Vec<Tensor<B::InnerBackend, 1>> = Vec::new();
+        let mut names = Vec::new();
+        let mut items = 0;
+        let epoch = cursor.epoch;
+        for micro_batch in 0..k {
+            let waiting = Instant::now();
+            let batch = cursor.next();
+            wait += waiting.elapsed();
+            let context = StepContext {
+                seed: self.config.seed,
+                step,
+                micro_batch,
+            };
+            B::seed(&self.device, context.derived_seed());
+            let output = model.train_step(batch, &context);
+            items += output.items;
+            let values = std::iter::once(output.loss.clone())
+                .chain(output.parts.iter().map(|(_, v)| v.clone()))
+                .map(|v| v.inner().cast(DType::F32));
+            if sums.is_empty() {
+                sums = values.collect();
+                names = output.parts.iter().map(|(n, _)| n.clone()).collect();
+            } else {
+                sums = sums.into_iter().zip(values).map(|(s, v)| s + v).collect();
+            }
+            let loss = loss_scale.scale_loss(output.loss.div_scalar(k as f32));
+            let grads = GradientsParams::from_grads(loss.backward(), model);
+            accumulator.accumulate(model, grads);
+        }
+        let grads = accumulator.grads();
+        let squared =
+            squared_norm::<B, M>(model, &grads).unwrap_or_else(|| Tensor::zeros([1], &self.device));
+        let read: Vec<f32> = Tensor::cat(sums.into_iter().chain([squared]).collect(), 0)
+            .into_data()
+            .to_vec()
+            .expect("f32 values");
+        let scale = f64::from(loss_scale.scale());
+        let mean = |v: f32| f64::from(v) / k as f64;
+        let result = StepResult {
+            loss: mean(read[0]),
+            parts: names
+                .into_iter()
+                .zip(&read[1..read.len() - 1])
+                .map(|(n, v)| (n, mean(*v)))
+                .collect(),
+            grad_norm: f64::from(read[read.len() - 1]).sqrt() / scale,
+            scale,
+            items,
+            epoch,
+            grads,
+        };
+        (result, wait)
+    }
+
+    /// Updates the best metric and the early-stopping count; whether this evaluation is the
+    /// new best.
+    fn track_best(&self, state: &mut CheckpointState, metrics: &[(String, f64)]) -> bool {
+        let Some(best) = &self.config.best else {
+            return false;
+        };
+        let Some(&(_, value)) = metrics.iter().find(|(k, _)| *k == best.name) else {
+            return false;
+        };
+        let better = match state.best {
+            None => value.is_finite(),
+            Some((old, _)) if best.higher_is_better => value > old,
+            Some((old, _)) => value < old,
+        };
+        if better {
+            state.best = Some((value, state.step));
+            state.evals_since_best = 0;
+        } else {
+            state.evals_since_best += 1;
+            if let Some(patience) = self.config.patience {
+                state.stopped_early = state.evals_since_best >= patience;
+            }
+        }
+        better
+    }
+
+    /// Redraws `loss.png` (a failure is a warning: the run goes on).
+    fn plot(&self, log: &MetricsLog, groups: &[String]) {
+        if let Err(e) = plot_curves(&self.options.out.join("loss.png"), log.points(), groups) {
+            log::warn!("could not draw the loss plot: {e}");
+        }
+    }
+}
+
+/// One step's numbers, read in one go, and its gradients.
+struct StepResult {
+    loss: f64,
+    parts: Vec<(String, f64)>,
+    grad_norm: f64,
+    scale: f64,
+    items: usize,
+    epoch: u64,
+    grads: GradientsParams,
+}
+
+/// The training data's position: epoch, next batch, and that epoch's batches.
+struct Cursor<'a, L: Loader> {
+    loader: &'a L,
+    seed: u64,
+    epoch: u64,
+    batch: usize,
+    batches: Option<Box<dyn Iterator<Item = L::Batch> + 'a>>,
+}
+
+impl<L: Loader> Cursor<'_, L> {
+    /// The next batch, into the next epoch when this one is done.
+    fn next(&mut self) -> L::Batch {
+        loop {
+            let order = Order::Shuffled {
+                seed: self.seed,
+                epoch: self.epoch,
+            };
+            let batches = self
+                .batches
+                .get_or_insert_with(|| self.loader.batches(order, self.batch));
+            if let Some(batch) = batches.next() {
+                self.batch += 1;
+                return batch;
+            }
+            self.epoch += 1;
+            self.batch = 0;
+            self.batches = None;
+        }
+    }
+}
+
+/// Metric sums over every batch of `eval`, divided by the number of items.
+fn evaluate_on<IB, M, E>(model: &M, eval: &E) -> Result<Vec<(String, f64)>, TrainError>
+where
+    IB: Backend,
+    M: EvalStep<IB, Batch = E::Batch>,
+    E: Loader,
+{
+    let mut sums: Vec<Tensor<IB, 1>> = Vec::new();
+    let mut names = Vec::new();
+    let mut items = 0usize;
+    for batch in eval.batches(Order::Sequential, 0) {
+        let output = model.eval_step(batch);
+        items += output.items;
+        let values = output.sums.iter().map(|(_, v)| v.clone().cast(DType::F32));
+        if sums.is_empty() {
+            sums = values.collect();
+            names = output.sums.iter().map(|(n, _)| n.clone()).collect();
+        } else {
+            sums = sums.into_iter().zip(values).map(|(s, v)| s + v).collect();
+        }
+    }
+    if items == 0 || sums.is_empty() {
+        return Err(TrainError::Data("the evaluation set has no items".into()));
+    }
+    let totals: Vec<f64> = Tensor::cat(sums, 0)
+        .into_data()
+        .convert::<f64>()
+        .to_vec()
+        .expect("f64 values");
+    Ok(names
+        .into_iter()
+        .zip(totals)
+        .map(|(n, v)| (n, v / items as f64))
+        .collect())
+}
+
+fn initial_loss_scale(scaling: LossScaling) -> LossScale {
+    match scaling {
+        LossScaling::Off => LossScale::NoOp,
+        LossScaling::Static(s) => LossScale::Static(s),
+        LossScaling::Dynamic => LossScale::dynamic(),
+    }
+}
+
+fn restored_loss_scale(scaling: LossScaling, (scale, good_steps): (f32, u32)) -> LossScale {
+    match initial_loss_scale(scaling) {
+        LossScale::Dynamic(d) => LossScale::Dynamic(DynamicLossScale {
+            scale,
+            good_steps,
+            ..d
+        }),
+        other => other,
+    }
+}
+
+fn loss_scale_state(scale: &LossScale) -> (f32, u32) {
+    match scale {
+        LossScale::Dynamic(d) => (d.scale, d.good_steps),
+        other => (other.scale(), 0),
+    }
+}
+
+/// JSON has no NaN or infinity: those are logged as null.
+fn finite_or_null(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
+}
+
+/// Prints `message` above the progress bar (on stderr, drawn bar or not).
+fn say(progress: &ProgressBar, message: impl AsRef<str>) {
+    progress.suspend(|| eprintln!("{}", message.as_ref()));
+}
+
+fn progress_bar(steps: u64, show: bool) -> ProgressBar {
+    let bar = ProgressBar::new(steps);
+    if !show {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} steps {msg} [{elapsed} < {eta}, {per_sec}]",
+        )
+        .expect("a valid template"),
+    );
+    bar
+}

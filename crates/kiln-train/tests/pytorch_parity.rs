@@ -1,0 +1,323 @@
+//! kiln-train against `torch.optim.AdamW` + `LambdaLR` + `clip_grad_norm_` + accumulation over
+//! 2 micro-batches (`scripts/fixtures/train.py`): a two-layer MLP with a LayerNorm, four PyTorch
+//! parameter groups (two path groups, each split by "no decay on biases and norms"), 30 steps.
+//! Every step's loss, pre-clip gradient norm and learning rates, and every parameter after every
+//! step, within 1e-5 relative; and a run resumed after every single step from its checkpoint
+//! ends bit for bit where the uninterrupted run ends.
+
+use std::path::Path;
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, Param};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::activation::gelu;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor, TensorData};
+use kiln_cache::Order;
+use kiln_train::{
+    EvalOutput, EvalStep, Loader, OptimizerConfig, RunOptions, Schedule, StepContext, StepOutput,
+    TrainConfig, TrainStep, Trainer,
+};
+use safetensors::SafeTensors;
+
+type B = Autodiff<Flex>;
+
+const STEPS: u64 = 30;
+const MICRO: usize = 2;
+const ITEMS: usize = 8;
+
+#[derive(Module, Debug)]
+struct Mlp<B: Backend> {
+    fc1: Linear<B>,
+    norm: LayerNorm<B>,
+    fc2: Linear<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.fc2
+            .forward(gelu(self.norm.forward(self.fc1.forward(x))))
+    }
+}
+
+impl<B: AutodiffBackend> TrainStep<B> for Mlp<B> {
+    type Batch = (Tensor<B, 2>, Tensor<B, 1, Int>);
+
+    fn train_step(&self, (x, labels): Self::Batch, _: &StepContext) -> StepOutput<B> {
+        let logits = self.forward(x);
+        let loss = CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits, labels);
+        StepOutput::new(loss, ITEMS)
+    }
+}
+
+impl<B: Backend> EvalStep<B> for Mlp<B> {
+    type Batch = (Tensor<B, 2>, Tensor<B, 1, Int>);
+
+    fn eval_step(&self, (x, labels): Self::Batch) -> EvalOutput<B> {
+        let logits = self.forward(x);
+        let n = labels.dims()[0];
+        let loss = CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits, labels);
+        EvalOutput {
+            sums: vec![("loss".into(), loss.mul_scalar(n as f32))],
+            items: n,
+        }
+    }
+}
+
+/// The fixture's micro-batches in the order PyTorch used them (one epoch = the whole run).
+struct FixtureBatches<B: Backend> {
+    x: Vec<f32>,
+    labels: Vec<i64>,
+    device: B::Device,
+}
+
+impl<B: Backend> Loader for FixtureBatches<B> {
+    type Batch = (Tensor<B, 2>, Tensor<B, 1, Int>);
+
+    fn batches_per_epoch(&self) -> usize {
+        STEPS as usize * MICRO
+    }
+
+    fn batches(&self, _: Order, first: usize) -> Box<dyn Iterator<Item = Self::Batch> + '_> {
+        Box::new((first..self.batches_per_epoch()).map(|b| {
+            let x = &self.x[b * ITEMS * 4..(b + 1) * ITEMS * 4];
+            let labels = &self.labels[b * ITEMS..(b + 1) * ITEMS];
+            (
+                Tensor::from_data(TensorData::new(x.to_vec(), [ITEMS, 4]), &self.device),
+                Tensor::from_data(TensorData::new(labels.to_vec(), [ITEMS]), &self.device),
+            )
+        }))
+    }
+}
+
+struct Fixture(Vec<u8>);
+
+impl Fixture {
+    fn load() -> Self {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/adamw_parity.safetensors");
+        Fixture(std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+    }
+
+    fn f32s(&self, name: &str) -> (Vec<f32>, Vec<usize>) {
+        let st = SafeTensors::deserialize(&self.0).unwrap();
+        let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let values = t
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        (values, t.shape().to_vec())
+    }
+
+    fn i64s(&self, name: &str) -> Vec<i64> {
+        let st = SafeTensors::deserialize(&self.0).unwrap();
+        st.tensor(name)
+            .unwrap()
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Parameter `name` (PyTorch layout) as kiln's layout: Linear weights transposed.
+    fn param(&self, key: &str, name: &str) -> Vec<f32> {
+        let (values, shape) = self.f32s(key);
+        if name.ends_with(".weight") && name.starts_with("fc") {
+            let (rows, cols) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+            (0..cols)
+                .flat_map(|c| (0..rows).map(move |r| (r, c)))
+                .map(|(r, c)| values[r * cols + c])
+                .collect()
+        } else {
+            values
+        }
+    }
+
+    /// Parameter `name` after `step` (1-based) steps, in kiln's layout.
+    fn after(&self, name: &str, step: u64) -> Vec<f32> {
+        let (all, shape) = self.f32s(&format!("step.{name}"));
+        let per: usize = shape[1..].iter().product();
+        let start = (step as usize - 1) * per;
+        let one = all[start..start + per].to_vec();
+        if name.ends_with(".weight") && name.starts_with("fc") {
+            let (rows, cols) = (shape[1], shape[2]);
+            (0..cols)
+                .flat_map(|c| (0..rows).map(move |r| (r, c)))
+                .map(|(r, c)| one[r * cols + c])
+                .collect()
+        } else {
+            one
+        }
+    }
+}
+
+const PARAMS: [&str; 6] = [
+    "fc1.weight",
+    "fc1.bias",
+    "norm.weight",
+    "norm.bias",
+    "fc2.weight",
+    "fc2.bias",
+];
+
+fn model(fixture: &Fixture, device: &burn::backend::flex::FlexDevice) -> Mlp<B> {
+    let tensor1 = |name: &str| {
+        let v = fixture.param(&format!("init.{name}"), name);
+        let n = v.len();
+        Param::from_tensor(Tensor::<B, 1>::from_data(TensorData::new(v, [n]), device))
+    };
+    let linear = |name: &str, inputs: usize, outputs: usize| {
+        let mut layer = LinearConfig::new(inputs, outputs).init::<B>(device);
+        let w = fixture.param(&format!("init.{name}.weight"), &format!("{name}.weight"));
+        layer.weight = Param::from_tensor(Tensor::from_data(
+            TensorData::new(w, [inputs, outputs]),
+            device,
+        ));
+        layer.bias = Some(tensor1(&format!("{name}.bias")));
+        layer
+    };
+    let mut norm = LayerNormConfig::new(8).init::<B>(device);
+    norm.gamma = tensor1("norm.weight");
+    norm.beta = Some(tensor1("norm.bias"));
+    Mlp {
+        fc1: linear("fc1", 4, 8),
+        norm,
+        fc2: linear("fc2", 8, 3),
+    }
+}
+
+/// kiln's values of the fixture's parameter `name`.
+fn values(model: &Mlp<B>, name: &str) -> Vec<f32> {
+    let t = match name {
+        "fc1.weight" => model.fc1.weight.val().flatten::<1>(0, 1),
+        "fc1.bias" => model.fc1.bias.as_ref().unwrap().val(),
+        "norm.weight" => model.norm.gamma.val(),
+        "norm.bias" => model.norm.beta.as_ref().unwrap().val(),
+        "fc2.weight" => model.fc2.weight.val().flatten::<1>(0, 1),
+        "fc2.bias" => model.fc2.bias.as_ref().unwrap().val(),
+        _ => unreachable!(),
+    };
+    t.into_data().to_vec().unwrap()
+}
+
+fn config(fixture: &Fixture) -> TrainConfig {
+    let mut config = TrainConfig::new(STEPS, 0.01);
+    config.accumulate = MICRO;
+    config.optimizer = OptimizerConfig::adamw(0.01)
+        .with_weight_decay(0.1)
+        .with_group("fc1", &["fc1"], 0.02, 0.05)
+        .without_decay_on_biases_and_norms();
+    config.schedule = Schedule::warmup_cosine(5, 0.1, 0.05, STEPS);
+    config.max_grad_norm = Some(f64::from(fixture.f32s("max_norm").0[0]));
+    config.checkpoint_every = 1_000;
+    config
+}
+
+fn run(fixture: &Fixture, out: &Path, max_steps_now: Option<u64>, model: Mlp<B>) -> Mlp<B> {
+    let device = Default::default();
+    let data = FixtureBatches::<B> {
+        x: fixture.f32s("x").0,
+        labels: fixture.i64s("labels"),
+        device,
+    };
+    let options = RunOptions {
+        max_steps_now,
+        progress: false,
+        ..RunOptions::new(out)
+    };
+    Trainer::<B>::new(config(fixture), options, device)
+        .fit(model, &data, None::<&FixtureBatches<Flex>>)
+        .unwrap()
+        .model
+}
+
+fn close(kiln: &[f32], torch: &[f32], what: &str) {
+    assert_eq!(kiln.len(), torch.len(), "{what}");
+    let scale = torch.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (i, (a, b)) in kiln.iter().zip(torch).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * scale.max(b.abs()),
+            "{what}[{i}]: kiln {a}, PyTorch {b}"
+        );
+    }
+}
+
+fn metrics(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn training_matches_pytorch_every_step_and_resumes_bit_for_bit() {
+    let fixture = Fixture::load();
+    let device = Default::default();
+
+    // Uninterrupted: every step's loss, norm and rates; the final parameters.
+    let whole = tempfile::tempdir().unwrap();
+    let trained = run(&fixture, whole.path(), None, model(&fixture, &device));
+    let lines = metrics(whole.path());
+    assert_eq!(lines.len(), STEPS as usize);
+    let (losses, _) = fixture.f32s("loss");
+    let (norms, _) = fixture.f32s("grad_norm");
+    let (lrs, _) = fixture.f32s("lr");
+    for (s, line) in lines.iter().enumerate() {
+        assert_eq!(line["step"], s as u64 + 1);
+        let number = |key: &str| line[key].as_f64().unwrap() as f32;
+        close(
+            &[number("loss")],
+            &[losses[s]],
+            &format!("loss at step {}", s + 1),
+        );
+        close(
+            &[number("grad_norm")],
+            &[norms[s]],
+            &format!("norm at step {}", s + 1),
+        );
+        close(
+            &[number("lr_fc1"), number("lr_default")],
+            &lrs[2 * s..2 * s + 2],
+            &format!("rates at step {}", s + 1),
+        );
+    }
+    let clipped = norms
+        .iter()
+        .filter(|&&n| f64::from(n) > config(&fixture).max_grad_norm.unwrap())
+        .count();
+    assert!(
+        clipped > 0 && clipped < STEPS as usize,
+        "clipping is exercised"
+    );
+    for name in PARAMS {
+        close(&values(&trained, name), &fixture.after(name, STEPS), name);
+    }
+
+    // One step per invocation, each resumed from the checkpoint the one before wrote.
+    let pieces = tempfile::tempdir().unwrap();
+    let mut resumed = model(&fixture, &device);
+    for step in 1..=STEPS {
+        resumed = run(&fixture, pieces.path(), Some(1), model(&fixture, &device));
+        for name in PARAMS {
+            close(
+                &values(&resumed, name),
+                &fixture.after(name, step),
+                &format!("{name} after step {step}"),
+            );
+        }
+    }
+    for name in PARAMS {
+        assert_eq!(values(&resumed, name), values(&trained, name), "{name}");
+    }
+    let losses_of = |lines: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        lines.iter().map(|l| l["loss"].clone()).collect()
+    };
+    assert_eq!(losses_of(&metrics(pieces.path())), losses_of(&lines));
+}
