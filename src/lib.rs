@@ -35,4 +35,5 @@ pub use kiln_cache as cache;
 pub use kiln_forcefield as forcefield;
 pub use kiln_mc as mc;
 pub use kiln_precision as precision;
+pub use kiln_train as train;
 pub use kiln_vision as vision;

@@ -5,7 +5,7 @@
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, ElementConversion, Tensor};
 
 /// Σ g² over every gradient of `module`, on the device as f32 (`None` without gradients).
 pub fn squared_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
@@ -30,6 +30,50 @@ pub fn squared_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     let mut sum = Sum::<B> { grads, total: None };
     module.visit(&mut sum);
     sum.total
+}
+
+/// The global L2 norm of gradients whose squares overflow f32 (Σ g² = ∞ with every g finite):
+/// `m · √Σ (g / m)²` with `m = max |g|`. Two device reads; NaN or ∞ where a gradient is.
+pub fn large_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &GradientsParams,
+) -> f64 {
+    struct Reduce<'a, B: AutodiffBackend> {
+        grads: &'a GradientsParams,
+        divisor: Option<f32>,
+        total: Option<Tensor<B::InnerBackend, 1>>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Reduce<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) else {
+                return;
+            };
+            let grad = grad.cast(DType::F32);
+            let value = match self.divisor {
+                None => grad.abs().max().reshape([1]),
+                Some(m) => grad.div_scalar(m).square().sum(),
+            };
+            self.total = Some(match (self.total.take(), self.divisor) {
+                (None, _) => value,
+                (Some(total), None) => total.max_pair(value),
+                (Some(total), Some(_)) => total + value,
+            });
+        }
+    }
+    let pass = |divisor| -> f64 {
+        let mut reduce = Reduce::<B> {
+            grads,
+            divisor,
+            total: None,
+        };
+        module.visit(&mut reduce);
+        reduce.total.map_or(0.0, |t| t.into_scalar().elem::<f64>())
+    };
+    let largest = pass(None);
+    if !largest.is_finite() || largest == 0.0 {
+        return largest;
+    }
+    largest * pass(Some(largest as f32)).sqrt()
 }
 
 /// Multiplies every gradient of `module` by `factor`.
@@ -68,7 +112,6 @@ mod tests {
     use burn::backend::{Autodiff, Flex};
     use burn::module::Module;
     use burn::nn::{Linear, LinearConfig};
-    use burn::tensor::ElementConversion;
 
     type B = Autodiff<Flex>;
 
@@ -116,8 +159,16 @@ mod tests {
                 .elem::<f64>()
         };
         assert!((sq(&grads) - expected).abs() <= 1e-5 * expected);
+        let large = large_norm::<B, _>(&model, &grads);
+        assert!((large - expected.sqrt()).abs() <= 1e-5 * expected.sqrt());
         scale::<B, _>(&model, &mut grads, 0.5);
         assert!((sq(&grads) - 0.25 * expected).abs() <= 1e-5 * expected);
+        // Gradients whose squares overflow f32 still have their norm.
+        scale::<B, _>(&model, &mut grads, 2f32.powi(100));
+        assert!(sq(&grads).is_infinite());
+        let large = large_norm::<B, _>(&model, &grads);
+        let want = 0.5 * 2f64.powi(100) * expected.sqrt();
+        assert!((large - want).abs() <= 1e-5 * want, "{large} vs {want}");
     }
 
     #[test]

@@ -49,7 +49,7 @@ use std::path::{Path, PathBuf};
 pub use checkpoint::{CheckpointState, Checkpoints, compatible};
 pub use config::{BestMetric, LossScaling, TrainConfig};
 pub use data::{ImageBatch, LabelledImages, Loader};
-pub use grads::{clip_factor, scale, squared_norm};
+pub use grads::{clip_factor, large_norm, scale, squared_norm};
 pub use metrics::{MetricsLog, StepPoint};
 pub use optim::{
     DEFAULT_GROUP, GroupConfig, GroupedAdamW, GroupedAdamWRecord, OptimizerConfig, ParamInfo,

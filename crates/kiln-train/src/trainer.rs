@@ -19,7 +19,7 @@ use crate::TrainError;
 use crate::checkpoint::{CheckpointState, Checkpoints, compatible};
 use crate::config::{LossScaling, TrainConfig};
 use crate::data::Loader;
-use crate::grads::{clip_factor, scale, squared_norm};
+use crate::grads::{clip_factor, large_norm, scale, squared_norm};
 use crate::metrics::MetricsLog;
 use crate::optim::{GroupedAdamW, parameters};
 use crate::plot::plot_curves;
@@ -356,6 +356,12 @@ impl<B: AutodiffBackend> Trainer<B> {
             .expect("f32 values");
         let scale = f64::from(loss_scale.scale());
         let mean = |v: f32| f64::from(v) / k as f64;
+        let squared = f64::from(read[read.len() - 1]);
+        let norm = if squared == f64::INFINITY {
+            large_norm::<B, M>(model, &grads)
+        } else {
+            squared.sqrt()
+        };
         let result = StepResult {
             loss: mean(read[0]),
             parts: names
@@ -363,7 +369,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 .zip(&read[1..read.len() - 1])
                 .map(|(n, v)| (n, mean(*v)))
                 .collect(),
-            grad_norm: f64::from(read[read.len() - 1]).sqrt() / scale,
+            grad_norm: norm / scale,
             scale,
             items,
             epoch,

@@ -1,9 +1,12 @@
-//! kiln-train against `torch.optim.AdamW` + `LambdaLR` + `clip_grad_norm_` + accumulation over
+//! The training loop on a fixed problem. kiln-train against `torch.optim.AdamW` + `LambdaLR` + `clip_grad_norm_` + accumulation over
 //! 2 micro-batches (`scripts/fixtures/train.py`): a two-layer MLP with a LayerNorm, four PyTorch
 //! parameter groups (two path groups, each split by "no decay on biases and norms"), 30 steps.
 //! Every step's loss, pre-clip gradient norm and learning rates, and every parameter after every
 //! step, within 1e-5 relative; and a run resumed after every single step from its checkpoint
-//! ends bit for bit where the uninterrupted run ends.
+//! ends bit for bit where the uninterrupted run ends. Loss scaling: a dynamic scale changes
+//! nothing where nothing overflows, skips overflowing steps (halving the scale) without
+//! touching the parameters; a run whose loss stays non-finite stops with an error naming the
+//! last good checkpoint, which is intact.
 
 use std::path::Path;
 
@@ -16,8 +19,8 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_cache::Order;
 use kiln_train::{
-    EvalOutput, EvalStep, Loader, OptimizerConfig, RunOptions, Schedule, StepContext, StepOutput,
-    TrainConfig, TrainStep, Trainer,
+    EvalOutput, EvalStep, Loader, LossScaling, OptimizerConfig, Outcome, RunOptions, Schedule,
+    StepContext, StepOutput, TrainConfig, TrainError, TrainStep, Trainer,
 };
 use safetensors::SafeTensors;
 
@@ -32,6 +35,12 @@ struct Mlp<B: Backend> {
     fc1: Linear<B>,
     norm: LayerNorm<B>,
     fc2: Linear<B>,
+    /// The loss is multiplied by this (to make scaled losses overflow).
+    #[module(skip)]
+    loss_factor: f32,
+    /// From this step on the loss is NaN.
+    #[module(skip)]
+    nan_from_step: Option<u64>,
 }
 
 impl<B: Backend> Mlp<B> {
@@ -44,11 +53,16 @@ impl<B: Backend> Mlp<B> {
 impl<B: AutodiffBackend> TrainStep<B> for Mlp<B> {
     type Batch = (Tensor<B, 2>, Tensor<B, 1, Int>);
 
-    fn train_step(&self, (x, labels): Self::Batch, _: &StepContext) -> StepOutput<B> {
+    fn train_step(&self, (x, labels): Self::Batch, context: &StepContext) -> StepOutput<B> {
         let logits = self.forward(x);
         let loss = CrossEntropyLossConfig::new()
             .init(&logits.device())
             .forward(logits, labels);
+        let loss = match self.nan_from_step {
+            Some(step) if context.step >= step => loss.mul_scalar(f32::NAN),
+            _ if self.loss_factor != 1.0 => loss.mul_scalar(self.loss_factor),
+            _ => loss,
+        };
         StepOutput::new(loss, ITEMS)
     }
 }
@@ -189,6 +203,8 @@ fn model(fixture: &Fixture, device: &burn::backend::flex::FlexDevice) -> Mlp<B> 
         fc1: linear("fc1", 4, 8),
         norm,
         fc2: linear("fc2", 8, 3),
+        loss_factor: 1.0,
+        nan_from_step: None,
     }
 }
 
@@ -220,6 +236,18 @@ fn config(fixture: &Fixture) -> TrainConfig {
 }
 
 fn run(fixture: &Fixture, out: &Path, max_steps_now: Option<u64>, model: Mlp<B>) -> Mlp<B> {
+    run_with(config(fixture), fixture, out, max_steps_now, model)
+        .unwrap()
+        .model
+}
+
+fn run_with(
+    config: TrainConfig,
+    fixture: &Fixture,
+    out: &Path,
+    max_steps_now: Option<u64>,
+    model: Mlp<B>,
+) -> Result<Outcome<Mlp<B>>, TrainError> {
     let device = Default::default();
     let data = FixtureBatches::<B> {
         x: fixture.f32s("x").0,
@@ -231,10 +259,7 @@ fn run(fixture: &Fixture, out: &Path, max_steps_now: Option<u64>, model: Mlp<B>)
         progress: false,
         ..RunOptions::new(out)
     };
-    Trainer::<B>::new(config(fixture), options, device)
-        .fit(model, &data, None::<&FixtureBatches<Flex>>)
-        .unwrap()
-        .model
+    Trainer::<B>::new(config, options, device).fit(model, &data, None::<&FixtureBatches<Flex>>)
 }
 
 fn close(kiln: &[f32], torch: &[f32], what: &str) {
@@ -320,4 +345,116 @@ fn training_matches_pytorch_every_step_and_resumes_bit_for_bit() {
         lines.iter().map(|l| l["loss"].clone()).collect()
     };
     assert_eq!(losses_of(&metrics(pieces.path())), losses_of(&lines));
+}
+
+#[test]
+fn a_dynamic_loss_scale_changes_nothing_where_nothing_overflows() {
+    let fixture = Fixture::load();
+    let device = Default::default();
+    let out = tempfile::tempdir().unwrap();
+    let mut scaled = config(&fixture);
+    scaled.loss_scaling = LossScaling::Dynamic;
+    let outcome = run_with(scaled, &fixture, out.path(), None, model(&fixture, &device)).unwrap();
+    assert_eq!(outcome.skipped_steps, 0);
+    for line in metrics(out.path()) {
+        assert_eq!(line["loss_scale"], 32768.0);
+    }
+    for name in PARAMS {
+        close(
+            &values(&outcome.model, name),
+            &fixture.after(name, STEPS),
+            name,
+        );
+    }
+}
+
+#[test]
+fn overflowing_steps_are_skipped_with_the_scale_halved_and_the_parameters_untouched() {
+    let fixture = Fixture::load();
+    let device = Default::default();
+    let out = tempfile::tempdir().unwrap();
+    let mut scaled = config(&fixture);
+    scaled.loss_scaling = LossScaling::Dynamic;
+    // loss × 2^118 × 2^15 overflows f32 (2^128): the scale has to fall by several halvings;
+    // the unscaled gradients' norm (about 2^118) is finite though its square is not.
+    let huge = |steps| {
+        let mut m = model(&fixture, &device);
+        m.loss_factor = 2f32.powi(118);
+        run_with(scaled.clone(), &fixture, out.path(), Some(steps), m).unwrap()
+    };
+    let first = huge(1);
+    assert_eq!(first.skipped_steps, 1);
+    for name in PARAMS {
+        let initial = fixture.param(&format!("init.{name}"), name);
+        assert_eq!(
+            values(&first.model, name),
+            initial,
+            "{name} moved on a skipped step"
+        );
+    }
+    let outcome = huge(STEPS - 1);
+    let lines = metrics(out.path());
+    let skipped: Vec<bool> = lines
+        .iter()
+        .map(|l| l["skipped"].as_bool().unwrap())
+        .collect();
+    let scales: Vec<f64> = lines
+        .iter()
+        .map(|l| l["loss_scale"].as_f64().unwrap())
+        .collect();
+    let first_applied = skipped.iter().position(|s| !s).expect("the scale recovers");
+    assert!(first_applied >= 3, "{scales:?}");
+    assert!(skipped[first_applied..].iter().all(|s| !s), "{skipped:?}");
+    for k in 1..=first_applied {
+        assert_eq!(
+            scales[k],
+            scales[k - 1] / 2.0,
+            "halved after each overflow: {scales:?}"
+        );
+    }
+    assert_eq!(outcome.skipped_steps as usize, first_applied);
+    assert!(lines.last().unwrap()["loss"].as_f64().unwrap().is_finite());
+    assert!(lines.last().unwrap()["grad_norm"].as_f64().unwrap() > 2f64.powi(100));
+}
+
+#[test]
+fn a_loss_that_stays_non_finite_stops_the_run_and_keeps_the_last_good_checkpoint() {
+    let fixture = Fixture::load();
+    let device = Default::default();
+    let out = tempfile::tempdir().unwrap();
+    let mut settings = config(&fixture);
+    settings.checkpoint_every = 5;
+    settings.max_skipped_in_a_row = 3;
+    let mut m = model(&fixture, &device);
+    m.nan_from_step = Some(7);
+    let error = run_with(settings.clone(), &fixture, out.path(), None, m).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains("3 steps in a row (through step 10)"),
+        "{message}"
+    );
+    assert!(message.contains("step-00000005"), "{message}");
+    let lines = metrics(out.path());
+    assert_eq!(lines.len(), 10);
+    assert!(
+        lines[7..]
+            .iter()
+            .all(|l| l["skipped"] == true && l["loss"].is_null())
+    );
+    // The checkpoint is whole: a rerun without the fault resumes from it and matches PyTorch.
+    let resumed = run_with(
+        settings,
+        &fixture,
+        out.path(),
+        None,
+        model(&fixture, &device),
+    )
+    .unwrap();
+    for name in PARAMS {
+        close(
+            &values(&resumed.model, name),
+            &fixture.after(name, STEPS),
+            name,
+        );
+    }
 }

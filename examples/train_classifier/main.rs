@@ -1,0 +1,318 @@
+//! Trains a small vision transformer (kiln-vision's DINOv2 architecture at a tiny size, random
+//! initialisation, a linear head on the CLS token) to tell the orientation of stripes in
+//! generated images, through kiln-train: AdamW (no decay on biases and norms), warm-up + cosine
+//! schedule, clipping at global norm 1, evaluation on a held-out split, checkpoints that resume
+//! bit for bit.
+//!
+//! ```text
+//! cargo run --release --example train_classifier -- --out runs/stripes [--steps N]
+//!     [--max-steps-now M] [--batch B] [--accumulate K] [--lr X] [--device D] [--policy P]
+//! ```
+//!
+//! Writes OUT/images (generated on the first run, decoded once through kiln-cache into
+//! OUT/cache), OUT/metrics.jsonl (a line per optimizer step), OUT/checkpoints/, OUT/loss.png and
+//! OUT/summary.json. Rerunning the same command resumes from the newest checkpoint, also after a
+//! kill; `--max-steps-now M` stops after M more steps.
+
+mod shapes;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{Linear, LinearConfig};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Tensor};
+use clap::Parser;
+use kiln::burn;
+use kiln::cache::{CachedImages, ImageCache, ImageSource, Preprocess, Residency};
+use kiln::precision::{DeviceJob, DeviceSpec, Policy, PolicySpec, Precision};
+use kiln::train::{
+    BestMetric, EvalOutput, EvalStep, ImageBatch, LabelledImages, LossScaling, OptimizerConfig,
+    RunOptions, Schedule, StepContext, StepOutput, TrainConfig, TrainStep, Trainer,
+};
+use kiln::vision::{Dinov2Config, Dinov2Model, Tower};
+use serde_json::json;
+
+/// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Train a tiny ViT on generated stripe orientations.
+#[derive(Parser)]
+struct Args {
+    /// The run's directory (images, cache, metrics, checkpoints, plot, summary).
+    #[arg(long)]
+    out: PathBuf,
+    /// Optimizer steps in the whole run.
+    #[arg(long, default_value_t = 200)]
+    steps: u64,
+    /// Stop after this many more optimizer steps (with a checkpoint); rerun to continue.
+    #[arg(long)]
+    max_steps_now: Option<u64>,
+    /// Images per micro-batch.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Micro-batches per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    accumulate: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 2e-3)]
+    lr: f64,
+    /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
+    /// Precision policy: full, mixed-bf16, mixed-f16 (dynamic loss scaling), or p=..,c=...
+    #[arg(long, default_value = "full")]
+    policy: PolicySpec,
+    /// Seeds the images, the initial weights and the data order.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Training images to generate.
+    #[arg(long, default_value_t = 2000)]
+    train_images: usize,
+    /// Held-out images to generate.
+    #[arg(long, default_value_t = 400)]
+    eval_images: usize,
+    /// Evaluate every this many steps (and at the end).
+    #[arg(long, default_value_t = 50)]
+    eval_every: u64,
+}
+
+/// The tiny ViT's shape.
+fn backbone_config() -> Dinov2Config {
+    Dinov2Config {
+        hidden_size: 64,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        mlp_ratio: 4,
+        image_size: shapes::SIDE as usize,
+        patch_size: 8,
+        ..Dinov2Config::default()
+    }
+}
+
+/// A DINOv2 backbone and a linear head on its CLS output.
+#[derive(Module, Debug)]
+struct Classifier<B: Backend> {
+    backbone: Dinov2Model<B>,
+    head: Linear<B>,
+}
+
+impl<B: Backend> Classifier<B> {
+    fn new(policy: &Policy, device: &B::Device) -> Self {
+        let config = backbone_config();
+        Classifier {
+            backbone: config.init::<B>(device).with_policy(policy),
+            head: LinearConfig::new(config.hidden_size, shapes::CLASSES).init(device),
+        }
+    }
+
+    /// Logits `[n, classes]` in f32.
+    fn logits(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
+        let features = self.backbone.forward(pixels).cast(DType::F32);
+        self.head.forward(features)
+    }
+}
+
+impl<B: AutodiffBackend> TrainStep<B> for Classifier<B> {
+    type Batch = ImageBatch<B>;
+
+    fn train_step(&self, batch: ImageBatch<B>, _: &StepContext) -> StepOutput<B> {
+        let items = batch.labels.dims()[0];
+        let logits = self.logits(batch.pixels);
+        let correct = logits
+            .clone()
+            .argmax(1)
+            .flatten::<1>(0, 1)
+            .equal(batch.labels.clone())
+            .float()
+            .mean();
+        let loss = CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits, batch.labels);
+        StepOutput::new(loss, items).with_part("accuracy", correct)
+    }
+}
+
+impl<B: Backend> EvalStep<B> for Classifier<B> {
+    type Batch = ImageBatch<B>;
+
+    fn eval_step(&self, batch: ImageBatch<B>) -> EvalOutput<B> {
+        let items = batch.labels.dims()[0];
+        let logits = self.logits(batch.pixels);
+        let correct = logits
+            .clone()
+            .argmax(1)
+            .flatten::<1>(0, 1)
+            .equal(batch.labels.clone())
+            .float()
+            .sum();
+        let loss = CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits, batch.labels)
+            .mul_scalar(items as f32);
+        EvalOutput {
+            sums: vec![("loss".into(), loss), ("accuracy".into(), correct)],
+            items,
+        }
+    }
+}
+
+impl Args {
+    /// Training settings (checked before any work).
+    fn train_config(&self, policy: &Policy) -> Result<TrainConfig, String> {
+        let mut config = TrainConfig::new(self.steps, self.lr);
+        config.accumulate = self.accumulate;
+        config.optimizer = OptimizerConfig::adamw(self.lr)
+            .with_weight_decay(0.05)
+            .without_decay_on_biases_and_norms();
+        config.schedule = Schedule::warmup_cosine((self.steps / 10).max(1), 0.01, 0.05, self.steps);
+        config.max_grad_norm = Some(1.0);
+        config.loss_scaling = match policy.compute {
+            Precision::F16 => LossScaling::Dynamic,
+            _ => LossScaling::Off,
+        };
+        config.eval_every = self.eval_every;
+        config.checkpoint_every = 50;
+        config.best = Some(BestMetric {
+            name: "accuracy".into(),
+            higher_is_better: true,
+        });
+        config.seed = self.seed;
+        config.validate()?;
+        if self.batch == 0 {
+            return Err("--batch must be at least 1".into());
+        }
+        Ok(config)
+    }
+
+    /// The images of one split, generated on the first run and cached once.
+    fn split(&self, name: &str, count: usize, seed: u64) -> Result<CachedImages, String> {
+        let dir = self.out.join("images").join(name);
+        shapes::generate(&dir, count, seed)?;
+        ImageCache::new(self.out.join("cache"))
+            .load(
+                &ImageSource::Folder(dir),
+                &Preprocess::dinov2(shapes::SIDE, shapes::SIDE),
+            )
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The class of every cached image, from its file name.
+fn labels(images: &CachedImages) -> Result<Vec<i64>, String> {
+    images.names().map(shapes::label).collect()
+}
+
+impl DeviceJob for Args {
+    type Output = Result<(), String>;
+
+    fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+        let started = Instant::now();
+        let policy = self
+            .policy
+            .resolve::<B>(device)
+            .map_err(|e| e.to_string())?;
+        let config = self.train_config(&policy)?;
+        let train = self.split("train", self.train_images, self.seed)?;
+        let eval = self.split("eval", self.eval_images, self.seed ^ 0xE7A1)?;
+        eprintln!(
+            "images: {} training, {} held out ({}×{}, {} classes) in {}",
+            train.len(),
+            eval.len(),
+            shapes::SIDE,
+            shapes::SIDE,
+            shapes::CLASSES,
+            self.out.join("images").display()
+        );
+        let train = LabelledImages::new(
+            train.to_device::<Autodiff<B>>(device, policy.compute, Residency::Device),
+            labels(&train)?,
+            self.batch,
+        )?;
+        let eval = LabelledImages::new(
+            eval.to_device::<B>(device, policy.compute, Residency::Device),
+            labels(&eval)?,
+            self.batch,
+        )?;
+        <Autodiff<B> as Backend>::seed(device, self.seed);
+        let model = Classifier::<Autodiff<B>>::new(&policy, device);
+        let options = RunOptions {
+            max_steps_now: self.max_steps_now,
+            model_settings: json!({
+                "backbone": format!("{:?}", backbone_config()),
+                "classes": shapes::CLASSES,
+                "policy": policy.to_string(),
+                "batch": self.batch,
+                "train_images": self.train_images,
+                "eval_images": self.eval_images,
+            }),
+            ..RunOptions::new(&self.out)
+        };
+        let outcome = Trainer::<Autodiff<B>>::new(config, options, device.clone())
+            .fit(model, &train, Some(&eval))
+            .map_err(|e| e.to_string())?;
+        if !outcome.finished {
+            eprintln!(
+                "stopped at step {} of {}: run the same command again to continue",
+                outcome.step, self.steps
+            );
+            return Ok(());
+        }
+        let metric = |name: &str| {
+            outcome
+                .eval
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| *v)
+        };
+        let accuracy = metric("accuracy").unwrap_or(f64::NAN);
+        write_summary(
+            &self.out,
+            &json!({
+                "steps": outcome.step,
+                "final_eval_accuracy": accuracy,
+                "final_eval_loss": metric("loss"),
+                "best_eval_accuracy": outcome.best.map(|(v, _)| v),
+                "best_step": outcome.best.map(|(_, s)| s),
+                "skipped_steps": outcome.skipped_steps,
+                "device": self.device.to_string(),
+                "policy": policy.to_string(),
+                "wall_seconds_this_run": started.elapsed().as_secs_f64(),
+            }),
+        )?;
+        println!(
+            "final held-out accuracy: {:.2}% after {} steps ({})",
+            100.0 * accuracy,
+            outcome.step,
+            self.out.join("summary.json").display()
+        );
+        Ok(())
+    }
+}
+
+/// Writes `summary.json` through a temporary file.
+fn write_summary(out: &Path, summary: &serde_json::Value) -> Result<(), String> {
+    let path = out.join("summary.json");
+    let temporary = out.join("summary.json.tmp");
+    let text = serde_json::to_string_pretty(summary).expect("JSON");
+    std::fs::write(&temporary, text)
+        .and_then(|()| std::fs::rename(&temporary, &path))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let device = args.device.clone();
+    match device.run(args).map_err(|e| e.to_string()).and_then(|r| r) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

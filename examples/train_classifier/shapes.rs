@@ -1,0 +1,74 @@
+//! The generated task: 32 × 32 images of stripes at one of four orientations (0°, 45°, 90°,
+//! 135°), each with its own period, phase, pair of colours and noise; the class is the
+//! orientation. Files are named `c{class}_{index}.png`, so the labels travel with the names.
+
+use std::path::Path;
+
+/// Classes (orientations).
+pub const CLASSES: usize = 4;
+/// Image side in pixels.
+pub const SIDE: u32 = 32;
+
+/// Writes `count` images into `dir` (through a temporary directory renamed into place, so a run
+/// killed half-way leaves no partial set); nothing when `dir` exists.
+pub fn generate(dir: &Path, count: usize, seed: u64) -> Result<(), String> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let fail = |path: &Path, e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let temporary = dir.with_extension("partial");
+    if temporary.exists() {
+        std::fs::remove_dir_all(&temporary).map_err(|e| fail(&temporary, &e))?;
+    }
+    std::fs::create_dir_all(&temporary).map_err(|e| fail(&temporary, &e))?;
+    for i in 0..count {
+        let mut random = SplitMix(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let class = i % CLASSES;
+        let angle = std::f64::consts::PI * class as f64 / CLASSES as f64;
+        let (dx, dy) = (angle.cos(), angle.sin());
+        let period = 4.0 + 6.0 * random.unit();
+        let phase = std::f64::consts::TAU * random.unit();
+        let colours: [[f64; 3]; 2] = [
+            [0; 3].map(|_| 255.0 * random.unit()),
+            [0; 3].map(|_| 255.0 * random.unit()),
+        ];
+        let picture = image::RgbImage::from_fn(SIDE, SIDE, |x, y| {
+            let t = std::f64::consts::TAU * (f64::from(x) * dx + f64::from(y) * dy) / period;
+            let mix = 0.5 + 0.5 * (t + phase).sin();
+            image::Rgb([0, 1, 2].map(|c| {
+                let v = colours[0][c] * mix + colours[1][c] * (1.0 - mix);
+                (v + 40.0 * (random.unit() - 0.5)).clamp(0.0, 255.0) as u8
+            }))
+        });
+        let path = temporary.join(format!("c{class}_{i:05}.png"));
+        picture.save(&path).map_err(|e| fail(&path, &e))?;
+    }
+    std::fs::rename(&temporary, dir).map_err(|e| fail(dir, &e))
+}
+
+/// The class in a generated image's file name.
+pub fn label(name: &str) -> Result<i64, String> {
+    let file = Path::new(name)
+        .file_name()
+        .and_then(|f| f.to_str())
+        .unwrap_or(name);
+    file.strip_prefix('c')
+        .and_then(|rest| rest.split('_').next())
+        .and_then(|class| class.parse().ok())
+        .filter(|&class: &i64| (0..CLASSES as i64).contains(&class))
+        .ok_or_else(|| format!("{name}: not a generated image (c<class>_<index>.png)"))
+}
+
+/// SplitMix64: reproducible on every platform.
+struct SplitMix(u64);
+
+impl SplitMix {
+    /// A uniform number in [0, 1).
+    fn unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
