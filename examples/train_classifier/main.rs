@@ -14,6 +14,7 @@
 //! OUT/summary.json. Rerunning the same command resumes from the newest checkpoint, also after a
 //! kill; `--max-steps-now M` stops after M more steps.
 
+mod model;
 mod shapes;
 
 use std::path::{Path, PathBuf};
@@ -21,20 +22,13 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use burn::backend::Autodiff;
-use burn::module::Module;
-use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Linear, LinearConfig};
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Tensor};
+use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
 use kiln::cache::{CachedImages, ImageCache, ImageSource, Preprocess, Residency};
-use kiln::precision::{DeviceJob, DeviceSpec, Policy, PolicySpec, Precision};
-use kiln::train::{
-    BestMetric, EvalOutput, EvalStep, ImageBatch, LabelledImages, LossScaling, OptimizerConfig,
-    RunOptions, Schedule, StepContext, StepOutput, TrainConfig, TrainStep, Trainer,
-};
-use kiln::vision::{Dinov2Config, Dinov2Model, Tower};
+use kiln::precision::{DeviceJob, DeviceSpec, Policy, PolicySpec};
+use kiln::train::{BestMetric, LabelledImages, RunOptions, TrainConfig, Trainer};
+use model::{Classifier, backbone_config, recipe};
 use serde_json::json;
 
 /// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
@@ -82,100 +76,10 @@ struct Args {
     eval_every: u64,
 }
 
-/// The tiny ViT's shape.
-fn backbone_config() -> Dinov2Config {
-    Dinov2Config {
-        hidden_size: 64,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        mlp_ratio: 4,
-        image_size: shapes::SIDE as usize,
-        patch_size: 8,
-        ..Dinov2Config::default()
-    }
-}
-
-/// A DINOv2 backbone and a linear head on its CLS output.
-#[derive(Module, Debug)]
-struct Classifier<B: Backend> {
-    backbone: Dinov2Model<B>,
-    head: Linear<B>,
-}
-
-impl<B: Backend> Classifier<B> {
-    fn new(policy: &Policy, device: &B::Device) -> Self {
-        let config = backbone_config();
-        Classifier {
-            backbone: config.init::<B>(device).with_policy(policy),
-            head: LinearConfig::new(config.hidden_size, shapes::CLASSES).init(device),
-        }
-    }
-
-    /// Logits `[n, classes]` in f32.
-    fn logits(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
-        let features = self.backbone.forward(pixels).cast(DType::F32);
-        self.head.forward(features)
-    }
-}
-
-impl<B: AutodiffBackend> TrainStep<B> for Classifier<B> {
-    type Batch = ImageBatch<B>;
-
-    fn train_step(&self, batch: ImageBatch<B>, _: &StepContext) -> StepOutput<B> {
-        let items = batch.labels.dims()[0];
-        let logits = self.logits(batch.pixels);
-        let correct = logits
-            .clone()
-            .argmax(1)
-            .flatten::<1>(0, 1)
-            .equal(batch.labels.clone())
-            .float()
-            .mean();
-        let loss = CrossEntropyLossConfig::new()
-            .init(&logits.device())
-            .forward(logits, batch.labels);
-        StepOutput::new(loss, items).with_part("accuracy", correct)
-    }
-}
-
-impl<B: Backend> EvalStep<B> for Classifier<B> {
-    type Batch = ImageBatch<B>;
-
-    fn eval_step(&self, batch: ImageBatch<B>) -> EvalOutput<B> {
-        let items = batch.labels.dims()[0];
-        let logits = self.logits(batch.pixels);
-        let correct = logits
-            .clone()
-            .argmax(1)
-            .flatten::<1>(0, 1)
-            .equal(batch.labels.clone())
-            .float()
-            .sum();
-        let loss = CrossEntropyLossConfig::new()
-            .init(&logits.device())
-            .forward(logits, batch.labels)
-            .mul_scalar(items as f32);
-        EvalOutput {
-            sums: vec![("loss".into(), loss), ("accuracy".into(), correct)],
-            items,
-        }
-    }
-}
-
 impl Args {
     /// Training settings (checked before any work).
     fn train_config(&self, policy: &Policy) -> Result<TrainConfig, String> {
-        let mut config = TrainConfig::new(self.steps, self.lr);
-        config.accumulate = self.accumulate;
-        config.optimizer = OptimizerConfig::adamw(self.lr)
-            .with_weight_decay(0.05)
-            .without_decay_on_biases_and_norms();
-        config.schedule = Schedule::warmup_cosine((self.steps / 10).max(1), 0.01, 0.05, self.steps);
-        config.max_grad_norm = Some(1.0);
-        config.loss_scaling = match policy.compute {
-            Precision::F16 => LossScaling::Dynamic,
-            _ => LossScaling::Off,
-        };
+        let mut config = recipe(self.steps, self.lr, self.accumulate, policy);
         config.eval_every = self.eval_every;
         config.checkpoint_every = 50;
         config.best = Some(BestMetric {
@@ -240,7 +144,7 @@ impl DeviceJob for Args {
             self.batch,
         )?;
         <Autodiff<B> as Backend>::seed(device, self.seed);
-        let model = Classifier::<Autodiff<B>>::new(&policy, device);
+        let model = Classifier::<Autodiff<B>>::new(shapes::CLASSES, &policy, device);
         let options = RunOptions {
             max_steps_now: self.max_steps_now,
             model_settings: json!({
@@ -307,7 +211,7 @@ fn write_summary(out: &Path, summary: &serde_json::Value) -> Result<(), String> 
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let device = args.device.clone();
+    let device = args.device;
     match device.run(args).map_err(|e| e.to_string()).and_then(|r| r) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -6,8 +6,8 @@ use std::path::Path;
 
 /// Classes (orientations).
 pub const CLASSES: usize = 4;
-/// Image side in pixels.
-pub const SIDE: u32 = 32;
+/// Image side in pixels (the model's).
+pub const SIDE: u32 = crate::model::IMAGE_SIZE as u32;
 
 /// Writes `count` images into `dir` (through a temporary directory renamed into place, so a run
 /// killed half-way leaves no partial set); nothing when `dir` exists.

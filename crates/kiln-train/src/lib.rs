@@ -39,6 +39,7 @@ mod data;
 mod grads;
 mod metrics;
 mod optim;
+mod optimization;
 mod plot;
 mod schedule;
 mod step;
@@ -55,6 +56,7 @@ pub use optim::{
     DEFAULT_GROUP, GroupConfig, GroupedAdamW, GroupedAdamWRecord, OptimizerConfig, ParamInfo,
     parameters,
 };
+pub use optimization::{Optimization, StepReport};
 pub use plot::plot_curves;
 pub use schedule::{Decay, Schedule};
 pub use step::{EvalOutput, EvalStep, StepContext, StepOutput, TrainStep};

@@ -1,29 +1,24 @@
-//! The loop: k micro-batches → one optimizer step (loss scaled by 1/k and by the loss scale,
-//! gradients accumulated by burn-optim's `GradientsAccumulator`), one device read per step for
-//! the loss, its parts and the global gradient norm, a skipped step for anything non-finite,
-//! clipping and unscaling as one multiplication, each group's AdamW at its scheduled rate; then
-//! the step's `metrics.jsonl` line, evaluation, checkpoint and plot as they fall due.
+//! The loop around [`Optimization::step`]: resume from the newest checkpoint, then per
+//! optimizer step the `metrics.jsonl` line, evaluation, checkpoint and plot as they fall due.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln_cache::Order;
-use kiln_precision::{DynamicLossScale, LossScale, StepDecision};
 use serde_json::{Map, Value, json};
 
 use crate::TrainError;
 use crate::checkpoint::{CheckpointState, Checkpoints, compatible};
-use crate::config::{LossScaling, TrainConfig};
+use crate::config::TrainConfig;
 use crate::data::Loader;
-use crate::grads::{clip_factor, large_norm, scale, squared_norm};
 use crate::metrics::MetricsLog;
 use crate::optim::{GroupedAdamW, parameters};
+use crate::optimization::{Optimization, loss_scale, loss_scale_state};
 use crate::plot::plot_curves;
-use crate::step::{EvalStep, StepContext, TrainStep};
+use crate::step::{EvalStep, TrainStep};
 
 /// What decides where and how long this invocation runs, not what it computes.
 #[derive(Debug, Clone)]
@@ -121,7 +116,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             step: 0,
             epoch: 0,
             batch: 0,
-            loss_scale: (initial_loss_scale(config.loss_scaling).scale(), 0),
+            loss_scale: loss_scale_state(&loss_scale(config.loss_scaling, None)),
             best: None,
             evals_since_best: 0,
             skipped: (0, 0),
@@ -163,7 +158,9 @@ impl<B: AutodiffBackend> Trainer<B> {
                 say(&progress, line);
             }
         }
-        let mut loss_scale = restored_loss_scale(config.loss_scaling, state.loss_scale);
+        let saved_scale = last_checkpoint.as_ref().map(|_| state.loss_scale);
+        let loss_scale = loss_scale(config.loss_scaling, saved_scale);
+        let mut optimization = Optimization::new(config, optimizer, loss_scale, &self.device);
         let mut log = MetricsLog::open(&out.join("metrics.jsonl"), state.step, &groups)?;
         let mut cursor = Cursor {
             loader: train,
@@ -180,23 +177,10 @@ impl<B: AutodiffBackend> Trainer<B> {
         progress.set_position(state.step);
         while state.step < stop_at && !state.stopped_early {
             let started = Instant::now();
-            let (step, wait) = self.one_step(&mut model, &mut cursor, &mut loss_scale, state.step);
-            let factor = config.schedule.factor(state.step);
-            let lrs: Vec<f64> = config
-                .optimizer
-                .group_lrs()
-                .iter()
-                .map(|lr| lr * factor)
-                .collect();
-            let finite = step.loss.is_finite() && step.grad_norm.is_finite();
-            let applied = loss_scale.adjust(finite) == StepDecision::Apply;
-            if applied {
-                let factor = clip_factor(step.grad_norm, config.max_grad_norm) / step.scale;
-                let mut grads = step.grads;
-                if factor != 1.0 {
-                    scale::<B, M>(&model, &mut grads, factor as f32);
-                }
-                model = optimizer.step(&lrs, model, grads);
+            let epoch = cursor.epoch;
+            let (trained, step) = optimization.step(model, state.step, || cursor.next());
+            model = trained;
+            if step.applied {
                 state.skipped.1 = 0;
             } else {
                 state.skipped.0 += 1;
@@ -208,30 +192,30 @@ impl<B: AutodiffBackend> Trainer<B> {
                         state.step + 1,
                         step.loss,
                         step.grad_norm,
-                        step.scale
+                        step.loss_scale
                     ),
                 );
             }
             state.step += 1;
             (state.epoch, state.batch) = (cursor.epoch, cursor.batch);
-            state.loss_scale = loss_scale_state(&loss_scale);
+            state.loss_scale = optimization.loss_scale_state();
             let seconds = started.elapsed().as_secs_f64();
             let mut line = Map::new();
             line.insert("step".into(), json!(state.step));
-            line.insert("epoch".into(), json!(step.epoch));
+            line.insert("epoch".into(), json!(epoch));
             line.insert("loss".into(), json!(finite_or_null(step.loss)));
             for (name, value) in &step.parts {
                 line.insert(name.clone(), json!(finite_or_null(*value)));
             }
-            for (group, lr) in groups.iter().zip(&lrs) {
+            for (group, lr) in groups.iter().zip(&step.lrs) {
                 line.insert(format!("lr_{group}"), json!(lr));
             }
-            line.insert("lr".into(), json!(lrs.last()));
+            line.insert("lr".into(), json!(step.lrs.last()));
             line.insert("grad_norm".into(), json!(finite_or_null(step.grad_norm)));
-            line.insert("loss_scale".into(), json!(step.scale));
-            line.insert("skipped".into(), json!(!applied));
+            line.insert("loss_scale".into(), json!(step.loss_scale));
+            line.insert("skipped".into(), json!(!step.applied));
             line.insert("step_time_s".into(), json!(seconds));
-            line.insert("data_wait_s".into(), json!(wait.as_secs_f64()));
+            line.insert("data_wait_s".into(), json!(step.data_wait.as_secs_f64()));
             line.insert("items_per_s".into(), json!(step.items as f64 / seconds));
             let evaluate = state.step == config.steps
                 || (config.eval_every > 0 && state.step.is_multiple_of(config.eval_every));
@@ -268,15 +252,19 @@ impl<B: AutodiffBackend> Trainer<B> {
             progress.set_message(format!(
                 "loss {:.4} lr {:.2e}",
                 step.loss,
-                lrs.last().copied().unwrap_or(0.0)
+                step.lrs.last().copied().unwrap_or(0.0)
             ));
             let due = state.step.is_multiple_of(config.checkpoint_every)
                 || state.step == stop_at
                 || state.stopped_early
                 || improved;
             if due {
-                last_checkpoint =
-                    Some(checkpoints.save(&state, &model, &optimizer, config.keep_last)?);
+                last_checkpoint = Some(checkpoints.save(
+                    &state,
+                    &model,
+                    optimization.optimizer(),
+                    config.keep_last,
+                )?);
             }
             if evaluate {
                 self.plot(&log, &groups);
@@ -300,82 +288,6 @@ impl<B: AutodiffBackend> Trainer<B> {
             best: state.best,
             skipped_steps: state.skipped.0,
         })
-    }
-
-    /// The micro-batches of one optimizer step: forward, scaled backward, accumulation, and one
-    /// read of the loss, its parts and the gradient norm.
-    fn one_step<M, L>(
-        &self,
-        model: &mut M,
-        cursor: &mut Cursor<'_, L>,
-        loss_scale: &mut LossScale,
-        step: u64,
-    ) -> (StepResult, Duration)
-    where
-        M: TrainStep<B, Batch = L::Batch>,
-        L: Loader,
-    {
-        let k = self.config.accumulate;
-        let mut accumulator = GradientsAccumulator::<M>::new();
-        let mut wait = Duration::ZERO;
-        let mut sums: Vec<Tensor<B::InnerBackend, 1>> = Vec::new();
-        let mut names = Vec::new();
-        let mut items = 0;
-        let epoch = cursor.epoch;
-        for micro_batch in 0..k {
-            let waiting = Instant::now();
-            let batch = cursor.next();
-            wait += waiting.elapsed();
-            let context = StepContext {
-                seed: self.config.seed,
-                step,
-                micro_batch,
-            };
-            B::seed(&self.device, context.derived_seed());
-            let output = model.train_step(batch, &context);
-            items += output.items;
-            let values = std::iter::once(output.loss.clone())
-                .chain(output.parts.iter().map(|(_, v)| v.clone()))
-                .map(|v| v.inner().cast(DType::F32));
-            if sums.is_empty() {
-                sums = values.collect();
-                names = output.parts.iter().map(|(n, _)| n.clone()).collect();
-            } else {
-                sums = sums.into_iter().zip(values).map(|(s, v)| s + v).collect();
-            }
-            let loss = loss_scale.scale_loss(output.loss.div_scalar(k as f32));
-            let grads = GradientsParams::from_grads(loss.backward(), model);
-            accumulator.accumulate(model, grads);
-        }
-        let grads = accumulator.grads();
-        let squared =
-            squared_norm::<B, M>(model, &grads).unwrap_or_else(|| Tensor::zeros([1], &self.device));
-        let read: Vec<f32> = Tensor::cat(sums.into_iter().chain([squared]).collect(), 0)
-            .into_data()
-            .to_vec()
-            .expect("f32 values");
-        let scale = f64::from(loss_scale.scale());
-        let mean = |v: f32| f64::from(v) / k as f64;
-        let squared = f64::from(read[read.len() - 1]);
-        let norm = if squared == f64::INFINITY {
-            large_norm::<B, M>(model, &grads)
-        } else {
-            squared.sqrt()
-        };
-        let result = StepResult {
-            loss: mean(read[0]),
-            parts: names
-                .into_iter()
-                .zip(&read[1..read.len() - 1])
-                .map(|(n, v)| (n, mean(*v)))
-                .collect(),
-            grad_norm: norm / scale,
-            scale,
-            items,
-            epoch,
-            grads,
-        };
-        (result, wait)
     }
 
     /// Updates the best metric and the early-stopping count; whether this evaluation is the
@@ -410,17 +322,6 @@ impl<B: AutodiffBackend> Trainer<B> {
             log::warn!("could not draw the loss plot: {e}");
         }
     }
-}
-
-/// One step's numbers, read in one go, and its gradients.
-struct StepResult {
-    loss: f64,
-    parts: Vec<(String, f64)>,
-    grad_norm: f64,
-    scale: f64,
-    items: usize,
-    epoch: u64,
-    grads: GradientsParams,
 }
 
 /// The training data's position: epoch, next batch, and that epoch's batches.
@@ -488,32 +389,6 @@ where
         .zip(totals)
         .map(|(n, v)| (n, v / items as f64))
         .collect())
-}
-
-fn initial_loss_scale(scaling: LossScaling) -> LossScale {
-    match scaling {
-        LossScaling::Off => LossScale::NoOp,
-        LossScaling::Static(s) => LossScale::Static(s),
-        LossScaling::Dynamic => LossScale::dynamic(),
-    }
-}
-
-fn restored_loss_scale(scaling: LossScaling, (scale, good_steps): (f32, u32)) -> LossScale {
-    match initial_loss_scale(scaling) {
-        LossScale::Dynamic(d) => LossScale::Dynamic(DynamicLossScale {
-            scale,
-            good_steps,
-            ..d
-        }),
-        other => other,
-    }
-}
-
-fn loss_scale_state(scale: &LossScale) -> (f32, u32) {
-    match scale {
-        LossScale::Dynamic(d) => (d.scale, d.good_steps),
-        other => (other.scale(), 0),
-    }
 }
 
 /// JSON has no NaN or infinity: those are logged as null.

@@ -1,0 +1,98 @@
+//! Training throughput of the `train_classifier` example's model (tiny DINOv2 + linear head,
+//! 32 × 32 images, batch 32) under kiln-bench: one timed run is one optimizer step of
+//! kiln-train (forward, backward, global-norm clipping, AdamW with two decay groups, the loss
+//! and norm read back), as the example's loop runs it. PyTorch's figure for the same model,
+//! data and optimizer comes from `scripts/bench/train_torch.py`; both are in
+//! docs/PERFORMANCE.md.
+//!
+//! ```text
+//! cargo bench --bench train
+//! cargo bench --bench train -- --save main           # then `-- --compare main`
+//! cargo bench --features cuda --bench train -- --device cuda
+//! ```
+
+#[path = "../examples/train_classifier/model.rs"]
+mod model;
+
+use std::cell::RefCell;
+use std::process::ExitCode;
+
+use kiln::bench::{BenchError, Benchmark, Runner, Suite, Work, cli};
+use kiln::burn::backend::Autodiff;
+use kiln::burn::tensor::backend::Backend;
+use kiln::burn::tensor::{Distribution, Int, Tensor};
+use kiln::train::Optimization;
+use kiln::vision::VisionConfig;
+use model::{Classifier, IMAGE_SIZE, backbone_config, recipe};
+
+/// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const BATCH: usize = 32;
+const CLASSES: usize = 4;
+
+type Trained<B> = Classifier<Autodiff<B>>;
+
+/// One optimizer step of the classifier on a batch of `BATCH` images; the model and optimizer
+/// carry over from run to run, as in training.
+struct TrainingStep<B: Backend> {
+    state: RefCell<Option<(Trained<B>, Optimization<Autodiff<B>, Trained<B>>)>>,
+    step: RefCell<u64>,
+}
+
+impl<B: Backend> Benchmark<B> for TrainingStep<B> {
+    type Input = (Tensor<B, 4>, Tensor<B, 1, Int>);
+    type Output = f64;
+
+    fn name(&self) -> String {
+        format!("classifier_step/{IMAGE_SIZE}px,b={BATCH}")
+    }
+
+    fn work(&self) -> Work {
+        // A backward pass costs about twice the forward.
+        let forward = VisionConfig::Dinov2(backbone_config()).forward_flops(IMAGE_SIZE, IMAGE_SIZE);
+        Work::items(BATCH as u64).with_flops(3.0 * forward * BATCH as f64)
+    }
+
+    fn prepare(&self, device: &B::Device, _variant: usize) -> Self::Input {
+        let shape = [BATCH, 3, IMAGE_SIZE, IMAGE_SIZE];
+        let classes = Distribution::Uniform(0.0, CLASSES as f64);
+        (
+            Tensor::random(shape, Distribution::Normal(0.0, 1.0), device),
+            Tensor::random([BATCH], classes, device),
+        )
+    }
+
+    fn run(&self, (pixels, labels): &Self::Input) -> f64 {
+        let (model, mut optimization) = self.state.borrow_mut().take().expect("a model");
+        let batch = || kiln::train::ImageBatch {
+            pixels: Tensor::from_inner(pixels.clone()),
+            labels: Tensor::from_inner(labels.clone()),
+        };
+        let mut step = self.step.borrow_mut();
+        let (model, report) = optimization.step(model, *step, batch);
+        *step += 1;
+        *self.state.borrow_mut() = Some((model, optimization));
+        report.loss
+    }
+}
+
+struct Train;
+
+impl Suite for Train {
+    fn run<B: Backend>(&self, runner: &mut Runner<'_, B>) -> Result<(), BenchError> {
+        let (device, policy) = (runner.device(), runner.policy());
+        let model = Classifier::<Autodiff<B>>::new(CLASSES, &policy, device);
+        let config = recipe(200, 2e-3, 1, &policy);
+        let optimization = Optimization::fresh(&config, &model, device);
+        runner.bench(&TrainingStep::<B> {
+            state: RefCell::new(Some((model, optimization))),
+            step: RefCell::new(0),
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    cli::main(Train)
+}

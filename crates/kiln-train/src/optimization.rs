@@ -1,0 +1,196 @@
+//! One optimizer step, on its own: k micro-batches (each loss scaled by 1/k and by the loss
+//! scale, gradients accumulated by burn-optim's `GradientsAccumulator`), one device read for the
+//! loss, its parts and the global gradient norm, a skipped step for anything non-finite,
+//! unscaling and clipping as one multiplication, each group's AdamW at its scheduled rate. The
+//! [`crate::Trainer`] loop runs it; a custom loop (or a benchmark) can too.
+
+use std::time::{Duration, Instant};
+
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Tensor};
+use kiln_precision::{DynamicLossScale, LossScale, StepDecision};
+
+use crate::config::{LossScaling, TrainConfig};
+use crate::grads::{clip_factor, large_norm, scale, squared_norm};
+use crate::optim::{GroupedAdamW, parameters};
+use crate::step::{StepContext, TrainStep};
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// The loss, averaged over the micro-batches.
+    pub loss: f64,
+    /// The named parts, averaged over the micro-batches.
+    pub parts: Vec<(String, f64)>,
+    /// The global gradient norm before clipping (unscaled).
+    pub grad_norm: f64,
+    /// The loss scale the step ran with.
+    pub loss_scale: f64,
+    /// Whether the update was applied (else skipped for a non-finite loss or gradient).
+    pub applied: bool,
+    /// The learning rate of each group.
+    pub lrs: Vec<f64>,
+    /// Items over all micro-batches.
+    pub items: usize,
+    /// Time spent waiting for batches.
+    pub data_wait: Duration,
+}
+
+/// The optimizer, the loss scale and the settings that shape a step.
+pub struct Optimization<B: AutodiffBackend, M: TrainStep<B>> {
+    config: TrainConfig,
+    optimizer: GroupedAdamW<B, M>,
+    loss_scale: LossScale,
+    device: B::Device,
+}
+
+impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
+    /// Steps under `config` with `optimizer` (built for the model's parameter ids) and
+    /// `loss_scale`.
+    pub fn new(
+        config: &TrainConfig,
+        optimizer: GroupedAdamW<B, M>,
+        loss_scale: LossScale,
+        device: &B::Device,
+    ) -> Self {
+        Optimization {
+            config: config.clone(),
+            optimizer,
+            loss_scale,
+            device: device.clone(),
+        }
+    }
+
+    /// A fresh optimizer and loss scale for `model` under `config`.
+    pub fn fresh(config: &TrainConfig, model: &M, device: &B::Device) -> Self {
+        let optimizer = GroupedAdamW::new(&config.optimizer, &parameters(model));
+        let loss_scale = loss_scale(config.loss_scaling, None);
+        Self::new(config, optimizer, loss_scale, device)
+    }
+
+    /// The optimizer (its moments go into checkpoints).
+    pub fn optimizer(&self) -> &GroupedAdamW<B, M> {
+        &self.optimizer
+    }
+
+    /// The loss scale and its finite steps since it last changed.
+    pub fn loss_scale_state(&self) -> (f32, u32) {
+        loss_scale_state(&self.loss_scale)
+    }
+
+    /// Optimizer step `step` (0-based: steps taken before it) of `model` over the next
+    /// `accumulate` batches `next_batch` gives.
+    pub fn step(
+        &mut self,
+        model: M,
+        step: u64,
+        mut next_batch: impl FnMut() -> M::Batch,
+    ) -> (M, StepReport) {
+        let k = self.config.accumulate;
+        let mut accumulator = GradientsAccumulator::<M>::new();
+        let mut data_wait = Duration::ZERO;
+        let mut sums: Vec<Tensor<B::InnerBackend, 1>> = Vec::new();
+        let mut names = Vec::new();
+        let mut items = 0;
+        for micro_batch in 0..k {
+            let waiting = Instant::now();
+            let batch = next_batch();
+            data_wait += waiting.elapsed();
+            let context = StepContext {
+                seed: self.config.seed,
+                step,
+                micro_batch,
+            };
+            B::seed(&self.device, context.derived_seed());
+            let output = model.train_step(batch, &context);
+            items += output.items;
+            let values = std::iter::once(output.loss.clone())
+                .chain(output.parts.iter().map(|(_, v)| v.clone()))
+                .map(|v| v.inner().cast(DType::F32));
+            if sums.is_empty() {
+                sums = values.collect();
+                names = output.parts.iter().map(|(n, _)| n.clone()).collect();
+            } else {
+                sums = sums.into_iter().zip(values).map(|(s, v)| s + v).collect();
+            }
+            let loss = self.loss_scale.scale_loss(output.loss.div_scalar(k as f32));
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            accumulator.accumulate(&model, grads);
+        }
+        let mut grads = accumulator.grads();
+        let squared = squared_norm::<B, M>(&model, &grads)
+            .unwrap_or_else(|| Tensor::zeros([1], &self.device));
+        let read: Vec<f32> = Tensor::cat(sums.into_iter().chain([squared]).collect(), 0)
+            .into_data()
+            .to_vec()
+            .expect("f32 values");
+        let loss_scale = f64::from(self.loss_scale.scale());
+        let mean = |v: f32| f64::from(v) / k as f64;
+        let squared = f64::from(read[read.len() - 1]);
+        let norm = if squared == f64::INFINITY {
+            large_norm::<B, M>(&model, &grads)
+        } else {
+            squared.sqrt()
+        };
+        let loss = mean(read[0]);
+        let grad_norm = norm / loss_scale;
+        let factor = self.config.schedule.factor(step);
+        let lrs: Vec<f64> = self
+            .config
+            .optimizer
+            .group_lrs()
+            .iter()
+            .map(|lr| lr * factor)
+            .collect();
+        let finite = loss.is_finite() && grad_norm.is_finite();
+        let applied = self.loss_scale.adjust(finite) == StepDecision::Apply;
+        let model = if applied {
+            let factor = clip_factor(grad_norm, self.config.max_grad_norm) / loss_scale;
+            if factor != 1.0 {
+                scale::<B, M>(&model, &mut grads, factor as f32);
+            }
+            self.optimizer.step(&lrs, model, grads)
+        } else {
+            model
+        };
+        let report = StepReport {
+            loss,
+            parts: names
+                .into_iter()
+                .zip(&read[1..read.len() - 1])
+                .map(|(n, v)| (n, mean(*v)))
+                .collect(),
+            grad_norm,
+            loss_scale,
+            applied,
+            lrs,
+            items,
+            data_wait,
+        };
+        (model, report)
+    }
+}
+
+/// The loss scaler `scaling` asks for: fresh, or a dynamic one resumed at `saved`
+/// `(scale, good_steps)`.
+pub(crate) fn loss_scale(scaling: LossScaling, saved: Option<(f32, u32)>) -> LossScale {
+    match (scaling, saved) {
+        (LossScaling::Off, _) => LossScale::NoOp,
+        (LossScaling::Static(s), _) => LossScale::Static(s),
+        (LossScaling::Dynamic, None) => LossScale::dynamic(),
+        (LossScaling::Dynamic, Some((scale, good_steps))) => LossScale::Dynamic(DynamicLossScale {
+            scale,
+            good_steps,
+            ..DynamicLossScale::default()
+        }),
+    }
+}
+
+/// `(scale, good_steps)` of a loss scaler (what a checkpoint keeps).
+pub(crate) fn loss_scale_state(scale: &LossScale) -> (f32, u32) {
+    match scale {
+        LossScale::Dynamic(d) => (d.scale, d.good_steps),
+        other => (other.scale(), 0),
+    }
+}
