@@ -13,6 +13,10 @@
 //! OUT/cache), OUT/metrics.jsonl (a line per optimizer step), OUT/checkpoints/, OUT/loss.png and
 //! OUT/summary.json. Rerunning the same command resumes from the newest checkpoint, also after a
 //! kill; `--max-steps-now M` stops after M more steps.
+//!
+//! Data-parallel (built with `--features collective`): start one process per device with
+//! torchrun's variables (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) or under Slurm;
+//! each takes `--batch` images per micro-batch, rank 0 writes the outputs (README, "Training").
 
 mod model;
 mod shapes;
@@ -27,7 +31,7 @@ use clap::Parser;
 use kiln::burn;
 use kiln::cache::{CachedImages, ImageCache, ImageSource, Preprocess, Residency};
 use kiln::precision::{DeviceJob, DeviceSpec, Policy, PolicySpec};
-use kiln::train::{BestMetric, LabelledImages, RunOptions, TrainConfig, Trainer};
+use kiln::train::{BestMetric, DataParallel, LabelledImages, RunOptions, TrainConfig, Trainer};
 use model::{Classifier, backbone_config, recipe};
 use serde_json::json;
 
@@ -145,7 +149,10 @@ impl DeviceJob for Args {
         )?;
         <Autodiff<B> as Backend>::seed(device, self.seed);
         let model = Classifier::<Autodiff<B>>::new(shapes::CLASSES, &policy, device);
+        let parallel = DataParallel::from_env()?;
+        let main = parallel.as_ref().is_none_or(DataParallel::is_main);
         let options = RunOptions {
+            parallel,
             max_steps_now: self.max_steps_now,
             model_settings: json!({
                 "backbone": format!("{:?}", backbone_config()),
@@ -160,6 +167,9 @@ impl DeviceJob for Args {
         let outcome = Trainer::<Autodiff<B>>::new(config, options, device.clone())
             .fit(model, &train, Some(&eval))
             .map_err(|e| e.to_string())?;
+        if !main {
+            return Ok(());
+        }
         if !outcome.finished {
             eprintln!(
                 "stopped at step {} of {}: run the same command again to continue",

@@ -9,14 +9,15 @@ pub const CLASSES: usize = 4;
 /// Image side in pixels (the model's).
 pub const SIDE: u32 = crate::model::IMAGE_SIZE as u32;
 
-/// Writes `count` images into `dir` (through a temporary directory renamed into place, so a run
-/// killed half-way leaves no partial set); nothing when `dir` exists.
+/// Writes `count` images into `dir` (through a temporary directory of this process renamed into
+/// place, so a run killed half-way leaves no partial set, and data-parallel ranks starting
+/// together each make a whole set and keep the first); nothing when `dir` exists.
 pub fn generate(dir: &Path, count: usize, seed: u64) -> Result<(), String> {
     if dir.is_dir() {
         return Ok(());
     }
     let fail = |path: &Path, e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let temporary = dir.with_extension("partial");
+    let temporary = dir.with_extension(format!("partial-{}", std::process::id()));
     if temporary.exists() {
         std::fs::remove_dir_all(&temporary).map_err(|e| fail(&temporary, &e))?;
     }
@@ -43,7 +44,14 @@ pub fn generate(dir: &Path, count: usize, seed: u64) -> Result<(), String> {
         let path = temporary.join(format!("c{class}_{i:05}.png"));
         picture.save(&path).map_err(|e| fail(&path, &e))?;
     }
-    std::fs::rename(&temporary, dir).map_err(|e| fail(dir, &e))
+    match std::fs::rename(&temporary, dir) {
+        Ok(()) => Ok(()),
+        // Another process got there first: its set is the same.
+        Err(_) if dir.is_dir() => {
+            std::fs::remove_dir_all(&temporary).map_err(|e| fail(&temporary, &e))
+        }
+        Err(e) => Err(fail(dir, &e)),
+    }
 }
 
 /// The class in a generated image's file name.

@@ -40,6 +40,7 @@ mod grads;
 mod metrics;
 mod optim;
 mod optimization;
+mod parallel;
 mod plot;
 mod schedule;
 mod step;
@@ -56,7 +57,8 @@ pub use optim::{
     DEFAULT_GROUP, GroupConfig, GroupedAdamW, GroupedAdamWRecord, OptimizerConfig, ParamInfo,
     parameters,
 };
-pub use optimization::{Optimization, StepReport};
+pub use optimization::{Averaging, Optimization, StepReport};
+pub use parallel::{DataParallel, Network};
 pub use plot::plot_curves;
 pub use schedule::{Decay, Schedule};
 pub use step::{EvalOutput, EvalStep, StepContext, StepOutput, TrainStep};
@@ -109,6 +111,9 @@ pub enum TrainError {
     /// The data cannot be trained on.
     #[error("{0}")]
     Data(String),
+    /// Data-parallel training could not start or go on.
+    #[error("data-parallel training: {0}")]
+    Parallel(String),
 }
 
 impl TrainError {

@@ -6,11 +6,13 @@
 
 use std::time::{Duration, Instant};
 
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 use kiln_precision::{DynamicLossScale, LossScale, StepDecision};
 
+use crate::TrainError;
 use crate::config::{LossScaling, TrainConfig};
 use crate::grads::{clip_factor, large_norm, scale, squared_norm};
 use crate::optim::{GroupedAdamW, parameters};
@@ -37,12 +39,21 @@ pub struct StepReport {
     pub data_wait: Duration,
 }
 
+/// Averages over the participants of a data-parallel run (see [`crate::DataParallel`]).
+pub trait Averaging<B: Backend> {
+    /// This participant and how many there are.
+    fn place(&self) -> (usize, usize);
+    /// `values` averaged over the participants (all pass tensors of one length).
+    fn mean(&self, values: Tensor<B, 1>) -> Result<Tensor<B, 1>, TrainError>;
+}
+
 /// The optimizer, the loss scale and the settings that shape a step.
 pub struct Optimization<B: AutodiffBackend, M: TrainStep<B>> {
     config: TrainConfig,
     optimizer: GroupedAdamW<B, M>,
     loss_scale: LossScale,
     device: B::Device,
+    averaging: Option<Box<dyn Averaging<B::InnerBackend>>>,
 }
 
 impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
@@ -59,7 +70,15 @@ impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
             optimizer,
             loss_scale,
             device: device.clone(),
+            averaging: None,
         }
+    }
+
+    /// The same, one participant of a data-parallel run: it takes its share of each step's
+    /// micro-batches and averages gradients and logged values with the others.
+    pub fn with_averaging(mut self, averaging: Box<dyn Averaging<B::InnerBackend>>) -> Self {
+        self.averaging = Some(averaging);
+        self
     }
 
     /// A fresh optimizer and loss scale for `model` under `config`.
@@ -80,27 +99,37 @@ impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
     }
 
     /// Optimizer step `step` (0-based: steps taken before it) of `model` over the next
-    /// `accumulate` batches `next_batch` gives.
+    /// `accumulate` batches `next_batch` gives (data-parallel: over this participant's share of
+    /// the next `accumulate × participants`).
     pub fn step(
         &mut self,
         model: M,
         step: u64,
         mut next_batch: impl FnMut() -> M::Batch,
-    ) -> (M, StepReport) {
+    ) -> Result<(M, StepReport), TrainError> {
         let k = self.config.accumulate;
+        let (rank, world) = self.averaging.as_ref().map_or((0, 1), |a| a.place());
         let mut accumulator = GradientsAccumulator::<M>::new();
         let mut data_wait = Duration::ZERO;
         let mut sums: Vec<Tensor<B::InnerBackend, 1>> = Vec::new();
         let mut names = Vec::new();
         let mut items = 0;
-        for micro_batch in 0..k {
+        for round in 0..k {
             let waiting = Instant::now();
-            let batch = next_batch();
+            // The others' micro-batches of this round pass by unused.
+            let mut mine = None;
+            for participant in 0..world {
+                let batch = next_batch();
+                if participant == rank {
+                    mine = Some(batch);
+                }
+            }
+            let batch = mine.expect("this participant's micro-batch");
             data_wait += waiting.elapsed();
             let context = StepContext {
                 seed: self.config.seed,
                 step,
-                micro_batch,
+                micro_batch: round * world + rank,
             };
             B::seed(&self.device, context.derived_seed());
             let output = model.train_step(batch, &context);
@@ -119,9 +148,14 @@ impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
             accumulator.accumulate(&model, grads);
         }
         let mut grads = accumulator.grads();
+        let mut sums = Tensor::cat(sums, 0);
+        if let Some(averaging) = &self.averaging {
+            sums = average(&model, &mut grads, sums, averaging.as_ref())?;
+            items *= world;
+        }
         let squared = squared_norm::<B, M>(&model, &grads)
             .unwrap_or_else(|| Tensor::zeros([1], &self.device));
-        let read: Vec<f32> = Tensor::cat(sums.into_iter().chain([squared]).collect(), 0)
+        let read: Vec<f32> = Tensor::cat(vec![sums, squared], 0)
             .into_data()
             .to_vec()
             .expect("f32 values");
@@ -168,8 +202,68 @@ impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
             items,
             data_wait,
         };
-        (model, report)
+        Ok((model, report))
     }
+}
+
+/// Averages every gradient of `model` and `values` over the participants in one all-reduce:
+/// the gradients flattened in the module's visiting order (the same in every process; burn's
+/// parameter ids are not, so burn-optim's per-id all-reduce cannot pair them across processes)
+/// and `values` after them, then cut back into place. Returns the averaged `values`.
+fn average<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &mut GradientsParams,
+    values: Tensor<B::InnerBackend, 1>,
+    averaging: &dyn Averaging<B::InnerBackend>,
+) -> Result<Tensor<B::InnerBackend, 1>, TrainError> {
+    struct Gather<'a, IB: Backend> {
+        grads: &'a GradientsParams,
+        flat: Vec<Tensor<IB, 1>>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Gather<'_, B::InnerBackend> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) {
+                let n = grad.shape().num_elements();
+                self.flat.push(grad.reshape([n]));
+            }
+        }
+    }
+    struct Scatter<'a, IB: Backend> {
+        grads: &'a mut GradientsParams,
+        averaged: Tensor<IB, 1>,
+        offset: usize,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Scatter<'_, B::InnerBackend> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+                let shape = grad.shape();
+                let end = self.offset + shape.num_elements();
+                let part = self
+                    .averaged
+                    .clone()
+                    .slice([self.offset..end])
+                    .reshape(shape);
+                self.grads.register::<B::InnerBackend, D>(param.id, part);
+                self.offset = end;
+            }
+        }
+    }
+    let mut gather = Gather::<B::InnerBackend> {
+        grads,
+        flat: Vec::new(),
+    };
+    model.visit(&mut gather);
+    let count = values.dims()[0];
+    let gradients: usize = gather.flat.iter().map(|t| t.dims()[0]).sum();
+    gather.flat.push(values);
+    let averaged = averaging.mean(Tensor::cat(gather.flat, 0))?;
+    let mut scatter = Scatter::<B::InnerBackend> {
+        grads,
+        averaged: averaged.clone(),
+        offset: 0,
+    };
+    model.visit(&mut scatter);
+    Ok(averaged.slice([gradients..gradients + count]))
 }
 
 /// The loss scaler `scaling` asks for: fresh, or a dynamic one resumed at `saved`

@@ -16,7 +16,8 @@ use crate::config::TrainConfig;
 use crate::data::Loader;
 use crate::metrics::MetricsLog;
 use crate::optim::{GroupedAdamW, parameters};
-use crate::optimization::{Optimization, loss_scale, loss_scale_state};
+use crate::optimization::{Averaging, Optimization, loss_scale, loss_scale_state};
+use crate::parallel::DataParallel;
 use crate::plot::plot_curves;
 use crate::step::{EvalStep, TrainStep};
 
@@ -32,6 +33,9 @@ pub struct RunOptions {
     /// The model's settings, recorded in checkpoints beside the training settings (a resumed
     /// run with other settings is refused).
     pub model_settings: Value,
+    /// This participant's place in a data-parallel run (`None`: train alone). Participant 0
+    /// writes the logs, plots and checkpoints.
+    pub parallel: Option<DataParallel>,
 }
 
 impl RunOptions {
@@ -42,6 +46,7 @@ impl RunOptions {
             max_steps_now: None,
             progress: true,
             model_settings: Value::Null,
+            parallel: None,
         }
     }
 }
@@ -108,7 +113,12 @@ impl<B: AutodiffBackend> Trainer<B> {
         let params = parameters(&model);
         // As a checkpoint reads them back: parsed from text (serde_json's parser may round the
         // last bit of a float differently from the value it printed).
-        let settings = json!({ "train": config, "model": self.options.model_settings });
+        let participants = self.options.parallel.as_ref().map_or(1, |p| p.world);
+        let settings = json!({
+            "train": config,
+            "model": self.options.model_settings,
+            "participants": participants,
+        });
         let settings: Value = serde_json::from_str(&settings.to_string()).expect("JSON parses");
         let checkpoints = Checkpoints::new(out.join("checkpoints"));
         let mut model = model;
@@ -125,7 +135,13 @@ impl<B: AutodiffBackend> Trainer<B> {
             params: params.clone(),
         };
         let mut last_checkpoint = None;
-        let progress = progress_bar(config.steps, self.options.progress);
+        let main = self
+            .options
+            .parallel
+            .as_ref()
+            .is_none_or(DataParallel::is_main);
+        let averaging = self.averaging()?;
+        let progress = progress_bar(config.steps, self.options.progress && main);
         if let Some((path, saved)) = checkpoints.latest()? {
             compatible(&saved, &settings, &params).map_err(|differences| {
                 TrainError::Incompatible {
@@ -136,6 +152,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             model = Checkpoints::load_model(&path, model, &self.device)?;
             say(
                 &progress,
+                main,
                 format!(
                     "resuming from {} (step {}, epoch {}, batch {})",
                     path.display(),
@@ -153,15 +170,25 @@ impl<B: AutodiffBackend> Trainer<B> {
         if let Some(path) = &last_checkpoint {
             optimizer = Checkpoints::load_optimizer(path, optimizer, &self.device)?;
         } else {
-            say(&progress, format!("schedule: {}", config.schedule));
+            say(&progress, main, format!("schedule: {}", config.schedule));
             for line in optimizer.describe(&config.optimizer, &params) {
-                say(&progress, line);
+                say(&progress, main, line);
             }
         }
         let saved_scale = last_checkpoint.as_ref().map(|_| state.loss_scale);
         let loss_scale = loss_scale(config.loss_scaling, saved_scale);
         let mut optimization = Optimization::new(config, optimizer, loss_scale, &self.device);
-        let mut log = MetricsLog::open(&out.join("metrics.jsonl"), state.step, &groups)?;
+        if let Some(averaging) = averaging {
+            optimization = optimization.with_averaging(averaging);
+        }
+        let mut log = match main {
+            true => Some(MetricsLog::open(
+                &out.join("metrics.jsonl"),
+                state.step,
+                &groups,
+            )?),
+            false => None,
+        };
         let mut cursor = Cursor {
             loader: train,
             seed: config.seed,
@@ -178,7 +205,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         while state.step < stop_at && !state.stopped_early {
             let started = Instant::now();
             let epoch = cursor.epoch;
-            let (trained, step) = optimization.step(model, state.step, || cursor.next());
+            let (trained, step) = optimization.step(model, state.step, || cursor.next())?;
             model = trained;
             if step.applied {
                 state.skipped.1 = 0;
@@ -187,6 +214,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 state.skipped.1 += 1;
                 say(
                     &progress,
+                    main,
                     format!(
                         "warning: step {} skipped: loss {}, gradient norm {} (loss scale {})",
                         state.step + 1,
@@ -228,6 +256,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 improved = self.track_best(&mut state, &last_eval);
                 say(
                     &progress,
+                    main,
                     format!(
                         "step {}: eval {}",
                         state.step,
@@ -239,7 +268,9 @@ impl<B: AutodiffBackend> Trainer<B> {
                     ),
                 );
             }
-            log.append(line, &groups)?;
+            if let Some(log) = &mut log {
+                log.append(line, &groups)?;
+            }
             if state.skipped.1 >= config.max_skipped_in_a_row {
                 progress.abandon();
                 return Err(TrainError::NonFinite {
@@ -258,7 +289,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 || state.step == stop_at
                 || state.stopped_early
                 || improved;
-            if due {
+            if due && main {
                 last_checkpoint = Some(checkpoints.save(
                     &state,
                     &model,
@@ -266,8 +297,8 @@ impl<B: AutodiffBackend> Trainer<B> {
                     config.keep_last,
                 )?);
             }
-            if evaluate {
-                self.plot(&log, &groups);
+            if let (true, Some(log)) = (evaluate, &log) {
+                self.plot(log, &groups);
             }
         }
         let finished = state.step >= config.steps || state.stopped_early;
@@ -277,7 +308,9 @@ impl<B: AutodiffBackend> Trainer<B> {
         {
             last_eval = evaluate_on(&model.valid(), eval)?;
         }
-        self.plot(&log, &groups);
+        if let Some(log) = &log {
+            self.plot(log, &groups);
+        }
         progress.finish_and_clear();
         Ok(Outcome {
             model,
@@ -288,6 +321,24 @@ impl<B: AutodiffBackend> Trainer<B> {
             best: state.best,
             skipped_steps: state.skipped.0,
         })
+    }
+
+    /// Joins the data-parallel group the options name, if any.
+    fn averaging(&self) -> Result<Option<Box<dyn Averaging<B::InnerBackend>>>, TrainError> {
+        let Some(parallel) = self.options.parallel.as_ref().filter(|p| p.world > 1) else {
+            return Ok(None);
+        };
+        #[cfg(feature = "collective")]
+        {
+            let collective =
+                crate::parallel::Collective::<B::InnerBackend>::join(parallel, &self.device)?;
+            Ok(Some(Box::new(collective)))
+        }
+        #[cfg(not(feature = "collective"))]
+        Err(TrainError::Parallel(format!(
+            "{} participants need kiln-train's `collective` feature (kiln's `collective`): rebuild with `--features collective`",
+            parallel.world
+        )))
     }
 
     /// Updates the best metric and the early-stopping count; whether this evaluation is the
@@ -396,9 +447,12 @@ fn finite_or_null(v: f64) -> Option<f64> {
     v.is_finite().then_some(v)
 }
 
-/// Prints `message` above the progress bar (on stderr, drawn bar or not).
-fn say(progress: &ProgressBar, message: impl AsRef<str>) {
-    progress.suspend(|| eprintln!("{}", message.as_ref()));
+/// Prints `message` above the progress bar (on stderr, drawn bar or not) where this
+/// participant is the `main` one.
+fn say(progress: &ProgressBar, main: bool, message: impl AsRef<str>) {
+    if main {
+        progress.suspend(|| eprintln!("{}", message.as_ref()));
+    }
 }
 
 fn progress_bar(steps: u64, show: bool) -> ProgressBar {

@@ -6,7 +6,9 @@
 //! ends bit for bit where the uninterrupted run ends. Loss scaling: a dynamic scale changes
 //! nothing where nothing overflows, skips overflowing steps (halving the scale) without
 //! touching the parameters; a run whose loss stays non-finite stops with an error naming the
-//! last good checkpoint, which is intact.
+//! last good checkpoint, which is intact. Data-parallel (the `collective` feature): two
+//! processes on localhost, one micro-batch each per step, end where one process with two
+//! micro-batches per step ends.
 
 use std::path::Path;
 
@@ -457,4 +459,172 @@ fn a_loss_that_stays_non_finite_stops_the_run_and_keeps_the_last_good_checkpoint
             name,
         );
     }
+}
+
+/// The child half of `two_processes_end_where_one_process_ends`: one rank of the two-process
+/// run, started by that test with torchrun's variables (returns at once when run on its own).
+#[cfg(feature = "collective")]
+#[test]
+fn data_parallel_worker_process() {
+    let Some(out) = std::env::var_os("KILN_TEST_DATA_PARALLEL_OUT") else {
+        return;
+    };
+    let out = std::path::PathBuf::from(out);
+    let fixture = Fixture::load();
+    let device = Default::default();
+    let parallel = kiln_train::DataParallel::from_env().unwrap().unwrap();
+    let rank = parallel.rank;
+    let mut settings = config(&fixture);
+    settings.accumulate = 1;
+    let data = FixtureBatches::<B> {
+        x: fixture.f32s("x").0,
+        labels: fixture.i64s("labels"),
+        device,
+    };
+    let options = RunOptions {
+        progress: false,
+        parallel: Some(parallel),
+        ..RunOptions::new(&out)
+    };
+    let trained = Trainer::<B>::new(settings, options, device)
+        .fit(
+            model(&fixture, &device),
+            &data,
+            None::<&FixtureBatches<Flex>>,
+        )
+        .unwrap()
+        .model;
+    let params: Vec<Vec<f32>> = PARAMS.iter().map(|n| values(&trained, n)).collect();
+    let file = out.join(format!("params-{rank}.json"));
+    std::fs::write(file, serde_json::to_string(&params).unwrap()).unwrap();
+}
+
+#[cfg(feature = "collective")]
+#[test]
+fn two_processes_end_where_one_process_ends() {
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+
+    let fixture = Fixture::load();
+    let device = Default::default();
+    let single = tempfile::tempdir().unwrap();
+    let alone = run(&fixture, single.path(), None, model(&fixture, &device));
+
+    let shared = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let log = |rank: usize| shared.path().join(format!("rank-{rank}.log"));
+    let mut ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let output = std::fs::File::create(log(rank)).unwrap();
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "data_parallel_worker_process", "--nocapture"])
+                .stdout(output.try_clone().unwrap())
+                .stderr(output)
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("KILN_TEST_DATA_PARALLEL_OUT", shared.path())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let started = Instant::now();
+    for (rank, child) in ranks.iter_mut().enumerate() {
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let text = std::fs::read_to_string(log(rank)).unwrap_or_default();
+                assert!(status.success(), "rank {rank} failed: {status}\n{text}");
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(300) {
+                let _ = child.kill();
+                panic!("rank {rank} did not finish in 300 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    for rank in 0..2 {
+        let text = std::fs::read_to_string(shared.path().join(format!("params-{rank}.json")));
+        let params: Vec<Vec<f32>> = serde_json::from_str(&text.unwrap()).unwrap();
+        for (name, got) in PARAMS.iter().zip(&params) {
+            let want = values(&alone, name);
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-6 * scale,
+                    "rank {rank} {name}[{i}]: two processes {a}, one {b}"
+                );
+            }
+        }
+    }
+    // Rank 0 alone wrote the log: every step, losses as one process logged them.
+    compare_logs(&metrics(shared.path()), &metrics(single.path()));
+}
+
+/// Losses of the data-parallel run's log against one process's.
+#[cfg(feature = "collective")]
+fn compare_logs(two: &[serde_json::Value], one: &[serde_json::Value]) {
+    assert_eq!(two.len(), one.len());
+    for (a, b) in two.iter().zip(one) {
+        let (a, b) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "loss {a} vs {b}");
+    }
+}
+
+#[cfg(feature = "collective")]
+#[test]
+fn two_threads_end_where_one_process_ends() {
+    let fixture = Fixture::load();
+    let device = Default::default();
+    let single = tempfile::tempdir().unwrap();
+    let alone = run(&fixture, single.path(), None, model(&fixture, &device));
+    let shared = tempfile::tempdir().unwrap();
+    let threads: Vec<_> = (0..2)
+        .map(|rank| {
+            let out = shared.path().to_path_buf();
+            std::thread::spawn(move || {
+                let fixture = Fixture::load();
+                let mut settings = config(&fixture);
+                settings.accumulate = 1;
+                let data = FixtureBatches::<B> {
+                    x: fixture.f32s("x").0,
+                    labels: fixture.i64s("labels"),
+                    device,
+                };
+                let options = RunOptions {
+                    progress: false,
+                    parallel: Some(kiln_train::DataParallel::threads(rank, 2)),
+                    ..RunOptions::new(out)
+                };
+                let trained = Trainer::<B>::new(settings, options, device)
+                    .fit(
+                        model(&fixture, &device),
+                        &data,
+                        None::<&FixtureBatches<Flex>>,
+                    )
+                    .unwrap()
+                    .model;
+                PARAMS.map(|n| values(&trained, n))
+            })
+        })
+        .collect();
+    for (rank, thread) in threads.into_iter().enumerate() {
+        let params = thread.join().unwrap();
+        for (name, got) in PARAMS.iter().zip(&params) {
+            let want = values(&alone, name);
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (a, b) in got.iter().zip(&want) {
+                assert!(
+                    (a - b).abs() <= 1e-6 * scale,
+                    "thread {rank} {name}: {a} vs {b}"
+                );
+            }
+        }
+    }
+    compare_logs(&metrics(shared.path()), &metrics(single.path()));
 }
