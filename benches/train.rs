@@ -71,7 +71,9 @@ impl<B: Backend> Benchmark<B> for TrainingStep<B> {
             labels: Tensor::from_inner(labels.clone()),
         };
         let mut step = self.step.borrow_mut();
-        let (model, report) = optimization.step(model, *step, batch);
+        let (model, report) = optimization
+            .step(model, *step, batch)
+            .expect("a step without data-parallel peers");
         *step += 1;
         *self.state.borrow_mut() = Some((model, optimization));
         report.loss
