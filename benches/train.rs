@@ -34,10 +34,13 @@ const CLASSES: usize = 4;
 
 type Trained<B> = Classifier<Autodiff<B>>;
 
+/// The model in training and its optimizer.
+type Training<B> = (Trained<B>, Optimization<Autodiff<B>, Trained<B>>);
+
 /// One optimizer step of the classifier on a batch of `BATCH` images; the model and optimizer
 /// carry over from run to run, as in training.
 struct TrainingStep<B: Backend> {
-    state: RefCell<Option<(Trained<B>, Optimization<Autodiff<B>, Trained<B>>)>>,
+    state: RefCell<Option<Training<B>>>,
     step: RefCell<u64>,
 }
 

@@ -237,14 +237,11 @@ fn average<B: AutodiffBackend, M: AutodiffModule<B>>(
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             if let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) {
                 let shape = grad.shape();
-                let end = self.offset + shape.num_elements();
-                let part = self
-                    .averaged
-                    .clone()
-                    .slice([self.offset..end])
-                    .reshape(shape);
-                self.grads.register::<B::InnerBackend, D>(param.id, part);
-                self.offset = end;
+                let len = shape.num_elements();
+                let part = self.averaged.clone().narrow(0, self.offset, len);
+                self.grads
+                    .register::<B::InnerBackend, D>(param.id, part.reshape(shape));
+                self.offset += len;
             }
         }
     }
@@ -263,7 +260,7 @@ fn average<B: AutodiffBackend, M: AutodiffModule<B>>(
         offset: 0,
     };
     model.visit(&mut scatter);
-    Ok(averaged.slice([gradients..gradients + count]))
+    Ok(averaged.narrow(0, gradients, count))
 }
 
 /// The loss scaler `scaling` asks for: fresh, or a dynamic one resumed at `saved`
