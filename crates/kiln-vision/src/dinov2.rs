@@ -98,13 +98,17 @@ impl<B: Backend> Dinov2Embeddings<B> {
     /// The position embeddings for a `rows × cols` patch grid, `[1, 1 + rows·cols, hidden]`: the
     /// stored ones when the grid is the stored square one, else the stored square grid resized
     /// bicubically in f32 (the CLS position unchanged), as transformers' `interpolate_pos_encoding`.
-    /// A resized table is computed once per grid and kept.
+    /// A resized table is computed once per grid and kept, except in training (the table then
+    /// tracks gradients and changes every step, so it is resized every forward).
     pub fn positions(&self, rows: usize, cols: usize) -> Tensor<B, 3> {
         let table = self.position_embeddings.val();
         let [_, positions, _] = table.dims();
         let side = ((positions - 1) as f64).sqrt() as usize;
         if rows == side && cols == side {
             return table;
+        }
+        if table.is_require_grad() {
+            return resize_positions(table, side, rows, cols);
         }
         self.resized.get_or_insert((rows, cols, table.dtype()), || {
             resize_positions(table, side, rows, cols)
@@ -367,5 +371,50 @@ impl<B: Backend> Dinov2Model<B> {
     /// a patch grid).
     pub fn embeddings(&self) -> &Dinov2Embeddings<B> {
         &self.embeddings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+    use burn::module::Module;
+
+    /// In training the resized table follows the weights (a kept one would be stale after the
+    /// first optimizer step) and passes gradients to them.
+    #[test]
+    fn resized_positions_follow_trained_weights() {
+        type Ad = Autodiff<Flex>;
+        let device = Default::default();
+        let config = Dinov2Config {
+            hidden_size: 8,
+            num_hidden_layers: 1,
+            num_attention_heads: 2,
+            image_size: 16,
+            patch_size: 8,
+            ..Dinov2Config::default()
+        };
+        let model = config.init::<Ad>(&device);
+        let embeddings = model.embeddings();
+        let before = embeddings.positions(3, 3);
+        let grads = before.clone().sum().backward();
+        let grad = embeddings
+            .position_embeddings
+            .grad(&grads)
+            .expect("a gradient");
+        assert!(grad.abs().sum().into_scalar() > 0.0);
+        // The weights change, as an optimizer step changes them.
+        let changed = model.map(&mut AddOne);
+        let after = changed.embeddings().positions(3, 3);
+        let moved = (after - before).abs().min().into_scalar();
+        assert!(moved > 0.5, "the resized table did not follow the weights");
+    }
+
+    struct AddOne;
+
+    impl<B: Backend> burn::module::ModuleMapper<B> for AddOne {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            param.map(|t| t.add_scalar(1.0))
+        }
     }
 }
