@@ -25,8 +25,6 @@
 //! ```
 
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::thread::JoinHandle;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -36,6 +34,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::images::CachedImages;
+use crate::prefetch::Prefetch;
 use crate::residency::Residency;
 use crate::upload::{HostBatch, normalise_on_device, normalises_on_host};
 
@@ -175,30 +174,25 @@ impl<B: Backend> DeviceImages<B> {
         let order = Arc::new(order.indices(self.images.len()));
         let count = order.len().div_ceil(batch_size);
         let first = first.min(count);
-        let streams = match self.resident {
-            Some(_) => Vec::new(),
-            None => (0..self.workers.min(count - first))
-                .map(|worker| {
-                    Stream::start(
-                        self.images.clone(),
-                        Arc::clone(&order),
-                        batch_size,
-                        first + worker,
-                        self.workers,
-                        self.prefetch,
-                        normalises_on_host::<B>(&self.device),
-                    )
-                })
-                .collect(),
-        };
+        let streamed = self.resident.is_none().then(|| {
+            let images = self.images.clone();
+            let on_host = normalises_on_host::<B>(&self.device);
+            Prefetch::start(
+                Arc::clone(&order),
+                batch_size,
+                first,
+                self.workers,
+                self.prefetch,
+                move |chunk: &[usize]| images.host_batch(chunk, on_host),
+            )
+        });
         Batches {
             feed: self,
             order,
             batch_size,
-            first,
             next: first,
             count,
-            streams,
+            streamed,
         }
     }
 
@@ -235,10 +229,9 @@ pub struct Batches<'a, B: Backend> {
     feed: &'a DeviceImages<B>,
     order: Arc<Vec<usize>>,
     batch_size: usize,
-    first: usize,
     next: usize,
     count: usize,
-    streams: Vec<Stream>,
+    streamed: Option<Prefetch<HostBatch>>,
 }
 
 impl<B: Backend> Iterator for Batches<'_, B> {
@@ -252,17 +245,14 @@ impl<B: Backend> Iterator for Batches<'_, B> {
         self.next += 1;
         let start = batch * self.batch_size;
         let indices = self.order[start..(start + self.batch_size).min(self.order.len())].to_vec();
-        let pixels = match &self.feed.resident {
-            Some(resident) => self.feed.resident_batch(resident, &indices),
-            None => {
-                let streams = self.streams.len();
-                let stream = &mut self.streams[(batch - self.first) % streams];
-                stream.receive().upload(
-                    self.feed.images.preprocess().affine(),
-                    &self.feed.device,
-                    self.feed.precision,
-                )
-            }
+        let pixels = match (&self.feed.resident, &mut self.streamed) {
+            (Some(resident), _) => self.feed.resident_batch(resident, &indices),
+            (None, Some(streamed)) => streamed.next().expect("a batch per chunk").upload(
+                self.feed.images.preprocess().affine(),
+                &self.feed.device,
+                self.feed.precision,
+            ),
+            (None, None) => unreachable!("a streamed feed prefetches"),
         };
         Some(Batch { indices, pixels })
     }
@@ -274,61 +264,3 @@ impl<B: Backend> Iterator for Batches<'_, B> {
 }
 
 impl<B: Backend> ExactSizeIterator for Batches<'_, B> {}
-
-/// A background thread preparing batches `start`, `start + workers`, … of a pass on the host,
-/// at most `prefetch` ahead of the consumer.
-struct Stream {
-    receiver: Option<Receiver<HostBatch>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Stream {
-    fn start(
-        images: CachedImages,
-        order: Arc<Vec<usize>>,
-        batch_size: usize,
-        start: usize,
-        workers: usize,
-        prefetch: usize,
-        on_host: bool,
-    ) -> Self {
-        let (sender, receiver): (SyncSender<HostBatch>, _) = sync_channel(prefetch);
-        let thread = std::thread::Builder::new()
-            .name(format!("kiln-feed-{}", start % workers))
-            .spawn(move || {
-                for chunk in order.chunks(batch_size).skip(start).step_by(workers) {
-                    // The consumer hung up (its pass was dropped): stop.
-                    if sender.send(images.host_batch(chunk, on_host)).is_err() {
-                        return;
-                    }
-                }
-            })
-            .expect("the OS starts a thread");
-        Stream {
-            receiver: Some(receiver),
-            thread: Some(thread),
-        }
-    }
-
-    /// The next batch of this stream; a panic in its thread is resumed here.
-    fn receive(&mut self) -> HostBatch {
-        let receiver = self.receiver.as_ref().expect("receiving until dropped");
-        match receiver.recv() {
-            Ok(batch) => batch,
-            Err(_) => match self.thread.take().map(JoinHandle::join) {
-                Some(Err(panic)) => std::panic::resume_unwind(panic),
-                _ => unreachable!("a stream ended before its last batch without panicking"),
-            },
-        }
-    }
-}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        // Dropping the receiver first unblocks a thread waiting to send.
-        self.receiver.take();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}

@@ -30,6 +30,7 @@ mod feed;
 mod images;
 #[cfg(feature = "video")]
 mod mp4;
+mod prefetch;
 mod preprocess;
 mod residency;
 mod sources;
@@ -43,6 +44,7 @@ use std::path::{Path, PathBuf};
 pub use decode::{IMAGE_EXTENSIONS, decode, to_rgb8};
 pub use feed::{Batch, Batches, DeviceImages, Order};
 pub use images::{CachedImages, DEFAULT_SHARD_BYTES, ImageCache, Outcome};
+pub use prefetch::Prefetch;
 pub use preprocess::{
     CLIP_MEAN, CLIP_STD, Crop, IMAGENET_MEAN, IMAGENET_STD, Normalize, Preprocess, Resample, Resize,
 };

@@ -8,7 +8,8 @@
 //!
 //! A model plugs in through [`TrainStep`] (a micro-batch in, a loss out) and, for evaluation,
 //! [`EvalStep`] on its inner module; data through a [`Loader`] ([`LabelledImages`] serves
-//! kiln-cache's decode-once image feeds).
+//! kiln-cache's decode-once image feeds, [`HostData`] anything else, prepared ahead on
+//! background threads).
 //!
 //! ```no_run
 //! use burn::backend::{Autodiff, Flex};
@@ -50,7 +51,7 @@ use std::path::{Path, PathBuf};
 
 pub use checkpoint::{CheckpointState, Checkpoints, compatible};
 pub use config::{BestMetric, LossScaling, TrainConfig};
-pub use data::{ImageBatch, LabelledImages, Loader};
+pub use data::{HostData, ImageBatch, LabelledImages, Loader};
 pub use grads::{clip_factor, large_norm, scale, squared_norm};
 pub use metrics::{MetricsLog, StepPoint};
 pub use optim::{
