@@ -31,7 +31,9 @@ use clap::Parser;
 use kiln::burn;
 use kiln::cache::{CachedImages, ImageCache, ImageSource, Preprocess, Residency};
 use kiln::precision::{DeviceJob, DeviceSpec, Policy, PolicySpec};
-use kiln::train::{BestMetric, DataParallel, LabelledImages, RunOptions, TrainConfig, Trainer};
+use kiln::train::{
+    BestMetric, DataParallel, LabelledImages, RunOptions, TrainConfig, TrainError, Trainer,
+};
 use model::{Classifier, backbone_config, recipe};
 use serde_json::json;
 
@@ -166,7 +168,10 @@ impl DeviceJob for Args {
         };
         let outcome = Trainer::<Autodiff<B>>::new(config, options, device.clone())
             .fit(model, &train, Some(&eval))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| match e {
+                TrainError::OutOfMemory { .. } => format!("{e} (this run: --batch {})", self.batch),
+                e => e.to_string(),
+            })?;
         if !main {
             return Ok(());
         }

@@ -74,13 +74,12 @@ impl<B: Backend> Classifier<B> {
     }
 }
 
-impl<B: AutodiffBackend> TrainStep<B> for Classifier<B> {
-    type Batch = ImageBatch<B>;
-
-    fn train_step(&self, batch: ImageBatch<B>, _: &StepContext) -> StepOutput<B> {
+impl<B: Backend> Classifier<B> {
+    /// Mean cross-entropy and the fraction classified right, `[1]` each, and the batch size.
+    fn scores(&self, batch: ImageBatch<B>) -> (Tensor<B, 1>, Tensor<B, 1>, usize) {
         let items = batch.labels.dims()[0];
         let logits = self.logits(batch.pixels);
-        let correct = logits
+        let accuracy = logits
             .clone()
             .argmax(1)
             .flatten::<1>(0, 1)
@@ -90,7 +89,16 @@ impl<B: AutodiffBackend> TrainStep<B> for Classifier<B> {
         let loss = CrossEntropyLossConfig::new()
             .init(&logits.device())
             .forward(logits, batch.labels);
-        StepOutput::new(loss, items).with_part("accuracy", correct)
+        (loss, accuracy, items)
+    }
+}
+
+impl<B: AutodiffBackend> TrainStep<B> for Classifier<B> {
+    type Batch = ImageBatch<B>;
+
+    fn train_step(&self, batch: ImageBatch<B>, _: &StepContext) -> StepOutput<B> {
+        let (loss, accuracy, items) = self.scores(batch);
+        StepOutput::new(loss, items).with_part("accuracy", accuracy)
     }
 }
 
@@ -98,21 +106,13 @@ impl<B: Backend> EvalStep<B> for Classifier<B> {
     type Batch = ImageBatch<B>;
 
     fn eval_step(&self, batch: ImageBatch<B>) -> EvalOutput<B> {
-        let items = batch.labels.dims()[0];
-        let logits = self.logits(batch.pixels);
-        let correct = logits
-            .clone()
-            .argmax(1)
-            .flatten::<1>(0, 1)
-            .equal(batch.labels.clone())
-            .float()
-            .sum();
-        let loss = CrossEntropyLossConfig::new()
-            .init(&logits.device())
-            .forward(logits, batch.labels)
-            .mul_scalar(items as f32);
+        let (loss, accuracy, items) = self.scores(batch);
+        let sum = |mean: Tensor<B, 1>| mean.mul_scalar(items as f32);
         EvalOutput {
-            sums: vec![("loss".into(), loss), ("accuracy".into(), correct)],
+            sums: vec![
+                ("loss".into(), sum(loss)),
+                ("accuracy".into(), sum(accuracy)),
+            ],
             items,
         }
     }

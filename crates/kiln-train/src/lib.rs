@@ -112,6 +112,16 @@ pub enum TrainError {
     /// The data cannot be trained on.
     #[error("{0}")]
     Data(String),
+    /// The device ran out of memory in a forward or backward pass.
+    #[error(
+        "the device ran out of memory in step {step} ({detail}): lower the batch size (images or items per micro-batch) and raise the accumulation to keep the batch per optimizer step"
+    )]
+    OutOfMemory {
+        /// The step.
+        step: u64,
+        /// The runtime's message.
+        detail: String,
+    },
     /// Data-parallel training could not start or go on.
     #[error("data-parallel training: {0}")]
     Parallel(String),

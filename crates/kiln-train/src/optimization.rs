@@ -132,7 +132,7 @@ impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
                 micro_batch: round * world + rank,
             };
             B::seed(&self.device, context.derived_seed());
-            let output = model.train_step(batch, &context);
+            let output = out_of_memory_as_error(step, || model.train_step(batch, &context))?;
             items += output.items;
             let values = std::iter::once(output.loss.clone())
                 .chain(output.parts.iter().map(|(_, v)| v.clone()))
@@ -144,7 +144,8 @@ impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
                 sums = sums.into_iter().zip(values).map(|(s, v)| s + v).collect();
             }
             let loss = self.loss_scale.scale_loss(output.loss.div_scalar(k as f32));
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let grads = out_of_memory_as_error(step, || loss.backward())?;
+            let grads = GradientsParams::from_grads(grads, &model);
             accumulator.accumulate(&model, grads);
         }
         let mut grads = accumulator.grads();
@@ -204,6 +205,34 @@ impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
         };
         Ok((model, report))
     }
+}
+
+/// `work()`, with a panic that says the device ran out of memory (burn's GPU runtimes panic
+/// there) turned into [`TrainError::OutOfMemory`]; any other panic goes on.
+fn out_of_memory_as_error<T>(step: u64, work: impl FnOnce() -> T) -> Result<T, TrainError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        let lower = message.to_ascii_lowercase();
+        let memory = [
+            "out of memory",
+            "outofmemory",
+            "out_of_memory",
+            "failed to allocate",
+        ]
+        .iter()
+        .any(|m| lower.contains(m));
+        if !memory {
+            std::panic::resume_unwind(panic);
+        }
+        TrainError::OutOfMemory {
+            step: step + 1,
+            detail: message.lines().next().unwrap_or_default().to_string(),
+        }
+    })
 }
 
 /// Averages every gradient of `model` and `values` over the participants in one all-reduce:

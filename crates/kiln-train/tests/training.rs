@@ -43,6 +43,9 @@ struct Mlp<B: Backend> {
     /// From this step on the loss is NaN.
     #[module(skip)]
     nan_from_step: Option<u64>,
+    /// The forward pass panics with this message in step 3.
+    #[module(skip)]
+    panic_in_step_3: Option<&'static str>,
 }
 
 impl<B: Backend> Mlp<B> {
@@ -56,6 +59,9 @@ impl<B: AutodiffBackend> TrainStep<B> for Mlp<B> {
     type Batch = (Tensor<B, 2>, Tensor<B, 1, Int>);
 
     fn train_step(&self, (x, labels): Self::Batch, context: &StepContext) -> StepOutput<B> {
+        if let (Some(message), 2) = (self.panic_in_step_3, context.step) {
+            panic!("{message}");
+        }
         let logits = self.forward(x);
         let loss = CrossEntropyLossConfig::new()
             .init(&logits.device())
@@ -207,6 +213,7 @@ fn model(fixture: &Fixture, device: &burn::backend::flex::FlexDevice) -> Mlp<B> 
         fc2: linear("fc2", 8, 3),
         loss_factor: 1.0,
         nan_from_step: None,
+        panic_in_step_3: None,
     }
 }
 
@@ -461,19 +468,34 @@ fn a_loss_that_stays_non_finite_stops_the_run_and_keeps_the_last_good_checkpoint
     }
 }
 
-/// The child half of `two_processes_end_where_one_process_ends`: one rank of the two-process
-/// run, started by that test with torchrun's variables (returns at once when run on its own).
-#[cfg(feature = "collective")]
 #[test]
-fn data_parallel_worker_process() {
-    let Some(out) = std::env::var_os("KILN_TEST_DATA_PARALLEL_OUT") else {
-        return;
-    };
-    let out = std::path::PathBuf::from(out);
+fn running_out_of_device_memory_is_an_error_naming_the_batch_and_other_panics_stay_panics() {
     let fixture = Fixture::load();
     let device = Default::default();
-    let parallel = kiln_train::DataParallel::from_env().unwrap().unwrap();
-    let rank = parallel.rank;
+    let out = tempfile::tempdir().unwrap();
+    let mut m = model(&fixture, &device);
+    m.panic_in_step_3 = Some("Out of memory: could not allocate 2.0 GiB on cuda:0");
+    let error = run_with(config(&fixture), &fixture, out.path(), None, m).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains("out of memory in step 3") && message.contains("lower the batch size"),
+        "{message}"
+    );
+    let mut m = model(&fixture, &device);
+    m.panic_in_step_3 = Some("index 9 out of bounds");
+    let out = tempfile::tempdir().unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_with(config(&fixture), &fixture, out.path(), None, m)
+    }));
+    assert!(panicked.is_err(), "a bug is not turned into an error");
+}
+
+/// One participant of a two-participant run over the fixture, one micro-batch each per step
+/// (so the global step is the single run's two micro-batches): its parameters at the end.
+#[cfg(feature = "collective")]
+fn participant(out: &Path, parallel: kiln_train::DataParallel) -> Vec<Vec<f32>> {
+    let fixture = Fixture::load();
+    let device = Default::default();
     let mut settings = config(&fixture);
     settings.accumulate = 1;
     let data = FixtureBatches::<B> {
@@ -484,7 +506,7 @@ fn data_parallel_worker_process() {
     let options = RunOptions {
         progress: false,
         parallel: Some(parallel),
-        ..RunOptions::new(&out)
+        ..RunOptions::new(out)
     };
     let trained = Trainer::<B>::new(settings, options, device)
         .fit(
@@ -494,8 +516,54 @@ fn data_parallel_worker_process() {
         )
         .unwrap()
         .model;
-    let params: Vec<Vec<f32>> = PARAMS.iter().map(|n| values(&trained, n)).collect();
-    let file = out.join(format!("params-{rank}.json"));
+    PARAMS.iter().map(|n| values(&trained, n)).collect()
+}
+
+/// The single-process run of the fixture (two micro-batches per step) into `out`.
+#[cfg(feature = "collective")]
+fn alone(out: &Path) -> Mlp<B> {
+    let fixture = Fixture::load();
+    run(&fixture, out, None, model(&fixture, &Default::default()))
+}
+
+/// A participant's parameters and rank 0's log against the single run's, within 1e-6.
+#[cfg(feature = "collective")]
+fn same_as_alone(who: &str, params: &[Vec<f32>], alone: &Mlp<B>) {
+    for (name, got) in PARAMS.iter().zip(params) {
+        let want = values(alone, name);
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-6 * scale,
+                "{who} {name}[{i}]: {a}, alone {b}"
+            );
+        }
+    }
+}
+
+/// Rank 0 alone wrote the log: every step, with the losses one process logged.
+#[cfg(feature = "collective")]
+fn same_log(shared: &Path, single: &Path) {
+    let (two, one) = (metrics(shared), metrics(single));
+    assert_eq!(two.len(), one.len());
+    for (a, b) in two.iter().zip(&one) {
+        let (a, b) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "loss {a} vs {b}");
+    }
+}
+
+/// The child half of `two_processes_end_where_one_process_ends`: one rank of the two-process
+/// run, started by that test with torchrun's variables (returns at once when run on its own).
+#[cfg(feature = "collective")]
+#[test]
+fn data_parallel_worker_process() {
+    let Some(out) = std::env::var_os("KILN_TEST_DATA_PARALLEL_OUT") else {
+        return;
+    };
+    let out = std::path::PathBuf::from(out);
+    let parallel = kiln_train::DataParallel::from_env().unwrap().unwrap();
+    let file = out.join(format!("params-{}.json", parallel.rank));
+    let params = participant(&out, parallel);
     std::fs::write(file, serde_json::to_string(&params).unwrap()).unwrap();
 }
 
@@ -505,11 +573,8 @@ fn two_processes_end_where_one_process_ends() {
     use std::process::Command;
     use std::time::{Duration, Instant};
 
-    let fixture = Fixture::load();
-    let device = Default::default();
     let single = tempfile::tempdir().unwrap();
-    let alone = run(&fixture, single.path(), None, model(&fixture, &device));
-
+    let alone = alone(single.path());
     let shared = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -551,80 +616,26 @@ fn two_processes_end_where_one_process_ends() {
     for rank in 0..2 {
         let text = std::fs::read_to_string(shared.path().join(format!("params-{rank}.json")));
         let params: Vec<Vec<f32>> = serde_json::from_str(&text.unwrap()).unwrap();
-        for (name, got) in PARAMS.iter().zip(&params) {
-            let want = values(&alone, name);
-            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-6 * scale,
-                    "rank {rank} {name}[{i}]: two processes {a}, one {b}"
-                );
-            }
-        }
+        same_as_alone(&format!("rank {rank}"), &params, &alone);
     }
-    // Rank 0 alone wrote the log: every step, losses as one process logged them.
-    compare_logs(&metrics(shared.path()), &metrics(single.path()));
-}
-
-/// Losses of the data-parallel run's log against one process's.
-#[cfg(feature = "collective")]
-fn compare_logs(two: &[serde_json::Value], one: &[serde_json::Value]) {
-    assert_eq!(two.len(), one.len());
-    for (a, b) in two.iter().zip(one) {
-        let (a, b) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
-        assert!((a - b).abs() <= 1e-6 * b.abs(), "loss {a} vs {b}");
-    }
+    same_log(shared.path(), single.path());
 }
 
 #[cfg(feature = "collective")]
 #[test]
 fn two_threads_end_where_one_process_ends() {
-    let fixture = Fixture::load();
-    let device = Default::default();
     let single = tempfile::tempdir().unwrap();
-    let alone = run(&fixture, single.path(), None, model(&fixture, &device));
+    let alone = alone(single.path());
     let shared = tempfile::tempdir().unwrap();
     let threads: Vec<_> = (0..2)
         .map(|rank| {
             let out = shared.path().to_path_buf();
-            std::thread::spawn(move || {
-                let fixture = Fixture::load();
-                let mut settings = config(&fixture);
-                settings.accumulate = 1;
-                let data = FixtureBatches::<B> {
-                    x: fixture.f32s("x").0,
-                    labels: fixture.i64s("labels"),
-                    device,
-                };
-                let options = RunOptions {
-                    progress: false,
-                    parallel: Some(kiln_train::DataParallel::threads(rank, 2)),
-                    ..RunOptions::new(out)
-                };
-                let trained = Trainer::<B>::new(settings, options, device)
-                    .fit(
-                        model(&fixture, &device),
-                        &data,
-                        None::<&FixtureBatches<Flex>>,
-                    )
-                    .unwrap()
-                    .model;
-                PARAMS.map(|n| values(&trained, n))
-            })
+            let parallel = kiln_train::DataParallel::threads(rank, 2);
+            std::thread::spawn(move || participant(&out, parallel))
         })
         .collect();
     for (rank, thread) in threads.into_iter().enumerate() {
-        let params = thread.join().unwrap();
-        for (name, got) in PARAMS.iter().zip(&params) {
-            let want = values(&alone, name);
-            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-            for (a, b) in got.iter().zip(&want) {
-                assert!(
-                    (a - b).abs() <= 1e-6 * scale,
-                    "thread {rank} {name}: {a} vs {b}"
-                );
-            }
-        }
+        same_as_alone(&format!("thread {rank}"), &thread.join().unwrap(), &alone);
     }
-    compare_logs(&metrics(shared.path()), &metrics(single.path()));
+    same_log(shared.path(), single.path());
 }
