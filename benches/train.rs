@@ -83,6 +83,39 @@ impl<B: Backend> Benchmark<B> for TrainingStep<B> {
     }
 }
 
+/// The same model's forward and backward passes alone (what the step costs before clipping and
+/// the update).
+struct ForwardBackward<B: Backend> {
+    model: Trained<B>,
+}
+
+impl<B: Backend> Benchmark<B> for ForwardBackward<B> {
+    type Input = Tensor<B, 4>;
+    type Output = usize;
+
+    fn name(&self) -> String {
+        format!("classifier_forward_backward/{IMAGE_SIZE}px,b={BATCH}")
+    }
+
+    fn work(&self) -> Work {
+        let forward = VisionConfig::Dinov2(backbone_config()).forward_flops(IMAGE_SIZE, IMAGE_SIZE);
+        Work::items(BATCH as u64).with_flops(3.0 * forward * BATCH as f64)
+    }
+
+    fn prepare(&self, device: &B::Device, _variant: usize) -> Self::Input {
+        let shape = [BATCH, 3, IMAGE_SIZE, IMAGE_SIZE];
+        Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
+    }
+
+    fn run(&self, pixels: &Self::Input) -> usize {
+        let logits = self.model.logits(Tensor::from_inner(pixels.clone()));
+        let grads = logits.sum().backward();
+        // Reading one gradient waits for the backward pass.
+        let grad = self.model.head.weight.grad(&grads).expect("a gradient");
+        grad.into_data().num_elements()
+    }
+}
+
 struct Train;
 
 impl Suite for Train {
@@ -91,6 +124,9 @@ impl Suite for Train {
         let model = Classifier::<Autodiff<B>>::new(CLASSES, &policy, device);
         let config = recipe(200, 2e-3, 1, &policy);
         let optimization = Optimization::fresh(&config, &model, device);
+        runner.bench(&ForwardBackward::<B> {
+            model: model.clone(),
+        })?;
         runner.bench(&TrainingStep::<B> {
             state: RefCell::new(Some((model, optimization))),
             step: RefCell::new(0),

@@ -53,8 +53,10 @@ pub fn recipe(steps: u64, lr: f64, accumulate: usize, policy: &Policy) -> TrainC
 /// A DINOv2 backbone and a linear head on its CLS output.
 #[derive(Module, Debug)]
 pub struct Classifier<B: Backend> {
-    backbone: Dinov2Model<B>,
-    head: Linear<B>,
+    /// The vision transformer.
+    pub backbone: Dinov2Model<B>,
+    /// The classification head on its CLS output.
+    pub head: Linear<B>,
 }
 
 impl<B: Backend> Classifier<B> {
@@ -68,7 +70,7 @@ impl<B: Backend> Classifier<B> {
     }
 
     /// Logits `[n, classes]` in f32.
-    fn logits(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
+    pub fn logits(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
         let features = self.backbone.forward(pixels).cast(DType::F32);
         self.head.forward(features)
     }
