@@ -97,6 +97,9 @@ impl<B: Backend> Loader for LabelledImages<B> {
     }
 }
 
+/// Builds a host batch from item indices.
+type MakeBatch<H> = dyn Fn(&[usize]) -> H + Send + Sync;
+
 /// Items of any kind: `make` builds a host batch from item indices on background threads
 /// (reading, parsing, tokenising once per batch, ahead of the device), `upload` puts it on the
 /// device in the training thread.
@@ -123,7 +126,7 @@ impl<B: Backend> Loader for LabelledImages<B> {
 pub struct HostData<H, U> {
     len: usize,
     batch_size: usize,
-    make: Arc<dyn Fn(&[usize]) -> H + Send + Sync>,
+    make: Arc<MakeBatch<H>>,
     upload: U,
     workers: usize,
     prefetch: usize,
