@@ -10,13 +10,16 @@
 //! - [`HostValues`]: a host tensor's f32 values, read in place from Flex's storage.
 //! - [`LossScale`]: no-op, static and dynamic loss scaling for half-precision training.
 
+mod activation;
 mod device;
 mod dtype;
 mod host;
 mod loss_scale;
+pub mod math;
 mod ops;
 mod policy;
 
+pub use activation::gelu;
 pub use device::{
     BackendKind, DEVICE_NAMES, DeviceError, DeviceJob, DeviceReport, DeviceSpec, GraphicsApi,
     Hardware, is_host_backend,

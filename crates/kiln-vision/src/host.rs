@@ -262,67 +262,7 @@ pub fn attention(
     out
 }
 
-/// eˣ: `x = n·ln 2 + r` with `|r| ≤ ln 2 / 2`, a degree-6 Taylor polynomial for eʳ, and 2ⁿ
-/// written into the exponent bits. Inputs are clamped to where 2ⁿ stays a normal f32.
-///
-/// Every step vectorises: the clamp is two selects (`f32::clamp`'s NaN rule made the compiler
-/// compare lane by lane) and `n` is read from the bits of the rounded sum rather than converted
-/// (a saturating float-to-int cast does not vectorise either).
-#[inline(always)]
-pub fn exp(x: f32) -> f32 {
-    const LOG2_E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 split so that n · LN2_HI is exact for the n that occur.
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    // Adding 1.5 · 2²³ rounds to the nearest integer without a rounding instruction (baseline
-    // x86-64 has none that vectorises) and leaves that integer in the low mantissa bits.
-    const ROUND: f32 = 12_582_912.0;
-    let x = if x < -87.0 { -87.0 } else { x };
-    let x = if x > 88.0 { 88.0 } else { x };
-    let shifted = x * LOG2_E + ROUND;
-    let n = shifted - ROUND;
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    // n + 127 in the exponent field: |n| ≤ 127, so the wrapping difference is n's two's complement.
-    let biased = shifted
-        .to_bits()
-        .wrapping_sub(ROUND.to_bits())
-        .wrapping_add(127);
-    p * f32::from_bits(biased << 23)
-}
-
-/// `x · σ(1.702 x)` (CLIP's quick GELU).
-#[inline(always)]
-pub fn quick_gelu(x: f32) -> f32 {
-    x / (1.0 + exp(-1.702 * x))
-}
-
-/// `½x(1 + tanh(√(2/π)(x + 0.044715 x³)))`, written as `x · σ(2·√(2/π)(x + 0.044715 x³))`.
-#[inline(always)]
-pub fn gelu_tanh(x: f32) -> f32 {
-    const TWO_SQRT_2_OVER_PI: f32 = 1.595_769;
-    x / (1.0 + exp(-TWO_SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)))
-}
-
-/// `½x(1 + erf(x/√2))`, the exact GELU.
-#[inline(always)]
-pub fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
-}
-
-/// erf through Abramowitz & Stegun 7.1.26 on |x|, sign restored.
-#[inline(always)]
-fn erf(x: f32) -> f32 {
-    let a = x.abs();
-    let t = 1.0 / (1.0 + 0.327_591_1 * a);
-    let poly = t
-        * (0.254_829_6
-            + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
-    (1.0 - poly * exp(-a * a)).copysign(x)
-}
+pub use kiln_precision::math::{erf, exp, gelu, gelu_tanh, quick_gelu};
 
 #[cfg(test)]
 mod tests {
@@ -466,10 +406,16 @@ mod tests {
             false,
         );
         let exact = worst(gelu, |x| 0.5 * x * (1.0 + erf64(x / 2f64.sqrt())), false);
+        let pdf = |x: f64| (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+        let slope = worst(
+            kiln_precision::math::gelu_derivative,
+            |x| 0.5 * (1.0 + erf64(x / 2f64.sqrt())) + x * pdf(x),
+            false,
+        );
         // f32 itself rounds to 6e-8 relative.
         assert!(
-            quick < 1e-6 && tanh < 1e-6 && exact < 1e-6,
-            "{quick} {tanh} {exact}"
+            quick < 1e-6 && tanh < 1e-6 && exact < 1e-6 && slope < 1e-6,
+            "{quick} {tanh} {exact} {slope}"
         );
     }
 }

@@ -234,7 +234,7 @@ fn activate<B: Backend, const D: usize>(x: Tensor<B, D>, activation: Activation)
         // x · σ(1.702 x)
         Activation::QuickGelu => x.clone() * sigmoid(x * 1.702),
         Activation::GeluTanh => gelu_approximate(x),
-        Activation::Gelu => gelu(x),
+        Activation::Gelu => kiln_precision::gelu(x),
     }
 }
 
