@@ -262,7 +262,7 @@ pub fn attention(
     out
 }
 
-pub use kiln_precision::math::{erf, exp, gelu, gelu_tanh, quick_gelu};
+pub use kiln_precision::math::{exp, gelu, gelu_tanh, quick_gelu};
 
 #[cfg(test)]
 mod tests {

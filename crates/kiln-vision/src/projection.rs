@@ -6,7 +6,7 @@
 //! operations.
 
 use burn::nn::Linear;
-use burn::tensor::activation::{gelu, gelu_approximate, sigmoid};
+use burn::tensor::activation::{gelu_approximate, sigmoid};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
