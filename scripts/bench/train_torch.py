@@ -18,8 +18,9 @@ OUT/images/train) once and normalises them with ImageNet's mean and standard dev
 it the images are random normal values with random labels (`--train-images` of them). Each epoch
 is a seeded permutation cut into batches, the last one short when the batch does not divide the
 set (as kiln's loader). `--warmup` steps run untimed, then `--rounds` rounds of
-`--steps-per-round` steps each are timed; prints steps/s per round, their median, and a final
-JSON line (also written to `--json PATH`).
+`--steps-per-round` steps each are timed (each step's `.item()` reads wait for the device, so
+the clock covers the work on a GPU too); prints steps/s per round, their median, and a final JSON
+line (also written to `--json PATH`). `--device cuda` runs on a GPU.
 
     /work/venvs/hf/bin/python scripts/bench/train_torch.py --threads 2 [--batch 32]
         [--images runs/stripes/images/train] [--attention eager|sdpa] [--json out.json]
@@ -139,6 +140,11 @@ def main():
         "--train-images", type=int, default=2000, help="random images without --images"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu or cuda[:N] (the data set moves to the device once, as kiln keeps it resident)",
+    )
     parser.add_argument("--json", help="also write the final JSON line to this file")
     args = parser.parse_args()
     if min(args.batch, args.steps, args.rounds, args.steps_per_round) < 1 or args.warmup < 0:
@@ -157,7 +163,9 @@ def main():
         labels = torch.randint(0, CLASSES, (args.train_images,), generator=data_generator)
         data = f"{args.train_images} random normal images with random labels"
 
-    model = Classifier(args.attention).train()
+    device = torch.device(args.device)
+    images, labels = images.to(device), labels.to(device)
+    model = Classifier(args.attention).to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
     decayed = [p for p in params if p.ndim >= 2]
     plain = [p for p in params if p.ndim <= 1]
@@ -171,9 +179,12 @@ def main():
         eps=1e-8,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(args.steps))
-    order = batches(len(labels), args.batch, torch.Generator().manual_seed(args.seed))
+    order = (
+        index.to(device)
+        for index in batches(len(labels), args.batch, torch.Generator().manual_seed(args.seed))
+    )
     print(
-        f"torch {torch.__version__}, {args.threads} threads, batch {args.batch}, "
+        f"torch {torch.__version__} on {device}, {args.threads} threads, batch {args.batch}, "
         f"{args.attention} attention, {sum(p.numel() for p in params)} parameters "
         f"({len(decayed)} decayed, {len(plain)} not); data: {data}",
         flush=True,
@@ -218,6 +229,7 @@ def main():
     result = {
         "framework": "pytorch",
         "torch": torch.__version__,
+        "device": str(device),
         "threads": args.threads,
         "batch": args.batch,
         "steps_per_s_median": round(median, 3),
