@@ -1,7 +1,9 @@
 //! Training throughput of the `train_classifier` example's model (tiny DINOv2 + linear head,
 //! 32 × 32 images, batch 32) under kiln-bench: one timed run is one optimizer step of
 //! kiln-train (forward, backward, global-norm clipping, AdamW with two decay groups, the loss
-//! and norm read back), as the example's loop runs it. PyTorch's figure for the same model,
+//! and norm read back), as the example's loop runs it; `classifier_forward_backward` is that
+//! step without clipping and the update, and `piece/*` the parts of a layer, forward and backward
+//! (burn's GELU beside kiln's). PyTorch's figure for the same model,
 //! data and optimizer comes from `scripts/bench/train_torch.py`; both are in
 //! docs/PERFORMANCE.md.
 //!
@@ -19,8 +21,10 @@ use std::process::ExitCode;
 
 use kiln::bench::{BenchError, Benchmark, Runner, Suite, Work, cli};
 use kiln::burn::backend::Autodiff;
+use kiln::burn::nn::{LayerNormConfig, LinearConfig};
 use kiln::burn::tensor::backend::Backend;
-use kiln::burn::tensor::{Distribution, Int, Tensor};
+use kiln::burn::tensor::module::attention;
+use kiln::burn::tensor::{Distribution, Int, Tensor, activation};
 use kiln::train::Optimization;
 use kiln::vision::VisionConfig;
 use model::{Classifier, IMAGE_SIZE, backbone_config, recipe};
@@ -116,6 +120,94 @@ impl<B: Backend> Benchmark<B> for ForwardBackward<B> {
     }
 }
 
+/// One piece of a layer at the example's size, forward and backward under autodiff: `[rows,
+/// width]` activations in, their gradient out (where the step's time goes).
+struct Piece<B: Backend> {
+    name: &'static str,
+    shape: [usize; 2],
+    forward: Box<PieceForward<B>>,
+}
+
+/// A piece's forward pass.
+type PieceForward<B> = dyn Fn(Tensor<Autodiff<B>, 2>) -> Tensor<Autodiff<B>, 2>;
+
+impl<B: Backend> Benchmark<B> for Piece<B> {
+    type Input = Tensor<B, 2>;
+    type Output = usize;
+
+    fn name(&self) -> String {
+        let [rows, width] = self.shape;
+        format!("piece/{}/[{rows},{width}]", self.name)
+    }
+
+    fn work(&self) -> Work {
+        Work::items(self.shape[0] as u64)
+    }
+
+    fn prepare(&self, device: &B::Device, _variant: usize) -> Self::Input {
+        Tensor::random(self.shape, Distribution::Normal(0.0, 1.0), device)
+    }
+
+    fn run(&self, x: &Self::Input) -> usize {
+        let x = Tensor::<Autodiff<B>, 2>::from_inner(x.clone()).require_grad();
+        let grads = (self.forward)(x.clone()).sum().backward();
+        x.grad(&grads)
+            .expect("a gradient")
+            .into_data()
+            .num_elements()
+    }
+}
+
+/// The pieces of the example's layers: GELU (burn's and kiln's), LayerNorm, attention, the MLP.
+fn pieces<B: Backend>(device: &B::Device) -> Vec<Piece<B>> {
+    let config = backbone_config();
+    let (width, hidden, heads) = (
+        config.hidden_size,
+        config.intermediate_size(),
+        config.num_attention_heads,
+    );
+    let tokens = (IMAGE_SIZE / config.patch_size).pow(2) + 1;
+    let rows = BATCH * tokens;
+    let norm = LayerNormConfig::new(width).init::<Autodiff<B>>(device);
+    let up = LinearConfig::new(width, hidden).init::<Autodiff<B>>(device);
+    let down = LinearConfig::new(hidden, width).init::<Autodiff<B>>(device);
+    let split = move |x: Tensor<Autodiff<B>, 2>| {
+        x.reshape([BATCH, tokens, heads, width / heads])
+            .swap_dims(1, 2)
+    };
+    vec![
+        Piece {
+            name: "gelu_burn",
+            shape: [rows, hidden],
+            forward: Box::new(activation::gelu),
+        },
+        Piece {
+            name: "gelu_kiln",
+            shape: [rows, hidden],
+            forward: Box::new(kiln::precision::gelu),
+        },
+        Piece {
+            name: "layer_norm",
+            shape: [rows, width],
+            forward: Box::new(move |x| norm.forward(x)),
+        },
+        Piece {
+            name: "attention",
+            shape: [rows, width],
+            forward: Box::new(move |x| {
+                let q = split(x);
+                let attended = attention(q.clone(), q.clone(), q, None, None, Default::default());
+                attended.swap_dims(1, 2).reshape([rows, width])
+            }),
+        },
+        Piece {
+            name: "mlp",
+            shape: [rows, width],
+            forward: Box::new(move |x| down.forward(kiln::precision::gelu(up.forward(x)))),
+        },
+    ]
+}
+
 struct Train;
 
 impl Suite for Train {
@@ -130,7 +222,11 @@ impl Suite for Train {
         runner.bench(&TrainingStep::<B> {
             state: RefCell::new(Some((model, optimization))),
             step: RefCell::new(0),
-        })
+        })?;
+        for piece in pieces::<B>(device) {
+            runner.bench(&piece)?;
+        }
+        Ok(())
     }
 }
 

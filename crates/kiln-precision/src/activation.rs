@@ -1,7 +1,7 @@
 //! The exact GELU for any backend, with a faster path where training spends its time: on
 //! `Autodiff<Flex>` in f32, burn-flex computes erf per element through libm in the forward pass
-//! and again in the backward (half of a small vision transformer's training step,
-//! docs/PERFORMANCE.md); there kiln's vectorised [`math::gelu`] and [`math::gelu_derivative`]
+//! and again in the backward (2.4 ms against kiln's 0.4 ms for one MLP's activations in the
+//! example's training step, `cargo bench --bench train`); there kiln's vectorised [`math::gelu`] and [`math::gelu_derivative`]
 //! run instead, as a burn-autodiff operation with its own backward.
 
 use burn::tensor::Tensor;

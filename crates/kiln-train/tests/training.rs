@@ -245,16 +245,27 @@ fn config(fixture: &Fixture) -> TrainConfig {
 }
 
 fn run(fixture: &Fixture, out: &Path, max_steps_now: Option<u64>, model: Mlp<B>) -> Mlp<B> {
-    run_with(config(fixture), fixture, out, max_steps_now, model)
+    let options = RunOptions {
+        max_steps_now,
+        ..quiet(out)
+    };
+    run_with(config(fixture), fixture, options, model)
         .unwrap()
         .model
+}
+
+/// A run in `out` without a progress bar.
+fn quiet(out: &Path) -> RunOptions {
+    RunOptions {
+        progress: false,
+        ..RunOptions::new(out)
+    }
 }
 
 fn run_with(
     config: TrainConfig,
     fixture: &Fixture,
-    out: &Path,
-    max_steps_now: Option<u64>,
+    options: RunOptions,
     model: Mlp<B>,
 ) -> Result<Outcome<Mlp<B>>, TrainError> {
     let device = Default::default();
@@ -263,12 +274,14 @@ fn run_with(
         labels: fixture.i64s("labels"),
         device,
     };
-    let options = RunOptions {
-        max_steps_now,
-        progress: false,
-        ..RunOptions::new(out)
-    };
     Trainer::<B>::new(config, options, device).fit(model, &data, None::<&FixtureBatches<Flex>>)
+}
+
+/// Every parameter of `model` within 1e-5 of PyTorch's after the last step.
+fn ends_where_pytorch_ends(model: &Mlp<B>, fixture: &Fixture) {
+    for name in PARAMS {
+        close(&values(model, name), &fixture.after(name, STEPS), name);
+    }
 }
 
 fn close(kiln: &[f32], torch: &[f32], what: &str) {
@@ -330,9 +343,7 @@ fn training_matches_pytorch_every_step_and_resumes_bit_for_bit() {
         clipped > 0 && clipped < STEPS as usize,
         "clipping is exercised"
     );
-    for name in PARAMS {
-        close(&values(&trained, name), &fixture.after(name, STEPS), name);
-    }
+    ends_where_pytorch_ends(&trained, &fixture);
 
     // One step per invocation, each resumed from the checkpoint the one before wrote.
     let pieces = tempfile::tempdir().unwrap();
@@ -363,18 +374,18 @@ fn a_dynamic_loss_scale_changes_nothing_where_nothing_overflows() {
     let out = tempfile::tempdir().unwrap();
     let mut scaled = config(&fixture);
     scaled.loss_scaling = LossScaling::Dynamic;
-    let outcome = run_with(scaled, &fixture, out.path(), None, model(&fixture, &device)).unwrap();
+    let outcome = run_with(
+        scaled,
+        &fixture,
+        quiet(out.path()),
+        model(&fixture, &device),
+    )
+    .unwrap();
     assert_eq!(outcome.skipped_steps, 0);
     for line in metrics(out.path()) {
         assert_eq!(line["loss_scale"], 32768.0);
     }
-    for name in PARAMS {
-        close(
-            &values(&outcome.model, name),
-            &fixture.after(name, STEPS),
-            name,
-        );
-    }
+    ends_where_pytorch_ends(&outcome.model, &fixture);
 }
 
 #[test]
@@ -389,7 +400,16 @@ fn overflowing_steps_are_skipped_with_the_scale_halved_and_the_parameters_untouc
     let huge = |steps| {
         let mut m = model(&fixture, &device);
         m.loss_factor = 2f32.powi(118);
-        run_with(scaled.clone(), &fixture, out.path(), Some(steps), m).unwrap()
+        run_with(
+            scaled.clone(),
+            &fixture,
+            RunOptions {
+                max_steps_now: Some(steps),
+                ..quiet(out.path())
+            },
+            m,
+        )
+        .unwrap()
     };
     let first = huge(1);
     assert_eq!(first.skipped_steps, 1);
@@ -436,7 +456,7 @@ fn a_loss_that_stays_non_finite_stops_the_run_and_keeps_the_last_good_checkpoint
     settings.max_skipped_in_a_row = 3;
     let mut m = model(&fixture, &device);
     m.nan_from_step = Some(7);
-    let error = run_with(settings.clone(), &fixture, out.path(), None, m).unwrap_err();
+    let error = run_with(settings.clone(), &fixture, quiet(out.path()), m).unwrap_err();
     let message = error.to_string();
     assert!(
         message.contains("3 steps in a row (through step 10)"),
@@ -454,18 +474,11 @@ fn a_loss_that_stays_non_finite_stops_the_run_and_keeps_the_last_good_checkpoint
     let resumed = run_with(
         settings,
         &fixture,
-        out.path(),
-        None,
+        quiet(out.path()),
         model(&fixture, &device),
     )
     .unwrap();
-    for name in PARAMS {
-        close(
-            &values(&resumed.model, name),
-            &fixture.after(name, STEPS),
-            name,
-        );
-    }
+    ends_where_pytorch_ends(&resumed.model, &fixture);
 }
 
 #[test]
@@ -475,7 +488,7 @@ fn running_out_of_device_memory_is_an_error_naming_the_batch_and_other_panics_st
     let out = tempfile::tempdir().unwrap();
     let mut m = model(&fixture, &device);
     m.panic_in_step_3 = Some("Out of memory: could not allocate 2.0 GiB on cuda:0");
-    let error = run_with(config(&fixture), &fixture, out.path(), None, m).unwrap_err();
+    let error = run_with(config(&fixture), &fixture, quiet(out.path()), m).unwrap_err();
     let message = error.to_string();
     assert!(
         message.contains("out of memory in step 3") && message.contains("lower the batch size"),
@@ -485,7 +498,7 @@ fn running_out_of_device_memory_is_an_error_naming_the_batch_and_other_panics_st
     m.panic_in_step_3 = Some("index 9 out of bounds");
     let out = tempfile::tempdir().unwrap();
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_with(config(&fixture), &fixture, out.path(), None, m)
+        run_with(config(&fixture), &fixture, quiet(out.path()), m)
     }));
     assert!(panicked.is_err(), "a bug is not turned into an error");
 }
@@ -495,27 +508,14 @@ fn running_out_of_device_memory_is_an_error_naming_the_batch_and_other_panics_st
 #[cfg(feature = "collective")]
 fn participant(out: &Path, parallel: kiln_train::DataParallel) -> Vec<Vec<f32>> {
     let fixture = Fixture::load();
-    let device = Default::default();
     let mut settings = config(&fixture);
     settings.accumulate = 1;
-    let data = FixtureBatches::<B> {
-        x: fixture.f32s("x").0,
-        labels: fixture.i64s("labels"),
-        device,
-    };
     let options = RunOptions {
-        progress: false,
         parallel: Some(parallel),
-        ..RunOptions::new(out)
+        ..quiet(out)
     };
-    let trained = Trainer::<B>::new(settings, options, device)
-        .fit(
-            model(&fixture, &device),
-            &data,
-            None::<&FixtureBatches<Flex>>,
-        )
-        .unwrap()
-        .model;
+    let model = model(&fixture, &Default::default());
+    let trained = run_with(settings, &fixture, options, model).unwrap().model;
     PARAMS.iter().map(|n| values(&trained, n)).collect()
 }
 

@@ -81,9 +81,9 @@ fn unfolded_product<B: Backend>(
 
 /// The first `count` rows of a learned position table, `[1, count, hidden]`.
 /// The same product as tensor operations, so that gradients flow (training): the patches are a
-/// reshape and permutation of the pixels, then one matrix product. burn-flex's convolution and its
-/// backward pass take 4.4× as long for 32 × 32 images in 8 × 8 patches and 2.9× at DINOv2-S's
-/// 224 × 224 in 14 × 14 (docs/PERFORMANCE.md).
+/// reshape and permutation of the pixels, then one matrix product, where burn-flex's convolution
+/// and its backward pass were slower (the training step 0.65× → 0.70× PyTorch's,
+/// docs/PERFORMANCE.md).
 fn unfolded_tensor_product<B: Backend>(
     conv: &Conv2d<B>,
     pixels: Tensor<B, 4>,
