@@ -1,13 +1,14 @@
 //! The exact GELU for any backend, with a faster path where training spends its time: on
 //! `Autodiff<Flex>` in f32, burn-flex computes erf per element through libm in the forward pass
 //! and again in the backward (2.4 ms against kiln's 0.4 ms for one MLP's activations in the
-//! example's training step, `cargo bench --bench train`); there kiln's vectorised [`math::gelu`] and [`math::gelu_derivative`]
-//! run instead, as a burn-autodiff operation with its own backward.
+//! example's training step, `cargo bench --bench train`); there kiln's vectorised [`math::gelu`]
+//! and [`math::gelu_derivative`] run instead, as one [`HostOp`].
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use rayon::prelude::*;
 
-#[cfg(feature = "flex")]
+use crate::host_op::{HostOp, host_op};
 use crate::math;
 
 /// `½x(1 + erf(x/√2))`, differentiable.
@@ -22,103 +23,35 @@ use crate::math;
 /// assert!((slope[2] - 1.0852).abs() < 1e-4);
 /// ```
 pub fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    #[cfg(feature = "flex")]
-    if let Some(y) = trained_flex::gelu(x.clone()) {
-        return y;
-    }
-    burn::tensor::activation::gelu(x)
+    host_op(Gelu, [&x], x.dims()).unwrap_or_else(|| burn::tensor::activation::gelu(x))
 }
 
-#[cfg(feature = "flex")]
-mod trained_flex {
-    use std::any::{Any, TypeId};
+/// [`gelu`] on host values, in parallel chunks that vectorise.
+#[derive(Debug, Clone)]
+struct Gelu;
 
-    use burn::backend::{Autodiff, Flex};
-    use burn::tensor::backend::Backend;
-    use burn::tensor::ops::FloatTensor;
-    use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
-    use burn_autodiff::checkpoint::base::Checkpointer;
-    use burn_autodiff::checkpoint::strategy::NoCheckpointing;
-    use burn_autodiff::grads::Gradients;
-    use burn_autodiff::ops::{Backward, Ops, OpsKind, unary};
-    use rayon::prelude::*;
+/// Elements per parallel task.
+const CHUNK: usize = 1 << 14;
 
-    use super::math;
-
-    type Trained = Autodiff<Flex>;
-    type FlexPrimitive = FloatTensor<Flex>;
-    type TrainedPrimitive = FloatTensor<Trained>;
-
-    /// `Some(gelu(x))` when `B` is `Autodiff<Flex>` and `x` is f32.
-    pub(super) fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Option<Tensor<B, D>> {
-        if TypeId::of::<B>() != TypeId::of::<Trained>() || x.dtype() != DType::F32 {
-            return None;
-        }
-        let primitive: Box<dyn Any> = Box::new(x.into_primitive().tensor());
-        let primitive = *primitive.downcast::<TrainedPrimitive>().ok()?;
-        let output: Box<dyn Any> = Box::new(tracked::<D>(primitive));
-        let output = *output.downcast::<FloatTensor<B>>().ok()?;
-        Some(Tensor::from_primitive(TensorPrimitive::Float(output)))
+impl HostOp<1> for Gelu {
+    fn forward(&self, [x]: [&[f32]; 1]) -> Vec<f32> {
+        let mut y = vec![0f32; x.len()];
+        y.par_chunks_mut(CHUNK)
+            .zip(x.par_chunks(CHUNK))
+            .for_each(|(y, x)| y.iter_mut().zip(x).for_each(|(y, &x)| *y = math::gelu(x)));
+        y
     }
 
-    /// The backward step: the incoming gradient times the GELU's slope at the saved input.
-    #[derive(Debug)]
-    struct GeluBackward<const D: usize>;
-
-    impl<const D: usize> Backward<Flex, 1> for GeluBackward<D> {
-        type State = FlexPrimitive;
-
-        fn backward(self, ops: Ops<FlexPrimitive, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-            let x = ops.state;
-            unary::<Flex, _>(ops.parents, ops.node, grads, |grad| {
-                elementwise::<D>(grad, Some(x), |g, x| g * math::gelu_derivative(x))
+    fn backward(&self, grad: &[f32], [x]: [&[f32]; 1]) -> [Vec<f32>; 1] {
+        let mut dx = grad.to_vec();
+        dx.par_chunks_mut(CHUNK)
+            .zip(x.par_chunks(CHUNK))
+            .for_each(|(dx, x)| {
+                dx.iter_mut()
+                    .zip(x)
+                    .for_each(|(g, &x)| *g *= math::gelu_derivative(x))
             });
-        }
-    }
-
-    fn tracked<const D: usize>(x: TrainedPrimitive) -> TrainedPrimitive {
-        let forward = |x| elementwise::<D>(x, None, |x, _| math::gelu(x));
-        match GeluBackward::<D>
-            .prepare::<NoCheckpointing>([x.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let y = forward(x.primitive.clone());
-                prep.finish(x.primitive, y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive)),
-        }
-    }
-
-    /// `f(a, b)` element by element over f32 tensors of one shape (`b`: `a` itself when absent),
-    /// in parallel chunks that vectorise.
-    fn elementwise<const D: usize>(
-        a: FlexPrimitive,
-        b: Option<FlexPrimitive>,
-        f: impl Fn(f32, f32) -> f32 + Sync,
-    ) -> FlexPrimitive {
-        let a = Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(a));
-        let (device, shape) = (a.device(), a.shape());
-        let mut values: Vec<f32> = a.into_data().into_vec().expect("f32 values");
-        let other: Option<Vec<f32>> = b.map(|b| {
-            let b = Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(b));
-            b.into_data().into_vec().expect("f32 values")
-        });
-        const CHUNK: usize = 1 << 14;
-        match &other {
-            Some(other) => values
-                .par_chunks_mut(CHUNK)
-                .zip(other.par_chunks(CHUNK))
-                .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, &b)| *a = f(*a, b))),
-            None => values
-                .par_chunks_mut(CHUNK)
-                .for_each(|a| a.iter_mut().for_each(|a| *a = f(*a, 0.0))),
-        }
-        let data = TensorData::new(values, shape);
-        Tensor::<Flex, D>::from_data(data, &device)
-            .into_primitive()
-            .tensor()
+        [dx]
     }
 }
 

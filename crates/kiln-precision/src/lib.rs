@@ -8,16 +8,21 @@
 //!   [`Policy::keep_f32`].
 //! - [`scatter_add`]: index-add across dtypes, accumulated in at least f32.
 //! - [`HostValues`]: a host tensor's f32 values, read in place from Flex's storage.
+//! - [`HostOp`] / [`host_op`]: differentiable f32 operations computed on the host (training on
+//!   Flex).
 //! - [`LossScale`]: no-op, static and dynamic loss scaling for half-precision training.
+//! - [`on_host_pool`]: host computation driven from one of rayon's threads.
 
 mod activation;
 mod device;
 mod dtype;
 mod host;
+mod host_op;
 mod loss_scale;
 pub mod math;
 mod ops;
 mod policy;
+mod threads;
 
 pub use activation::gelu;
 pub use device::{
@@ -26,11 +31,13 @@ pub use device::{
 };
 pub use dtype::{DtypeSpec, Precision};
 pub use host::HostValues;
+pub use host_op::{HostOp, host_op, host_ops_serve};
 pub use loss_scale::{DynamicLossScale, LossScale, StepDecision};
 pub use ops::scatter_add;
 pub use policy::{
     PRESETS, Policy, PolicySpec, cast, cast_module, computes_in, resolve_half, widen_to_f32,
 };
+pub use threads::on_host_pool;
 
 /// Why a precision policy cannot be parsed or used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

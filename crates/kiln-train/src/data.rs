@@ -13,8 +13,8 @@ use kiln_cache::{DeviceImages, Order, Prefetch};
 
 /// A dataset the loop reads in epochs.
 pub trait Loader {
-    /// One batch, ready on the device.
-    type Batch;
+    /// One batch, ready on the device (`Send`: steps run on rayon's threads on host backends).
+    type Batch: Send;
 
     /// Batches in one epoch.
     fn batches_per_epoch(&self) -> usize;
@@ -163,7 +163,7 @@ impl<H: Send + 'static, U> HostData<H, U> {
     }
 }
 
-impl<H: Send + 'static, T, U: Fn(H) -> T> Loader for HostData<H, U> {
+impl<H: Send + 'static, T: Send, U: Fn(H) -> T> Loader for HostData<H, U> {
     type Batch = T;
 
     fn batches_per_epoch(&self) -> usize {

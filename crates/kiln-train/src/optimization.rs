@@ -10,7 +10,7 @@ use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
-use kiln_precision::{DynamicLossScale, LossScale, StepDecision};
+use kiln_precision::{DynamicLossScale, LossScale, StepDecision, on_host_pool};
 
 use crate::TrainError;
 use crate::config::{LossScaling, TrainConfig};
@@ -103,7 +103,7 @@ impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
     /// the next `accumulate × participants`).
     pub fn step(
         &mut self,
-        model: M,
+        mut model: M,
         step: u64,
         mut next_batch: impl FnMut() -> M::Batch,
     ) -> Result<(M, StepReport), TrainError> {
@@ -132,7 +132,16 @@ impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
                 micro_batch: round * world + rank,
             };
             B::seed(&self.device, context.derived_seed());
-            let output = out_of_memory_as_error(step, || model.train_step(batch, &context))?;
+            let loss_scale = &self.loss_scale;
+            // The model goes to the pool's thread and comes back (modules are `Send`, not `Sync`).
+            let (back, output, grads) = on_host_pool::<B, _>(&self.device, move || {
+                let output = out_of_memory_as_error(step, || model.train_step(batch, &context))?;
+                let loss = loss_scale.scale_loss(output.loss.clone().div_scalar(k as f32));
+                let grads = out_of_memory_as_error(step, || loss.backward())?;
+                let grads = GradientsParams::from_grads(grads, &model);
+                Ok::<_, TrainError>((model, output, grads))
+            })?;
+            model = back;
             items += output.items;
             let values = std::iter::once(output.loss.clone())
                 .chain(output.parts.iter().map(|(_, v)| v.clone()))
@@ -143,9 +152,6 @@ impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
             } else {
                 sums = sums.into_iter().zip(values).map(|(s, v)| s + v).collect();
             }
-            let loss = self.loss_scale.scale_loss(output.loss.div_scalar(k as f32));
-            let grads = out_of_memory_as_error(step, || loss.backward())?;
-            let grads = GradientsParams::from_grads(grads, &model);
             accumulator.accumulate(&model, grads);
         }
         let mut grads = accumulator.grads();

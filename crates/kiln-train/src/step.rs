@@ -67,8 +67,9 @@ impl<B: Backend> StepOutput<B> {
 
 /// A model the loop trains.
 pub trait TrainStep<B: AutodiffBackend>: AutodiffModule<B> {
-    /// What one micro-batch is.
-    type Batch;
+    /// What one micro-batch is (`Send`: on host backends the step runs on one of rayon's
+    /// threads, see [`kiln_precision::on_host_pool`]).
+    type Batch: Send;
 
     /// The loss of one micro-batch (the loop scales it, runs the backward pass and steps).
     fn train_step(&self, batch: Self::Batch, context: &StepContext) -> StepOutput<B>;
@@ -88,8 +89,8 @@ pub struct EvalOutput<B: Backend> {
 /// A model the loop evaluates (implemented by the inner module of a [`TrainStep`] model: no
 /// gradients are recorded).
 pub trait EvalStep<B: Backend>: Module<B> {
-    /// What one evaluation batch is.
-    type Batch;
+    /// What one evaluation batch is (`Send`, as [`TrainStep::Batch`]).
+    type Batch: Send;
 
     /// Metric sums over one batch.
     fn eval_step(&self, batch: Self::Batch) -> EvalOutput<B>;

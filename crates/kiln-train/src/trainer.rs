@@ -8,6 +8,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln_cache::Order;
+use kiln_precision::on_host_pool;
 use serde_json::{Map, Value, json};
 
 use crate::TrainError;
@@ -416,8 +417,12 @@ where
     let mut sums: Vec<Tensor<IB, 1>> = Vec::new();
     let mut names = Vec::new();
     let mut items = 0usize;
+    let device = model.devices().into_iter().next().unwrap_or_default();
     for batch in eval.batches(Order::Sequential, 0) {
-        let output = model.eval_step(batch);
+        // The model goes to the pool's thread (modules are `Send`, not `Sync`); clones share
+        // their parameters.
+        let model = model.clone();
+        let output = on_host_pool::<IB, _>(&device, move || model.eval_step(batch));
         items += output.items;
         let values = output.sums.iter().map(|(_, v)| v.clone().cast(DType::F32));
         if sums.is_empty() {

@@ -9,9 +9,11 @@
 //! within 1.5 × 10⁻⁷ absolute (Abramowitz & Stegun 7.1.26), both below f32's own rounding of the
 //! activations they feed.
 
+use std::sync::Arc;
+
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
-use kiln_precision::is_host_backend;
+use kiln_precision::{HostOp, is_host_backend};
 use rayon::prelude::*;
 
 use crate::matmul::{Threads, View, Write, matmul};
@@ -262,6 +264,160 @@ pub fn attention(
     out
 }
 
+/// [`attention`] and its backward as one differentiable operation over q, k and v
+/// `[batch, tokens, heads · head_dim]` (row-major, the heads side by side in each row): training
+/// on Flex runs these kernels in place of burn's head split, batched products, softmax and merge,
+/// each with a backward of its own and the split and merge as strided copies.
+#[derive(Debug, Clone)]
+pub(crate) struct AttentionOp {
+    pub batch: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub q_tokens: usize,
+    pub kv_tokens: usize,
+    pub scale: f32,
+    /// Dropout's multipliers of the probabilities, `[batch, heads, q_tokens, kv_tokens]`.
+    pub mask: Option<Arc<[f32]>>,
+}
+
+impl AttentionOp {
+    fn rows<'a>(&self, data: &'a [f32], tokens: usize) -> Rows<'a> {
+        Rows {
+            data,
+            offset: 0,
+            row_stride: self.heads * self.head_dim,
+            tokens,
+        }
+    }
+}
+
+impl HostOp<3> for AttentionOp {
+    fn forward(&self, [query, key, value]: [&[f32]; 3]) -> Vec<f32> {
+        attention(
+            self.rows(query, self.q_tokens),
+            self.rows(key, self.kv_tokens),
+            self.rows(value, self.kv_tokens),
+            self.batch,
+            self.heads,
+            self.head_dim,
+            self.scale,
+            self.mask.as_deref(),
+        )
+    }
+
+    fn backward(&self, grad: &[f32], [query, key, value]: [&[f32]; 3]) -> [Vec<f32>; 3] {
+        let (q_tokens, kv_tokens) = (self.q_tokens, self.kv_tokens);
+        let (grad, query) = (self.rows(grad, q_tokens), self.rows(query, q_tokens));
+        let (key, value) = (self.rows(key, kv_tokens), self.rows(value, kv_tokens));
+        let (heads, head_dim) = (self.heads, self.head_dim);
+        let width = heads * head_dim;
+        let mut dq = vec![0f32; self.batch * q_tokens * width];
+        let mut dk = vec![0f32; self.batch * kv_tokens * width];
+        let mut dv = vec![0f32; self.batch * kv_tokens * width];
+        let scores = View::rows(0, q_tokens, kv_tokens, kv_tokens);
+        dq.par_chunks_mut((q_tokens * width).max(1))
+            .zip(dk.par_chunks_mut((kv_tokens * width).max(1)))
+            .zip(dv.par_chunks_mut((kv_tokens * width).max(1)))
+            .enumerate()
+            .for_each(|(image, ((dq, dk), dv))| {
+                let mut probs = vec![0f32; q_tokens * kv_tokens];
+                let mut dprobs = vec![0f32; q_tokens * kv_tokens];
+                let mut kept = vec![0f32; if self.mask.is_some() { probs.len() } else { 0 }];
+                for head in 0..heads {
+                    let column = head * head_dim;
+                    let at = |rows: &Rows, tokens| rows.view(image, 0, tokens, column, head_dim);
+                    let into = |tokens| View::rows(column, tokens, head_dim, width);
+                    // P = softmax(scale · q kᵀ), recomputed.
+                    matmul(
+                        &mut probs,
+                        scores,
+                        query.data,
+                        at(&query, q_tokens),
+                        key.data,
+                        at(&key, kv_tokens).transposed(),
+                        Write::Overwrite,
+                        Threads::One,
+                    );
+                    pulp::Arch::new().dispatch(SoftmaxRows {
+                        rows: &mut probs,
+                        width: kv_tokens,
+                        scale: self.scale,
+                    });
+                    let mask = self.mask.as_deref().map(|mask| {
+                        let start = (image * heads + head) * q_tokens * kv_tokens;
+                        &mask[start..start + q_tokens * kv_tokens]
+                    });
+                    let used = match mask {
+                        Some(mask) => {
+                            kept.iter_mut()
+                                .zip(probs.iter().zip(mask))
+                                .for_each(|(k, (p, m))| *k = p * m);
+                            &kept
+                        }
+                        None => &probs,
+                    };
+                    // dV = Pᵀ dO (P as dropout left it).
+                    matmul(
+                        dv,
+                        into(kv_tokens),
+                        used,
+                        scores.transposed(),
+                        grad.data,
+                        at(&grad, q_tokens),
+                        Write::Overwrite,
+                        Threads::One,
+                    );
+                    // dP = dO vᵀ (through dropout's multipliers).
+                    matmul(
+                        &mut dprobs,
+                        scores,
+                        grad.data,
+                        at(&grad, q_tokens),
+                        value.data,
+                        at(&value, kv_tokens).transposed(),
+                        Write::Overwrite,
+                        Threads::One,
+                    );
+                    if let Some(mask) = mask {
+                        dprobs.iter_mut().zip(mask).for_each(|(d, m)| *d *= m);
+                    }
+                    // dS = scale · P ⊙ (dP − Σⱼ dP ⊙ P), the softmax's backward.
+                    for (dp, p) in dprobs
+                        .chunks_exact_mut(kv_tokens)
+                        .zip(probs.chunks_exact(kv_tokens))
+                    {
+                        let dot: f32 = dp.iter().zip(p).map(|(d, p)| d * p).sum();
+                        dp.iter_mut()
+                            .zip(p)
+                            .for_each(|(d, p)| *d = self.scale * p * (*d - dot));
+                    }
+                    // dQ = dS k, dK = dSᵀ q.
+                    matmul(
+                        dq,
+                        into(q_tokens),
+                        &dprobs,
+                        scores,
+                        key.data,
+                        at(&key, kv_tokens),
+                        Write::Overwrite,
+                        Threads::One,
+                    );
+                    matmul(
+                        dk,
+                        into(kv_tokens),
+                        &dprobs,
+                        scores.transposed(),
+                        query.data,
+                        at(&query, q_tokens),
+                        Write::Overwrite,
+                        Threads::One,
+                    );
+                }
+            });
+        [dq, dk, dv]
+    }
+}
+
 pub use kiln_precision::math::{exp, gelu, gelu_tanh, quick_gelu};
 
 #[cfg(test)]
@@ -302,6 +458,82 @@ mod tests {
             sum += term / (2.0 * k + 1.0);
         }
         sum * 2.0 / std::f64::consts::PI.sqrt()
+    }
+
+    /// The attention operation's values and its q, k and v gradients against burn's autodiff
+    /// through the same attention written as tensor operations, with and without a dropout
+    /// mask on the probabilities; keys of another length than queries.
+    #[test]
+    fn the_attention_operation_differentiates_as_burn_does() {
+        use burn::backend::{Autodiff, Flex};
+        use burn::tensor::Distribution;
+        use burn::tensor::activation::softmax;
+        type Ad = Autodiff<Flex>;
+
+        let device = Default::default();
+        let (batch, heads, head_dim, q_tokens, kv_tokens) = (3, 2, 5, 7, 9);
+        let width = heads * head_dim;
+        let scale = 0.37;
+        let normal = |shape: [usize; 3]| {
+            Tensor::<Ad, 3>::random(shape, Distribution::Normal(0.0, 1.0), &device).require_grad()
+        };
+        let query = normal([batch, q_tokens, width]);
+        let (key, value) = (
+            normal([batch, kv_tokens, width]),
+            normal([batch, kv_tokens, width]),
+        );
+        let weights =
+            Tensor::<Ad, 3>::random([batch, q_tokens, width], Distribution::Default, &device);
+        let drops: Vec<f32> = (0..batch * heads * q_tokens * kv_tokens)
+            .map(|i| if i % 3 == 1 { 0.0 } else { 1.5 })
+            .collect();
+        for mask in [None, Some(drops)] {
+            let op = AttentionOp {
+                batch,
+                heads,
+                head_dim,
+                q_tokens,
+                kv_tokens,
+                scale,
+                mask: mask.clone().map(Into::into),
+            };
+            let ours =
+                kiln_precision::host_op(op, [&query, &key, &value], [batch, q_tokens, width])
+                    .expect("served on Autodiff<Flex>");
+            let split = |x: Tensor<Ad, 3>| {
+                let tokens = x.dims()[1];
+                x.reshape([batch, tokens, heads, head_dim]).swap_dims(1, 2)
+            };
+            let mut probs = softmax(
+                split(query.clone()).matmul(split(key.clone()).swap_dims(2, 3)) * scale,
+                3,
+            );
+            if let Some(mask) = &mask {
+                let data = TensorData::new(mask.clone(), [batch, heads, q_tokens, kv_tokens]);
+                probs = probs * Tensor::from_data(data, &device);
+            }
+            let burns = probs
+                .matmul(split(value.clone()))
+                .swap_dims(1, 2)
+                .reshape([batch, q_tokens, width]);
+            let max = |t: Tensor<Flex, 3>| t.abs().max().into_scalar();
+            let close = |ours: Tensor<Flex, 3>, burns: Tensor<Flex, 3>, what: &str| {
+                let diff = max(ours - burns.clone());
+                assert!(diff <= 1e-5 * max(burns), "{what}: {diff}");
+            };
+            close(ours.clone().inner(), burns.clone().inner(), "values");
+            let grads = |y: Tensor<Ad, 3>| {
+                let grads = (y * weights.clone()).sum().backward();
+                [&query, &key, &value].map(|x| x.grad(&grads).expect("a gradient"))
+            };
+            for ((ours, burns), name) in grads(ours)
+                .into_iter()
+                .zip(grads(burns))
+                .zip(["q", "k", "v"])
+            {
+                close(ours, burns, name);
+            }
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
 use burn::tensor::{Tensor, TensorData};
-use kiln_precision::{Policy, Precision, cast, cast_module};
+use kiln_precision::{Policy, Precision, cast, cast_module, host_op, host_ops_serve};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rayon::prelude::*;
@@ -340,7 +340,8 @@ impl Pass {
     /// `q_tokens`, `key` and `value` of `kv_tokens`; returns `[batch, q_tokens, heads · head_dim]`.
     ///
     /// On host backends in f32, kiln's attention kernel ([`host::attention`]), with the
-    /// probabilities' dropout mask when there is one. On the GPU backends, burn's fused kernel
+    /// probabilities' dropout mask when there is one; in training on Flex the same kernel with
+    /// its backward, as one autodiff operation ([`host::AttentionOp`]). On the GPU backends, burn's fused kernel
     /// (flash attention) unless dropout acts on the probabilities, which then are formed
     /// explicitly with the softmax in f32.
     pub fn attention<B: Backend>(
@@ -357,6 +358,21 @@ impl Pass {
             let [query, key, value] = [query, key, value].map(Tensor::into_data);
             let (query, key, value) = (Rows::of(&query), Rows::of(&key), Rows::of(&value));
             return self.host_attention(query, key, value, batch, heads, width, &device);
+        }
+        if [&query, &key, &value].iter().all(|x| host_ops_serve(*x)) {
+            let kv_tokens = key.dims()[1];
+            let mask = self.mask(Site::AttentionProbs, [batch, heads, tokens, kv_tokens]);
+            let op = host::AttentionOp {
+                batch,
+                heads,
+                head_dim: width / heads,
+                q_tokens: tokens,
+                kv_tokens,
+                scale: scale as f32,
+                mask: mask.map(|m| m.to_vec::<f32>().expect("dropout masks are f32").into()),
+            };
+            return host_op(op, [&query, &key, &value], [batch, tokens, width])
+                .expect("host operations serve these tensors");
         }
         let split = |x: Tensor<B, 3>| {
             let [batch, tokens, width] = x.dims();

@@ -4,6 +4,7 @@ use burn::nn::conv::Conv2d;
 use burn::nn::{Embedding, PaddingConfig2d};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use kiln_precision::{HostOp, host_op};
 use rayon::prelude::*;
 
 use crate::host;
@@ -57,21 +58,11 @@ fn unfolded_product<B: Backend>(
     let (rows, cols) = (height / ph, width / pw);
     let depth = channels * ph * pw;
     let pixels = pixels.into_data();
-    let values = host::f32s(&pixels);
-    let mut unfolded = vec![0f32; batch * rows * cols * depth];
-    unfolded
-        .par_chunks_mut((rows * cols * depth).max(1))
-        .enumerate()
-        .for_each(|(image, patches)| {
-            for (patch, out) in patches.chunks_exact_mut(depth).enumerate() {
-                let (row, col) = (patch / cols, patch % cols);
-                for (line, out) in out.chunks_exact_mut(pw).enumerate() {
-                    let (channel, y) = (line / ph, row * ph + line % ph);
-                    let start = ((image * channels + channel) * height + y) * width + col * pw;
-                    out.copy_from_slice(&values[start..start + pw]);
-                }
-            }
-        });
+    let unfolded = Unfold {
+        pixels: [batch, channels, height, width],
+        patch: [ph, pw],
+    }
+    .forward([host::f32s(&pixels)]);
     let kernel = pass.prepared().unfolded_kernel(conv);
     let unfolded = TensorData::new(unfolded, [batch * rows * cols, depth]);
     let tokens = product_then(unfolded, &kernel, |v| v);
@@ -79,11 +70,10 @@ fn unfolded_product<B: Backend>(
     (Tensor::from_data(tokens, &device), (rows, cols))
 }
 
-/// The first `count` rows of a learned position table, `[1, count, hidden]`.
 /// The same product as tensor operations, so that gradients flow (training): the patches are a
-/// reshape and permutation of the pixels, then one matrix product, where burn-flex's convolution
-/// and its backward pass were slower (the training step 0.65× → 0.70× PyTorch's,
-/// docs/PERFORMANCE.md).
+/// reshape and permutation of the pixels (on Flex one [`Unfold`] operation, where burn-flex
+/// copied the permuted view one element at a time), then one matrix product, where burn-flex's
+/// convolution and its backward pass were slower (docs/PERFORMANCE.md).
 fn unfolded_tensor_product<B: Backend>(
     conv: &Conv2d<B>,
     pixels: Tensor<B, 4>,
@@ -93,17 +83,91 @@ fn unfolded_tensor_product<B: Backend>(
     let (rows, cols) = (height / ph, width / pw);
     let depth = channels * ph * pw;
     // The convolution ignores the rows and columns past the last whole patch.
-    let pixels = pixels.slice([0..batch, 0..channels, 0..rows * ph, 0..cols * pw]);
-    let patches = pixels
-        .reshape([batch, channels, rows, ph, cols, pw])
-        .permute([0, 2, 4, 1, 3, 5])
-        .reshape([batch * rows * cols, depth]);
+    let unfold = Unfold {
+        pixels: [batch, channels, height, width],
+        patch: [ph, pw],
+    };
+    let patches = host_op(unfold, [&pixels], [batch * rows * cols, depth]).unwrap_or_else(|| {
+        pixels
+            .slice([0..batch, 0..channels, 0..rows * ph, 0..cols * pw])
+            .reshape([batch, channels, rows, ph, cols, pw])
+            .permute([0, 2, 4, 1, 3, 5])
+            .reshape([batch * rows * cols, depth])
+    });
     let kernel = conv.weight.val().reshape([hidden, depth]).transpose();
     let mut tokens = patches.matmul(kernel);
     if let Some(bias) = &conv.bias {
         tokens = tokens + bias.val().unsqueeze();
     }
     (tokens.reshape([batch, rows * cols, hidden]), (rows, cols))
+}
+
+/// Images `[batch, channels, height, width]` cut into patches `[ph, pw]`: row `(image, patch)`
+/// holds the patch's pixels in `(channel, y, x)` order (a convolution kernel's); rows and
+/// columns past the last whole patch are left out.
+#[derive(Debug, Clone)]
+struct Unfold {
+    pixels: [usize; 4],
+    patch: [usize; 2],
+}
+
+impl Unfold {
+    /// Runs of `pw` pixels in one image's patches, and pixels in one image.
+    fn per_image(&self) -> (usize, usize) {
+        let [_, channels, height, width] = self.pixels;
+        let [ph, pw] = self.patch;
+        (
+            (height / ph) * (width / pw) * channels * ph,
+            channels * height * width,
+        )
+    }
+
+    /// Where each run of `pw` pixels of one image lies: `(in its unfolded rows, in its pixels)`.
+    fn runs(&self) -> impl Iterator<Item = (usize, usize)> {
+        let [_, channels, height, width] = self.pixels;
+        let [ph, pw] = self.patch;
+        let cols = width / pw;
+        (0..(height / ph) * cols * channels * ph).map(move |run| {
+            let (patch, line) = (run / (channels * ph), run % (channels * ph));
+            let (row, col) = (patch / cols, patch % cols);
+            let (channel, y) = (line / ph, row * ph + line % ph);
+            (run * pw, (channel * height + y) * width + col * pw)
+        })
+    }
+}
+
+impl HostOp<1> for Unfold {
+    fn forward(&self, [pixels]: [&[f32]; 1]) -> Vec<f32> {
+        let ([batch, ..], [_, pw]) = (self.pixels, self.patch);
+        let (runs, image) = self.per_image();
+        let mut unfolded = vec![0f32; batch * runs * pw];
+        unfolded
+            .par_chunks_mut((runs * pw).max(1))
+            .zip(pixels.par_chunks(image.max(1)))
+            .for_each(|(out, pixels)| {
+                for (at, from) in self.runs() {
+                    out[at..at + pw].copy_from_slice(&pixels[from..from + pw]);
+                }
+            });
+        unfolded
+    }
+
+    /// Each pixel lies in at most one patch: its gradient moves back into place (0 for pixels
+    /// past the last whole patch).
+    fn backward(&self, grad: &[f32], _: [&[f32]; 1]) -> [Vec<f32>; 1] {
+        let ([batch, ..], [_, pw]) = (self.pixels, self.patch);
+        let (runs, image) = self.per_image();
+        let mut pixels = vec![0f32; batch * image];
+        pixels
+            .par_chunks_mut(image.max(1))
+            .zip(grad.par_chunks((runs * pw).max(1)))
+            .for_each(|(pixels, grad)| {
+                for (at, to) in self.runs() {
+                    pixels[to..to + pw].copy_from_slice(&grad[at..at + pw]);
+                }
+            });
+        [pixels]
+    }
 }
 
 pub(crate) fn learned_positions<B: Backend>(
@@ -125,21 +189,26 @@ mod tests {
     use crate::pass::TowerSettings;
     use crate::prepared::PreparedWeights;
 
-    /// In training the patches are tensor operations: the convolution's tokens, and the
-    /// convolution's gradients for its weight and bias.
+    /// In training the patches are differentiable (on Flex through [`Unfold`]): the
+    /// convolution's tokens, and the convolution's gradients for its weight, its bias and the
+    /// pixels (0 past the last whole patch).
     #[test]
     fn tensor_unfolding_matches_the_convolution_and_its_gradients() {
         type Ad = burn::backend::Autodiff<Flex>;
         let device = Default::default();
         let pixels =
-            Tensor::<Ad, 4>::random([2, 3, 37, 45], Distribution::Normal(0.0, 1.0), &device);
+            Tensor::<Ad, 4>::random([2, 3, 37, 45], Distribution::Normal(0.0, 1.0), &device)
+                .require_grad();
         let conv = Conv2dConfig::new([3, 20], [8, 8])
             .with_stride([8, 8])
             .init::<Ad>(&device);
         let weights = Tensor::<Ad, 3>::random([2, 20, 20], Distribution::Default, &device);
         let (got, grid) = unfolded_tensor_product(&conv, pixels.clone());
         assert_eq!(grid, (4, 5));
-        let want = conv.forward(pixels).reshape([2, 20, 20]).swap_dims(1, 2);
+        let want = conv
+            .forward(pixels.clone())
+            .reshape([2, 20, 20])
+            .swap_dims(1, 2);
         let close = |a: Tensor<Flex, 4>, b: Tensor<Flex, 4>, what: &str| {
             let diff = (a - b.clone()).abs().max().into_scalar();
             let size = b.abs().max().into_scalar();
@@ -166,6 +235,8 @@ mod tests {
             bias(&theirs).unsqueeze(),
             "bias gradient",
         );
+        let pixel = |g| pixels.grad(g).expect("a pixel gradient");
+        close(pixel(&ours), pixel(&theirs), "pixel gradient");
     }
 
     /// The unfolded product against burn's convolution, with and without a bias, on an image
