@@ -184,7 +184,7 @@ fn read_pixels<B: Backend>(path: &Path, device: &B::Device) -> Result<Tensor<B, 
     Ok(Tensor::from_data(TensorData::new(values, shape), device))
 }
 
-/// Writes f32 `tensors` to `path` (through a temporary file, so a failure leaves no half file).
+/// Writes f32 `tensors` to `path`, whole or not at all.
 fn write(path: &Path, tensors: Vec<(&str, TensorData)>) -> Result<(), String> {
     let views = tensors
         .iter()
@@ -198,10 +198,24 @@ fn write(path: &Path, tensors: Vec<(&str, TensorData)>) -> Result<(), String> {
             .map_err(|e| e.to_string())
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let partial = path.with_extension("partial");
-    safetensors::serialize_to_file(views, None, &partial)
-        .map_err(|e| format!("{}: {e}", partial.display()))?;
-    std::fs::rename(&partial, path).map_err(|e| format!("{}: {e}", path.display()))
+    let bytes = safetensors::serialize(views, None).map_err(|e| e.to_string())?;
+    kiln::io::write_atomic(path, &bytes).map_err(|e| e.to_string())
+}
+
+/// Refuses an `--out` that is one of the inputs, lies in the model directory or is not a
+/// regular file, before any work.
+fn check_output(args: &Args) -> Result<(), String> {
+    let mut inputs =
+        kiln::io::Inputs::new().with("the model directory (--model-dir)", &args.model_dir);
+    if let Some(images) = &args.images {
+        inputs = inputs.with("the images (--images)", images);
+    }
+    if let Some(pixels) = &args.pixels {
+        inputs = inputs.with("the pixels (--pixels)", pixels);
+    }
+    inputs
+        .check_output(&args.out)
+        .map_err(|e| format!("--out {e}"))
 }
 
 fn main() -> ExitCode {
@@ -211,6 +225,7 @@ fn main() -> ExitCode {
         .map_err(|e| e.to_string())
         .and_then(|dir| {
             args.model_dir = dir.display().to_string();
+            check_output(&args)?;
             device.run(args).map_err(|e| e.to_string())
         })
         .and_then(|r| r);

@@ -55,6 +55,11 @@ impl DeviceJob for Args {
 
     /// Evaluates and writes every frame; returns how many could not be evaluated.
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+        kiln::io::Inputs::new()
+            .with("the model directory (--model)", &self.model)
+            .with("the structures (--input)", &self.input)
+            .check_output(&self.output)
+            .map_err(|e| format!("--output {e}"))?;
         let text = std::fs::read_to_string(&self.input)
             .map_err(|e| format!("{}: {e}", self.input.display()))?;
         let mut frames =
@@ -113,10 +118,8 @@ impl DeviceJob for Args {
             count as f64 / seconds.max(f64::MIN_POSITIVE),
             self.device
         );
-        let partial = self.output.with_extension("partial");
-        std::fs::write(&partial, write_extxyz(&frames))
-            .and_then(|()| std::fs::rename(&partial, &self.output))
-            .map_err(|e| format!("{}: {e}", self.output.display()))?;
+        kiln::io::write_atomic(&self.output, write_extxyz(&frames).as_bytes())
+            .map_err(|e| e.to_string())?;
         Ok(failed)
     }
 }

@@ -63,6 +63,12 @@ impl DeviceJob for Args {
     type Output = Result<(), String>;
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+        // The trajectory is written as the run goes (to follow it), so it is checked first.
+        kiln::io::Inputs::new()
+            .with("the model directory (--model)", &self.model)
+            .with("the structures (--input)", &self.input)
+            .check_output(&self.trajectory)
+            .map_err(|e| format!("--trajectory {e}"))?;
         let input = self.input.display();
         let text = std::fs::read_to_string(&self.input).map_err(|e| format!("{input}: {e}"))?;
         let frames = read_extxyz(&text).map_err(|e| format!("{input}: {e}"))?;

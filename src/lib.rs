@@ -10,6 +10,8 @@
 //!   prefetched batches, normalise batches on the device.
 //! - [`forcefield`]: PaiNN potentials loaded from schnetpack state dicts: batched energies and
 //!   forces over per-structure neighbour lists.
+//! - [`io`]: how kiln writes files: atomically under unique temporary names, never over an
+//!   input or anything but a regular file.
 //! - [`mc`]: nested Monte-Carlo over vision encoders (the main job, `examples/exp0_mc/`): trial
 //!   runner, f64 statistics, resumable and shardable experiments.
 //! - [`precision`]: run-time device selection ([`precision::DeviceSpec`]) and mixed-precision
@@ -33,6 +35,7 @@ pub use burn;
 pub use kiln_bench as bench;
 pub use kiln_cache as cache;
 pub use kiln_forcefield as forcefield;
+pub use kiln_io as io;
 pub use kiln_mc as mc;
 pub use kiln_precision as precision;
 pub use kiln_train as train;

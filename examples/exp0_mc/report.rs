@@ -91,11 +91,7 @@ pub fn write_results(
         "rows": rows,
     });
     let write = |name: &str, bytes: &[u8]| {
-        let path = out.join(name);
-        let partial = path.with_extension("partial");
-        std::fs::write(&partial, bytes)
-            .and_then(|()| std::fs::rename(&partial, &path))
-            .map_err(|e| format!("{}: {e}", path.display()))
+        kiln::io::write_atomic(&out.join(name), bytes).map_err(|e| e.to_string())
     };
     write(
         "summary.json",
@@ -230,8 +226,10 @@ fn plot(path: &Path, experiment: &Experiment, rows: &[SummaryRow]) -> Result<(),
         }
         root.present().map_err(|e| fail(&e))?;
     }
+    let mut png = Vec::new();
     image::RgbImage::from_raw(width, height, buffer)
         .expect("the buffer holds the image")
-        .save(path)
-        .map_err(|e| fail(&e))
+        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+        .map_err(|e| fail(&e))?;
+    kiln::io::write_atomic(path, &png).map_err(|e| e.to_string())
 }

@@ -214,14 +214,10 @@ impl DeviceJob for Args {
     }
 }
 
-/// Writes `summary.json` through a temporary file.
+/// Writes `summary.json`, whole or not at all.
 fn write_summary(out: &Path, summary: &serde_json::Value) -> Result<(), String> {
-    let path = out.join("summary.json");
-    let temporary = out.join("summary.json.tmp");
     let text = serde_json::to_string_pretty(summary).expect("JSON");
-    std::fs::write(&temporary, text)
-        .and_then(|()| std::fs::rename(&temporary, &path))
-        .map_err(|e| format!("{}: {e}", path.display()))
+    kiln::io::write_atomic(&out.join("summary.json"), text.as_bytes()).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {

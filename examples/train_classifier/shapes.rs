@@ -9,19 +9,17 @@ pub const CLASSES: usize = 4;
 /// Image side in pixels (the model's).
 pub const SIDE: u32 = crate::model::IMAGE_SIZE as u32;
 
-/// Writes `count` images into `dir` (through a temporary directory of this process renamed into
-/// place, so a run killed half-way leaves no partial set, and data-parallel ranks starting
-/// together each make a whole set and keep the first); nothing when `dir` exists.
+/// Writes `count` images into `dir` (through a staged directory renamed into place, so a run
+/// killed half-way leaves no partial set, and data-parallel ranks starting together each make a
+/// whole set and keep the first); nothing when `dir` exists.
 pub fn generate(dir: &Path, count: usize, seed: u64) -> Result<(), String> {
     if dir.is_dir() {
         return Ok(());
     }
-    let fail = |path: &Path, e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let temporary = dir.with_extension(format!("partial-{}", std::process::id()));
-    if temporary.exists() {
-        std::fs::remove_dir_all(&temporary).map_err(|e| fail(&temporary, &e))?;
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     }
-    std::fs::create_dir_all(&temporary).map_err(|e| fail(&temporary, &e))?;
+    let staged = kiln::io::StagedDir::new(dir).map_err(|e| e.to_string())?;
     for i in 0..count {
         let mut random = SplitMix(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let class = i % CLASSES;
@@ -41,17 +39,14 @@ pub fn generate(dir: &Path, count: usize, seed: u64) -> Result<(), String> {
                 (v + 40.0 * (random.unit() - 0.5)).clamp(0.0, 255.0) as u8
             }))
         });
-        let path = temporary.join(format!("c{class}_{i:05}.png"));
-        picture.save(&path).map_err(|e| fail(&path, &e))?;
+        let path = staged.path().join(format!("c{class}_{i:05}.png"));
+        picture
+            .save(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    match std::fs::rename(&temporary, dir) {
-        Ok(()) => Ok(()),
-        // Another process got there first: its set is the same.
-        Err(_) if dir.is_dir() => {
-            std::fs::remove_dir_all(&temporary).map_err(|e| fail(&temporary, &e))
-        }
-        Err(e) => Err(fail(dir, &e)),
-    }
+    // Another process may have got there first: its set is the same.
+    staged.commit_if_absent().map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// The class in a generated image's file name.

@@ -42,18 +42,16 @@ impl BaselineStore {
         names
     }
 
-    /// Saves `run` as baseline `name`. The file is written to a temporary name first and renamed,
-    /// so an interrupted save never destroys the previous baseline of that name.
+    /// Saves `run` as baseline `name`, whole or not at all ([`kiln_io::write_atomic`]): an
+    /// interrupted save never destroys the previous baseline of that name.
     pub fn save(&self, name: &str, run: &SuiteRun) -> Result<PathBuf, BenchError> {
         check_name(name)?;
         let io =
             |path: &Path, e: std::io::Error| BenchError::Io(format!("{}: {e}", path.display()));
         std::fs::create_dir_all(&self.dir).map_err(|e| io(&self.dir, e))?;
         let path = self.path(name);
-        let partial = self.dir.join(format!(".{name}.json.partial"));
         let json = serde_json::to_string_pretty(run).map_err(|e| BenchError::Io(e.to_string()))?;
-        std::fs::write(&partial, json).map_err(|e| io(&partial, e))?;
-        std::fs::rename(&partial, &path).map_err(|e| io(&path, e))?;
+        kiln_io::write_atomic(&path, json.as_bytes()).map_err(|e| BenchError::Io(e.to_string()))?;
         Ok(path)
     }
 

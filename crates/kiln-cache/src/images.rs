@@ -18,8 +18,8 @@ use crate::decode::decode;
 use crate::preprocess::Preprocess;
 use crate::sources::ImageSource;
 use crate::store::{
-    self, BuildLock, CachedSource, FORMAT_VERSION, Invalid, Manifest, Partial, Shard, Skipped,
-    Stored, hash_hex,
+    self, BuildLock, CachedSource, FORMAT_VERSION, Invalid, Manifest, Shard, Skipped, Stored,
+    hash_hex,
 };
 use crate::upload::{HostBatch, normalise_bytes, normalises_on_host, to_chw};
 use crate::video::{ClipSpec, VideoSource};
@@ -191,7 +191,7 @@ impl ImageCache {
             skipped: Vec::new(),
             shards: Vec::new(),
         };
-        let manifest = self.build(what, &root, &dir, manifest, produce)?;
+        let manifest = self.build(what, &dir, manifest, produce)?;
         let (manifest, shards) = store::open_entry(&dir, &manifest.key).map_err(|e| {
             CacheError::Io(format!(
                 "{}: the entry just written cannot be read: {e:?}",
@@ -234,12 +234,11 @@ impl ImageCache {
     fn build(
         &self,
         what: &str,
-        root: &Path,
         dir: &Path,
         pending: Manifest,
         produce: impl Fn(usize) -> Result<Vec<u8>, CacheError> + Sync,
     ) -> Result<Manifest, CacheError> {
-        let partial = Partial::new(root, &pending.key)?;
+        let staged = kiln_io::StagedDir::new(dir)?;
         let item_bytes = pending.item_bytes();
         let per_shard = (self.shard_bytes / item_bytes).max(1);
         let frame_shape = [
@@ -287,7 +286,7 @@ impl ImageCache {
             }
             if items > 0 {
                 let index = manifest.shards.len();
-                let shard = store::write_shard(&partial.path, index, &pixels, items, &manifest)?;
+                let shard = store::write_shard(staged.path(), index, &pixels, items, &manifest)?;
                 manifest.shards.push(shard);
             }
         }
@@ -295,7 +294,7 @@ impl ImageCache {
         if manifest.sources.is_empty() {
             return Err(CacheError::NoUsableImages(manifest.skipped.len()));
         }
-        store::commit_entry(&partial.path, dir, &manifest)?;
+        store::commit_entry(staged, &manifest)?;
         Ok(manifest)
     }
 }

@@ -103,3 +103,9 @@ impl CacheError {
         CacheError::Io(format!("{}: {e}", path.display()))
     }
 }
+
+impl From<kiln_io::FileError> for CacheError {
+    fn from(e: kiln_io::FileError) -> Self {
+        CacheError::Io(e.to_string())
+    }
+}

@@ -4,7 +4,7 @@
 //! sees a whole entry or none; shards are memory-mapped.
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
@@ -259,45 +259,14 @@ pub fn write_shard(
     })
 }
 
-/// Writes the manifest into `dir` (the temporary entry), then moves the entry to `target`,
-/// replacing a stale one there. Callers hold the entry's [`BuildLock`], so no other process is
-/// writing it; one still reading a replaced entry keeps its mapping.
-pub fn commit_entry(dir: &Path, target: &Path, manifest: &Manifest) -> Result<(), CacheError> {
-    let path = dir.join("manifest.json");
+/// Writes the manifest into the staged entry, then moves the entry into place, replacing a
+/// stale one there. Callers hold the entry's [`BuildLock`], so no other process is writing it;
+/// one still reading a replaced entry keeps its mapping.
+pub fn commit_entry(staged: kiln_io::StagedDir, manifest: &Manifest) -> Result<(), CacheError> {
     let json = serde_json::to_string_pretty(manifest).map_err(|e| CacheError::Io(e.to_string()))?;
-    std::fs::write(&path, json).map_err(|e| CacheError::io(&path, e))?;
-    File::open(&path)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| CacheError::io(&path, e))?;
-    if target.exists() {
-        std::fs::remove_dir_all(target).map_err(|e| CacheError::io(target, e))?;
-    }
-    std::fs::rename(dir, target).map_err(|e| CacheError::io(target, e))
-}
-
-/// A temporary directory beside the entries, removed unless committed.
-pub struct Partial {
-    /// Its path.
-    pub path: PathBuf,
-}
-
-impl Partial {
-    /// A fresh temporary directory for building entry `key` under `root`.
-    pub fn new(root: &Path, key: &str) -> Result<Self, CacheError> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let path = root.join(format!(".{key}.partial-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&path).map_err(|e| CacheError::io(&path, e))?;
-        Ok(Partial { path })
-    }
-}
-
-impl Drop for Partial {
-    fn drop(&mut self) {
-        // Gone already when the entry was committed (renamed).
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
+    staged.write("manifest.json", json.as_bytes())?;
+    staged.commit()?;
+    Ok(())
 }
 
 /// An exclusive lock on building entry `key`, held until dropped.

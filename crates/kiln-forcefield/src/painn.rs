@@ -266,13 +266,16 @@ impl<B: Backend> Painn<B> {
             |e: &dyn std::fmt::Display| ForceFieldError::Weights(format!("{}: {e}", dir.display()));
         std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
         let config = serde_json::to_string_pretty(&self.config).map_err(|e| fail(&e))?;
-        std::fs::write(dir.join("config.json"), config + "\n").map_err(|e| fail(&e))?;
-        let mut store = SafetensorsStore::from_file(dir.join("model.safetensors"))
-            .with_to_adapter(BurnToPyTorchAdapter)
-            .overwrite(true);
-        cast_module(self.clone(), Precision::F32)
-            .save_into(&mut store)
-            .map_err(|e| fail(&e))
+        let written = |e: kiln_io::FileError| ForceFieldError::Weights(e.to_string());
+        kiln_io::write_atomic(&dir.join("config.json"), (config + "\n").as_bytes())
+            .map_err(written)?;
+        kiln_io::write_atomic_at(&dir.join("model.safetensors"), |temporary| {
+            let mut store = SafetensorsStore::from_file(temporary)
+                .with_to_adapter(BurnToPyTorchAdapter)
+                .overwrite(true);
+            cast_module(self.clone(), Precision::F32).save_into(&mut store)
+        })
+        .map_err(written)
     }
 
     /// The model's hyper-parameters.

@@ -262,9 +262,7 @@ fn io(path: &Path, e: std::io::Error) -> McError {
     McError::Store(format!("{}: {e}", path.display()))
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
+/// Writes `bytes` to `path` whole or not at all ([`kiln_io::write_atomic`]).
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), McError> {
-    let partial = path.with_extension("partial");
-    fs::write(&partial, bytes).map_err(|e| io(&partial, e))?;
-    fs::rename(&partial, path).map_err(|e| io(path, e))
+    kiln_io::write_atomic(path, bytes).map_err(|e| McError::Store(e.to_string()))
 }

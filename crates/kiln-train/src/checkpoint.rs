@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use burn::module::AutodiffModule;
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::AutodiffBackend;
+use kiln_io::StagedDir;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -111,40 +112,28 @@ impl Checkpoints {
         keep_last: usize,
     ) -> Result<PathBuf, TrainError> {
         let target = self.path(state.step);
-        let temporary = self.dir.join(format!(".tmp-step-{:08}", state.step));
-        let written = (|| {
-            if temporary.exists() {
-                fs::remove_dir_all(&temporary).map_err(|e| TrainError::io(&temporary, e))?;
-            }
-            fs::create_dir_all(&temporary).map_err(|e| TrainError::io(&temporary, e))?;
-            let failed = |what: &str, e: &dyn std::fmt::Display| {
-                TrainError::Checkpoint(format!(
-                    "writing the {what} into {}: {e}",
-                    temporary.display()
-                ))
-            };
-            model
-                .clone()
-                .save_file(temporary.join(MODEL), &recorder())
-                .map_err(|e| failed("model", &e))?;
-            Recorder::<B>::record(
-                &recorder(),
-                optimizer.to_record(),
-                temporary.join(OPTIMIZER),
-            )
-            .map_err(|e| failed("optimizer state", &e))?;
-            let json = serde_json::to_string_pretty(state).expect("the state serialises");
-            let file = temporary.join(STATE);
-            write_synced(&file, json.as_bytes())?;
-            if target.exists() {
-                fs::remove_dir_all(&target).map_err(|e| TrainError::io(&target, e))?;
-            }
-            fs::rename(&temporary, &target).map_err(|e| TrainError::io(&target, e))
-        })();
-        if let Err(e) = written {
-            let _ = fs::remove_dir_all(&temporary);
-            return Err(e);
-        }
+        fs::create_dir_all(&self.dir).map_err(|e| TrainError::io(&self.dir, e))?;
+        // Written under a temporary name, renamed into place: a crash leaves no half checkpoint.
+        let staged = StagedDir::new(&target)?;
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            TrainError::Checkpoint(format!(
+                "writing the {what} into {}: {e}",
+                staged.path().display()
+            ))
+        };
+        model
+            .clone()
+            .save_file(staged.path().join(MODEL), &recorder())
+            .map_err(|e| failed("model", &e))?;
+        Recorder::<B>::record(
+            &recorder(),
+            optimizer.to_record(),
+            staged.path().join(OPTIMIZER),
+        )
+        .map_err(|e| failed("optimizer state", &e))?;
+        let json = serde_json::to_string_pretty(state).expect("the state serialises");
+        staged.write(STATE, json.as_bytes())?;
+        staged.commit()?;
         self.prune(keep_last, state.best.map(|(_, step)| step));
         Ok(target)
     }
@@ -271,15 +260,6 @@ fn flatten(prefix: &str, value: &Value, out: &mut Vec<(String, Value)>) {
     }
 }
 
-/// Writes `bytes` to `path` and flushes them to the disk.
-pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
-    use std::io::Write;
-    let mut file = fs::File::create(path).map_err(|e| TrainError::io(path, e))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| TrainError::io(path, e))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,7 +326,7 @@ mod tests {
         }
         // A checkpoint cut off before its state was written, and a temporary directory.
         fs::create_dir_all(checkpoints.path(12)).unwrap();
-        fs::create_dir_all(dir.path().join(".tmp-step-00000014")).unwrap();
+        fs::create_dir_all(dir.path().join(".step-00000014.kiln-1-0.tmp")).unwrap();
         let (path, latest) = checkpoints.latest().unwrap().unwrap();
         assert_eq!(latest.step, 10);
         assert_eq!(path, checkpoints.path(10));

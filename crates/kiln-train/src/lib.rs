@@ -79,6 +79,9 @@ pub enum TrainError {
         /// What went wrong.
         message: String,
     },
+    /// A file or directory could not be written safely (kiln-io's refusals included).
+    #[error(transparent)]
+    File(#[from] kiln_io::FileError),
     /// A checkpoint could not be written or read.
     #[error("{0}")]
     Checkpoint(String),

@@ -3,14 +3,13 @@
 //! in half goes too), so the file of a run interrupted any number of times reads like the file
 //! of a run never interrupted. The steps read back feed the loss and learning-rate plot.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
 use crate::TrainError;
-use crate::checkpoint::write_synced;
 
 /// One step's values as the plot needs them.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,9 +52,7 @@ impl MetricsLog {
                     _ => break,
                 }
             }
-            let temporary = path.with_extension("jsonl.tmp");
-            write_synced(&temporary, kept.as_bytes())?;
-            fs::rename(&temporary, path).map_err(|e| TrainError::io(path, e))?;
+            kiln_io::write_atomic(path, kept.as_bytes())?;
         }
         let file = OpenOptions::new()
             .create(true)
@@ -108,6 +105,7 @@ fn point(line: &Map<String, Value>, groups: &[String]) -> StepPoint {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::fs;
 
     fn line(step: u64, loss: f64) -> Map<String, Value> {
         match json!({"step": step, "loss": loss, "lr_default": 0.1}) {

@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use image::ImageEncoder;
+
 use crate::metrics::StepPoint;
 
 /// Draws `points` into `path`.
@@ -105,18 +107,11 @@ pub fn plot_curves(path: &Path, points: &[StepPoint], groups: &[String]) -> Resu
     image_png(path, &buffer, width, height)
 }
 
-/// Writes an RGB buffer as a PNG through a temporary file (a reader never sees half a plot).
+/// Writes an RGB buffer as a PNG, whole or not at all (a reader never sees half a plot).
 fn image_png(path: &Path, rgb: &[u8], width: u32, height: u32) -> Result<(), String> {
-    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let temporary = path.with_extension("png.tmp");
-    image::save_buffer_with_format(
-        &temporary,
-        rgb,
-        width,
-        height,
-        image::ExtendedColorType::Rgb8,
-        image::ImageFormat::Png,
-    )
-    .map_err(|e| fail(&e))?;
-    std::fs::rename(&temporary, path).map_err(|e| fail(&e))
+    let mut png = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut png)
+        .write_image(rgb, width, height, image::ExtendedColorType::Rgb8)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    kiln_io::write_atomic(path, &png).map_err(|e| e.to_string())
 }

@@ -1,0 +1,89 @@
+//! How kiln writes files: whole or not at all, never over a file it did not mean to replace.
+//!
+//! - [`write_atomic`] / [`write_atomic_with`] / [`write_atomic_at`]: a file's new contents go to a temporary file
+//!   beside it, created exclusively under a name no user file has
+//!   (`.NAME.kiln-PID-N.tmp`), flushed to the disk, then renamed over the target. A crash leaves
+//!   the old file or the new one, and a file that happens to be called like the target with
+//!   another extension is never touched.
+//! - [`StagedDir`]: the same for a directory (checkpoints, cache entries, generated datasets).
+//! - [`Inputs`]: the files and directories a run reads; [`Inputs::check_output`] refuses an
+//!   output that is one of them, lies inside an input directory, or is not a regular file — before
+//!   any work starts.
+//!
+//! ```
+//! use kiln_io::{Inputs, write_atomic};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let input = dir.path().join("frames.xyz");
+//! std::fs::write(&input, "1\n\nH 0 0 0\n").unwrap();
+//! let inputs = Inputs::new().with("the structures", &input);
+//!
+//! let err = inputs.check_output(&input).unwrap_err();
+//! assert!(err.to_string().contains("is the structures"), "{err}");
+//!
+//! let output = dir.path().join("results.xyz");
+//! inputs.check_output(&output).unwrap();
+//! write_atomic(&output, b"1\n\nH 0 0 0\n").unwrap();
+//! assert_eq!(std::fs::read(&output).unwrap(), b"1\n\nH 0 0 0\n");
+//! ```
+
+mod atomic;
+mod inputs;
+
+use std::path::{Path, PathBuf};
+
+pub use atomic::{StagedDir, write_atomic, write_atomic_at, write_atomic_with};
+pub use inputs::Inputs;
+
+/// Why a file could not be read or written safely. Every variant names the path.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The operating system refused.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The output exists and is not what kiln writes there (a regular file, or a directory):
+    /// a directory where a file goes, a link, a FIFO, a device.
+    #[error(
+        "{}: is {found}, where {expected} would be written; refusing to replace it (choose another output path)",
+        path.display()
+    )]
+    WrongKind {
+        /// The output.
+        path: PathBuf,
+        /// What is there.
+        found: &'static str,
+        /// What kiln would write: "a file" or "a directory".
+        expected: &'static str,
+    },
+    /// The output is one of the run's inputs, or lies inside an input directory.
+    #[error(
+        "{}: {relation} {role} ({}); refusing to overwrite an input (choose another output path)",
+        path.display(),
+        input.display()
+    )]
+    IsInput {
+        /// The output.
+        path: PathBuf,
+        /// "is" or "is inside".
+        relation: &'static str,
+        /// What the input is for, e.g. "the model's checkpoint".
+        role: String,
+        /// The input as given.
+        input: PathBuf,
+    },
+}
+
+impl FileError {
+    /// An I/O error on `path`.
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        FileError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
