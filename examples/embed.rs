@@ -219,6 +219,7 @@ fn check_output(args: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    kiln::log_to_stderr();
     let mut args = Args::parse();
     let device = args.device;
     let result = checkpoint_dir(&args.model_dir)

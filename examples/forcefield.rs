@@ -152,6 +152,7 @@ fn store(frames: &mut [Frame], indices: &[usize], results: Predictions) {
 }
 
 fn main() -> ExitCode {
+    kiln::log_to_stderr();
     let args = Args::parse();
     let device = args.device;
     match device.run(args).map_err(|e| e.to_string()).and_then(|r| r) {

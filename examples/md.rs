@@ -163,6 +163,7 @@ fn frame(state: &MdState) -> Frame {
 }
 
 fn main() -> ExitCode {
+    kiln::log_to_stderr();
     let args = Args::parse();
     let device = args.device;
     match device.run(args).map_err(|e| e.to_string()).and_then(|r| r) {

@@ -31,6 +31,8 @@
 //! # Ok::<(), kiln::precision::DeviceError>(())
 //! ```
 
+mod logging;
+
 pub use burn;
 pub use kiln_bench as bench;
 pub use kiln_cache as cache;
@@ -40,3 +42,4 @@ pub use kiln_mc as mc;
 pub use kiln_precision as precision;
 pub use kiln_train as train;
 pub use kiln_vision as vision;
+pub use logging::log_to_stderr;

@@ -318,6 +318,7 @@ fn merge(args: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    kiln::log_to_stderr();
     let args = Args::parse();
     let result = if args.merge.is_empty() {
         let device = args.device;

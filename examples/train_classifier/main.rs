@@ -221,6 +221,7 @@ fn write_summary(out: &Path, summary: &serde_json::Value) -> Result<(), String> 
 }
 
 fn main() -> ExitCode {
+    kiln::log_to_stderr();
     let args = Args::parse();
     let device = args.device;
     match device.run(args).map_err(|e| e.to_string()).and_then(|r| r) {

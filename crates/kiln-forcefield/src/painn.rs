@@ -12,7 +12,7 @@ use burn::tensor::activation::silu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
-use kiln_precision::{Precision, cast_module, is_host_backend, scatter_add};
+use kiln_precision::{Precision, cast_module, check_checkpoint, is_host_backend, scatter_add};
 
 use crate::ForceFieldError;
 use crate::batch::Graph;
@@ -208,8 +208,8 @@ impl PainnConfig {
 
 impl<B: Backend> Painn<B> {
     /// Reads a model directory: `config.json` and `model.safetensors` (a schnetpack
-    /// `NeuralNetworkPotential` state dict). A missing or mis-shaped tensor is an error listing
-    /// each.
+    /// `NeuralNetworkPotential` state dict). A missing, integer or mis-shaped tensor is an error
+    /// listing each ([`kiln_precision::check_checkpoint`]); unused tensors are a warning.
     pub fn from_dir(dir: impl AsRef<Path>, device: &B::Device) -> Result<Self, ForceFieldError> {
         let dir = dir.as_ref();
         let config = PainnConfig::from_file(dir)?;
@@ -221,23 +221,29 @@ impl<B: Backend> Painn<B> {
         if !file.is_file() {
             return Err(fail(&"no such file"));
         }
+        let raw_config = std::fs::read_to_string(dir.join("config.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok());
+        let fit =
+            check_checkpoint(&model, &[&file], &[], raw_config.as_ref()).map_err(|problems| {
+                fail(&format!(
+                    "{} tensor(s) cannot be loaded:\n  {}",
+                    problems.lines().count(),
+                    problems.replace('\n', "\n  ")
+                ))
+            })?;
+        if let Some(unused) = fit.unexpected(&[]) {
+            log::warn!(
+                "{}: tensors the model does not use: {unused}",
+                file.display()
+            );
+        }
         let mut store = SafetensorsStore::from_file(&file)
             .with_from_adapter(PyTorchToBurnAdapter)
             .allow_partial(true);
         let result = model.load_from(&mut store).map_err(|e| fail(&e))?;
-        let mut problems: Vec<String> = result.errors.iter().map(|e| format!("{e:?}")).collect();
-        problems.extend(
-            result
-                .missing
-                .iter()
-                .map(|(path, _)| format!("{path}: not in the file")),
-        );
-        if !problems.is_empty() {
-            return Err(fail(&format!(
-                "{} tensor(s) cannot be loaded:\n  {}",
-                problems.len(),
-                problems.join("\n  ")
-            )));
+        if let Some(error) = result.errors.first() {
+            return Err(fail(&format!("{error:?}")));
         }
         let stored: f64 = model
             .representation

@@ -6,6 +6,8 @@
 //! - [`PolicySpec`] / [`Policy`]: jmp-style param / compute / output dtypes plus an accumulation
 //!   dtype, with `half` resolved per device, one-off parameter casting and the keep-in-f32 helper
 //!   [`Policy::keep_f32`].
+//! - [`check_checkpoint`]: a safetensors checkpoint checked against a model before loading, in
+//!   the checkpoint's own names and dimension order.
 //! - [`scatter_add`]: index-add across dtypes, accumulated in at least f32.
 //! - [`HostValues`]: a host tensor's f32 values, read in place from Flex's storage.
 //! - [`HostOp`] / [`host_op`]: differentiable f32 operations computed on the host (training on
@@ -14,6 +16,7 @@
 //! - [`on_host_pool`]: host computation driven from one of rayon's threads.
 
 mod activation;
+mod checkpoint;
 mod device;
 mod dtype;
 mod host;
@@ -25,6 +28,7 @@ mod policy;
 mod threads;
 
 pub use activation::gelu;
+pub use checkpoint::{CheckpointFit, check_checkpoint};
 pub use device::{
     BackendKind, DEVICE_NAMES, DeviceError, DeviceJob, DeviceReport, DeviceSpec, GraphicsApi,
     Hardware, is_host_backend,

@@ -1,15 +1,14 @@
 //! Loading Hugging Face checkpoints: `model.safetensors`, or the shards a
 //! `model.safetensors.index.json` names, stored in f32, f16 or bf16, through burn-store (PyTorch's
-//! `[out, in]` linear weights and `weight` / `bias` norm names adapted). Keys a tower does not
-//! have (a full model's text tower) are ignored; keys it needs and the file lacks, or of another
-//! shape, are an error naming each one.
+//! `[out, in]` linear weights and `weight` / `bias` norm names adapted), after a check of the
+//! whole checkpoint against the tower ([`load_hf_weights`]).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
-use burn_store::{ApplyError, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
-use kiln_precision::Policy;
+use burn_store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
+use kiln_precision::{Policy, check_checkpoint};
 
 use crate::VisionError;
 use crate::tower::Tower;
@@ -49,29 +48,58 @@ pub(crate) fn shards(index: &Path) -> Result<Vec<String>, VisionError> {
     Ok(files.into_iter().collect())
 }
 
+/// Name prefixes of checkpoint tensors the towers leave alone on purpose (not warned about): the
+/// other parts of a full vision-language model, and DINOv2's token for masked-image training.
+const UNUSED_ON_PURPOSE: &[&str] = &[
+    "text_model.",
+    "text_projection.",
+    "logit_scale",
+    "logit_bias",
+    "embeddings.mask_token",
+];
+
 /// Loads the weights of the checkpoint directory `dir` into `model`, casts them to the policy's
 /// parameter dtype and sets the policy the tower runs under.
+///
+/// The checkpoint is checked first ([`kiln_precision::check_checkpoint`]): a tensor the tower
+/// needs that is missing, not floating-point, or of another shape is an error listing each in
+/// the checkpoint's names and order, with the `config.json` settings behind the tower's sizes;
+/// tensors the tower does not use are a warning (outside a full model's other tower).
 pub fn load_hf_weights<B: Backend, M: Tower<B>>(
     mut model: M,
     dir: impl AsRef<Path>,
     policy: &Policy,
 ) -> Result<M, VisionError> {
     let dir = dir.as_ref();
-    let expected: Vec<(String, Vec<usize>)> = model
-        .collect(None, None, false)
-        .iter()
-        .map(|snapshot| (snapshot.full_path(), snapshot.shape.to_vec()))
-        .collect();
-    let mut applied = BTreeSet::new();
-    let mut problems = Vec::new();
-    for file in weight_files(dir)? {
-        if !file.is_file() {
-            return Err(VisionError::Weights(format!(
-                "{}: missing shard",
-                file.display()
-            )));
-        }
-        let mut store = SafetensorsStore::from_file(&file)
+    let files = weight_files(dir)?;
+    if let Some(missing) = files.iter().find(|file| !file.is_file()) {
+        return Err(VisionError::Weights(format!(
+            "{}: missing shard",
+            missing.display()
+        )));
+    }
+    let config = std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok());
+    let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let fit = check_checkpoint(&model, &paths, M::key_remapping(), config.as_ref()).map_err(
+        |problems| {
+            VisionError::Weights(format!(
+                "{}: {} tensor(s) cannot be loaded:\n  {}",
+                dir.display(),
+                problems.lines().count(),
+                problems.replace('\n', "\n  ")
+            ))
+        },
+    )?;
+    if let Some(unused) = fit.unexpected(UNUSED_ON_PURPOSE) {
+        log::warn!(
+            "{}: tensors the model does not use: {unused}",
+            dir.display()
+        );
+    }
+    for file in &files {
+        let mut store = SafetensorsStore::from_file(file)
             .with_from_adapter(PyTorchToBurnAdapter)
             .allow_partial(true);
         for (from, to) in M::key_remapping() {
@@ -80,29 +108,12 @@ pub fn load_hf_weights<B: Backend, M: Tower<B>>(
         let result = model
             .load_from(&mut store)
             .map_err(|e| VisionError::Weights(format!("{}: {e}", file.display())))?;
-        applied.extend(result.applied);
-        problems.extend(result.errors.into_iter().map(|error| match error {
-            ApplyError::ShapeMismatch {
-                path,
-                expected,
-                found,
-            } => format!("{path}: the model needs {expected:?}, the checkpoint has {found:?}"),
-            other => format!("{other:?}"),
-        }));
-    }
-    problems.extend(
-        expected
-            .iter()
-            .filter(|(path, _)| !applied.contains(path))
-            .map(|(path, shape)| format!("{path} {shape:?}: not in the checkpoint")),
-    );
-    if !problems.is_empty() {
-        return Err(VisionError::Weights(format!(
-            "{}: {} tensor(s) cannot be loaded:\n  {}",
-            dir.display(),
-            problems.len(),
-            problems.join("\n  ")
-        )));
+        if let Some(error) = result.errors.first() {
+            return Err(VisionError::Weights(format!(
+                "{}: {error:?}",
+                file.display()
+            )));
+        }
     }
     Ok(model.with_policy(policy))
 }

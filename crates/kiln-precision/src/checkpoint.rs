@@ -1,0 +1,255 @@
+//! A safetensors checkpoint checked against the model it is about to be loaded into, before
+//! anything is loaded: every tensor the model needs is there, floating-point, and of the model's
+//! shape, all said in the checkpoint's own names and dimension order (PyTorch's: a linear weight
+//! is `[out, in]`); the tensors the model does not use are listed (transformers warns about them
+//! too).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use burn::module::Module;
+use burn::tensor::DType;
+use burn::tensor::backend::Backend;
+use burn_store::{
+    BurnToPyTorchAdapter, ModuleAdapter, ModuleSnapshot, ModuleStore, SafetensorsStore,
+};
+use serde_json::Value;
+
+/// What a checkpoint holds beyond what the model needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckpointFit {
+    /// The checkpoint's tensors the model does not use (names after key remapping), sorted.
+    pub unused: Vec<String>,
+}
+
+impl CheckpointFit {
+    /// The unused tensors outside `on_purpose` (name prefixes of tensors a model leaves alone
+    /// by design), grouped by their first name component where several share it:
+    /// `extra.* (2), encoder.norm.scale`; `None` when there are none.
+    pub fn unexpected(&self, on_purpose: &[&str]) -> Option<String> {
+        let mut groups: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for name in &self.unused {
+            if !on_purpose.iter().any(|prefix| name.starts_with(prefix)) {
+                let head = name.split('.').next().unwrap_or(name);
+                groups.entry(head).or_default().push(name);
+            }
+        }
+        if groups.is_empty() {
+            return None;
+        }
+        let listed: Vec<String> = groups
+            .into_iter()
+            .map(|(head, names)| match names[..] {
+                [one] => one.to_string(),
+                _ => format!("{head}.* ({})", names.len()),
+            })
+            .collect();
+        Some(listed.join(", "))
+    }
+}
+
+/// Checks the safetensors `files` of one checkpoint (its shards) against `model`, the keys
+/// renamed by `remapping` (regex, replacement) as the loader renames them. `config` (the
+/// model's `config.json`), when given, names the settings a mis-shaped tensor's sizes come from.
+///
+/// The error lists every problem, one per line: a tensor the model needs that the checkpoint
+/// lacks, stores with an integer or boolean dtype, or holds with another shape.
+pub fn check_checkpoint<B: Backend, M: Module<B>>(
+    model: &M,
+    files: &[&Path],
+    remapping: &[(&str, &str)],
+    config: Option<&Value>,
+) -> Result<CheckpointFit, String> {
+    let needed: BTreeMap<String, Vec<usize>> = model
+        .collect(None, None, false)
+        .iter()
+        .map(|snapshot| {
+            let torch = BurnToPyTorchAdapter.adapt(snapshot);
+            (torch.full_path(), torch.shape.to_vec())
+        })
+        .collect();
+    let mut stored: BTreeMap<String, (DType, Vec<usize>)> = BTreeMap::new();
+    for file in files {
+        let mut store = SafetensorsStore::from_file(*file);
+        for (from, to) in remapping {
+            store = store.with_key_remapping(*from, *to);
+        }
+        let snapshots = store
+            .get_all_snapshots()
+            .map_err(|e| format!("{}: {e}", file.display()))?;
+        for (name, snapshot) in snapshots {
+            stored.insert(name.clone(), (snapshot.dtype, snapshot.shape.to_vec()));
+        }
+    }
+    let mut problems = Vec::new();
+    for (name, shape) in &needed {
+        match stored.get(name) {
+            None => problems.push(format!("{name} {shape:?}: not in the checkpoint")),
+            Some((dtype, _)) if !dtype.is_float() => problems.push(format!(
+                "{name}: stored as {dtype:?}; the model needs floating-point values (f32, f16, \
+                 bf16 or f64)"
+            )),
+            Some((_, have)) if have != shape => problems.push(format!(
+                "{name}: the checkpoint has {have:?}, the model needs {shape:?}{}",
+                settings(config, have, shape)
+            )),
+            Some(_) => {}
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems.join("\n"));
+    }
+    let unused = stored
+        .into_keys()
+        .filter(|name| !needed.contains_key(name))
+        .collect();
+    Ok(CheckpointFit { unused })
+}
+
+/// `"; set by config.json's hidden_size = 64"`: the settings of `config` whose values are the
+/// model's sizes where they differ from the checkpoint's.
+fn settings(config: Option<&Value>, have: &[usize], want: &[usize]) -> String {
+    let Some(config) = config else {
+        return String::new();
+    };
+    let mut named = Vec::new();
+    for (i, &size) in want.iter().enumerate() {
+        if have.get(i) != Some(&size) {
+            fields_equal_to(config, size as u64, "", &mut named);
+        }
+    }
+    named.dedup();
+    match named.is_empty() {
+        true => String::new(),
+        false => format!("; set by config.json's {}", named.join(", ")),
+    }
+}
+
+fn fields_equal_to(value: &Value, size: u64, prefix: &str, out: &mut Vec<String>) {
+    let Value::Object(fields) = value else {
+        return;
+    };
+    for (key, value) in fields {
+        let path = format!("{prefix}{key}");
+        match value {
+            Value::Number(n) if n.as_u64() == Some(size) => out.push(format!("{path} = {size}")),
+            Value::Object(_) => fields_equal_to(value, size, &format!("{path}."), out),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(all(test, feature = "flex"))]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
+    use safetensors::Dtype;
+    use serde_json::json;
+
+    #[derive(Module, Debug)]
+    struct Tiny<B: Backend> {
+        proj: Linear<B>,
+        norm: LayerNorm<B>,
+    }
+
+    fn tiny() -> Tiny<Flex> {
+        let device = Default::default();
+        Tiny {
+            proj: LinearConfig::new(3, 5).init(&device),
+            norm: LayerNormConfig::new(5).init(&device),
+        }
+    }
+
+    /// A safetensors file of `tensors` (name, dtype, shape), zero-filled.
+    fn file(dir: &Path, tensors: &[(&str, Dtype, Vec<usize>)]) -> std::path::PathBuf {
+        let data: Vec<Vec<u8>> = tensors
+            .iter()
+            .map(|(_, dtype, shape)| {
+                vec![0u8; dtype.bitsize() / 8 * shape.iter().product::<usize>()]
+            })
+            .collect();
+        let views: Vec<_> = tensors
+            .iter()
+            .zip(&data)
+            .map(|((name, dtype, shape), bytes)| {
+                let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes);
+                (name.to_string(), view.unwrap())
+            })
+            .collect();
+        let path = dir.join("model.safetensors");
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        path
+    }
+
+    fn good() -> Vec<(&'static str, Dtype, Vec<usize>)> {
+        vec![
+            ("proj.weight", Dtype::F32, vec![5, 3]),
+            ("proj.bias", Dtype::F32, vec![5]),
+            ("norm.weight", Dtype::BF16, vec![5]),
+            ("norm.bias", Dtype::F32, vec![5]),
+        ]
+    }
+
+    #[test]
+    fn a_fitting_checkpoint_passes_and_its_extras_are_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tensors = good();
+        tensors.push(("text_model.a.weight", Dtype::F32, vec![2]));
+        tensors.push(("extra.b", Dtype::I64, vec![2]));
+        tensors.push(("extra.c", Dtype::F32, vec![2]));
+        tensors.push(("scale.x", Dtype::F32, vec![1]));
+        let path = file(dir.path(), &tensors);
+        let fit = check_checkpoint(&tiny(), &[&path], &[], None).unwrap();
+        assert_eq!(fit.unused.len(), 4);
+        assert_eq!(
+            fit.unexpected(&["text_model."]).as_deref(),
+            Some("extra.* (2), scale.x")
+        );
+        let path = file(dir.path(), &good());
+        assert_eq!(
+            check_checkpoint(&tiny(), &[&path], &[], None)
+                .unwrap()
+                .unexpected(&[]),
+            None
+        );
+    }
+
+    /// Every problem on its own line, in the checkpoint's names and PyTorch's `[out, in]`
+    /// order, with the config settings behind the model's sizes.
+    #[test]
+    fn problems_are_listed_in_the_checkpoints_terms() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = file(
+            dir.path(),
+            &[
+                ("proj.weight", Dtype::F32, vec![4, 3]),
+                ("proj.bias", Dtype::I64, vec![5]),
+                ("renamed.weight", Dtype::F32, vec![5]),
+            ],
+        );
+        let config = json!({"hidden_size": 5, "vision": {"width": 5}, "layers": 2});
+        let err = check_checkpoint(&tiny(), &[&path], &[], Some(&config)).unwrap_err();
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 4, "{err}");
+        assert!(
+            err.contains("norm.bias [5]: not in the checkpoint"),
+            "{err}"
+        );
+        assert!(
+            err.contains("norm.weight [5]: not in the checkpoint"),
+            "{err}"
+        );
+        assert!(err.contains("proj.bias: stored as I64"), "{err}");
+        assert!(
+            err.contains(
+                "proj.weight: the checkpoint has [4, 3], the model needs [5, 3]; set by \
+                 config.json's hidden_size = 5, vision.width = 5"
+            ),
+            "{err}"
+        );
+        // Renaming the keys as a loader would fixes the norm's names.
+        let fit = check_checkpoint(&tiny(), &[&path], &[("^renamed\\.", "norm.")], None);
+        assert!(!fit.unwrap_err().contains("norm.weight"));
+    }
+}

@@ -1,0 +1,49 @@
+//! Where kiln's warnings go. The libraries report through the `log` crate (a skipped image, a
+//! checkpoint's unused tensors, a cache entry rebuilt) and leave the choice of logger to the
+//! program; [`log_to_stderr`] is the minimal one kiln's examples use.
+
+use log::{Level, LevelFilter, Log, Metadata, Record};
+
+/// Sends kiln's log records to stderr, `warning: …` / `error: …` (and `info` / `debug` lines
+/// when `KILN_LOG` says so: `KILN_LOG=info`). Does nothing when the program set a logger already.
+///
+/// ```
+/// kiln::log_to_stderr();
+/// log::warn!("shown on stderr");
+/// ```
+pub fn log_to_stderr() {
+    let level = match std::env::var("KILN_LOG").as_deref() {
+        Ok("debug") => LevelFilter::Debug,
+        Ok("info") => LevelFilter::Info,
+        Ok("error") => LevelFilter::Error,
+        Ok("off") => LevelFilter::Off,
+        _ => LevelFilter::Warn,
+    };
+    if log::set_logger(&STDERR).is_ok() {
+        log::set_max_level(level);
+    }
+}
+
+struct Stderr;
+
+static STDERR: Stderr = Stderr;
+
+impl Log for Stderr {
+    fn enabled(&self, metadata: &Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &Record) {
+        if self.enabled(record.metadata()) {
+            let label = match record.level() {
+                Level::Error => "error",
+                Level::Warn => "warning",
+                Level::Info => "info",
+                Level::Debug | Level::Trace => "debug",
+            };
+            eprintln!("{label}: {}", record.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
