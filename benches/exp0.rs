@@ -44,6 +44,7 @@ fn main() {
         dataset: "demo".into(),
         images: IMAGES,
         weights: vec!["random".into()],
+        precision: "full".into(),
     };
 
     // Warm cache: open the stored entry, keep it normalised in memory, run every trial.

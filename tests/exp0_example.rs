@@ -143,8 +143,10 @@ fn bad_input_is_a_clear_error_before_any_work() {
         args.extend_from_slice(extra);
         fails(&args, cache.path())
     };
-    let err = with(&["--passes", "4,0"]);
-    assert!(err.contains("each at least 1"), "{err}");
+    let err = with(&["--passes", "4,1"]);
+    assert!(err.contains("each at least 2"), "{err}");
+    let err = with(&["--passes", "4,8,4"]);
+    assert!(err.contains("4 is given twice"), "{err}");
     let err = with(&["--trials", "1"]);
     assert!(err.contains("at least 2"), "{err}");
     let err = with(&["--dropout", "1.5"]);
@@ -180,4 +182,45 @@ fn bad_input_is_a_clear_error_before_any_work() {
         !Path::new(&results).join("trials").exists(),
         "nothing ran, nothing written"
     );
+}
+
+/// A refused rerun (another seed) leaves the results directory byte for byte as it was; a trial
+/// file damaged on disk makes the next run of the same command move it aside and run that trial
+/// again, with the same statistics as before.
+#[test]
+fn refused_reruns_change_nothing_and_damaged_trials_run_again() {
+    let (cache, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let model = fixtures().join("clip_vision").display().to_string();
+    let images = fixtures().join("images").display().to_string();
+    let results = out.path().join("results");
+    let args = |seed: &'static str| {
+        let mut args = vec!["--model-dir", &model, "--images", &images];
+        args.extend_from_slice(&["--passes", "2", "--trials", "2", "--seed", seed]);
+        args.extend_from_slice(&["--out", results.to_str().unwrap()]);
+        args
+    };
+    succeeds(&args("0"), cache.path());
+    let before = common::snapshot(&results);
+    let err = fails(&args("1"), cache.path());
+    assert!(err.contains("differs in seed"), "{err}");
+    assert!(
+        common::snapshot(&results) == before,
+        "a refused run changed files"
+    );
+
+    let expected = statistics(&results);
+    let trial = results.join("trials/clip_vision_T2_k1.safetensors");
+    let mut bytes = std::fs::read(&trial).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x10;
+    std::fs::write(&trial, &bytes).unwrap();
+    let rerun = exp0(&args("0"), cache.path());
+    let stderr = String::from_utf8_lossy(&rerun.stderr);
+    assert!(rerun.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("damaged") && stderr.contains("runs again"),
+        "{stderr}"
+    );
+    assert!(results.join("trials/damaged").is_dir());
+    assert_eq!(statistics(&results), expected);
 }

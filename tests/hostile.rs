@@ -75,20 +75,7 @@ fn run(example: &str, args: &[&Path]) -> Output {
     child.wait_with_output().unwrap()
 }
 
-/// Every file under `dir` with its bytes.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut files = Vec::new();
-    for entry in fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            files.extend(snapshot(&path));
-        } else {
-            files.push((path.clone(), fs::read(&path).unwrap()));
-        }
-    }
-    files.sort();
-    files
-}
+use common::snapshot;
 
 fn refused(output: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&output.stderr);

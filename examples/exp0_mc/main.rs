@@ -73,7 +73,7 @@ struct Args {
     /// siglip2-so400m, dinov2-s, dinov2-b.
     #[arg(long, value_delimiter = ',', default_value = "clip-mini,dinov2-mini")]
     model: Vec<String>,
-    /// Pass counts T, comma-separated.
+    /// Pass counts T, comma-separated (each at least 2, each once).
     #[arg(long, value_delimiter = ',', default_value = "4,8,16")]
     passes: Vec<u32>,
     /// Trials K per model and pass count (at least 2).
@@ -160,6 +160,7 @@ impl DeviceJob for Args {
                 .enumerate()
                 .map(|(i, s)| s.weights_id(weights_seed(self.seed, i)))
                 .collect(),
+            precision: policy.to_string(),
         };
         // Pass counts, trials and names are checked before any images are read.
         experiment.validate().map_err(|e| e.to_string())?;
@@ -170,7 +171,9 @@ impl DeviceJob for Args {
         let store =
             TrialStore::create_or_resume(&self.out, &experiment).map_err(|e| e.to_string())?;
         let shard_keys = self.shard.select(experiment.trial_keys());
-        let pending = store.pending(shard_keys.clone());
+        let pending = store
+            .pending(shard_keys.clone())
+            .map_err(|e| e.to_string())?;
         let resumed = shard_keys.len() - pending.len();
         if resumed > 0 {
             eprintln!(

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use kiln::precision::{DeviceError, DeviceSpec};
@@ -156,4 +157,19 @@ macro_rules! backend_tests {
             }
         }
     };
+}
+
+/// Every file under `dir` with its bytes.
+pub fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(snapshot(&path));
+        } else {
+            files.push((path.clone(), fs::read(&path).unwrap()));
+        }
+    }
+    files.sort();
+    files
 }

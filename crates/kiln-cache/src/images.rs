@@ -19,7 +19,6 @@ use crate::preprocess::Preprocess;
 use crate::sources::ImageSource;
 use crate::store::{
     self, BuildLock, CachedSource, FORMAT_VERSION, Invalid, Manifest, Shard, Skipped, Stored,
-    hash_hex,
 };
 use crate::upload::{HostBatch, normalise_bytes, normalises_on_host, to_chw};
 use crate::video::{ClipSpec, VideoSource};
@@ -107,7 +106,7 @@ impl ImageCache {
             .par_iter()
             .map(|file| {
                 std::fs::read(&file.path)
-                    .map(|bytes| hash_hex(&bytes))
+                    .map(|bytes| kiln_io::checksum(&bytes))
                     .map_err(|e| CacheError::io(&file.path, e))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -365,7 +364,7 @@ fn cache_key(
         stored,
         sources,
     };
-    hash_hex(&serde_json::to_vec(&key).expect("keys serialise"))
+    kiln_io::checksum(&serde_json::to_vec(&key).expect("keys serialise"))
 }
 
 /// A cached dataset, memory-mapped: `len()` items, each an image (`[3, H, W]`) or a clip of

@@ -124,11 +124,6 @@ impl Manifest {
     }
 }
 
-/// xxh3-128 of `bytes`, hex.
-pub fn hash_hex(bytes: &[u8]) -> String {
-    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))
-}
-
 /// A memory-mapped shard.
 #[derive(Debug)]
 pub struct Shard {
@@ -191,7 +186,7 @@ pub fn open_entry(dir: &Path, key: &str) -> Result<(Manifest, Vec<Shard>), Inval
                     info.items
                 ));
             }
-            if hash_hex(pixels) != info.checksum {
+            if kiln_io::checksum(pixels) != info.checksum {
                 return Err(format!("{} does not match its checksum", info.file));
             }
             Ok(shard)
@@ -255,7 +250,7 @@ pub fn write_shard(
     Ok(ShardInfo {
         file,
         items,
-        checksum: hash_hex(pixels),
+        checksum: kiln_io::checksum(pixels),
     })
 }
 

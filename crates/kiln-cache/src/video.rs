@@ -18,7 +18,6 @@ use crate::CacheError;
 use crate::decode::{decode, to_rgb8};
 use crate::preprocess::Preprocess;
 use crate::sources::{SourceFile, walk};
-use crate::store::hash_hex;
 use crate::upload::to_chw;
 
 /// File extensions of MP4 containers (read with the `video` feature).
@@ -171,16 +170,16 @@ impl Video {
                 for frame in frames {
                     let bytes = std::fs::read(frame).map_err(|e| CacheError::io(frame, e))?;
                     let name = frame.file_name().unwrap_or_default().to_string_lossy();
-                    listing.push((name.into_owned(), hash_hex(&bytes)));
+                    listing.push((name.into_owned(), kiln_io::checksum(&bytes)));
                 }
-                Ok(hash_hex(
+                Ok(kiln_io::checksum(
                     &serde_json::to_vec(&listing).expect("names and hashes serialise"),
                 ))
             }
             _ => {
                 let path = &self.source.path;
                 std::fs::read(path)
-                    .map(|bytes| hash_hex(&bytes))
+                    .map(|bytes| kiln_io::checksum(&bytes))
                     .map_err(|e| CacheError::io(path, e))
             }
         }

@@ -6,6 +6,7 @@
 //!   the old file or the new one, and a file that happens to be called like the target with
 //!   another extension is never touched.
 //! - [`StagedDir`]: the same for a directory (checkpoints, cache entries, generated datasets).
+//! - [`checksum`]: the checksum of every file kiln reads back.
 //! - [`Inputs`]: the files and directories a run reads; [`Inputs::check_output`] refuses an
 //!   output that is one of them, lies inside an input directory, or is not a regular file — before
 //!   any work starts.
@@ -28,11 +29,13 @@
 //! ```
 
 mod atomic;
+mod checksum;
 mod inputs;
 
 use std::path::{Path, PathBuf};
 
 pub use atomic::{StagedDir, write_atomic, write_atomic_at, write_atomic_with};
+pub use checksum::checksum;
 pub use inputs::Inputs;
 
 /// Why a file could not be read or written safely. Every variant names the path.

@@ -29,11 +29,16 @@ pub struct Experiment {
     pub images: usize,
     /// What identifies each model's weights (a checkpoint, or a random initialisation's seed).
     pub weights: Vec<String>,
+    /// The precision policy the trials compute under, as kiln-precision prints it (results
+    /// directories from before it was recorded read as empty, so they differ from any run).
+    #[serde(default)]
+    pub precision: String,
 }
 
 impl Experiment {
-    /// Checks the experiment can run and be summarised: at least one model, pass counts of at
-    /// least 1, and at least two trials (between-trial statistics need two).
+    /// Checks the experiment can run and be summarised: at least one model, each named once,
+    /// pass counts of at least 2 (the per-image variance needs two passes), each given once, and
+    /// at least two trials (between-trial statistics need two).
     pub fn validate(&self) -> Result<(), McError> {
         if self.models.is_empty() {
             return Err(McError::Plan("no models".into()));
@@ -43,11 +48,21 @@ impl Experiment {
                 "model name `{name}`: use letters, digits, `-`, `_` and `.` only"
             )));
         }
-        if self.passes.is_empty() || self.passes.contains(&0) {
+        if self.passes.is_empty() || self.passes.iter().any(|&t| t < 2) {
             return Err(McError::Plan(format!(
-                "pass counts {:?}: give at least one, each at least 1",
+                "pass counts {:?}: give at least one, each at least 2 (a variance over one pass \
+                 is undefined)",
                 self.passes
             )));
+        }
+        if let Some(t) = repeated(&self.passes) {
+            return Err(McError::Plan(format!(
+                "pass counts {:?}: {t} is given twice",
+                self.passes
+            )));
+        }
+        if let Some(name) = repeated(&self.models) {
+            return Err(McError::Plan(format!("model name `{name}` is given twice")));
         }
         if self.trials < 2 {
             return Err(McError::Plan(format!(
@@ -101,11 +116,21 @@ impl Experiment {
             ("dataset", self.dataset != other.dataset),
             ("images", self.images != other.images),
             ("weights", self.weights != other.weights),
+            ("precision", self.precision != other.precision),
         ]
         .into_iter()
         .filter_map(|(field, differs)| differs.then_some(field))
         .collect()
     }
+}
+
+/// The first value of `values` that occurs again later.
+fn repeated<T: PartialEq>(values: &[T]) -> Option<&T> {
+    values
+        .iter()
+        .enumerate()
+        .find(|(i, v)| values[i + 1..].contains(v))
+        .map(|(_, v)| v)
 }
 
 fn is_file_name_safe(name: &str) -> bool {
@@ -196,6 +221,7 @@ mod tests {
             dataset: "x".into(),
             images: 5,
             weights: vec!["w".into(); 2],
+            precision: "params=f32,compute=f32,output=f32,accumulate=f64".into(),
         }
     }
 
@@ -216,13 +242,23 @@ mod tests {
     #[test]
     fn bad_plans_and_shards_are_explained() {
         let err = |e: Experiment| e.validate().unwrap_err().to_string();
-        assert!(
-            err(Experiment {
-                passes: vec![4, 0],
+        for passes in [vec![4, 0], vec![1, 8]] {
+            let e = err(Experiment {
+                passes,
                 ..experiment()
-            })
-            .contains("at least 1")
-        );
+            });
+            assert!(e.contains("each at least 2"), "{e}");
+        }
+        let e = err(Experiment {
+            passes: vec![4, 8, 4],
+            ..experiment()
+        });
+        assert!(e.contains("4 is given twice"), "{e}");
+        let e = err(Experiment {
+            models: vec!["a".into(), "a".into()],
+            ..experiment()
+        });
+        assert!(e.contains("`a` is given twice"), "{e}");
         assert!(
             err(Experiment {
                 trials: 1,
@@ -246,8 +282,14 @@ mod tests {
         }
         let other = Experiment {
             seed: 2,
+            precision: "params=f16,compute=f16,output=f16,accumulate=f32".into(),
             ..experiment()
         };
-        assert_eq!(experiment().differences(&other), vec!["seed"]);
+        assert_eq!(experiment().differences(&other), vec!["seed", "precision"]);
+        // A results directory from before the precision was recorded is another experiment.
+        let mut old = serde_json::to_value(experiment()).unwrap();
+        old.as_object_mut().unwrap().remove("precision");
+        let old: Experiment = serde_json::from_value(old).unwrap();
+        assert_eq!(old.differences(&experiment()), vec!["precision"]);
     }
 }

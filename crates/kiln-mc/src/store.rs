@@ -3,9 +3,10 @@
 //! A results directory holds `experiment.json` (the [`Experiment`] its trials belong to) and one
 //! safetensors file per finished trial under `trials/`: `count` `[N]` u64, `mean` and `variance`
 //! `[N, D]` f64 (per image, over the trial's passes), optionally `pass_features` `[N, T, D]` f32,
-//! and the key, seed and timings in the file's metadata. Files are written under a temporary
-//! name and renamed, so a killed run leaves only whole trials; rerunning the same experiment into
-//! the directory skips them.
+//! and the key, seed, timings and a checksum of all of it in the file's metadata. Files are
+//! written whole or not at all (kiln-io), so a killed run leaves only whole trials; rerunning the
+//! same experiment into the directory skips them, and runs again any whose file does not read
+//! back whole (moved into `trials/damaged/` first).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -21,6 +22,30 @@ use crate::welford::EmbeddingStats;
 
 const EXPERIMENT_FILE: &str = "experiment.json";
 const TRIALS_DIR: &str = "trials";
+/// Where damaged trial files are moved (inside `trials/`) before their trials run again.
+const DAMAGED_DIR: &str = "damaged";
+/// The metadata field holding a trial file's checksum.
+const CHECKSUM: &str = "checksum";
+
+/// [`kiln_io::checksum`] of a trial file's tensor bytes `data` and its other metadata fields.
+fn sealed_checksum<'a>(
+    data: &[u8],
+    metadata: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> String {
+    let mut fields: Vec<_> = metadata
+        .into_iter()
+        .filter(|(k, _)| *k != CHECKSUM)
+        .collect();
+    fields.sort();
+    let mut sealed = data.to_vec();
+    for (key, value) in fields {
+        sealed.extend_from_slice(key.as_bytes());
+        sealed.push(0);
+        sealed.extend_from_slice(value.as_bytes());
+        sealed.push(0);
+    }
+    kiln_io::checksum(&sealed)
+}
 
 /// A finished trial as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,9 +136,33 @@ impl TrialStore {
         self.path_of(key).is_file()
     }
 
-    /// Those of `keys` not finished here, in order.
-    pub fn pending(&self, keys: Vec<TrialKey>) -> Vec<TrialKey> {
-        keys.into_iter().filter(|key| !self.contains(key)).collect()
+    /// Those of `keys` not finished here, in order. A trial file that cannot be read back whole
+    /// (cut short, damaged, of another trial) is moved into `trials/damaged/`, said in a
+    /// warning, and its trial counts as not finished: it runs again.
+    pub fn pending(&self, keys: Vec<TrialKey>) -> Result<Vec<TrialKey>, McError> {
+        let mut pending = Vec::new();
+        for key in keys {
+            if !self.contains(&key) {
+                pending.push(key);
+            } else if let Err(e) = self.load(&key) {
+                let aside = self.move_aside(&key)?;
+                log::warn!("{e}; moved to {}: the trial runs again", aside.display());
+                pending.push(key);
+            }
+        }
+        Ok(pending)
+    }
+
+    /// Moves trial `key`'s file into `trials/damaged/` under a name not taken there.
+    fn move_aside(&self, key: &TrialKey) -> Result<PathBuf, McError> {
+        let dir = self.dir.join(TRIALS_DIR).join(DAMAGED_DIR);
+        fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+        let aside = (0..)
+            .map(|n| dir.join(format!("{key}.{n}.safetensors")))
+            .find(|path| !path.exists())
+            .expect("a free name");
+        fs::rename(self.path_of(key), &aside).map_err(|e| io(&aside, e))?;
+        Ok(aside)
     }
 
     /// Stores a finished trial (and every pass's embeddings, when given).
@@ -156,8 +205,19 @@ impl TrialStore {
                 serde_json::to_string(&record.timings).expect("timings serialise"),
             ),
         ]);
-        let bytes = safetensors::serialize(tensors, Some(metadata))
-            .map_err(|e| McError::Store(format!("trial {}: {e}", record.key)))?;
+        let fail =
+            |e: safetensors::SafeTensorError| McError::Store(format!("trial {}: {e}", record.key));
+        // The checksum covers the tensors' bytes and the other metadata: serialised once
+        // without it to find the bytes, then with it.
+        let unsealed =
+            safetensors::serialize(tensors.clone(), Some(metadata.clone())).map_err(fail)?;
+        let (header, _) = SafeTensors::read_metadata(&unsealed).map_err(fail)?;
+        let mut metadata = metadata;
+        metadata.insert(
+            CHECKSUM.to_string(),
+            sealed_checksum(&unsealed[8 + header..], &metadata),
+        );
+        let bytes = safetensors::serialize(tensors, Some(metadata)).map_err(fail)?;
         write_atomically(&self.path_of(&record.key), &bytes)
     }
 
@@ -166,12 +226,21 @@ impl TrialStore {
         let path = self.path_of(key);
         let fail = |what: String| McError::Store(format!("{}: {what}", path.display()));
         let bytes = fs::read(&path).map_err(|e| fail(e.to_string()))?;
-        let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| fail(e.to_string()))?;
-        let metadata: BTreeMap<String, String> = header
+        let (size, header) = SafeTensors::read_metadata(&bytes).map_err(|e| fail(e.to_string()))?;
+        let mut metadata: BTreeMap<String, String> = header
             .metadata()
             .clone()
             .map(|m| m.into_iter().collect())
             .unwrap_or_default();
+        let stored = metadata
+            .remove(CHECKSUM)
+            .ok_or_else(|| fail("no checksum (not written by this version of kiln)".into()))?;
+        let data = bytes.get(8 + size..).unwrap_or_default();
+        if sealed_checksum(data, &metadata) != stored {
+            return Err(fail(
+                "damaged: its checksum does not match its contents".into(),
+            ));
+        }
         let field = |name: &str| {
             metadata
                 .get(name)
@@ -247,7 +316,13 @@ pub fn collect_trials(
     let (mut records, mut missing) = (Vec::new(), Vec::new());
     for key in experiment.trial_keys() {
         match stores.iter().find(|s| s.contains(&key)) {
-            Some(store) => records.push(store.load(&key)?),
+            Some(store) => records.push(store.load(&key).map_err(|e| {
+                McError::Store(format!(
+                    "{e}\nrun the same command that wrote {} again: it moves the file aside \
+                     and runs that trial again",
+                    store.dir.display()
+                ))
+            })?),
             None => missing.push(key),
         }
     }
@@ -265,4 +340,77 @@ fn io(path: &Path, e: std::io::Error) -> McError {
 /// Writes `bytes` to `path` whole or not at all ([`kiln_io::write_atomic`]).
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), McError> {
     kiln_io::write_atomic(path, bytes).map_err(|e| McError::Store(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn experiment() -> Experiment {
+        Experiment {
+            models: vec!["m".into()],
+            passes: vec![2],
+            trials: 2,
+            seed: 3,
+            dropout: "0.1".into(),
+            dataset: "d".into(),
+            images: 2,
+            weights: vec!["w".into()],
+            precision: "full".into(),
+        }
+    }
+
+    fn record(key: &TrialKey) -> TrialRecord {
+        let variance = [0.5, 0.25, 1.0, 2.0];
+        let stats =
+            EmbeddingStats::from_variances(2, vec![2, 2], vec![1.0, -2.0, 3.0, 0.5], &variance)
+                .unwrap();
+        TrialRecord {
+            key: key.clone(),
+            seed: 11,
+            stats,
+            timings: Timings::default(),
+        }
+    }
+
+    /// A trial file read back whole gives what was saved; one flipped byte anywhere (tensors or
+    /// metadata) or a cut makes it unreadable, and a rerun moves it aside and runs the trial
+    /// again instead of failing every time.
+    #[test]
+    fn damaged_trial_files_are_caught_and_run_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TrialStore::create_or_resume(dir.path(), &experiment()).unwrap();
+        let keys = experiment().trial_keys();
+        for key in &keys {
+            store.save(&record(key), None).unwrap();
+        }
+        assert_eq!(store.load(&keys[0]).unwrap(), record(&keys[0]));
+        assert!(store.pending(keys.clone()).unwrap().is_empty());
+        let path = store.path_of(&keys[0]);
+        let good = fs::read(&path).unwrap();
+        let header = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+        let seed_digit = good[8..8 + header]
+            .windows(8)
+            .position(|w| w == b"\"seed\":\"")
+            .map(|at| 8 + at + 8)
+            .unwrap();
+        for at in [good.len() - 3, 8 + header + 1, seed_digit] {
+            let mut bad = good.clone();
+            bad[at] ^= 0x04;
+            fs::write(&path, &bad).unwrap();
+            let err = store.load(&keys[0]).unwrap_err().to_string();
+            assert!(err.contains("damaged"), "byte {at}: {err}");
+        }
+        fs::write(&path, &good[..good.len() / 2]).unwrap();
+        assert!(store.load(&keys[0]).is_err());
+        let err = collect_trials(&experiment(), std::slice::from_ref(&store))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("run the same command"), "{err}");
+        assert_eq!(store.pending(keys.clone()).unwrap(), [keys[0].clone()]);
+        assert!(!path.exists());
+        let aside = dir.path().join("trials/damaged/m_T2_k0.0.safetensors");
+        assert_eq!(fs::read(aside).unwrap(), &good[..good.len() / 2]);
+        assert_eq!(store.pending(keys.clone()).unwrap(), [keys[0].clone()]);
+    }
 }

@@ -175,6 +175,7 @@ fn experiment(images: &CachedImages) -> Experiment {
         dataset: images.dir().display().to_string(),
         images: images.len(),
         weights: vec!["random init in this test".into()],
+        precision: "full".into(),
     }
 }
 
@@ -204,6 +205,7 @@ fn a_resumed_run_and_merged_shards_summarise_as_one_run() {
         let store = TrialStore::create_or_resume(out, &experiment).unwrap();
         for key in store
             .pending(shard.select(experiment.trial_keys()))
+            .unwrap()
             .iter()
             .take(limit)
         {
