@@ -67,6 +67,10 @@ struct Args {
     /// Keep the cached images on the device or stream them (default: planned from the sizes).
     #[arg(long)]
     residency: Option<Residency>,
+    /// The most pixels an image may declare (Pillow's limit by default); larger ones are
+    /// refused before decoding, as decompression bombs.
+    #[arg(long, default_value_t = kiln::cache::DEFAULT_MAX_PIXELS)]
+    max_image_pixels: u64,
 }
 
 impl DeviceJob for Args {
@@ -91,6 +95,9 @@ impl DeviceJob for Args {
             }
             (None, Some(pixels)) => {
                 let all = read_pixels::<B>(pixels, device)?;
+                model
+                    .check_pixels(all.dims())
+                    .map_err(|e| format!("{}: {e}", pixels.display()))?;
                 let (count, batch) = (all.dims()[0], self.batch.max(1));
                 Box::new(
                     (0..count)
@@ -104,6 +111,10 @@ impl DeviceJob for Args {
         let start = Instant::now();
         let (mut embeddings, mut fed) = (Vec::new(), Vec::new());
         for pixels in batches {
+            // Images come in the processor's size, which may not be the model's.
+            model
+                .check_pixels(pixels.dims())
+                .map_err(|e| e.to_string())?;
             if self.save_pixels {
                 fed.push(pixels.clone().cast(FloatDType::F32));
             }
@@ -144,6 +155,7 @@ fn cached_feed<B: Backend>(
         Preprocess::from_hf_config(Path::new(&args.model_dir).join("preprocessor_config.json"))
             .map_err(|e| e.to_string())?;
     let cached = ImageCache::new(ImageCache::default_dir())
+        .max_image_pixels(args.max_image_pixels)
         .load(&ImageSource::Folder(images.into()), &preprocess)
         .map_err(|e| e.to_string())?;
     eprintln!(

@@ -271,3 +271,95 @@ fn a_vision_checkpoint_with_an_integer_tensor_is_refused_naming_it() {
     refused(&embed, &format!("{name}: stored as I64"));
     assert!(!out.exists());
 }
+
+/// A PNG chunk: length, type, data, CRC-32 (the PNG polynomial, bit by bit).
+fn png_chunk(kind: &[u8; 4], data: &[u8]) -> Vec<u8> {
+    let mut crc = !0u32;
+    for &byte in kind.iter().chain(data) {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    let mut chunk = (data.len() as u32).to_be_bytes().to_vec();
+    chunk.extend_from_slice(kind);
+    chunk.extend_from_slice(data);
+    chunk.extend_from_slice(&(!crc).to_be_bytes());
+    chunk
+}
+
+/// A PNG of a few dozen bytes declaring 30 000 × 30 000 RGB pixels (2.7 GB decoded) is refused
+/// before decoding, naming the file and the flag that raises the limit.
+#[test]
+fn a_decompression_bomb_is_refused_before_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    fs::create_dir(&images).unwrap();
+    let mut header = 30_000u32.to_be_bytes().to_vec();
+    header.extend_from_slice(&30_000u32.to_be_bytes());
+    header.extend_from_slice(&[8, 2, 0, 0, 0]);
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    png.extend(png_chunk(b"IHDR", &header));
+    // The start of a zlib stream: decoders read the header up to here.
+    png.extend(png_chunk(b"IDAT", &[0x78, 0x9c, 0x63, 0x00]));
+    png.extend(png_chunk(b"IEND", &[]));
+    fs::write(images.join("bomb.png"), png).unwrap();
+    let out = dir.path().join("embeddings.safetensors");
+    let embed = run(
+        "embed",
+        &[
+            Path::new("--model-dir"),
+            &common::fixtures().join("clip_vision"),
+            Path::new("--images"),
+            &images,
+            Path::new("--out"),
+            &out,
+        ],
+    );
+    refused(&embed, "bomb.png");
+    refused(&embed, "declares 30000 × 30000 pixels");
+    refused(&embed, "--max-image-pixels");
+    assert!(!out.exists());
+}
+
+/// Pixels the model cannot take (no images, one channel, 4 × 4) are an error naming the file,
+/// the shape and the config setting, never a panic, and nothing is written.
+#[test]
+fn pixels_the_model_cannot_take_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("embeddings.safetensors");
+    for (shape, needle) in [
+        ([0, 3, 32, 32], "no images"),
+        (
+            [2, 1, 32, 32],
+            "1 channel(s); the model takes 3 (config.json num_channels)",
+        ),
+        ([2, 3, 4, 4], "smaller than one"),
+        ([1, 3, 64, 48], "the model takes"),
+    ] {
+        let pixels = dir.path().join("pixels.safetensors");
+        let data = vec![0u8; 4 * shape.iter().product::<usize>()];
+        let view =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.to_vec(), &data)
+                .unwrap();
+        safetensors::serialize_to_file([("pixel_values", view)], None, &pixels).unwrap();
+        let embed = run(
+            "embed",
+            &[
+                Path::new("--model-dir"),
+                &common::fixtures().join("clip_vision"),
+                Path::new("--pixels"),
+                &pixels,
+                Path::new("--out"),
+                &out,
+            ],
+        );
+        refused(&embed, needle);
+        refused(&embed, "pixels.safetensors");
+        assert!(!out.exists());
+    }
+}

@@ -117,6 +117,10 @@ struct Args {
     /// Also store every pass's embeddings in the trial files.
     #[arg(long)]
     keep_pass_features: bool,
+    /// The most pixels an image may declare (Pillow's limit by default); larger ones are
+    /// refused before decoding, as decompression bombs.
+    #[arg(long, default_value_t = kiln::cache::DEFAULT_MAX_PIXELS)]
+    max_image_pixels: u64,
 }
 
 impl Args {

@@ -238,6 +238,7 @@ pub fn load_models<'a, B: Backend>(
     for (index, spec) in specs.iter().enumerate() {
         let t = Instant::now();
         let cached = ImageCache::new(ImageCache::default_dir())
+            .max_image_pixels(args.max_image_pixels)
             .load(&ImageSource::Folder(images.to_path_buf()), &spec.preprocess)
             .map_err(|e| format!("{}: {e}", images.display()))?;
         clock.cache += t.elapsed().as_secs_f64();

@@ -11,8 +11,14 @@ use crate::CacheError;
 /// File extensions read from folders (lower case).
 pub const IMAGE_EXTENSIONS: [&str; 6] = ["png", "jpg", "jpeg", "webp", "bmp", "gif"];
 
-/// Decodes the image at `path` (its format guessed from its bytes) into 8-bit RGB.
-pub fn decode(path: &Path) -> Result<RgbImage, CacheError> {
+/// The most pixels an image may declare before it is decoded: Pillow's limit (twice its
+/// `Image.MAX_IMAGE_PIXELS`, beyond which it raises `DecompressionBombError`). A few kilobytes of
+/// PNG can declare 30 000 × 30 000 pixels, gigabytes once decoded.
+pub const DEFAULT_MAX_PIXELS: u64 = 2 * 89_478_485;
+
+/// Decodes the image at `path` (its format guessed from its bytes) into 8-bit RGB; an image
+/// that declares more than `max_pixels` pixels is refused before any pixel is decoded.
+pub fn decode(path: &Path, max_pixels: u64) -> Result<RgbImage, CacheError> {
     let bad = |e: &dyn std::fmt::Display| CacheError::BadImage {
         path: path.to_path_buf(),
         reason: e.to_string(),
@@ -23,6 +29,14 @@ pub fn decode(path: &Path) -> Result<RgbImage, CacheError> {
         .map_err(|e| CacheError::io(path, e))?;
     let jpeg = reader.format() == Some(ImageFormat::Jpeg);
     let mut decoder = reader.into_decoder().map_err(|e| bad(&e))?;
+    let (width, height) = decoder.dimensions();
+    if u64::from(width) * u64::from(height) > max_pixels {
+        return Err(bad(&format!(
+            "declares {width} × {height} pixels, more than the {max_pixels} an image may have \
+             (a decompression bomb?); raise the limit if the image is real (`--max-image-pixels`, \
+             `ImageCache::max_image_pixels`)"
+        )));
+    }
     let orientation = decoder.orientation().map_err(|e| bad(&e))?;
     let mut image = match jpeg.then(|| decode_jpeg(path)).transpose()?.flatten() {
         Some(image) => image,

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::CacheError;
-use crate::decode::decode;
+use crate::decode::{DEFAULT_MAX_PIXELS, decode};
 use crate::preprocess::Preprocess;
 use crate::sources::ImageSource;
 use crate::store::{
@@ -34,6 +34,7 @@ pub struct ImageCache {
     skip_bad: bool,
     shard_bytes: usize,
     stored: Stored,
+    max_pixels: u64,
 }
 
 /// How a dataset was obtained.
@@ -64,6 +65,7 @@ impl ImageCache {
             skip_bad: false,
             shard_bytes: DEFAULT_SHARD_BYTES,
             stored: Stored::U8,
+            max_pixels: DEFAULT_MAX_PIXELS,
         }
     }
 
@@ -84,6 +86,14 @@ impl ImageCache {
     /// Bytes of pixels per shard file (at least one item per shard).
     pub fn shard_bytes(mut self, bytes: usize) -> Self {
         self.shard_bytes = bytes;
+        self
+    }
+
+    /// The most pixels an image (or video frame) may declare before it is decoded (default
+    /// [`DEFAULT_MAX_PIXELS`], Pillow's): larger ones are bad images, said before any
+    /// gigabytes are allocated.
+    pub fn max_image_pixels(mut self, pixels: u64) -> Self {
+        self.max_pixels = pixels;
         self
     }
 
@@ -112,7 +122,7 @@ impl ImageCache {
             .collect::<Result<Vec<_>, _>>()?;
         let sources = names_and_hashes(files.iter().map(|f| f.name.clone()), hashes);
         self.load_entry("images", preprocess, size, 1, sources, |i| {
-            let image = decode(&files[i].path)?;
+            let image = decode(&files[i].path, self.max_pixels)?;
             Ok(to_chw(&preprocess.resize_and_crop(&image)?))
         })
     }
@@ -142,7 +152,7 @@ impl ImageCache {
             .collect::<Result<Vec<_>, _>>()?;
         let sources = names_and_hashes(videos.iter().map(|v| v.source.name.clone()), hashes);
         self.load_entry("clips", &spec.preprocess, size, spec.frames, sources, |i| {
-            videos[i].clip(spec)
+            videos[i].clip(spec, self.max_pixels)
         })
     }
 

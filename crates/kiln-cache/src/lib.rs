@@ -41,7 +41,7 @@ mod video;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-pub use decode::{IMAGE_EXTENSIONS, decode, to_rgb8};
+pub use decode::{DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, decode, to_rgb8};
 pub use feed::{Batch, Batches, DeviceImages, Order};
 pub use images::{CachedImages, DEFAULT_SHARD_BYTES, ImageCache, Outcome};
 pub use prefetch::Prefetch;

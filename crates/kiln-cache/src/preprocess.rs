@@ -426,11 +426,21 @@ fn parse_channels(value: Option<&Value>, key: &str) -> Result<Option<[f32; 3]>, 
         Value::Array(items) => items.iter().map(|v| v.as_f64().map(|x| x as f32)).collect(),
         v => v.as_f64().map(|x| vec![x as f32]),
     };
-    match numbers.as_deref() {
-        Some(&[x]) => Ok(Some([x; 3])),
-        Some(&[r, g, b]) => Ok(Some([r, g, b])),
-        _ => Err(config_error(key, value, "three numbers")),
+    let channels = match numbers.as_deref() {
+        Some(&[x]) => [x; 3],
+        Some(&[r, g, b]) => [r, g, b],
+        _ => return Err(config_error(key, value, "three numbers")),
+    };
+    // Pixels are divided by the standard deviations: 0 would make every embedding NaN.
+    let usable = |x: f32| x.is_finite() && (key != "image_std" || x > 0.0);
+    if !channels.iter().all(|&x| usable(x)) {
+        let expected = match key {
+            "image_std" => "positive finite numbers (pixels are divided by them)",
+            _ => "finite numbers",
+        };
+        return Err(config_error(key, value, expected));
     }
+    Ok(Some(channels))
 }
 
 fn resize(
@@ -573,6 +583,14 @@ mod tests {
             (
                 r#"{"image_processor_type": "CLIPImageProcessor", "image_mean": [1, 2]}"#,
                 "`image_mean` is [1,2], expected three numbers",
+            ),
+            (
+                r#"{"image_processor_type": "CLIPImageProcessor", "image_std": [0.5, 0, 0.5]}"#,
+                "`image_std` is [0.5,0,0.5], expected positive finite numbers",
+            ),
+            (
+                r#"{"image_processor_type": "CLIPImageProcessor", "image_std": -1}"#,
+                "`image_std` is -1, expected positive finite numbers",
             ),
             (
                 r#"{"image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": 0}}"#,

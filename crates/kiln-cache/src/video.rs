@@ -185,8 +185,9 @@ impl Video {
         }
     }
 
-    /// The clip: `spec.frames` sampled frames, preprocessed, as `[T, 3, H, W]` bytes.
-    pub(crate) fn clip(&self, spec: &ClipSpec) -> Result<Vec<u8>, CacheError> {
+    /// The clip: `spec.frames` sampled frames, preprocessed, as `[T, 3, H, W]` bytes; frame
+    /// images of more than `max_pixels` pixels are refused before decoding.
+    pub(crate) fn clip(&self, spec: &ClipSpec, max_pixels: u64) -> Result<Vec<u8>, CacheError> {
         let frames = match &self.container {
             Container::Frames(paths) => {
                 if paths.is_empty() {
@@ -194,7 +195,7 @@ impl Video {
                 }
                 sample_frames(paths.len(), spec.frames)
                     .into_iter()
-                    .map(|i| decode(&paths[i]))
+                    .map(|i| decode(&paths[i], max_pixels))
                     .collect::<Result<Vec<_>, _>>()?
             }
             Container::Gif => self.gif_frames(spec.frames)?,

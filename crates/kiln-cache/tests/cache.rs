@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
-use kiln_cache::{CacheError, ImageCache, ImageSource, Outcome, Preprocess, decode, to_chw};
+use kiln_cache::{
+    CacheError, DEFAULT_MAX_PIXELS, ImageCache, ImageSource, Outcome, Preprocess, decode, to_chw,
+};
 use kiln_precision::Precision;
 
 /// A folder with copies of the committed PNG fixtures (JPEG decoding is covered by the parity
@@ -46,7 +48,7 @@ fn a_second_load_hits_and_returns_the_same_pixels() {
     }
     // What is stored is what decode + preprocess produce.
     let direct = preprocess
-        .resize_and_crop(&decode(&images.path().join("gray.png")).unwrap())
+        .resize_and_crop(&decode(&images.path().join("gray.png"), DEFAULT_MAX_PIXELS).unwrap())
         .unwrap();
     assert_eq!(second.item(2), to_chw(&direct).as_slice());
 }
@@ -212,6 +214,30 @@ fn bad_images_are_named_or_skipped_and_nothing_cached_is_lost() {
     // The same entry without skip_bad reports the bad file instead of hiding it.
     let err = cache.load(&source, &preprocess).unwrap_err().to_string();
     assert!(err.contains("broken.png"), "{err}");
+}
+
+/// An image declaring more pixels than the budget is a bad image named before decoding (a
+/// decompression bomb allocates nothing); a larger budget lets it through.
+#[test]
+fn images_over_the_pixel_budget_are_refused_before_decoding() {
+    let images = image_folder();
+    let cache_dir = tempfile::tempdir().unwrap();
+    let source = ImageSource::Folder(images.path().into());
+    let (width, height) = image::image_dimensions(images.path().join("wide.png")).unwrap();
+    let budget = u64::from(width) * u64::from(height) - 1;
+    let tight = ImageCache::new(cache_dir.path()).max_image_pixels(budget);
+    let err = tight.load(&source, &Preprocess::clip(24)).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        matches!(&err, CacheError::BadImage { path, .. } if path.ends_with("wide.png")),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!("declares {width} × {height} pixels")),
+        "{message}"
+    );
+    let roomy = ImageCache::new(cache_dir.path()).max_image_pixels(budget + 1);
+    assert_eq!(roomy.load(&source, &Preprocess::clip(24)).unwrap().len(), 5);
 }
 
 #[test]

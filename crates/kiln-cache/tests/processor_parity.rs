@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
-use kiln_cache::{Preprocess, decode, normalize_on_device, to_chw};
+use kiln_cache::{DEFAULT_MAX_PIXELS, Preprocess, decode, normalize_on_device, to_chw};
 use kiln_precision::Precision;
 use safetensors::SafeTensors;
 
@@ -26,7 +26,7 @@ const IMAGES: [&str; 7] = [
 
 /// The image through kiln: decoded, resized and cropped (u8, CHW), then normalised on Flex.
 fn kiln(preprocess: &Preprocess, image: &str) -> (Vec<u8>, Vec<f32>, [usize; 3]) {
-    let decoded = decode(&fixtures().join("images").join(image)).unwrap();
+    let decoded = decode(&fixtures().join("images").join(image), DEFAULT_MAX_PIXELS).unwrap();
     let resized = preprocess.resize_and_crop(&decoded).unwrap();
     let (h, w) = (resized.height() as usize, resized.width() as usize);
     let chw = to_chw(&resized);

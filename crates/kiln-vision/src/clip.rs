@@ -9,10 +9,11 @@ use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, L
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
+use crate::VisionError;
 use crate::config::ClipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape};
 use crate::pass::{Draw, Pass, TowerSettings};
-use crate::patches::{learned_positions, patch_tokens};
+use crate::patches::{check_pixels, learned_positions, patch_tokens};
 use crate::prepared::PreparedWeights;
 use crate::tower::{Tower, in_compute_dtype};
 
@@ -76,6 +77,13 @@ pub struct ClipVisionModel<B: Backend> {
 
 impl<B: Backend> Tower<B> for ClipVisionModel<B> {
     type Output = ClipOutput<B>;
+
+    fn check_pixels(&self, dims: [usize; 4]) -> Result<(), VisionError> {
+        let embeddings = &self.vision_model.embeddings;
+        // The table's first row is the class token's.
+        let positions = embeddings.position_embedding.weight.val().dims()[0] - 1;
+        check_pixels(&embeddings.patch_embedding, Some(positions), dims)
+    }
 
     fn settings(&self) -> &TowerSettings {
         &self.settings

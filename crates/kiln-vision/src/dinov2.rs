@@ -13,10 +13,11 @@ use std::sync::{Arc, Mutex};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 
+use crate::VisionError;
 use crate::config::Dinov2Config;
 use crate::encoder::{Mlp, run_layers};
 use crate::pass::{Draw, Pass, Site, TowerSettings};
-use crate::patches::patch_tokens;
+use crate::patches::{check_pixels, patch_tokens};
 use crate::prepared::PreparedWeights;
 use crate::projection::{Then, project_dropped, self_attention};
 use crate::tower::{Tower, in_compute_dtype};
@@ -264,6 +265,11 @@ pub struct Dinov2Model<B: Backend> {
 
 impl<B: Backend> Tower<B> for Dinov2Model<B> {
     type Output = Dinov2Output<B>;
+
+    /// DINOv2 resizes its position table to any patch grid.
+    fn check_pixels(&self, dims: [usize; 4]) -> Result<(), VisionError> {
+        check_pixels(&self.embeddings.patch_embeddings.projection, None, dims)
+    }
 
     fn settings(&self) -> &TowerSettings {
         &self.settings

@@ -81,4 +81,7 @@ pub enum VisionError {
     /// Dropout rates or a draw that cannot be used.
     #[error("{0}")]
     Dropout(String),
+    /// Pixels the model cannot take (count, channels or size).
+    #[error("{0}")]
+    Pixels(String),
 }

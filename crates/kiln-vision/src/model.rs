@@ -98,6 +98,15 @@ impl<B: Backend> VisionModel<B> {
         }
     }
 
+    /// Refuses pixels `[batch, channels, H, W]` the model cannot take ([`Tower::check_pixels`]).
+    pub fn check_pixels(&self, dims: [usize; 4]) -> Result<(), VisionError> {
+        match self {
+            VisionModel::Clip(m) => m.check_pixels(dims),
+            VisionModel::Siglip(m) => m.check_pixels(dims),
+            VisionModel::Dinov2(m) => m.check_pixels(dims),
+        }
+    }
+
     /// The embeddings with Monte-Carlo dropout at the sites set by [`Self::with_dropout`], masks
     /// from `draw` (one or the same number of samples per image; see [`Tower::forward_sampled`]).
     pub fn forward_sampled(

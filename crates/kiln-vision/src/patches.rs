@@ -7,6 +7,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use kiln_precision::{HostOp, host_op};
 use rayon::prelude::*;
 
+use crate::VisionError;
 use crate::host;
 use crate::pass::Pass;
 use crate::projection::product_then;
@@ -34,6 +35,48 @@ pub(crate) fn patch_tokens<B: Backend>(
         .reshape([batch, hidden, rows * cols])
         .swap_dims(1, 2);
     (tokens, (rows, cols))
+}
+
+/// Refuses pixels `[batch, channels, height, width]` that the patch convolution `conv` and,
+/// when the tower has a fixed position table, its `positions` patch positions cannot take: no
+/// images, another channel count, an image smaller than a patch, or a patch grid the table does
+/// not cover. The messages name the `config.json` settings behind the model's numbers.
+pub(crate) fn check_pixels<B: Backend>(
+    conv: &Conv2d<B>,
+    positions: Option<usize>,
+    [batch, channels, height, width]: [usize; 4],
+) -> Result<(), VisionError> {
+    let [_, want_channels, ph, pw] = conv.weight.dims();
+    let problem = if batch == 0 {
+        Some("no images".to_string())
+    } else if channels != want_channels {
+        Some(format!(
+            "{channels} channel(s); the model takes {want_channels} (config.json num_channels)"
+        ))
+    } else if height < ph || width < pw {
+        Some(format!(
+            "{height} × {width} pixels, smaller than one {ph} × {pw} patch (config.json \
+             patch_size)"
+        ))
+    } else {
+        positions
+            .filter(|&n| (height / ph) * (width / pw) != n)
+            .map(|n| {
+                let side = (n as f64).sqrt().round() as usize;
+                format!(
+                    "{height} × {width} pixels; the model takes {} × {} (config.json image_size, \
+                     patch_size {ph}: its position table covers {n} patches)",
+                    side * ph,
+                    side * pw
+                )
+            })
+    };
+    match problem {
+        Some(problem) => Err(VisionError::Pixels(format!(
+            "pixels [{batch}, {channels}, {height}, {width}]: {problem}"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Whether `conv` cuts its input into non-overlapping patches: stride equal to the kernel, no

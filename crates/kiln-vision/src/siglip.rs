@@ -11,10 +11,11 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::linear;
 
+use crate::VisionError;
 use crate::config::SiglipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape, Mlp};
 use crate::pass::{Draw, Pass, TowerSettings};
-use crate::patches::{learned_positions, patch_tokens};
+use crate::patches::{check_pixels, learned_positions, patch_tokens};
 use crate::prepared::PreparedWeights;
 use crate::projection::Then;
 use crate::tower::{Tower, in_compute_dtype};
@@ -128,6 +129,12 @@ pub struct SiglipVisionModel<B: Backend> {
 
 impl<B: Backend> Tower<B> for SiglipVisionModel<B> {
     type Output = SiglipOutput<B>;
+
+    fn check_pixels(&self, dims: [usize; 4]) -> Result<(), VisionError> {
+        let embeddings = &self.vision_model.embeddings;
+        let positions = embeddings.position_embedding.weight.val().dims()[0];
+        check_pixels(&embeddings.patch_embedding, Some(positions), dims)
+    }
 
     fn settings(&self) -> &TowerSettings {
         &self.settings

@@ -31,6 +31,12 @@ pub trait Tower<B: Backend>: Module<B> {
     /// The embeddings among the outputs, `[batch, D]`.
     fn embeddings_of(output: Self::Output) -> Tensor<B, 2>;
 
+    /// Refuses pixels `[batch, channels, H, W]` the tower cannot take (no images, another
+    /// channel count, a size its position table does not cover), naming the `config.json`
+    /// settings involved. [`Tower::forward_sampled`] checks; call it before [`Tower::forward`]
+    /// on pixels from outside.
+    fn check_pixels(&self, dims: [usize; 4]) -> Result<(), VisionError>;
+
     /// The embeddings of normalised `pixels` `[batch, 3, H, W]`, deterministic.
     fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2> {
         Self::embeddings_of(self.run(pixels, false, None))
@@ -44,6 +50,7 @@ pub trait Tower<B: Backend>: Module<B> {
         pixels: Tensor<B, 4>,
         draw: &Draw,
     ) -> Result<Tensor<B, 2>, VisionError> {
+        self.check_pixels(pixels.dims())?;
         let batch = pixels.dims()[0];
         let samples = draw.rows.len();
         if samples < batch || !samples.is_multiple_of(batch) {
