@@ -22,7 +22,7 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
-use kiln::forcefield::{Frame, Painn, Predictions, read_extxyz, write_extxyz};
+use kiln::forcefield::{ForceFieldError, Frame, Painn, Predictions, read_extxyz, write_extxyz};
 use kiln::precision::{DeviceJob, DeviceSpec};
 
 /// mimalloc keeps freed tensor buffers for reuse; glibc's allocator hands large ones back to the
@@ -77,7 +77,7 @@ impl DeviceJob for Args {
             match frame.validate(index, max_z) {
                 Ok(()) => good.push(index),
                 Err(e) => {
-                    eprintln!("{e}");
+                    eprintln!("{}: {e}", self.input.display());
                     frame.info.insert("error".into(), e.to_string());
                     failed += 1;
                 }
@@ -96,13 +96,15 @@ impl DeviceJob for Args {
                         match model.predict(&single, device) {
                             Ok(results) => store(&mut frames, &[index], results),
                             Err(e) => {
-                                let message = e.to_string().replacen(
-                                    "structure 0",
-                                    &format!("structure {index}"),
-                                    1,
-                                );
-                                eprintln!("{message}");
-                                frames[index].info.insert("error".into(), message);
+                                // Alone in its batch, the structure was the batch's first.
+                                let e = match e {
+                                    ForceFieldError::Structure { reason, .. } => {
+                                        ForceFieldError::Structure { index, reason }
+                                    }
+                                    other => other,
+                                };
+                                eprintln!("{}: {e}", self.input.display());
+                                frames[index].info.insert("error".into(), e.to_string());
                                 failed += 1;
                             }
                         }

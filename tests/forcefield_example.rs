@@ -90,11 +90,11 @@ fn a_bad_structure_loses_nothing_else() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success());
     assert!(
-        stderr.contains("structure 1") && stderr.contains("non-finite"),
+        stderr.contains("in.extxyz: structure 2: atom 2 has a non-finite position"),
         "{stderr}"
     );
     assert!(
-        stderr.contains("structure 3: atom 0 has unknown element `Qq`"),
+        stderr.contains("in.extxyz: structure 4: atom 1 has unknown element `Qq`"),
         "{stderr}"
     );
     let written = frames(&output);

@@ -4,7 +4,10 @@
 //!   files beside an output named like a temporary (`out.partial`, `out.extxyz.tmp`) are never
 //!   touched;
 //! - checkpoints: a tensor stored with an integer dtype, or of another shape, is a prompt error
-//!   naming it (in the checkpoint's terms), never a panic or a hang, and nothing is written.
+//!   naming it (in the checkpoint's terms), never a panic or a hang, and nothing is written;
+//! - input data: a decompression bomb, pixels the model cannot take, a periodic cell far smaller
+//!   than the cutoff are errors naming the file, structure (1-based) and setting; the rest of
+//!   the run's results are kept.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -362,4 +365,29 @@ fn pixels_the_model_cannot_take_are_refused() {
         refused(&embed, "pixels.safetensors");
         assert!(!out.exists());
     }
+}
+
+/// A periodic cell far smaller than the cutoff (0.01 Å: a billion lattice shifts) fails its own
+/// structure with a clear message, promptly; every other structure's results are written.
+#[test]
+fn a_tiny_periodic_cell_fails_only_its_structure() {
+    let (dir, input, model) = scratch();
+    let mut text = fs::read_to_string(&input).unwrap();
+    let structures = kiln::forcefield::read_extxyz(&text).unwrap().len();
+    text.push_str(
+        "1\nLattice=\"0.01 0 0 0 0.01 0 0 0 0.01\" pbc=\"T T T\" \
+         Properties=species:S:1:pos:R:3\nH 0 0 0\n",
+    );
+    fs::write(&input, text).unwrap();
+    let output = dir.path().join("out.extxyz");
+    let done = forcefield(&model, &input, &output);
+    refused(
+        &done,
+        &format!(
+            "structure {}: the periodic cell is far smaller",
+            structures + 1
+        ),
+    );
+    let written = fs::read_to_string(&output).unwrap();
+    assert_eq!(written.matches("energy=").count(), structures);
 }

@@ -42,7 +42,7 @@ impl Frame {
         if let Some((atom, symbol)) = self.unknown_species.first_key_value() {
             return Err(ForceFieldError::Structure {
                 index,
-                reason: format!("atom {atom} has unknown element `{symbol}`"),
+                reason: format!("atom {} has unknown element `{symbol}`", atom + 1),
             });
         }
         self.structure.validate(index, max_z)
@@ -126,6 +126,20 @@ pub fn read_extxyz(text: &str) -> Result<Vec<Frame>, ExtxyzError> {
                 )
             })?;
             let fields: Vec<&str> = line.split_whitespace().collect();
+            if let [alone] = fields[..]
+                && width > 1
+                && alone.parse::<usize>().is_ok()
+            {
+                // The next frame's atom count: this frame declared more atoms than it has.
+                return Err(fail(
+                    at,
+                    format!(
+                        "the frame declares {count} atoms but has {atom}: line {} starts the next \
+                         frame",
+                        index + 1
+                    ),
+                ));
+            }
             if fields.len() != width {
                 return Err(fail(
                     index,
@@ -327,11 +341,18 @@ mod tests {
         let text = "2\nProperties=species:S:1:pos:R:3\nH 0 0 0\nQq 0 0 1\n";
         let frames = read_extxyz(text).unwrap();
         let err = frames[0].validate(7, 100).unwrap_err().to_string();
-        assert_eq!(err, "structure 7: atom 1 has unknown element `Qq`");
+        assert_eq!(err, "structure 8: atom 2 has unknown element `Qq`");
         assert!(write_extxyz(&frames).contains("\nQq "));
         let err = read_extxyz("2\n\nO 0 0 0\n").unwrap_err();
         assert_eq!(err.line, 4, "{err}");
         let err = read_extxyz("1\n\nO 0 0\n").unwrap_err();
         assert!(err.to_string().starts_with("line 3:"), "{err}");
+        // A count larger than the atoms present is reported at the frame's count line.
+        let text = "1\n\nH 0 0 0\n3\n\nH 0 0 0\nH 0 0 1\n2\n\nO 0 0 0\nO 0 0 1\n";
+        let err = read_extxyz(text).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "line 4: the frame declares 3 atoms but has 2: line 8 starts the next frame"
+        );
     }
 }

@@ -53,10 +53,10 @@ pub enum ForceFieldError {
     /// Weights missing, of the wrong shape, or unreadable.
     #[error("{0}")]
     Weights(String),
-    /// A structure that cannot be evaluated (its index in the batch and why).
-    #[error("structure {index}: {reason}")]
+    /// A structure that cannot be evaluated (its position in the input and why); said 1-based.
+    #[error("structure {}: {reason}", index + 1)]
     Structure {
-        /// The structure's index in the input.
+        /// The structure's 0-based index in the input (messages show it 1-based).
         index: usize,
         /// What is wrong with it.
         reason: String,

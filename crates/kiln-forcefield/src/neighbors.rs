@@ -76,22 +76,50 @@ pub fn neighbor_list(structure: &Structure, cutoff: f64) -> Result<NeighborList,
     neighbor_list_with(structure, cutoff, method)
 }
 
-/// The neighbour list of `structure` for `cutoff` (Å) built by `method`.
+/// The most lattice shifts a neighbour list may visit per atom: a periodic cell this much
+/// smaller than the cutoff (a 0.2 Å cell for 5 Å) is not a physical structure (lengths in nm or
+/// Bohr?), and its list would take gigabytes.
+pub const MAX_SHIFTS: f64 = 1e5;
+
+/// The most pairs one structure's neighbour list may hold (about 1 GB with the list's indices).
+pub const MAX_PAIRS: usize = 50_000_000;
+
+/// The neighbour list of `structure` for `cutoff` (Å) built by `method`. A cell so much smaller
+/// than the cutoff that it needs more than [`MAX_SHIFTS`] lattice shifts, or a list of more than
+/// [`MAX_PAIRS`] pairs, is an error before the memory is taken.
 pub fn neighbor_list_with(
     structure: &Structure,
     cutoff: f64,
     method: NeighborMethod,
 ) -> Result<NeighborList, String> {
     let frame = Frame::new(structure)?;
+    let shifts: f64 = (0..3)
+        .filter(|&k| structure.pbc[k])
+        .map(|k| 2.0 * frame.padding(k, cutoff).ceil() + 1.0)
+        .product();
+    if shifts > MAX_SHIFTS {
+        return Err(format!(
+            "the periodic cell is far smaller than the {cutoff} Å cutoff: each atom would meet \
+             {shifts:.0} images of the cell (more than {MAX_SHIFTS:.0}); are its lengths in Å?"
+        ));
+    }
     let mut list = NeighborList::default();
     let mut visit = |i: usize, j: usize, shift: [i32; 3], d: [f64; 3]| {
         let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
         if d2 >= cutoff * cutoff || (i == j && shift == [0; 3]) {
             return Ok(());
         }
+        if list.len() >= MAX_PAIRS {
+            return Err(format!(
+                "more than {MAX_PAIRS} neighbour pairs within {cutoff} Å: too dense to evaluate \
+                 as one structure (are the lengths in Å?)"
+            ));
+        }
         if d2 < OVERLAP * OVERLAP {
             return Err(format!(
-                "atoms {i} and {j} overlap ({:.1e} Å apart)",
+                "atoms {} and {} overlap ({:.1e} Å apart)",
+                i + 1,
+                j + 1,
                 d2.sqrt()
             ));
         }
@@ -345,6 +373,19 @@ mod tests {
         }
     }
 
+    /// A cell far smaller than the cutoff (here 0.01 Å for 5 Å: 10⁹ lattice shifts) is an error
+    /// before anything is allocated; a small but physical one (2 Å) is not.
+    #[test]
+    fn a_cell_far_smaller_than_the_cutoff_is_an_error() {
+        let cubic = |side: f64| [[side, 0.0, 0.0], [0.0, side, 0.0], [0.0, 0.0, side]];
+        let atom = |side| Structure::periodic(vec![14], vec![[0.0; 3]], cubic(side), [true; 3]);
+        for method in [NeighborMethod::BruteForce, NeighborMethod::CellList] {
+            let err = neighbor_list_with(&atom(0.01), 5.0, method).unwrap_err();
+            assert!(err.contains("far smaller than the 5 Å cutoff"), "{err}");
+            assert!(neighbor_list_with(&atom(2.0), 5.0, method).is_ok());
+        }
+    }
+
     #[test]
     fn pairs_come_in_both_orders_and_overlaps_are_errors() {
         let molecule = Structure::molecule(
@@ -357,7 +398,7 @@ mod tests {
         let overlapping = Structure::molecule(vec![1, 1], vec![[0.0; 3], [0.0, 0.0, 0.001]]);
         for method in [NeighborMethod::BruteForce, NeighborMethod::CellList] {
             let err = neighbor_list_with(&overlapping, 2.0, method).unwrap_err();
-            assert!(err.contains("overlap"), "{err}");
+            assert!(err.contains("atoms 1 and 2 overlap"), "{err}");
         }
     }
 

@@ -81,7 +81,8 @@ impl Structure {
             .find(|&(_, &z)| z == 0 || z as usize >= max_z)
         {
             return fail(format!(
-                "atom {atom} has atomic number {z}: the model knows 1 to {}",
+                "atom {} has atomic number {z}: the model knows 1 to {}",
+                atom + 1,
                 max_z - 1
             ));
         }
@@ -90,7 +91,7 @@ impl Structure {
             .iter()
             .position(|p| p.iter().any(|x| !x.is_finite()))
         {
-            return fail(format!("atom {atom} has a non-finite position"));
+            return fail(format!("atom {} has a non-finite position", atom + 1));
         }
         let periodic_cell = (0..3)
             .filter(|&k| self.pbc[k])
