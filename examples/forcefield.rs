@@ -77,7 +77,7 @@ impl DeviceJob for Args {
             match frame.validate(index, max_z) {
                 Ok(()) => good.push(index),
                 Err(e) => {
-                    eprintln!("{}: {e}", self.input.display());
+                    eprintln!("{}:{}: {e}", self.input.display(), frame.line);
                     frame.info.insert("error".into(), e.to_string());
                     failed += 1;
                 }
@@ -103,7 +103,8 @@ impl DeviceJob for Args {
                                     }
                                     other => other,
                                 };
-                                eprintln!("{}: {e}", self.input.display());
+                                let line = frames[index].line;
+                                eprintln!("{}:{line}: {e}", self.input.display());
                                 frames[index].info.insert("error".into(), e.to_string());
                                 failed += 1;
                             }

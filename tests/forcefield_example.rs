@@ -89,14 +89,21 @@ fn a_bad_structure_loses_nothing_else() {
     let run = forcefield(&input, &output, "64");
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success());
-    assert!(
-        stderr.contains("in.extxyz: structure 2: atom 2 has a non-finite position"),
-        "{stderr}"
-    );
-    assert!(
-        stderr.contains("in.extxyz: structure 4: atom 1 has unknown element `Qq`"),
-        "{stderr}"
-    );
+    // Each error names the file, the frame's first line, the structure and the atom (1-based).
+    let line_of = |frame: usize| {
+        1 + frames_text[..frame]
+            .iter()
+            .map(|f| f.lines().count())
+            .sum::<usize>()
+    };
+    let expected = [
+        (1, "structure 2: atom 2 has a non-finite position"),
+        (3, "structure 4: atom 1 has unknown element `Qq`"),
+    ];
+    for (frame, message) in expected {
+        let want = format!("in.extxyz:{}: {message}", line_of(frame));
+        assert!(stderr.contains(&want), "`{want}` missing from:\n{stderr}");
+    }
     let written = frames(&output);
     let expected = reference("energy_f64");
     assert_eq!(written.len(), expected.len() + 2);

@@ -23,6 +23,9 @@ pub struct Frame {
     /// Atoms whose species is not an element, with the symbol as written (kept when the frame
     /// is written back); their atomic number is 0, which no model accepts.
     pub unknown_species: BTreeMap<usize, String>,
+    /// The 1-based line of the frame's atom count in the file it was read from (0 for a frame
+    /// made in code), for messages about it.
+    pub line: usize,
 }
 
 impl Frame {
@@ -33,6 +36,7 @@ impl Frame {
             info: BTreeMap::new(),
             arrays: BTreeMap::new(),
             unknown_species: BTreeMap::new(),
+            line: 0,
         }
     }
 
@@ -192,6 +196,7 @@ pub fn read_extxyz(text: &str) -> Result<Vec<Frame>, ExtxyzError> {
             info,
             arrays,
             unknown_species,
+            line: at + 1,
         });
         at += 2 + count;
     }
