@@ -3,7 +3,7 @@
 //! ML workloads at hardware speed, with the same model code on CUDA, Vulkan/Metal (wgpu) or CPU.
 //!
 //! This facade re-exports the member crates:
-//! - [`bench`]: honest benchmarks — device syncs, warm-up, percentiles, roofline, saved
+//! - [`bench`](mod@bench): honest benchmarks — device syncs, warm-up, percentiles, roofline, saved
 //!   baselines and comparisons (the `kiln-bench` binary runs kiln's suite).
 //! - [`cache`]: decode and preprocess images and video clips once (Hugging Face processor
 //!   parity), store them as memory-mapped 8-bit tensors, keep them on the device or stream
@@ -16,8 +16,13 @@
 //!   runner, f64 statistics, resumable and shardable experiments.
 //! - [`precision`]: run-time device selection ([`precision::DeviceSpec`]) and mixed-precision
 //!   policy ([`precision::PolicySpec`], [`precision::LossScale`]).
+//! - [`train`]: the training loop (AdamW parameter groups, schedules in optimizer steps,
+//!   global-norm clipping, accumulation, loss scaling, evaluation, bit-exact resume,
+//!   data-parallel with the `collective` feature).
 //! - [`vision`]: CLIP, SigLIP / SigLIP2 and DINOv2 vision towers loaded from Hugging Face
 //!   checkpoints, matching transformers, with precision policies and Monte-Carlo dropout.
+//!
+//! Library warnings go through the `log` crate; [`log_to_stderr`] shows them on stderr.
 //!
 //! Backends are cargo features: `flex` (default, CPU), `ndarray`, `wgpu`, `cuda`. One binary can
 //! hold several; the device is chosen at run time:
