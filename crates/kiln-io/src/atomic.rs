@@ -20,17 +20,10 @@ pub fn write_atomic_with(
     path: &Path,
     write: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> Result<(), FileError> {
-    expect_kind(path, Kind::File)?;
-    let (temporary, mut file) = create_temporary(path)?;
-    let written = write(&mut file).and_then(|()| file.sync_all());
-    drop(file);
-    let result = written
-        .and_then(|()| fs::rename(&temporary, path))
-        .map_err(|e| FileError::io(path, e));
-    if result.is_err() {
-        let _ = fs::remove_file(&temporary);
-    }
-    result
+    write_atomic_at(path, |temporary| {
+        let mut file = OpenOptions::new().write(true).open(temporary)?;
+        write(&mut file)
+    })
 }
 
 /// [`write_atomic`] for writers that open the file themselves (a checkpoint format's

@@ -1,7 +1,7 @@
 //! How kiln writes files: whole or not at all, never over a file it did not mean to replace.
 //!
-//! - [`write_atomic`] / [`write_atomic_with`] / [`write_atomic_at`]: a file's new contents go to a temporary file
-//!   beside it, created exclusively under a name no user file has
+//! - [`write_atomic`] / [`write_atomic_with`] / [`write_atomic_at`]: a file's new contents go
+//!   to a temporary file beside it, created exclusively under a name no user file has
 //!   (`.NAME.kiln-PID-N.tmp`), flushed to the disk, then renamed over the target. A crash leaves
 //!   the old file or the new one, and a file that happens to be called like the target with
 //!   another extension is never touched.

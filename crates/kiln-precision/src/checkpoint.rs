@@ -119,10 +119,10 @@ fn settings(config: Option<&Value>, have: &[usize], want: &[usize]) -> String {
         }
     }
     named.dedup();
-    match named.is_empty() {
-        true => String::new(),
-        false => format!("; set by config.json's {}", named.join(", ")),
+    if named.is_empty() {
+        return String::new();
     }
+    format!("; set by config.json's {}", named.join(", "))
 }
 
 fn fields_equal_to(value: &Value, size: u64, prefix: &str, out: &mut Vec<String>) {
