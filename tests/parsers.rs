@@ -1,18 +1,21 @@
 //! Parsers never panic, whatever their input (issue "hardening"): property tests over arbitrary
 //! text and over valid inputs with random edits, for extxyz, `config.json` (vision towers,
 //! PaiNN), `preprocessor_config.json`, precision policies, dropout specs and trial files. Each
-//! either parses or returns an error; a panic fails the test.
+//! either parses or returns an error; a panic fails the test. The cargo-fuzz corpus
+//! (`fuzz/corpus/`) is replayed here through the fuzz targets' own harness, so CI needs no nightly.
 
 use std::path::Path;
 
 use kiln::forcefield::read_extxyz;
-use kiln::mc::{Experiment, TrialStore};
+use kiln::mc::TrialStore;
 use kiln::precision::PolicySpec;
 use kiln::vision::{DropoutSites, VisionConfig};
 use proptest::prelude::*;
 use proptest::sample::Index;
 
 mod common;
+#[path = "../fuzz/src/lib.rs"]
+mod fuzz_harness;
 
 /// `valid` with up to eight characters replaced, inserted or removed at random places.
 fn edited(valid: String) -> impl Strategy<Value = String> {
@@ -82,30 +85,8 @@ proptest! {
 #[test]
 fn trial_files_never_panic_and_damage_is_never_read_as_data() {
     let dir = tempfile::tempdir().unwrap();
-    let experiment = Experiment {
-        models: vec!["m".into()],
-        passes: vec![2],
-        trials: 2,
-        seed: 1,
-        dropout: "0.1".into(),
-        dataset: "d".into(),
-        images: 1,
-        weights: vec!["w".into()],
-        precision: "full".into(),
-    };
-    let store = TrialStore::create_or_resume(dir.path(), &experiment).unwrap();
-    let key = experiment.trial_keys()[0].clone();
-    let stats =
-        kiln::mc::EmbeddingStats::from_variances(2, vec![2], vec![1.0, 2.0], &[0.5, 0.25]).unwrap();
-    let record = kiln::mc::TrialRecord {
-        key: key.clone(),
-        seed: 5,
-        stats,
-        timings: Default::default(),
-    };
-    store.save(&record, None).unwrap();
-    let path = store.path_of(&key);
-    let good = std::fs::read(&path).unwrap();
+    let (store, record, good) = saved_trial(dir.path());
+    let (key, path) = (record.key.clone(), store.path_of(&record.key));
     let mut runner = proptest::test_runner::TestRunner::default();
     let damage = (
         any::<Index>(),
@@ -131,4 +112,180 @@ fn trial_files_never_panic_and_damage_is_never_read_as_data() {
             Ok(())
         })
         .unwrap();
+}
+
+fn corpus_dir(target: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(target)
+}
+
+/// Every committed fuzz input through its target's harness: none may panic (a panic names the
+/// file). Each target has a corpus, so a lost directory fails too.
+#[test]
+fn fuzz_corpus_replays_without_panics() {
+    for (target, harness) in fuzz_harness::TARGETS {
+        let mut inputs: Vec<_> = std::fs::read_dir(corpus_dir(target))
+            .unwrap_or_else(|e| panic!("fuzz/corpus/{target}: {e}"))
+            .map(|entry| entry.unwrap().path())
+            .collect();
+        inputs.sort();
+        assert!(
+            inputs.len() >= 3,
+            "fuzz/corpus/{target} holds {} inputs",
+            inputs.len()
+        );
+        for input in inputs {
+            let data = std::fs::read(&input).unwrap();
+            let outcome = std::panic::catch_unwind(|| harness(&data));
+            assert!(outcome.is_ok(), "{target} panicked on {}", input.display());
+        }
+    }
+}
+
+/// Writes the corpus's seeds: valid files of every kind, and the damaged ones the hostile-input
+/// tests use. Run after a file format changes (`cargo test --test parsers -- --ignored`); fuzzing
+/// adds the rest.
+#[test]
+#[ignore = "writes fuzz/corpus seeds"]
+fn write_fuzz_seeds() {
+    let write = |target: &str, name: &str, data: &[u8]| {
+        std::fs::create_dir_all(corpus_dir(target)).unwrap();
+        std::fs::write(corpus_dir(target).join(name), data).unwrap();
+    };
+    let extxyz = std::fs::read(common::forcefield_fixtures().join("structures.extxyz")).unwrap();
+    write("extxyz", "seed-fixture", &extxyz);
+    write("extxyz", "seed-truncated", &extxyz[..extxyz.len() / 2]);
+    write(
+        "extxyz",
+        "seed-tiny-cell",
+        b"1\nLattice=\"0.01 0 0 0 0.01 0 0 0 0.01\" pbc=\"T T T\" \
+          Properties=species:S:1:pos:R:3\nH 0 0 0\n",
+    );
+    write(
+        "extxyz",
+        "seed-count-too-large",
+        b"5\nProperties=species:S:1:pos:R:3\nH 0 0 0\n",
+    );
+
+    for (dir, files) in [
+        (
+            "clip_full",
+            &["config.json", "preprocessor_config.json"][..],
+        ),
+        ("siglip_full", &["config.json", "preprocessor_config.json"]),
+        ("dinov2", &["config.json", "preprocessor_config.json"]),
+        ("siglip2_naflex", &["config.json"]),
+    ] {
+        for file in files {
+            let text = std::fs::read(common::fixtures().join(dir).join(file)).unwrap();
+            write("config", &format!("seed-{dir}-{file}"), &text);
+        }
+    }
+    let painn = common::forcefield_fixtures().join("painn_gaussian/config.json");
+    write(
+        "config",
+        "seed-painn-config.json",
+        &std::fs::read(painn).unwrap(),
+    );
+    for (name, text) in [
+        (
+            "policy",
+            "params=f32,compute=bf16,output=f32,accumulate=f64",
+        ),
+        ("preset", "mixed-f16"),
+        ("device", "cuda:18446744073709551616"),
+        ("dropout", "attention_probs=0.1,mlp_hidden=0.2"),
+    ] {
+        write("config", &format!("seed-{name}"), text.as_bytes());
+    }
+
+    // A trial file of the harness's experiment, whole, cut short and with a byte flipped.
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, good) = saved_trial(dir.path());
+    write("trial_file", "seed-whole", &good);
+    write("trial_file", "seed-cut", &good[..good.len() - 9]);
+    let mut flipped = good.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 0x40;
+    write("trial_file", "seed-flipped", &flipped);
+
+    // A real manifest, and ones that claim impossible sizes or files outside the entry.
+    let images = tempfile::tempdir().unwrap();
+    image::RgbImage::from_fn(9, 7, |x, y| image::Rgb([x as u8 * 20, y as u8 * 30, 100]))
+        .save(images.path().join("a.png"))
+        .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    kiln::cache::ImageCache::new(cache.path())
+        .load(
+            &kiln::cache::ImageSource::Folder(images.path().into()),
+            &kiln::cache::Preprocess::siglip(8),
+        )
+        .unwrap();
+    let manifest = walk(cache.path())
+        .into_iter()
+        .find(|p| p.ends_with("manifest.json"))
+        .expect("the entry's manifest");
+    let text = std::fs::read_to_string(manifest).unwrap();
+    write("cache_manifest", "seed-whole", text.as_bytes());
+    let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    value["frames"] = 4_000_000_000u32.into();
+    value["height"] = 4_000_000_000u32.into();
+    write(
+        "cache_manifest",
+        "seed-huge-items",
+        value.to_string().as_bytes(),
+    );
+    let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    value["shards"][0]["file"] = "../../etc/passwd".into();
+    write(
+        "cache_manifest",
+        "seed-outside",
+        value.to_string().as_bytes(),
+    );
+    let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    value["shards"][0]["items"] = u64::MAX.into();
+    write(
+        "cache_manifest",
+        "seed-items-overflow",
+        value.to_string().as_bytes(),
+    );
+}
+
+/// A store in `dir` for the fuzz harness's experiment, holding one saved trial of two images:
+/// the store, the record and the file's bytes.
+fn saved_trial(dir: &Path) -> (TrialStore, kiln::mc::TrialRecord, Vec<u8>) {
+    let experiment = fuzz_harness::trial_experiment();
+    let store = TrialStore::create_or_resume(dir, &experiment).unwrap();
+    let stats = kiln::mc::EmbeddingStats::from_variances(
+        2,
+        vec![2, 2],
+        vec![1.0, 2.0, -0.5, 0.25],
+        &[0.5, 0.25, 1.0, 2.0],
+    )
+    .unwrap();
+    let record = kiln::mc::TrialRecord {
+        key: experiment.trial_keys()[0].clone(),
+        seed: 5,
+        stats,
+        timings: Default::default(),
+    };
+    store.save(&record, None).unwrap();
+    let bytes = std::fs::read(store.path_of(&record.key)).unwrap();
+    (store, record, bytes)
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flat_map(|entry| {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path)
+            } else {
+                vec![path]
+            }
+        })
+        .collect()
 }

@@ -147,6 +147,12 @@ const FIXTURES: &[Fixture] = &[
         requirements: "scripts/fixtures/requirements-hf.txt",
     },
     Fixture {
+        script: "scripts/fixtures/resample.py",
+        out: "crates/kiln-cache/tests/fixtures/resample",
+        python: "KILN_HF_PYTHON",
+        requirements: "scripts/fixtures/requirements-hf.txt",
+    },
+    Fixture {
         script: "scripts/fixtures/video.py",
         out: "crates/kiln-cache/tests/fixtures/video",
         python: "KILN_VIDEO_PYTHON",

@@ -32,6 +32,7 @@ mod images;
 mod mp4;
 mod prefetch;
 mod preprocess;
+mod resample;
 mod residency;
 mod sources;
 mod store;
@@ -50,7 +51,7 @@ pub use preprocess::{
 };
 pub use residency::{DEVICE_MEMORY_SHARE, DeviceMemory, Residency, ResidencyPlan};
 pub use sources::{ImageSource, SourceFile};
-pub use store::{FORMAT_VERSION, Skipped, Stored};
+pub use store::{CachedSource, FORMAT_VERSION, Manifest, ShardInfo, Skipped, Stored};
 pub use upload::{normalize_on_device, to_chw};
 pub use video::{ClipSpec, MP4_EXTENSIONS, VideoSource, sample_frames};
 

@@ -21,12 +21,11 @@
 
 use std::path::Path;
 
-use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer, images::Image};
 use image::RgbImage;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::CacheError;
+use crate::{CacheError, resample};
 
 /// OpenAI CLIP's channel mean (also BitImageProcessor's default).
 pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
@@ -71,18 +70,6 @@ impl Resample {
                 )));
             }
         })
-    }
-
-    /// The same filter in fast_image_resize, whose convolutions follow Pillow's.
-    fn algorithm(self) -> ResizeAlg {
-        match self {
-            Resample::Nearest => ResizeAlg::Nearest,
-            Resample::Lanczos => ResizeAlg::Convolution(FilterType::Lanczos3),
-            Resample::Bilinear => ResizeAlg::Convolution(FilterType::Bilinear),
-            Resample::Bicubic => ResizeAlg::Convolution(FilterType::CatmullRom),
-            Resample::Box => ResizeAlg::Convolution(FilterType::Box),
-            Resample::Hamming => ResizeAlg::Convolution(FilterType::Hamming),
-        }
     }
 }
 
@@ -339,7 +326,13 @@ impl Preprocess {
         let resized = if (height, width) == (image.height(), image.width()) {
             image.clone()
         } else {
-            resize(image, height, width, self.resample)?
+            let pixels = resample::resize_rgb(
+                image.as_raw(),
+                (image.height() as usize, image.width() as usize),
+                (height as usize, width as usize),
+                self.resample,
+            );
+            RgbImage::from_raw(width, height, pixels).expect("resize_rgb fills the image")
         };
         Ok(match self.center_crop {
             Some(crop) => center_crop(&resized, crop),
@@ -443,30 +436,6 @@ fn parse_channels(value: Option<&Value>, key: &str) -> Result<Option<[f32; 3]>, 
     Ok(Some(channels))
 }
 
-fn resize(
-    image: &RgbImage,
-    height: u32,
-    width: u32,
-    resample: Resample,
-) -> Result<RgbImage, CacheError> {
-    let source = Image::from_vec_u8(
-        image.width(),
-        image.height(),
-        image.as_raw().clone(),
-        PixelType::U8x3,
-    )
-    .map_err(|e| CacheError::Config(format!("resize: {e}")))?;
-    let mut target = Image::new(width, height, PixelType::U8x3);
-    Resizer::new()
-        .resize(
-            &source,
-            &mut target,
-            &ResizeOptions::new().resize_alg(resample.algorithm()),
-        )
-        .map_err(|e| CacheError::Config(format!("resize: {e}")))?;
-    Ok(RgbImage::from_raw(width, height, target.into_vec()).expect("the resizer filled it"))
-}
-
 /// transformers' centre crop: offsets `(size - crop) / 2` rounded down, zero padding centred
 /// (rounded up) where the image is smaller than the crop.
 fn center_crop(image: &RgbImage, crop: Crop) -> RgbImage {
@@ -477,14 +446,24 @@ fn center_crop(image: &RgbImage, crop: Crop) -> RgbImage {
     };
     let top = offset(image.height(), crop.height);
     let left = offset(image.width(), crop.width);
-    RgbImage::from_fn(crop.width, crop.height, |x, y| {
-        let (sx, sy) = (x as i64 + left, y as i64 + top);
-        if sx >= 0 && sy >= 0 && sx < image.width() as i64 && sy < image.height() as i64 {
-            *image.get_pixel(sx as u32, sy as u32)
-        } else {
-            image::Rgb([0, 0, 0])
-        }
-    })
+    // Rows and columns of the crop that fall inside the image; the rest stays zero.
+    let inside = |offset: i64, crop: u32, size: u32| {
+        (0.max(-offset) as usize)..((size as i64 - offset).clamp(0, crop as i64) as usize)
+    };
+    let (rows, columns) = (
+        inside(top, crop.height, image.height()),
+        inside(left, crop.width, image.width()),
+    );
+    let mut out = RgbImage::new(crop.width, crop.height);
+    let (stride_in, stride_out) = (image.width() as usize * 3, crop.width as usize * 3);
+    for y in rows {
+        let source_row = (y as i64 + top) as usize * stride_in;
+        let source = source_row + (columns.start as i64 + left) as usize * 3;
+        let target = y * stride_out + columns.start * 3;
+        let len = columns.len() * 3;
+        out.as_mut()[target..target + len].copy_from_slice(&image.as_raw()[source..source + len]);
+    }
+    out
 }
 
 #[cfg(test)]

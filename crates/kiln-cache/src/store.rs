@@ -14,8 +14,8 @@ use crate::CacheError;
 use crate::preprocess::Preprocess;
 
 /// Version of the entry format; entries of another version are rebuilt. 3: JPEGs decoded as
-/// libjpeg does (their pixels changed by a level or two).
-pub const FORMAT_VERSION: u32 = 3;
+/// libjpeg does (their pixels changed by a level or two). 4: resized as Pillow does, bit for bit.
+pub const FORMAT_VERSION: u32 = 4;
 
 /// Name of the tensor each shard holds.
 const PIXELS: &str = "pixels";
@@ -108,6 +108,51 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// Parses and checks a `manifest.json` on its own: the format version, frame and item sizes
+    /// that fit in memory arithmetic, shard files named inside the entry, and as many stored items
+    /// as sources. Whatever the text, an error, never a panic.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let manifest: Manifest =
+            serde_json::from_str(text).map_err(|e| format!("unreadable manifest ({e})"))?;
+        if manifest.format != FORMAT_VERSION {
+            return Err(format!(
+                "format version {} (this kiln writes {FORMAT_VERSION})",
+                manifest.format
+            ));
+        }
+        let item_bytes = manifest
+            .item_shape()
+            .iter()
+            .try_fold(manifest.stored.size_of(), |bytes, &d| bytes.checked_mul(d))
+            .filter(|&bytes| bytes > 0)
+            .ok_or_else(|| format!("impossible item shape {:?}", manifest.item_shape()))?;
+        let mut stored = 0usize;
+        for shard in &manifest.shards {
+            let plain = Path::new(&shard.file)
+                .file_name()
+                .is_some_and(|name| name == shard.file.as_str());
+            if !plain {
+                return Err(format!(
+                    "shard `{}` is not a file name inside the entry",
+                    shard.file
+                ));
+            }
+            shard
+                .items
+                .checked_mul(item_bytes)
+                .and_then(|_| stored.checked_add(shard.items))
+                .map(|sum| stored = sum)
+                .ok_or_else(|| format!("shard `{}` claims {} items", shard.file, shard.items))?;
+        }
+        if stored != manifest.sources.len() {
+            return Err(format!(
+                "{stored} items in shards, {} in the manifest",
+                manifest.sources.len()
+            ));
+        }
+        Ok(manifest)
+    }
+
     /// Bytes of one stored item.
     pub fn item_bytes(&self) -> usize {
         self.item_shape().iter().product::<usize>() * self.stored.size_of()
@@ -157,14 +202,7 @@ pub fn open_entry(dir: &Path, key: &str) -> Result<(Manifest, Vec<Shard>), Inval
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Invalid::Missing),
         Err(e) => return Err(Invalid::Stale(format!("{}: {e}", manifest_path.display()))),
     };
-    let manifest: Manifest = serde_json::from_str(&text)
-        .map_err(|e| Invalid::Stale(format!("unreadable manifest ({e})")))?;
-    if manifest.format != FORMAT_VERSION {
-        return Err(Invalid::Stale(format!(
-            "format version {} (this kiln writes {FORMAT_VERSION})",
-            manifest.format
-        )));
-    }
+    let manifest = Manifest::from_json(&text).map_err(Invalid::Stale)?;
     if manifest.key != key {
         return Err(Invalid::Stale(format!(
             "manifest names key {}",
@@ -193,13 +231,6 @@ pub fn open_entry(dir: &Path, key: &str) -> Result<(Manifest, Vec<Shard>), Inval
         })
         .collect::<Result<Vec<_>, String>>()
         .map_err(Invalid::Stale)?;
-    let stored: usize = manifest.shards.iter().map(|s| s.items).sum();
-    if stored != manifest.sources.len() {
-        return Err(Invalid::Stale(format!(
-            "{stored} items in shards, {} in the manifest",
-            manifest.sources.len()
-        )));
-    }
     Ok((manifest, shards))
 }
 
@@ -295,5 +326,66 @@ impl BuildLock {
 impl Drop for BuildLock {
     fn drop(&mut self) {
         let _ = self.file.unlock();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest() -> serde_json::Value {
+        let manifest = Manifest {
+            format: FORMAT_VERSION,
+            key: "k".into(),
+            preprocess: Preprocess::siglip(8),
+            frames: 1,
+            height: 8,
+            width: 8,
+            stored: Stored::U8,
+            sources: vec![CachedSource {
+                name: "a.png".into(),
+                hash: "h".into(),
+            }],
+            skipped: vec![],
+            shards: vec![ShardInfo {
+                file: "shard-00000.safetensors".into(),
+                items: 1,
+                checksum: "c".into(),
+            }],
+        };
+        serde_json::to_value(manifest).unwrap()
+    }
+
+    #[test]
+    fn manifests_claiming_the_impossible_are_refused() {
+        let parse = |value: &serde_json::Value| Manifest::from_json(&value.to_string());
+        assert!(parse(&manifest()).is_ok());
+        for (field, value, want) in [
+            ("format", serde_json::json!(3), "format version 3"),
+            ("height", serde_json::json!(0), "impossible item shape"),
+        ] {
+            let mut bad = manifest();
+            bad[field] = value;
+            let err = parse(&bad).unwrap_err();
+            assert!(err.contains(want), "{field}: {err}");
+        }
+        // 4e9 frames of 4e9 × 4e9 pixels: more bytes than a usize counts.
+        let mut huge = manifest();
+        for field in ["frames", "height", "width"] {
+            huge[field] = 4_000_000_000u32.into();
+        }
+        assert!(parse(&huge).unwrap_err().contains("impossible item shape"));
+        for (file, items, want) in [
+            ("../../etc/passwd", 1u64, "not a file name inside the entry"),
+            ("/etc/passwd", 1, "not a file name inside the entry"),
+            ("shard", u64::MAX, "claims 18446744073709551615 items"),
+            ("shard", 2, "2 items in shards, 1 in the manifest"),
+        ] {
+            let mut bad = manifest();
+            bad["shards"][0]["file"] = file.into();
+            bad["shards"][0]["items"] = items.into();
+            let err = parse(&bad).unwrap_err();
+            assert!(err.contains(want), "{file} {items}: {err}");
+        }
     }
 }
