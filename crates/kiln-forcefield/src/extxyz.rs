@@ -113,8 +113,10 @@ pub fn read_extxyz(text: &str) -> Result<Vec<Frame>, ExtxyzError> {
             }
             None => [cell != [[0.0; 3]; 3]; 3],
         };
-        let width: usize = columns.iter().map(|c| c.count).sum();
-        let (mut numbers, mut positions) = (Vec::with_capacity(count), Vec::with_capacity(count));
+        let width: usize = columns.iter().map(|c| c.count).sum(); // checked by parse_properties
+        // No more atoms than lines left: a declared count is not trusted with memory.
+        let room = count.min(lines.len().saturating_sub(at + 2));
+        let (mut numbers, mut positions) = (Vec::with_capacity(room), Vec::with_capacity(room));
         let mut unknown_species = BTreeMap::new();
         let mut arrays: BTreeMap<String, (usize, Vec<f64>)> = columns
             .iter()
@@ -271,7 +273,7 @@ fn parse_properties(text: Option<&str>) -> Result<Vec<Column>, String> {
             "Properties `{text}` is not name:type:count triples"
         ));
     }
-    parts
+    let columns = parts
         .chunks(3)
         .map(|p| {
             let kind = p[1].chars().next().filter(|k| "SRIL".contains(*k));
@@ -287,7 +289,20 @@ fn parse_properties(text: Option<&str>) -> Result<Vec<Column>, String> {
                 )),
             }
         })
-        .collect()
+        .collect::<Result<Vec<Column>, String>>()?;
+    if let Some(pos) = columns.iter().find(|c| c.name == "pos")
+        && (pos.kind, pos.count) != ('R', 3)
+    {
+        return Err(format!(
+            "Properties declares pos:{}:{}, not pos:R:3",
+            pos.kind, pos.count
+        ));
+    }
+    columns
+        .iter()
+        .try_fold(0usize, |width, c| width.checked_add(c.count))
+        .ok_or_else(|| format!("Properties `{text}` declares more columns than a line can hold"))?;
+    Ok(columns)
 }
 
 /// The `key=value` pairs of a comment line (values may be double-quoted).

@@ -68,7 +68,11 @@ impl NeighborList {
 /// list above. Overlapping atoms (closer than 0.01 Å) and a cell whose periodic lattice vectors
 /// are linearly dependent are errors.
 pub fn neighbor_list(structure: &Structure, cutoff: f64) -> Result<NeighborList, String> {
-    let method = if structure.len() <= BRUTE_FORCE_MAX_ATOMS {
+    // Brute force visits every image within the atoms' spread; atoms spread over many cells
+    // (unwrapped coordinates) go through the cell list, which wraps them first.
+    let compact = Frame::new(structure)
+        .is_ok_and(|frame| shift_count(brute_force_reach(structure, &frame, cutoff)) <= MAX_SHIFTS);
+    let method = if structure.len() <= BRUTE_FORCE_MAX_ATOMS && compact {
         NeighborMethod::BruteForce
     } else {
         NeighborMethod::CellList
@@ -80,6 +84,10 @@ pub fn neighbor_list(structure: &Structure, cutoff: f64) -> Result<NeighborList,
 /// smaller than the cutoff (a 0.2 Å cell for 5 Å) is not a physical structure (lengths in nm or
 /// Bohr?), and its list would take gigabytes.
 pub const MAX_SHIFTS: f64 = 1e5;
+
+/// The farthest an atom may lie from the periodic cell, in cells along a periodic lattice vector
+/// (coordinates further out are not Å, and wrapping them would overflow the lattice shifts).
+pub const MAX_CELLS_AWAY: f64 = 1e6;
 
 /// The most pairs one structure's neighbour list may hold (about 1 GB with the list's indices).
 pub const MAX_PAIRS: usize = 50_000_000;
@@ -101,6 +109,24 @@ pub fn neighbor_list_with(
         return Err(format!(
             "the periodic cell is far smaller than the {cutoff} Å cutoff: each atom would meet \
              {shifts:.0} images of the cell (more than {MAX_SHIFTS:.0}); are its lengths in Å?"
+        ));
+    }
+    let far = structure
+        .positions
+        .iter()
+        .enumerate()
+        .find_map(|(atom, r)| {
+            (0..3)
+                .filter(|&k| structure.pbc[k])
+                .map(|k| frame.fractional(r, k).abs())
+                .find(|&cells| cells.is_nan() || cells > MAX_CELLS_AWAY)
+                .map(|cells| (atom, cells))
+        });
+    if let Some((atom, cells)) = far {
+        return Err(format!(
+            "atom {} lies {cells:.1e} cells from the periodic cell (more than {MAX_CELLS_AWAY:.0e}); \
+             are its coordinates in Å?",
+            atom + 1
         ));
     }
     let mut list = NeighborList::default();
@@ -142,15 +168,13 @@ fn brute_force(
     visit: &mut impl FnMut(usize, usize, [i32; 3], [f64; 3]) -> Result<(), String>,
 ) -> Result<(), String> {
     let positions = &structure.positions;
-    // Along each periodic lattice vector: the cutoff in cells, plus the atoms' own spread.
-    let reach: [i32; 3] = std::array::from_fn(|k| {
-        if !structure.pbc[k] {
-            return 0;
-        }
-        let fractions = positions.iter().map(|r| frame.fractional(r, k));
-        let (lo, hi) = fractions.fold((f64::MAX, f64::MIN), |(l, h), f| (l.min(f), h.max(f)));
-        (frame.padding(k, cutoff) + (hi - lo)).ceil() as i32
-    });
+    let reach = brute_force_reach(structure, frame, cutoff);
+    if shift_count(reach) > MAX_SHIFTS {
+        return Err(format!(
+            "the atoms spread over {reach:?} cells: too many lattice images for a brute-force \
+             list (more than {MAX_SHIFTS:.0}); use the cell list"
+        ));
+    }
     let shifts = lattice_shifts(reach);
     let vectors: Vec<[f64; 3]> = shifts
         .iter()
@@ -164,6 +188,27 @@ fn brute_force(
         }
     }
     Ok(())
+}
+
+/// Along each periodic lattice vector, the shifts brute force visits: the cutoff in cells plus
+/// the atoms' own spread.
+fn brute_force_reach(structure: &Structure, frame: &Frame, cutoff: f64) -> [i32; 3] {
+    std::array::from_fn(|k| {
+        if !structure.pbc[k] {
+            return 0;
+        }
+        let fractions = structure.positions.iter().map(|r| frame.fractional(r, k));
+        let (lo, hi) = fractions.fold((f64::MAX, f64::MIN), |(l, h), f| (l.min(f), h.max(f)));
+        // Saturates for absurd spreads, which the shift count then refuses.
+        (frame.padding(k, cutoff) + (hi - lo))
+            .ceil()
+            .min(f64::from(i32::MAX / 4)) as i32
+    })
+}
+
+/// How many lattice shifts reach `[a, b, c]` spans, `(2a + 1)(2b + 1)(2c + 1)`.
+fn shift_count(reach: [i32; 3]) -> f64 {
+    reach.iter().map(|&r| 2.0 * f64::from(r) + 1.0).product()
 }
 
 /// Calls `visit` like [`brute_force`], for the pairs a cell list finds: atoms wrapped into the
@@ -383,6 +428,27 @@ mod tests {
             let err = neighbor_list_with(&atom(0.01), 5.0, method).unwrap_err();
             assert!(err.contains("far smaller than the 5 Å cutoff"), "{err}");
             assert!(neighbor_list_with(&atom(2.0), 5.0, method).is_ok());
+        }
+    }
+
+    /// Unwrapped coordinates many cells away go through the cell list (the brute-force one would
+    /// visit every image between them); coordinates absurdly far away are an error, not an
+    /// overflow.
+    #[test]
+    fn atoms_far_outside_the_cell() {
+        let cubic = [[4.0, 0.0, 0.0], [0.0, 4.0, 0.0], [0.0, 0.0, 4.0]];
+        let at = |x: f64| {
+            Structure::periodic(vec![1, 1], vec![[0.0; 3], [x, 1.0, 1.0]], cubic, [true; 3])
+        };
+        let near = sorted(&neighbor_list(&at(1.0), 3.0).unwrap());
+        // 40 000 cells further along a: the same pairs (brute force would visit 7e5 images).
+        let far = neighbor_list(&at(1.0 + 160_000.0), 3.0).unwrap();
+        assert_eq!(far.len(), near.len());
+        let err = neighbor_list_with(&at(160_000.0), 3.0, NeighborMethod::BruteForce).unwrap_err();
+        assert!(err.contains("use the cell list"), "{err}");
+        for method in [NeighborMethod::BruteForce, NeighborMethod::CellList] {
+            let err = neighbor_list_with(&at(1e300), 3.0, method).unwrap_err();
+            assert!(err.contains("atom 2 lies 2.5e299 cells"), "{err}");
         }
     }
 
