@@ -33,7 +33,8 @@ struct Args {
     /// Extended XYZ file holding the starting structure.
     #[arg(long)]
     input: PathBuf,
-    /// Which frame of the input to start from.
+    /// Which frame of the input to start from, counted from 0 as ASE's `index` is (messages
+    /// also name the structure 1-based and its line).
     #[arg(long, default_value_t = 0)]
     frame: usize,
     /// Where to write the trajectory (extended XYZ).
@@ -74,7 +75,7 @@ impl DeviceJob for Args {
         let frames = read_extxyz(&text).map_err(|e| format!("{input}: {e}"))?;
         let start = frames.get(self.frame).ok_or_else(|| {
             format!(
-                "{input} has {} frame(s): no frame {}",
+                "{input} has {} frame(s): no frame {} (--frame counts from 0)",
                 frames.len(),
                 self.frame
             )
@@ -83,7 +84,7 @@ impl DeviceJob for Args {
             Painn::<Autodiff<B>>::from_dir(&self.model, device).map_err(|e| e.to_string())?;
         start
             .validate(self.frame, model.config().max_z)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("{input}:{}: --frame {}: {e}", start.line, self.frame))?;
         let config = NveConfig {
             timestep_fs: self.timestep,
             steps: self.steps,

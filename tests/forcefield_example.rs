@@ -179,5 +179,9 @@ fn md_writes_a_trajectory_that_conserves_energy() {
 
     let run = md(&["--frame", "99"], &trajectory);
     assert!(!run.status.success());
-    assert!(String::from_utf8_lossy(&run.stderr).contains("no frame 99"));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains("no frame 99 (--frame counts from 0)"),
+        "{stderr}"
+    );
 }
