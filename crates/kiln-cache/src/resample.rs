@@ -158,24 +158,25 @@ pub(crate) fn resize_rgb(
     if resample == Resample::Nearest {
         return nearest(pixels, (height, width), (out_height, out_width));
     }
-    let vertical = Kernel::new(height, out_height, resample);
-    let horizontal = Kernel::new(width, out_width, resample);
+    let vertical = || Kernel::new(height, out_height, resample);
+    let horizontal = || Kernel::new(width, out_width, resample);
     match (out_width != width, out_height != height) {
         (false, false) => pixels.to_vec(),
-        (true, false) => horizontal_pass(pixels, width, &horizontal),
-        (false, true) => vertical_pass(pixels, width, 0, &vertical),
+        (true, false) => horizontal_pass(pixels, width, &horizontal()),
+        (false, true) => vertical_pass(pixels, width, 0, &vertical()),
         (true, true) if vertical_first((height, width), (out_height, out_width)) => {
-            let columns = vertical_pass(pixels, width, 0, &vertical);
-            horizontal_pass(&columns, width, &horizontal)
+            let columns = vertical_pass(pixels, width, 0, &vertical());
+            horizontal_pass(&columns, width, &horizontal())
         }
         (true, true) => {
             // Only the input rows the vertical pass reads go through the horizontal one.
+            let vertical = vertical();
             let rows = vertical.span();
             let stride = width * 3;
             let resized_rows = horizontal_pass(
                 &pixels[rows.start * stride..rows.end * stride],
                 width,
-                &horizontal,
+                &horizontal(),
             );
             vertical_pass(&resized_rows, out_width, rows.start, &vertical)
         }
