@@ -5,9 +5,9 @@
 //!   touched;
 //! - checkpoints: a tensor stored with an integer dtype, or of another shape, is a prompt error
 //!   naming it (in the checkpoint's terms), never a panic or a hang, and nothing is written;
-//! - input data: a decompression bomb, pixels the model cannot take, a periodic cell far smaller
-//!   than the cutoff are errors naming the file, structure (1-based) and setting; the rest of
-//!   the run's results are kept.
+//! - input data: a decompression bomb (PNG or JPEG), a truncated JPEG, pixels the model cannot
+//!   take, a periodic cell far smaller than the cutoff are errors naming the file, structure
+//!   (1-based) and setting; the rest of the run's results are kept.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -51,6 +51,39 @@ fn forcefield(model: &Path, input: &Path, output: &Path) -> Output {
     )
 }
 
+/// The embed example with the model in `model`, `input_flag` (`--images` or `--pixels`)
+/// `input`, writing `out`.
+fn embed(model: &Path, input_flag: &str, input: &Path, out: &Path) -> Output {
+    run(
+        "embed",
+        &[
+            Path::new("--model-dir"),
+            model,
+            Path::new(input_flag),
+            input,
+            Path::new("--out"),
+            out,
+        ],
+    )
+}
+
+/// Embeds a folder holding only the image `name` with the tiny CLIP; checks the run is refused
+/// naming the file and saying each of `needles`, and that nothing is written.
+fn refuses_image(name: &str, bytes: &[u8], needles: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    fs::create_dir(&images).unwrap();
+    fs::write(images.join(name), bytes).unwrap();
+    let out = dir.path().join("embeddings.safetensors");
+    let clip = common::fixtures().join("clip_vision");
+    let output = embed(&clip, "--images", &images, &out);
+    refused(&output, name);
+    for needle in needles {
+        refused(&output, needle);
+    }
+    assert!(!out.exists());
+}
+
 /// Runs `example` with flag / value pairs `args`; fails the test if it has not exited within a
 /// minute (a hang).
 fn run(example: &str, args: &[&Path]) -> Output {
@@ -83,6 +116,10 @@ use common::snapshot;
 fn refused(output: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "accepted; stderr:\n{stderr}");
+    assert!(
+        !stderr.contains("panicked"),
+        "a panic, not an error:\n{stderr}"
+    );
     assert!(
         stderr.contains(needle),
         "`{needle}` missing from:\n{stderr}"
@@ -165,19 +202,7 @@ fn embed_refuses_an_output_in_the_model_directory_or_over_its_pixels() {
     let pixels = dir.path().join("pixels.safetensors");
     fs::write(&pixels, b"not read: refused before").unwrap();
     let before = snapshot(dir.path());
-    let embed = |out: &Path| {
-        run(
-            "embed",
-            &[
-                Path::new("--model-dir"),
-                &model,
-                Path::new("--pixels"),
-                &pixels,
-                Path::new("--out"),
-                out,
-            ],
-        )
-    };
+    let embed = |out: &Path| embed(&model, "--pixels", &pixels, out);
     refused(
         &embed(&model.join("model.safetensors")),
         "is inside the model directory (--model-dir)",
@@ -260,17 +285,7 @@ fn a_vision_checkpoint_with_an_integer_tensor_is_refused_naming_it() {
     fs::copy(&weights, &original).unwrap();
     rewrite(&original, &weights, name, None);
     let out = dir.path().join("embeddings.safetensors");
-    let embed = run(
-        "embed",
-        &[
-            Path::new("--model-dir"),
-            &model,
-            Path::new("--images"),
-            &common::fixtures().join("images"),
-            Path::new("--out"),
-            &out,
-        ],
-    );
+    let embed = embed(&model, "--images", &common::fixtures().join("images"), &out);
     refused(&embed, &format!("{name}: stored as I64"));
     assert!(!out.exists());
 }
@@ -299,9 +314,6 @@ fn png_chunk(kind: &[u8; 4], data: &[u8]) -> Vec<u8> {
 /// before decoding, naming the file and the flag that raises the limit.
 #[test]
 fn a_decompression_bomb_is_refused_before_decoding() {
-    let dir = tempfile::tempdir().unwrap();
-    let images = dir.path().join("images");
-    fs::create_dir(&images).unwrap();
     let mut header = 30_000u32.to_be_bytes().to_vec();
     header.extend_from_slice(&30_000u32.to_be_bytes());
     header.extend_from_slice(&[8, 2, 0, 0, 0]);
@@ -310,23 +322,31 @@ fn a_decompression_bomb_is_refused_before_decoding() {
     // The start of a zlib stream: decoders read the header up to here.
     png.extend(png_chunk(b"IDAT", &[0x78, 0x9c, 0x63, 0x00]));
     png.extend(png_chunk(b"IEND", &[]));
-    fs::write(images.join("bomb.png"), png).unwrap();
-    let out = dir.path().join("embeddings.safetensors");
-    let embed = run(
-        "embed",
-        &[
-            Path::new("--model-dir"),
-            &common::fixtures().join("clip_vision"),
-            Path::new("--images"),
-            &images,
-            Path::new("--out"),
-            &out,
-        ],
+    refuses_image(
+        "bomb.png",
+        &png,
+        &["declares 30000 × 30000 pixels", "--max-image-pixels"],
     );
-    refused(&embed, "bomb.png");
-    refused(&embed, "declares 30000 × 30000 pixels");
-    refused(&embed, "--max-image-pixels");
-    assert!(!out.exists());
+}
+
+/// A JPEG cut short (Pillow refuses it; libjpeg alone would fill the missing rows with grey) and
+/// one whose header declares 65 000 × 65 000 pixels are errors naming the file.
+#[test]
+fn a_truncated_or_enormous_jpeg_is_refused_naming_it() {
+    let jpeg = fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("crates/kiln-cache/tests/fixtures/jpeg/q90-444.jpg"),
+    )
+    .unwrap();
+    let mut enormous = jpeg.clone();
+    let sof = enormous.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
+    enormous[sof + 5..sof + 9].copy_from_slice(&[0xFD, 0xE8, 0xFD, 0xE8]);
+    refuses_image(
+        "cut.jpg",
+        &jpeg[..jpeg.len() / 2],
+        &["image file is truncated"],
+    );
+    refuses_image("bomb.jpg", &enormous, &["declares 65000 × 65000 pixels"]);
 }
 
 /// Pixels the model cannot take (no images, one channel, 4 × 4) are an error naming the file,
@@ -350,17 +370,8 @@ fn pixels_the_model_cannot_take_are_refused() {
             safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.to_vec(), &data)
                 .unwrap();
         safetensors::serialize_to_file([("pixel_values", view)], None, &pixels).unwrap();
-        let embed = run(
-            "embed",
-            &[
-                Path::new("--model-dir"),
-                &common::fixtures().join("clip_vision"),
-                Path::new("--pixels"),
-                &pixels,
-                Path::new("--out"),
-                &out,
-            ],
-        );
+        let clip = common::fixtures().join("clip_vision");
+        let embed = embed(&clip, "--pixels", &pixels, &out);
         refused(&embed, needle);
         refused(&embed, "pixels.safetensors");
         assert!(!out.exists());

@@ -153,6 +153,12 @@ const FIXTURES: &[Fixture] = &[
         requirements: "scripts/fixtures/requirements-hf.txt",
     },
     Fixture {
+        script: "scripts/fixtures/jpeg.py",
+        out: "crates/kiln-cache/tests/fixtures/jpeg",
+        python: "KILN_HF_PYTHON",
+        requirements: "scripts/fixtures/requirements-hf.txt",
+    },
+    Fixture {
         script: "scripts/fixtures/video.py",
         out: "crates/kiln-cache/tests/fixtures/video",
         python: "KILN_VIDEO_PYTHON",

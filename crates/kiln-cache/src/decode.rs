@@ -2,11 +2,13 @@
 //! orientation applied, grayscale replicated, 16-bit rounded to 8, transparency composited onto
 //! white (transformers' `convert_to_rgb`).
 
+use std::fs::File;
 use std::path::Path;
 
-use image::{DynamicImage, GrayImage, ImageDecoder, ImageFormat, ImageReader, RgbImage, RgbaImage};
+use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, RgbImage, RgbaImage};
 
 use crate::CacheError;
+use crate::jpeg::{self, Jpeg};
 
 /// File extensions read from folders (lower case).
 pub const IMAGE_EXTENSIONS: [&str; 6] = ["png", "jpg", "jpeg", "webp", "bmp", "gif"];
@@ -17,59 +19,42 @@ pub const IMAGE_EXTENSIONS: [&str; 6] = ["png", "jpg", "jpeg", "webp", "bmp", "g
 pub const DEFAULT_MAX_PIXELS: u64 = 2 * 89_478_485;
 
 /// Decodes the image at `path` (its format guessed from its bytes) into 8-bit RGB; an image
-/// that declares more than `max_pixels` pixels is refused before any pixel is decoded.
+/// that declares more than `max_pixels` pixels is refused before any pixel is decoded. JPEGs go
+/// through libjpeg-turbo's decoder, as in Pillow (see [`crate::jpeg`]).
 pub fn decode(path: &Path, max_pixels: u64) -> Result<RgbImage, CacheError> {
-    let bad = |e: &dyn std::fmt::Display| CacheError::BadImage {
+    let bad = |reason: String| CacheError::BadImage {
         path: path.to_path_buf(),
-        reason: e.to_string(),
+        reason,
+    };
+    let too_many = |width: u32, height: u32| {
+        format!(
+            "declares {width} × {height} pixels, more than the {max_pixels} an image may have \
+             (a decompression bomb?); raise the limit if the image is real (`--max-image-pixels`, \
+             `ImageCache::max_image_pixels`)"
+        )
     };
     let reader = ImageReader::open(path)
         .map_err(|e| CacheError::io(path, e))?
         .with_guessed_format()
         .map_err(|e| CacheError::io(path, e))?;
-    let jpeg = reader.format() == Some(ImageFormat::Jpeg);
-    let mut decoder = reader.into_decoder().map_err(|e| bad(&e))?;
+    if reader.format() == Some(ImageFormat::Jpeg) {
+        let file = File::open(path).map_err(|e| CacheError::io(path, e))?;
+        let Jpeg {
+            mut image,
+            orientation,
+        } = jpeg::decode(file, max_pixels, too_many).map_err(bad)?;
+        image.apply_orientation(orientation);
+        return Ok(to_rgb8(image));
+    }
+    let mut decoder = reader.into_decoder().map_err(|e| bad(e.to_string()))?;
     let (width, height) = decoder.dimensions();
     if u64::from(width) * u64::from(height) > max_pixels {
-        return Err(bad(&format!(
-            "declares {width} × {height} pixels, more than the {max_pixels} an image may have \
-             (a decompression bomb?); raise the limit if the image is real (`--max-image-pixels`, \
-             `ImageCache::max_image_pixels`)"
-        )));
+        return Err(bad(too_many(width, height)));
     }
-    let orientation = decoder.orientation().map_err(|e| bad(&e))?;
-    let mut image = match jpeg.then(|| decode_jpeg(path)).transpose()?.flatten() {
-        Some(image) => image,
-        None => DynamicImage::from_decoder(decoder).map_err(|e| bad(&e))?,
-    };
+    let orientation = decoder.orientation().map_err(|e| bad(e.to_string()))?;
+    let mut image = DynamicImage::from_decoder(decoder).map_err(|e| bad(e.to_string()))?;
     image.apply_orientation(orientation);
     Ok(to_rgb8(image))
-}
-
-/// A baseline or progressive 8-bit grayscale or RGB JPEG through `jpeg-decoder`, whose integer
-/// IDCT and "fancy" chroma upsampling follow libjpeg, the decoder Pillow (and so transformers)
-/// uses: within a level of it, where `image`'s default decoder differs by up to four. `None` for
-/// other JPEGs (CMYK, 16-bit), which `image` decodes.
-fn decode_jpeg(path: &Path) -> Result<Option<DynamicImage>, CacheError> {
-    let bytes = std::fs::read(path).map_err(|e| CacheError::io(path, e))?;
-    let mut decoder = jpeg_decoder::Decoder::new(bytes.as_slice());
-    let pixels = decoder.decode().map_err(|e| CacheError::BadImage {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })?;
-    let Some(info) = decoder.info() else {
-        return Ok(None);
-    };
-    let (width, height) = (u32::from(info.width), u32::from(info.height));
-    Ok(match info.pixel_format {
-        jpeg_decoder::PixelFormat::RGB24 => {
-            RgbImage::from_raw(width, height, pixels).map(DynamicImage::ImageRgb8)
-        }
-        jpeg_decoder::PixelFormat::L8 => {
-            GrayImage::from_raw(width, height, pixels).map(DynamicImage::ImageLuma8)
-        }
-        _ => None,
-    })
 }
 
 /// 8-bit RGB: alpha composited onto white, everything else converted by `image` (16-bit values

@@ -28,6 +28,7 @@
 mod decode;
 mod feed;
 mod images;
+mod jpeg;
 #[cfg(feature = "video")]
 mod mp4;
 mod prefetch;

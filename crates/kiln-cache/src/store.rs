@@ -15,7 +15,8 @@ use crate::preprocess::Preprocess;
 
 /// Version of the entry format; entries of another version are rebuilt. 3: JPEGs decoded as
 /// libjpeg does (their pixels changed by a level or two). 4: resized as Pillow does, bit for bit.
-pub const FORMAT_VERSION: u32 = 4;
+/// 5: JPEGs decoded by libjpeg-turbo, as in Pillow, bit for bit.
+pub const FORMAT_VERSION: u32 = 5;
 
 /// Name of the tensor each shard holds.
 const PIXELS: &str = "pixels";

@@ -9,6 +9,7 @@ use burn::backend::Flex;
 use kiln_cache::{DEFAULT_MAX_PIXELS, Preprocess, decode, normalize_on_device, to_chw};
 use kiln_precision::Precision;
 use safetensors::SafeTensors;
+use safetensors::tensor::TensorView;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/processors")
@@ -87,9 +88,7 @@ fn check(config: &str) {
             .map(|(a, b)| a.abs_diff(*b))
             .max()
             .unwrap();
-        if not_jpeg(image) {
-            assert_eq!(max_u8, 0, "{config}/{image}: 8-bit pixels differ");
-        }
+        assert_eq!(max_u8, 0, "{config}/{image}: 8-bit pixels differ");
 
         for backend in ["pil", "torchvision"] {
             // Where the image is smaller than the crop, transformers' backends disagree: numpy's
@@ -107,18 +106,12 @@ fn check(config: &str) {
                 mean <= 1.0 / 255.0,
                 "{config}/{image} vs {backend}: mean |Δ| {mean} > 1/255"
             );
-            if backend == "pil" && not_jpeg(image) {
+            if backend == "pil" {
                 // Same bytes in: only the float rounding of the normalisation differs.
                 assert!(max < 1e-6, "{config}/{image}: max |Δ| {max}");
             }
         }
     }
-}
-
-/// Every 8-bit pixel of a non-JPEG image is Pillow's, resized or not. JPEG decoders
-/// (jpeg-decoder here, libjpeg-turbo in Pillow) differ by up to 3 levels at some pixels.
-fn not_jpeg(image: &str) -> bool {
-    !image.ends_with(".jpg")
 }
 
 #[test]
@@ -144,6 +137,19 @@ fn dinov2_bit_processor() {
 /// Every Pillow filter, bit for bit, on sizes that shrink, enlarge, mix the two and keep one axis
 /// (`scripts/fixtures/resample.py`): full-contrast edges and noisy gradients, where fixed-point
 /// rounding shows.
+/// Asserts that `ours` is Pillow's image `theirs` ([H, W, 3] u8), byte for byte.
+fn assert_pillows(ours: &image::RgbImage, theirs: &TensorView, what: &str) {
+    let shape = [ours.height() as usize, ours.width() as usize, 3];
+    assert_eq!(shape, theirs.shape(), "{what}: shape");
+    let differing = ours
+        .as_raw()
+        .iter()
+        .zip(theirs.data())
+        .filter(|(a, b)| a != b)
+        .count();
+    assert_eq!(differing, 0, "{what}: {differing} bytes differ from Pillow");
+}
+
 #[test]
 fn resize_is_pillow_bit_for_bit() {
     let bytes = std::fs::read(
@@ -169,17 +175,23 @@ fn resize_is_pillow_bit_for_bit() {
             normalize: None,
         };
         let ours = preprocess.resize_and_crop(&source).unwrap();
-        let differing = ours
-            .as_raw()
-            .iter()
-            .zip(view.data())
-            .filter(|(a, b)| a != b)
-            .count();
-        assert_eq!(
-            differing, 0,
-            "{filter} to {size}: {differing} bytes differ from Pillow"
-        );
+        assert_pillows(&ours, &view, &format!("{filter} to {size}"));
         checked += 1;
     }
     assert_eq!(checked, 48);
+}
+
+/// JPEGs saved by Pillow in every way that changes the decoder's path (subsampling, progressive,
+/// restart markers, grayscale, CMYK, quality 20 to 100; `scripts/fixtures/jpeg.py`) decode to
+/// Pillow's pixels exactly.
+#[test]
+fn jpeg_decodes_as_pillow_bit_for_bit() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jpeg");
+    let bytes = std::fs::read(dir.join("pillow.safetensors")).unwrap();
+    let tensors = SafeTensors::deserialize(&bytes).unwrap();
+    for (name, view) in tensors.tensors() {
+        let ours = decode(&dir.join(format!("{name}.jpg")), DEFAULT_MAX_PIXELS).unwrap();
+        assert_pillows(&ours, &view, &format!("{name}.jpg"));
+    }
+    assert_eq!(tensors.len(), 11);
 }
