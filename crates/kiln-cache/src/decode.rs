@@ -26,13 +26,6 @@ pub fn decode(path: &Path, max_pixels: u64) -> Result<RgbImage, CacheError> {
         path: path.to_path_buf(),
         reason,
     };
-    let too_many = |width: u32, height: u32| {
-        format!(
-            "declares {width} × {height} pixels, more than the {max_pixels} an image may have \
-             (a decompression bomb?); raise the limit if the image is real (`--max-image-pixels`, \
-             `ImageCache::max_image_pixels`)"
-        )
-    };
     let reader = ImageReader::open(path)
         .map_err(|e| CacheError::io(path, e))?
         .with_guessed_format()
@@ -42,19 +35,30 @@ pub fn decode(path: &Path, max_pixels: u64) -> Result<RgbImage, CacheError> {
         let Jpeg {
             mut image,
             orientation,
-        } = jpeg::decode(file, max_pixels, too_many).map_err(bad)?;
+        } = jpeg::decode(file, max_pixels).map_err(bad)?;
         image.apply_orientation(orientation);
         return Ok(to_rgb8(image));
     }
     let mut decoder = reader.into_decoder().map_err(|e| bad(e.to_string()))?;
     let (width, height) = decoder.dimensions();
-    if u64::from(width) * u64::from(height) > max_pixels {
-        return Err(bad(too_many(width, height)));
-    }
+    check_budget(width, height, max_pixels).map_err(bad)?;
     let orientation = decoder.orientation().map_err(|e| bad(e.to_string()))?;
     let mut image = DynamicImage::from_decoder(decoder).map_err(|e| bad(e.to_string()))?;
     image.apply_orientation(orientation);
     Ok(to_rgb8(image))
+}
+
+/// Refuses an image (or video frame) that declares `width × height` pixels, more than
+/// `max_pixels`, saying how to raise the limit.
+pub(crate) fn check_budget(width: u32, height: u32, max_pixels: u64) -> Result<(), String> {
+    if u64::from(width) * u64::from(height) <= max_pixels {
+        return Ok(());
+    }
+    Err(format!(
+        "declares {width} × {height} pixels, more than the {max_pixels} an image may have (a \
+         decompression bomb?); raise the limit if the image is real (`--max-image-pixels`, \
+         `ImageCache::max_image_pixels`)"
+    ))
 }
 
 /// 8-bit RGB: alpha composited onto white, everything else converted by `image` (16-bit values

@@ -10,6 +10,8 @@ use image::metadata::Orientation;
 use image::{DynamicImage, GrayImage, RgbImage};
 use mozjpeg::{ColorSpace, Decompress, Marker};
 
+use crate::decode::check_budget;
+
 /// A JPEG decoded, before EXIF orientation and RGB conversion.
 pub(crate) struct Jpeg {
     /// 8-bit grayscale or RGB pixels.
@@ -24,11 +26,7 @@ pub(crate) struct Jpeg {
 /// declaring more than `max_pixels` is refused from its header; so is one whose file ends before
 /// its end-of-image marker, as Pillow refuses it ("image file is truncated"), where libjpeg alone
 /// would fill the missing rows with grey.
-pub(crate) fn decode<R: Read>(
-    file: R,
-    max_pixels: u64,
-    refuse: impl Fn(u32, u32) -> String,
-) -> Result<Jpeg, String> {
+pub(crate) fn decode<R: Read>(file: R, max_pixels: u64) -> Result<Jpeg, String> {
     let ended = Cell::new(false);
     let reader = EndWatch {
         inner: BufReader::new(file),
@@ -42,9 +40,7 @@ pub(crate) fn decode<R: Read>(
             .from_reader(reader)
             .map_err(|e| e.to_string())?;
         let (width, height) = (decompress.width() as u32, decompress.height() as u32);
-        if u64::from(width) * u64::from(height) > max_pixels {
-            return Err(refuse(width, height));
-        }
+        check_budget(width, height, max_pixels)?;
         let output = match decompress.color_space() {
             ColorSpace::JCS_GRAYSCALE => ColorSpace::JCS_GRAYSCALE,
             ColorSpace::JCS_YCbCr | ColorSpace::JCS_RGB => ColorSpace::JCS_RGB,
@@ -149,9 +145,7 @@ mod tests {
     }
 
     fn decoded(bytes: &[u8]) -> Result<Jpeg, String> {
-        decode(bytes, crate::DEFAULT_MAX_PIXELS, |w, h| {
-            format!("{w} × {h} is too many")
-        })
+        decode(bytes, crate::DEFAULT_MAX_PIXELS)
     }
 
     /// Every prefix of a baseline and a progressive file is refused, as Pillow refuses it, and
@@ -193,7 +187,7 @@ mod tests {
         let sof = bytes.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
         bytes[sof + 5..sof + 9].copy_from_slice(&[0xFD, 0xE8, 0xFD, 0xE8]);
         let err = decoded(&bytes).err().unwrap_or_default();
-        assert_eq!(err, "65000 × 65000 is too many");
+        assert!(err.starts_with("declares 65000 × 65000 pixels"), "{err}");
     }
 
     #[test]

@@ -11,11 +11,11 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use image::codecs::gif::GifDecoder;
-use image::{AnimationDecoder, DynamicImage, RgbImage};
+use image::{AnimationDecoder, DynamicImage, ImageDecoder, RgbImage};
 use serde::{Deserialize, Serialize};
 
 use crate::CacheError;
-use crate::decode::{decode, to_rgb8};
+use crate::decode::{check_budget, decode, to_rgb8};
 use crate::preprocess::Preprocess;
 use crate::sources::{SourceFile, walk};
 use crate::upload::to_chw;
@@ -185,8 +185,9 @@ impl Video {
         }
     }
 
-    /// The clip: `spec.frames` sampled frames, preprocessed, as `[T, 3, H, W]` bytes; frame
-    /// images of more than `max_pixels` pixels are refused before decoding.
+    /// The clip: `spec.frames` sampled frames, preprocessed, as `[T, 3, H, W]` bytes; frames of
+    /// more than `max_pixels` pixels (frame images, a GIF's canvas, an MP4 track's size) are
+    /// refused before decoding.
     pub(crate) fn clip(&self, spec: &ClipSpec, max_pixels: u64) -> Result<Vec<u8>, CacheError> {
         let frames = match &self.container {
             Container::Frames(paths) => {
@@ -198,10 +199,12 @@ impl Video {
                     .map(|i| decode(&paths[i], max_pixels))
                     .collect::<Result<Vec<_>, _>>()?
             }
-            Container::Gif => self.gif_frames(spec.frames)?,
+            Container::Gif => self.gif_frames(spec.frames, max_pixels)?,
             #[cfg(feature = "video")]
-            Container::Mp4 => crate::mp4::sampled_frames(&self.source.path, spec.frames)
-                .map_err(|e| self.bad(e))?,
+            Container::Mp4 => {
+                crate::mp4::sampled_frames(&self.source.path, spec.frames, max_pixels)
+                    .map_err(|e| self.bad(e))?
+            }
         };
         let mut clip = Vec::new();
         for frame in &frames {
@@ -219,11 +222,13 @@ impl Video {
 
     /// The sampled frames of a GIF, composited as browsers show them. Two passes (count, then
     /// keep the sampled frames) hold two frames in memory instead of the whole animation.
-    fn gif_frames(&self, frames: u32) -> Result<Vec<RgbImage>, CacheError> {
+    fn gif_frames(&self, frames: u32, max_pixels: u64) -> Result<Vec<RgbImage>, CacheError> {
         let open = || -> Result<_, CacheError> {
             let path = &self.source.path;
             let file = File::open(path).map_err(|e| CacheError::io(path, e))?;
             let decoder = GifDecoder::new(BufReader::new(file)).map_err(|e| self.bad(e))?;
+            let (width, height) = decoder.dimensions();
+            check_budget(width, height, max_pixels).map_err(|e| self.bad(e))?;
             Ok(decoder.into_frames())
         };
         let mut count = 0;

@@ -163,6 +163,45 @@ fn bad_videos_are_named_or_skipped() {
     assert!(err.to_string().contains("at least one frame"), "{err}");
 }
 
+/// A video whose frames declare more pixels than the budget (a GIF's canvas, an MP4 track's size)
+/// is refused before decoding, named, with the size; one pixel more of budget lets it through.
+#[test]
+fn videos_over_the_pixel_budget_are_refused() {
+    let mut videos = vec![("b.gif", 30u32, 20u32)];
+    if cfg!(feature = "video") {
+        videos.push(("moving.mp4", 64, 48));
+    }
+    for (name, width, height) in videos {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        if name.ends_with(".gif") {
+            write_gif(&path, 1);
+        } else {
+            let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/video");
+            std::fs::copy(fixtures.join(name), &path).unwrap();
+        }
+        let cache_dir = tempfile::tempdir().unwrap();
+        let source = VideoSource::Folder(dir.path().into());
+        let spec = ClipSpec::new(2, Preprocess::siglip(8));
+        let pixels = u64::from(width * height);
+        let err = ImageCache::new(cache_dir.path())
+            .max_image_pixels(pixels - 1)
+            .load_clips(&source, &spec)
+            .unwrap_err();
+        assert!(
+            matches!(&err, CacheError::BadImage { path, .. } if path.ends_with(name)),
+            "{err}"
+        );
+        let declares = format!("declares {width} × {height} pixels");
+        assert!(err.to_string().contains(&declares), "{err}");
+        let clips = ImageCache::new(cache_dir.path())
+            .max_image_pixels(pixels)
+            .load_clips(&source, &spec)
+            .unwrap();
+        assert_eq!(clips.len(), 1, "{name}");
+    }
+}
+
 /// Without the `video` feature an MP4 is an error that says how to read it; with it, a file that
 /// is no MP4 is a bad video, named, and skippable.
 #[test]
