@@ -48,7 +48,7 @@ pub(crate) fn decode<R: Read>(file: R, max_pixels: u64) -> Result<Jpeg, String> 
             _ => {
                 let components = decompress.components().len();
                 return Err(format!(
-                    "cannot handle {components}-component JPEGs (Pillow neither)"
+                    "{components}-component JPEGs are not images (Pillow refuses them too)"
                 ));
             }
         };
