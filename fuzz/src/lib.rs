@@ -13,8 +13,9 @@ const CUTOFF: f64 = 5.0;
 /// Structures up to this many atoms also get a neighbour list (larger ones only cost time).
 const NEIGHBOR_ATOMS: usize = 64;
 
-/// extxyz text: parsed, each frame validated, and the small valid ones given a neighbour list
-/// (which must refuse a cell too small for the cutoff rather than allocate without bound).
+/// extxyz text: parsed, each frame validated and its training labels read (energy, forces and
+/// stress under ASE's names), and the small valid ones given a neighbour list (which must
+/// refuse a cell too small for the cutoff rather than allocate without bound).
 pub fn extxyz(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
@@ -22,7 +23,12 @@ pub fn extxyz(data: &[u8]) {
     let Ok(frames) = kiln::forcefield::read_extxyz(text) else {
         return;
     };
+    let labels = kiln::forcefield::LabelKeys {
+        stress: Some("stress".into()),
+        ..Default::default()
+    };
     for (i, frame) in frames.iter().enumerate() {
+        let _ = labels.read(frame, i);
         if frame.validate(i, 118).is_ok() && frame.structure.len() <= NEIGHBOR_ATOMS {
             let _ = kiln::forcefield::neighbor_list(&frame.structure, CUTOFF);
         }

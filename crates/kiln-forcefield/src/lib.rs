@@ -28,6 +28,7 @@ mod config;
 mod elements;
 mod extxyz;
 mod host;
+mod labels;
 mod md;
 mod neighbors;
 mod painn;
@@ -37,6 +38,7 @@ pub use batch::Graph;
 pub use config::{CutoffFn, PainnConfig, RadialBasisKind};
 pub use elements::{atomic_mass, atomic_number};
 pub use extxyz::{ExtxyzError, Frame, read_extxyz, write_extxyz};
+pub use labels::{LabelKeys, Labels};
 pub use md::{
     BOLTZMANN, Conservation, MdState, NveConfig, kinetic_energy, maxwell_boltzmann, run_nve,
 };
