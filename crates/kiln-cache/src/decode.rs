@@ -2,7 +2,6 @@
 //! orientation applied, grayscale replicated, 16-bit rounded to 8, transparency composited onto
 //! white (transformers' `convert_to_rgb`).
 
-use std::fs::File;
 use std::path::Path;
 
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, RgbImage, RgbaImage};
@@ -31,11 +30,11 @@ pub fn decode(path: &Path, max_pixels: u64) -> Result<RgbImage, CacheError> {
         .with_guessed_format()
         .map_err(|e| CacheError::io(path, e))?;
     if reader.format() == Some(ImageFormat::Jpeg) {
-        let file = File::open(path).map_err(|e| CacheError::io(path, e))?;
+        // The format guess read the file's first bytes and seeked back to its start.
         let Jpeg {
             mut image,
             orientation,
-        } = jpeg::decode(file, max_pixels).map_err(bad)?;
+        } = jpeg::decode(reader.into_inner(), max_pixels).map_err(bad)?;
         image.apply_orientation(orientation);
         return Ok(to_rgb8(image));
     }

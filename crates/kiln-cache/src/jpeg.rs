@@ -3,7 +3,7 @@
 //! so the same 8-bit pixels, which is what transformers' processors see.
 
 use std::cell::Cell;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, Read};
 use std::panic::{self, AssertUnwindSafe};
 
 use image::metadata::Orientation;
@@ -26,10 +26,10 @@ pub(crate) struct Jpeg {
 /// declaring more than `max_pixels` is refused from its header; so is one whose file ends before
 /// its end-of-image marker, as Pillow refuses it ("image file is truncated"), where libjpeg alone
 /// would fill the missing rows with grey.
-pub(crate) fn decode<R: Read>(file: R, max_pixels: u64) -> Result<Jpeg, String> {
+pub(crate) fn decode<R: BufRead>(file: R, max_pixels: u64) -> Result<Jpeg, String> {
     let ended = Cell::new(false);
     let reader = EndWatch {
-        inner: BufReader::new(file),
+        inner: file,
         ended: &ended,
     };
     // libjpeg reports fatal errors by unwinding (resume_unwind, no panic message) through its C

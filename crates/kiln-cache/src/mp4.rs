@@ -94,19 +94,19 @@ pub(crate) fn sampled_frames(
 /// Where a track's samples lie, from its `stsz`, `stsc` and `stco` / `co64` boxes, each range
 /// checked against the file as it is visited. (The mp4 crate's own `read_sample` panics where
 /// these tables and the timing table disagree, and sizes its buffer from the table alone.)
-struct Samples {
+struct Samples<'a> {
     count: u32,
     /// Every sample's size, or `None` for a table of sizes.
     fixed_size: Option<u32>,
-    sizes: Vec<u32>,
+    sizes: &'a [u32],
     /// `(first chunk, samples per chunk)`, first chunks 1-based and increasing.
     runs: Vec<(u32, u32)>,
     chunk_offsets: Vec<u64>,
     file_size: u64,
 }
 
-impl Samples {
-    fn of(track: &Mp4Track, file_size: u64) -> Result<Self, String> {
+impl<'a> Samples<'a> {
+    fn of(track: &'a Mp4Track, file_size: u64) -> Result<Self, String> {
         let stbl = &track.trak.mdia.minf.stbl;
         let chunk_offsets = match (&stbl.stco, &stbl.co64) {
             (Some(stco), _) => stco.entries.iter().map(|&o| u64::from(o)).collect(),
@@ -132,7 +132,7 @@ impl Samples {
         Ok(Samples {
             count: stsz.sample_count,
             fixed_size,
-            sizes: stsz.sample_sizes.clone(),
+            sizes: &stsz.sample_sizes,
             runs,
             chunk_offsets,
             file_size,
