@@ -177,6 +177,12 @@ const FIXTURES: &[Fixture] = &[
         requirements: "scripts/fixtures/requirements-schnetpack.txt",
     },
     Fixture {
+        script: "scripts/fixtures/painn_gradients.py",
+        out: "crates/kiln-forcefield/tests/fixtures",
+        python: "KILN_SCHNETPACK_PYTHON",
+        requirements: "scripts/fixtures/requirements-schnetpack.txt",
+    },
+    Fixture {
         script: "scripts/fixtures/train.py",
         out: "crates/kiln-train/tests/fixtures",
         python: "KILN_HF_PYTHON",

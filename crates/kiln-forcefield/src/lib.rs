@@ -25,10 +25,12 @@
 
 mod batch;
 mod config;
+mod dual;
 mod elements;
 mod extxyz;
 mod host;
 mod labels;
+mod loss;
 mod md;
 mod neighbors;
 mod painn;
@@ -39,6 +41,7 @@ pub use config::{CutoffFn, PainnConfig, RadialBasisKind};
 pub use elements::{atomic_mass, atomic_number};
 pub use extxyz::{ExtxyzError, Frame, read_extxyz, write_extxyz};
 pub use labels::{LabelKeys, Labels};
+pub use loss::{COSINE_EPS, ForceLoss, LossWeights};
 pub use md::{
     BOLTZMANN, Conservation, MdState, NveConfig, kinetic_energy, maxwell_boltzmann, run_nve,
 };

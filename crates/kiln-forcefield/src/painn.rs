@@ -8,7 +8,6 @@ use std::path::Path;
 
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
-use burn::tensor::activation::silu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
@@ -17,34 +16,17 @@ use kiln_precision::{Precision, cast_module, check_checkpoint, is_host_backend, 
 use crate::ForceFieldError;
 use crate::batch::Graph;
 use crate::config::{PainnConfig, RadialBasisKind};
+use crate::dual::Dual;
 use crate::host;
 use crate::structure::Structure;
 
 /// Stability constant inside the vector norm's square root (schnetpack's `epsilon`).
 pub(crate) const EPSILON: f64 = 1e-8;
 
-/// `layer(x)` as `parts` equal column blocks of its output, each its own contiguous tensor: a
-/// product with a column block of the weight rather than a `narrow` of one output. burn-flex
-/// runs arithmetic on `narrow`ed (strided) operands, and its autodiff backward, one element at a
-/// time.
-fn linear_parts<B: Backend>(layer: &Linear<B>, x: Tensor<B, 2>, parts: usize) -> Vec<Tensor<B, 2>> {
-    let weight = layer.weight.val();
-    let width = weight.dims()[1] / parts;
-    (0..parts)
-        .map(|k| {
-            let y = x.clone().matmul(weight.clone().narrow(1, k * width, width));
-            match &layer.bias {
-                Some(bias) => y + bias.val().narrow(0, k * width, width).unsqueeze_dim(0),
-                None => y,
-            }
-        })
-        .collect()
-}
-
 /// Vector features as one `[atoms, F]` tensor per Cartesian axis (schnetpack keeps
 /// `[atoms, 3, F]`): every operation on them is then 2-D on contiguous operands, which burn-flex
 /// vectorises, where broadcasts over the middle axis and 3-D scatters go element by element.
-type Vectors<B> = [Tensor<B, 2>; 3];
+type Vectors<B> = [Dual<B>; 3];
 
 /// Message passing between neighbours (`PaiNNInteraction`).
 #[derive(Module, Debug)]
@@ -326,7 +308,30 @@ impl<B: Backend> Painn<B> {
         positions: Tensor<B, 2>,
         strain: Option<Tensor<B, 3>>,
     ) -> Tensor<B, 1> {
-        let mut atoms = self.atomwise(graph, positions, strain);
+        let (atoms, _) = self.atomwise(graph, positions, strain, None);
+        self.structure_energies(graph, atoms)
+    }
+
+    /// The energies of `graph`'s structures at its positions `[S]`, and the derivative of their
+    /// sum along `tangent` `[1]` (forward mode, see `dual.rs`): `Σ_i t_i · ∂E/∂R_i` plus, with a
+    /// strain tangent, `Σ_s Σ_ab ε̇_sab ∂E_s/∂ε_ab`.
+    pub(crate) fn energies_with_tangent(
+        &self,
+        graph: &Graph<B>,
+        tangent: &Tangent<B>,
+    ) -> (Tensor<B, 1>, Tensor<B, 1>) {
+        let (atoms, atom_tangents) =
+            self.atomwise(graph, graph.positions.clone(), None, Some(tangent));
+        let total = match atom_tangents {
+            Some(t) => t.sum(),
+            None => Tensor::zeros([1], (&atoms.device(), atoms.dtype())),
+        };
+        (self.structure_energies(graph, atoms), total)
+    }
+
+    /// Atomic energies `[N]` summed into structures, with the per-element and per-atom
+    /// reference energies added, `[S]`.
+    fn structure_energies(&self, graph: &Graph<B>, mut atoms: Tensor<B, 1>) -> Tensor<B, 1> {
         let structures = graph.atoms.len();
         let device = atoms.device();
         if let Some(atomref) = &self.config.atomref {
@@ -346,48 +351,68 @@ impl<B: Backend> Painn<B> {
         sums + offsets * self.config.mean_per_atom
     }
 
-    /// Every atom's energy contribution `[N]` (before the per-atom mean).
+    /// Every atom's energy contribution `[N]` (before the reference energies) and, given a
+    /// tangent (with no primal strain), its directional derivative `[N]`.
     fn atomwise(
         &self,
         graph: &Graph<B>,
         positions: Tensor<B, 2>,
         strain: Option<Tensor<B, 3>>,
-    ) -> Tensor<B, 1> {
+        tangent: Option<&Tangent<B>>,
+    ) -> (Tensor<B, 1>, Option<Tensor<B, 1>>) {
+        debug_assert!(strain.is_none() || tangent.is_none());
         let r = &self.representation;
         let config = &self.config;
         let f = config.n_atom_basis;
         let atoms = positions.dims()[0];
-        let mut r_ij = positions.clone().select(0, graph.idx_j.clone())
-            - positions.select(0, graph.idx_i.clone())
-            + graph.shifts.clone();
+        let pair_differences = |x: Tensor<B, 2>| {
+            x.clone().select(0, graph.idx_j.clone()) - x.select(0, graph.idx_i.clone())
+        };
+        let mut r_ij = pair_differences(positions) + graph.shifts.clone();
+        let r_tangent = tangent.map(|t| {
+            let moved = pair_differences(t.positions.clone());
+            match &t.strain {
+                Some(strain) => moved + deformation(graph, r_ij.clone(), strain.clone()),
+                None => moved,
+            }
+        });
         if let Some(strain) = strain {
-            let pairs = r_ij.dims()[0];
-            let symmetric = (strain.clone() + strain.swap_dims(1, 2)) * 0.5;
-            let pair_strain =
-                symmetric.select(0, graph.structure.clone().select(0, graph.idx_i.clone()));
-            // (r ε)_x = Σ_k r_k ε_kx, per pair.
-            let deformation = (r_ij.clone().unsqueeze_dim::<3>(2) * pair_strain)
-                .sum_dim(1)
-                .reshape([pairs, 3]);
-            r_ij = r_ij + deformation;
+            r_ij = r_ij.clone() + deformation(graph, r_ij, strain);
         }
         let d_ij = r_ij.clone().powi_scalar(2).sum_dim(1).sqrt(); // [P, 1]
         let dir_ij = r_ij / d_ij.clone();
+        // d' = dir · r', dir' = (r' − dir d') / d.
+        let (d_tangent, dir_tangent) = match r_tangent {
+            Some(r_tangent) => {
+                let d_tangent = (dir_ij.clone() * r_tangent.clone()).sum_dim(1);
+                let dir_tangent = (r_tangent - dir_ij.clone() * d_tangent.clone()) / d_ij.clone();
+                (Some(d_tangent), Some(dir_tangent))
+            }
+            None => (None, None),
+        };
         let device = dir_ij.device();
-        let dirs: Vectors<B> = std::array::from_fn(|axis| {
+        let column = |x: &Tensor<B, 2>, axis: usize| {
             let axis =
                 Tensor::<B, 1, Int>::from_data(TensorData::new(vec![axis as i64], [1]), &device);
-            dir_ij.clone().select(1, axis)
+            x.clone().select(1, axis)
+        };
+        let dirs: Vectors<B> = std::array::from_fn(|axis| Dual {
+            value: column(&dir_ij, axis),
+            tangent: dir_tangent.as_ref().map(|t| column(t, axis)),
         });
-        let filters = self.filters(d_ij);
-        let mut q = r
-            .embedding
-            .forward(graph.numbers.clone().unsqueeze_dim(0))
-            .squeeze_dim::<2>(0);
+        let filters = self.filters(Dual {
+            value: d_ij,
+            tangent: d_tangent,
+        });
         let q_dtype = dir_ij.dtype();
-        q = q.cast(q_dtype);
+        let mut q = Dual::constant(
+            r.embedding
+                .forward(graph.numbers.clone().unsqueeze_dim(0))
+                .squeeze_dim::<2>(0)
+                .cast(q_dtype),
+        );
         let mut mu: Vectors<B> =
-            std::array::from_fn(|_| Tensor::zeros([atoms, f], (&device, q_dtype)));
+            std::array::from_fn(|_| Dual::constant(Tensor::zeros([atoms, f], (&device, q_dtype))));
         for (block, (interaction, mixing)) in r.interactions.iter().zip(&r.mixing).enumerate() {
             let set = if config.shared_filters { 0 } else { block };
             let w = &filters[3 * set..3 * set + 3];
@@ -400,7 +425,7 @@ impl<B: Backend> Painn<B> {
             .expect("the config has at least one readout layer");
         let mut y = q;
         for layer in hidden {
-            y = silu(layer.forward(y));
+            y = y.linear(layer).silu();
         }
         single_output(last, y)
     }
@@ -409,13 +434,27 @@ impl<B: Backend> Painn<B> {
     /// filters per interaction block (3 in all with shared filters). `(rbf W + b) c` is formed
     /// as one product `[rbf c, c] [W; b]`, so neither the bias nor the cutoff costs a pass over
     /// the pairs.
-    fn filters(&self, d: Tensor<B, 2>) -> Vec<Tensor<B, 2>> {
+    fn filters(&self, d: Dual<B>) -> Vec<Dual<B>> {
         let net = &self.representation.filter_net;
-        let cutoff = self.cosine_cutoff(d.clone());
-        let basis = self.radial_basis(d) * cutoff.clone();
-        let (basis, weight) = match &net.bias {
+        let cutoff = self.cosine_cutoff(d.value.clone());
+        let rbf = self.radial_basis(d.value.clone());
+        let tangents = d.tangent.map(|d_tangent| {
+            let cutoff_slope = self.cosine_cutoff_slope(d.value.clone());
+            let basis_slope = self.radial_basis_slope(d.value.clone(), rbf.clone())
+                * cutoff.clone()
+                + rbf.clone() * cutoff_slope.clone();
+            (basis_slope * d_tangent.clone(), cutoff_slope * d_tangent)
+        });
+        let basis = Dual {
+            value: rbf * cutoff.clone(),
+            tangent: tangents.as_ref().map(|(basis, _)| basis.clone()),
+        };
+        let (inputs, weight) = match &net.bias {
             Some(bias) => (
-                Tensor::cat(vec![basis, cutoff], 1),
+                basis.cat(Dual {
+                    value: cutoff,
+                    tangent: tangents.map(|(_, cutoff)| cutoff),
+                }),
                 Tensor::cat(vec![net.weight.val(), bias.val().unsqueeze_dim(0)], 0),
             ),
             None => (basis, net.weight.val()),
@@ -424,30 +463,52 @@ impl<B: Backend> Painn<B> {
         let parts = weight.dims()[1] / width;
         (0..parts)
             .map(|k| {
-                basis
-                    .clone()
-                    .matmul(weight.clone().narrow(1, k * width, width))
+                let block = weight.clone().narrow(1, k * width, width);
+                Dual {
+                    value: inputs.value.clone().matmul(block.clone()),
+                    tangent: inputs.tangent.clone().map(|t| t.matmul(block)),
+                }
             })
             .collect()
+    }
+
+    /// The radial basis's constants as `[1, n_rbf]` rows in `dtype`.
+    fn basis_row(&self, p: &Option<Param<Tensor<B, 1>>>, dtype: DType) -> Tensor<B, 2> {
+        p.as_ref()
+            .expect("the config's radial basis has its constants")
+            .val()
+            .cast(dtype)
+            .unsqueeze_dim::<2>(0)
     }
 
     /// The radial basis of distances `[P, 1]`, `[P, n_rbf]`.
     fn radial_basis(&self, d: Tensor<B, 2>) -> Tensor<B, 2> {
         let basis = &self.representation.radial_basis;
         let dtype = d.dtype();
-        let row = |p: &Option<Param<Tensor<B, 1>>>| {
-            p.as_ref()
-                .expect("the config's radial basis has its constants")
-                .val()
-                .cast(dtype)
-                .unsqueeze_dim::<2>(0)
-        };
         match self.config.radial_basis {
             RadialBasisKind::Gaussian => {
-                let coeff = row(&basis.widths).powi_scalar(2).recip() * -0.5;
-                ((d - row(&basis.offsets)).powi_scalar(2) * coeff).exp()
+                let coeff = self.basis_row(&basis.widths, dtype).powi_scalar(2).recip() * -0.5;
+                ((d - self.basis_row(&basis.offsets, dtype)).powi_scalar(2) * coeff).exp()
             }
-            RadialBasisKind::Bessel => (d.clone() * row(&basis.freqs)).sin() / d,
+            RadialBasisKind::Bessel => (d.clone() * self.basis_row(&basis.freqs, dtype)).sin() / d,
+        }
+    }
+
+    /// `∂rbf/∂d` for distances `[P, 1]` and their basis `rbf` `[P, n_rbf]`.
+    fn radial_basis_slope(&self, d: Tensor<B, 2>, rbf: Tensor<B, 2>) -> Tensor<B, 2> {
+        let basis = &self.representation.radial_basis;
+        let dtype = d.dtype();
+        match self.config.radial_basis {
+            RadialBasisKind::Gaussian => {
+                // exp(c (d − o)²)' = 2 c (d − o) exp(…), c = −1 / (2 w²).
+                let coeff = self.basis_row(&basis.widths, dtype).powi_scalar(2).recip() * -1.0;
+                rbf * (d - self.basis_row(&basis.offsets, dtype)) * coeff
+            }
+            RadialBasisKind::Bessel => {
+                // (sin(k d) / d)' = (k cos(k d) − sin(k d) / d) / d.
+                let freqs = self.basis_row(&basis.freqs, dtype);
+                ((d.clone() * freqs.clone()).cos() * freqs - rbf) / d
+            }
         }
     }
 
@@ -457,18 +518,52 @@ impl<B: Backend> Painn<B> {
         let inside = d.clone().lower_elem(rc).float().cast(d.dtype());
         ((d * (PI / rc)).cos() + 1.0) * 0.5 * inside
     }
+
+    /// The cutoff's slope `−(π / 2rc) sin(π d / rc)` below the cutoff, 0 beyond, `[P, 1]`.
+    fn cosine_cutoff_slope(&self, d: Tensor<B, 2>) -> Tensor<B, 2> {
+        let rc = self.config.cutoff;
+        let inside = d.clone().lower_elem(rc).float().cast(d.dtype());
+        (d * (PI / rc)).sin() * (-0.5 * PI / rc) * inside
+    }
 }
 
-/// The readout's last layer `[N, K] → [N]` as a row-wise dot product: one output column needs no
-/// matrix product, and burn 0.21's fused wgpu kernel for `[M, K] [K, 1] + bias` returns wrong
-/// rows when `K` is odd.
-fn single_output<B: Backend>(layer: &Linear<B>, y: Tensor<B, 2>) -> Tensor<B, 1> {
+/// A direction in which to differentiate energies: a displacement of every atom `[N, 3]` and,
+/// optionally, a strain of every structure `[S, 3, 3]` (its symmetric part acts).
+#[derive(Debug, Clone)]
+pub(crate) struct Tangent<B: Backend> {
+    pub positions: Tensor<B, 2>,
+    pub strain: Option<Tensor<B, 3>>,
+}
+
+/// `r ε` for every pair: how the interatomic vectors `r_ij` `[P, 3]` change under their
+/// structures' strains `[S, 3, 3]` (the symmetric part), `(r ε)_x = Σ_k r_k ε_kx`.
+fn deformation<B: Backend>(
+    graph: &Graph<B>,
+    r_ij: Tensor<B, 2>,
+    strain: Tensor<B, 3>,
+) -> Tensor<B, 2> {
+    let pairs = r_ij.dims()[0];
+    let symmetric = (strain.clone() + strain.swap_dims(1, 2)) * 0.5;
+    let pair_strain = symmetric.select(0, graph.structure.clone().select(0, graph.idx_i.clone()));
+    (r_ij.unsqueeze_dim::<3>(2) * pair_strain)
+        .sum_dim(1)
+        .reshape([pairs, 3])
+}
+
+/// The readout's last layer `[N, K] → [N]` as a row-wise dot product (and the same on the
+/// tangent, without the bias): one output column needs no matrix product, and burn 0.21's fused
+/// wgpu kernel for `[M, K] [K, 1] + bias` returns wrong rows when `K` is odd.
+fn single_output<B: Backend>(
+    layer: &Linear<B>,
+    y: Dual<B>,
+) -> (Tensor<B, 1>, Option<Tensor<B, 1>>) {
     let row = layer.weight.val().transpose(); // [1, K]
-    let dot = (y * row).sum_dim(1).squeeze_dim::<1>(1);
-    match &layer.bias {
-        Some(bias) => dot + bias.val(),
-        None => dot,
-    }
+    let dot = |y: Tensor<B, 2>| (y * row.clone()).sum_dim(1).squeeze_dim::<1>(1);
+    let value = match &layer.bias {
+        Some(bias) => dot(y.value) + bias.val(),
+        None => dot(y.value),
+    };
+    (value, y.tangent.map(dot))
 }
 
 impl<B: Backend> Interaction<B> {
@@ -476,34 +571,34 @@ impl<B: Backend> Interaction<B> {
     /// centre to neighbour, both per pair) to its features.
     fn forward(
         &self,
-        q: Tensor<B, 2>,
+        q: Dual<B>,
         mu: Vectors<B>,
-        w: &[Tensor<B, 2>],
+        w: &[Dual<B>],
         dirs: &Vectors<B>,
         graph: &Graph<B>,
-    ) -> (Tensor<B, 2>, Vectors<B>) {
+    ) -> (Dual<B>, Vectors<B>) {
         if graph.idx_i.dims()[0] == 0 {
             // No atom has a neighbour: no messages (burn-flex's products of empty tensors also
             // lose their dtype).
             return (q, mu);
         }
         let net = &self.interatomic_context_net;
-        let x = linear_parts(&net[1], silu(net[0].forward(q.clone())), 3);
-        let from_neighbours = |k: usize, atom_values: Tensor<B, 2>| {
-            w[k].clone() * atom_values.select(0, graph.idx_j.clone())
+        let x = q.clone().linear(&net[0]).silu().linear_parts(&net[1], 3);
+        let from_neighbours = |k: usize, atom_values: Dual<B>| {
+            w[k].clone().mul(atom_values.select(graph.idx_j.clone()))
         };
-        let receive = |features: Tensor<B, 2>, messages: Tensor<B, 2>| {
-            scatter_add(features, 0, graph.idx_i.clone(), messages)
+        let receive = |features: Dual<B>, messages: Dual<B>| {
+            features.scatter_add(graph.idx_i.clone(), messages)
         };
         let dq = from_neighbours(0, x[0].clone());
         let dmu_r = from_neighbours(1, x[1].clone());
         // schnetpack's dmu_mu · mu_j, with the product x_mu · mu taken per atom (one pass over
         // the atoms instead of one over the pairs).
         let mu = std::array::from_fn(|axis| {
-            let dmu_mu = from_neighbours(2, x[2].clone() * mu[axis].clone());
+            let dmu_mu = from_neighbours(2, x[2].clone().mul(mu[axis].clone()));
             receive(
                 mu[axis].clone(),
-                dmu_r.clone() * dirs[axis].clone() + dmu_mu,
+                dmu_r.clone().mul(dirs[axis].clone()).add(dmu_mu),
             )
         });
         (receive(q, dq), mu)
@@ -512,35 +607,52 @@ impl<B: Backend> Interaction<B> {
 
 impl<B: Backend> Mixing<B> {
     /// Mixes each atom's scalar features with the norms and projections of its vector ones.
-    fn forward(&self, q: Tensor<B, 2>, mu: Vectors<B>) -> (Tensor<B, 2>, Vectors<B>) {
+    fn forward(&self, q: Dual<B>, mu: Vectors<B>) -> (Dual<B>, Vectors<B>) {
         let (mu_v, mu_w): (Vec<_>, Vec<_>) = mu
             .iter()
             .map(|axis| {
-                let [v, w]: [Tensor<B, 2>; 2] = linear_parts(&self.mu_channel_mix, axis.clone(), 2)
+                let [v, w]: [Dual<B>; 2] = axis
+                    .clone()
+                    .linear_parts(&self.mu_channel_mix, 2)
                     .try_into()
                     .expect("two parts");
                 (v, w)
             })
             .unzip();
-        let sum_over_axes =
-            |terms: Vec<Tensor<B, 2>>| terms.into_iter().reduce(|a, b| a + b).expect("three axes");
-        let mu_v_norm = (sum_over_axes(mu_v.iter().map(|v| v.clone().powi_scalar(2)).collect())
-            + EPSILON)
-            .sqrt();
-        let dot = sum_over_axes(
-            mu_v.into_iter()
-                .zip(&mu_w)
-                .map(|(v, w)| v * w.clone())
-                .collect(),
-        );
+        let dot = mu_v
+            .iter()
+            .zip(&mu_w)
+            .map(|(v, w)| v.clone().mul(w.clone()))
+            .reduce(Dual::add)
+            .expect("three axes");
         let net = &self.intraatomic_context_net;
-        let hidden = silu(net[0].forward(Tensor::cat(vec![q.clone(), mu_v_norm], 1)));
-        let [dq, dmu, dqmu]: [Tensor<B, 2>; 3] = linear_parts(&net[1], hidden, 3)
+        let hidden = q.clone().cat(norm(&mu_v)).linear(&net[0]).silu();
+        let [dq, dmu, dqmu]: [Dual<B>; 3] = hidden
+            .linear_parts(&net[1], 3)
             .try_into()
             .expect("three parts");
-        let mu = std::array::from_fn(|axis| mu[axis].clone() + dmu.clone() * mu_w[axis].clone());
-        (q + dq + dqmu * dot, mu)
+        let mu =
+            std::array::from_fn(|axis| mu[axis].clone().add(dmu.clone().mul(mu_w[axis].clone())));
+        (q.add(dq).add(dqmu.mul(dot)), mu)
     }
+}
+
+/// `sqrt(Σ_axes v² + ε)` per atom and feature (schnetpack's stabilised norm), with tangent
+/// `Σ v v' / norm`.
+fn norm<B: Backend>(vectors: &[Dual<B>]) -> Dual<B> {
+    let value = vectors
+        .iter()
+        .map(|v| v.value.clone().powi_scalar(2))
+        .reduce(|a, b| a + b)
+        .expect("three axes")
+        + EPSILON;
+    let value = value.sqrt();
+    let tangent = vectors
+        .iter()
+        .filter_map(|v| Some(v.value.clone() * v.tangent.clone()?))
+        .reduce(|a, b| a + b)
+        .map(|t| t / value.clone());
+    Dual { value, tangent }
 }
 
 impl<B: AutodiffBackend> Painn<B> {

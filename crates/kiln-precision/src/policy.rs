@@ -206,7 +206,13 @@ struct CastParams(Precision);
 impl<B: Backend> ModuleMapper<B> for CastParams {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let dtype = self.0.float_dtype();
-        param.map(|tensor| tensor.cast(dtype))
+        // A cast of a tracked tensor is a node of its graph, not a leaf: it would never receive
+        // a gradient. The cast parameter is a new leaf that tracks what the old one did.
+        param.map(|tensor| {
+            let tracked = tensor.is_require_grad();
+            let cast = tensor.cast(dtype).detach();
+            if tracked { cast.require_grad() } else { cast }
+        })
     }
 }
 
@@ -334,6 +340,21 @@ mod tests {
         }
         let with_acc: PolicySpec = "p=f32,c=f16,a=f32".parse().unwrap();
         assert_eq!(with_acc.accumulate, Some(DtypeSpec::Exact(Precision::F32)));
+    }
+
+    #[test]
+    fn cast_parameters_still_receive_gradients() {
+        use burn::backend::{Autodiff, Flex};
+        use burn::nn::{Linear, LinearConfig};
+        type Ad = Autodiff<Flex>;
+        let device = Default::default();
+        let layer: Linear<Ad> = cast_module(LinearConfig::new(2, 1).init(&device), Precision::F64);
+        assert_eq!(layer.weight.val().dtype(), DType::F64);
+        let x = Tensor::<Ad, 2>::from_data([[3.0, -2.0]], (&device, DType::F64));
+        let gradients = layer.forward(x).sum().backward();
+        let weight = layer.weight.val().grad(&gradients).expect("a gradient");
+        let values: Vec<f64> = weight.into_data().convert::<f64>().to_vec().unwrap();
+        assert_eq!(values, [3.0, -2.0]);
     }
 
     #[test]

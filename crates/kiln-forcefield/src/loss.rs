@@ -1,0 +1,261 @@
+//! Force matching: the loss of a batch against reference labels, with its exact gradient with
+//! respect to the parameters on every backend — without double backward, which burn lacks.
+//!
+//! Forces are `F = −∂E/∂R` and stresses `σ = sym(∂E/∂ε) / V`, so with `u = ∂ℓ/∂F` and
+//! `v = ∂ℓ/∂σ` the chain rule gives
+//!
+//! ```text
+//! dℓ/dθ = Σ_s ∂ℓ/∂E_s ∂E_s/∂θ + ∂/∂θ [ Σ_i u_i · F_i + Σ_s v_s : σ_s ]   (u, v held fixed)
+//!       = Σ_s ∂ℓ/∂E_s ∂E_s/∂θ + ∂/∂θ Ė,
+//! ```
+//!
+//! where `Ė` is the derivative of the total energy along the tangent `−u` on the positions and
+//! `sym(v_s) / V_s` on each cell's strain. kiln computes the forces first (the fused host kernel
+//! on CPU, `predict_tensors` elsewhere), forms `u` and `v` on the host, then runs one forward
+//! pass carrying that tangent (`dual.rs`: PaiNN's operations and their derivatives, written as
+//! tensor operations) and one ordinary reverse pass through it. The cost is about three forward
+//! passes' worth more than training on energies alone, where double backward costs two.
+
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use crate::ForceFieldError;
+use crate::labels::Labels;
+use crate::painn::{Painn, Tangent};
+use crate::structure::Structure;
+
+/// Below this norm (eV/Å) a force's direction is undefined: the cosine term divides by it
+/// instead (as `torch.nn.functional.cosine_similarity` does with its `eps`).
+pub const COSINE_EPS: f64 = 1e-8;
+
+/// Weights of the force-matching loss
+/// `w_E MSE(E) + w_F MSE(F) + w_C mean(1 − cos(F, F*)) + w_S MSE(σ)`: the energy error over
+/// structures (total energies, eV²), the force error over every Cartesian component (eV²/Å²),
+/// the cosine over atoms and the stress error over the nine components of every periodic
+/// structure's stress (eV²/Å⁶; stress labels of other structures are ignored).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LossWeights {
+    /// `w_E`.
+    pub energy: f64,
+    /// `w_F`.
+    pub forces: f64,
+    /// `w_C`.
+    pub cosine: f64,
+    /// `w_S` (needs stress labels on the periodic structures when non-zero).
+    pub stress: f64,
+}
+
+impl LossWeights {
+    /// MLFF-Distiller's: `1·MSE(E) + 100·MSE(F) + 10·mean(1 − cos)`, no stress.
+    pub fn mlff_distiller() -> Self {
+        LossWeights {
+            energy: 1.0,
+            forces: 100.0,
+            cosine: 10.0,
+            stress: 0.0,
+        }
+    }
+}
+
+impl Default for LossWeights {
+    fn default() -> Self {
+        Self::mlff_distiller()
+    }
+}
+
+/// A batch's loss and its unweighted terms, each `[1]`.
+#[derive(Debug, Clone)]
+pub struct ForceLoss<B: AutodiffBackend> {
+    /// The weighted loss: its value is the loss, its gradient (one `backward()`) the exact
+    /// gradient with respect to the parameters.
+    pub loss: Tensor<B, 1>,
+    /// Mean squared energy error, eV².
+    pub energy_mse: Tensor<B, 1>,
+    /// Mean squared force error per component, eV²/Å².
+    pub force_mse: Tensor<B, 1>,
+    /// Mean `1 − cos(F, F*)` over atoms.
+    pub cosine_distance: Tensor<B, 1>,
+    /// Mean squared stress error per component (0 without stress), eV²/Å⁶.
+    pub stress_mse: Tensor<B, 1>,
+}
+
+/// The force and stress terms, evaluated on the host, and their gradients.
+struct HostTerms {
+    force_mse: f64,
+    cosine_distance: f64,
+    stress_mse: f64,
+    /// `∂(weighted terms)/∂F`, per atom.
+    force_gradient: Vec<f64>,
+    /// `sym(∂(weighted terms)/∂σ_s) / V_s` per structure (zero for those without stress), when
+    /// any structure has a stress term.
+    strain_tangent: Option<Vec<f64>>,
+}
+
+impl<B: AutodiffBackend> Painn<B> {
+    /// The loss of `structures` against their `labels` (one each, in order) under `weights`,
+    /// as one tensor to call `backward()` on. Errors name the structure (1-based) whose labels
+    /// do not fit it.
+    pub fn force_loss(
+        &self,
+        structures: &[Structure],
+        labels: &[Labels],
+        weights: &LossWeights,
+        device: &B::Device,
+    ) -> Result<ForceLoss<B>, ForceFieldError> {
+        check_labels(structures, labels, weights)?;
+        let predicted = self.predict(structures, device)?;
+        let terms = host_terms(
+            structures,
+            labels,
+            weights,
+            &predicted.forces,
+            &predicted.stresses,
+        );
+        let graph = self.graph(structures, device)?;
+        let dtype = graph.positions.dtype();
+        let atoms = terms.force_gradient.len() / 3;
+        let tangent = Tangent {
+            positions: Tensor::<B, 2>::from_data(
+                TensorData::new(
+                    terms.force_gradient.iter().map(|g| -g).collect::<Vec<_>>(),
+                    [atoms, 3],
+                ),
+                (device, dtype),
+            ),
+            strain: terms.strain_tangent.map(|values| {
+                Tensor::<B, 3>::from_data(
+                    TensorData::new(values, [structures.len(), 3, 3]),
+                    (device, dtype),
+                )
+            }),
+        };
+        let (energies, along_tangent) = self.energies_with_tangent(&graph, &tangent);
+        let targets: Vec<f64> = labels.iter().map(|l| l.energy).collect();
+        let targets = Tensor::<B, 1>::from_data(
+            TensorData::new(targets, [structures.len()]),
+            (device, dtype),
+        );
+        let energy_mse = (energies - targets).powi_scalar(2).mean();
+        let scalar = |value: f64| {
+            Tensor::<B, 1>::from_data(TensorData::new(vec![value], [1]), (device, dtype))
+        };
+        let host_loss = weights.forces * terms.force_mse
+            + weights.cosine * terms.cosine_distance
+            + weights.stress * terms.stress_mse;
+        // Ė − Ė.detach(): zero in value, the force and stress terms' gradient in backward.
+        let loss = energy_mse.clone() * weights.energy + along_tangent.clone()
+            - along_tangent.detach()
+            + scalar(host_loss);
+        Ok(ForceLoss {
+            loss,
+            energy_mse: energy_mse.detach(),
+            force_mse: scalar(terms.force_mse),
+            cosine_distance: scalar(terms.cosine_distance),
+            stress_mse: scalar(terms.stress_mse),
+        })
+    }
+}
+
+/// One label per structure, forces for every atom, stress where the weights need it.
+fn check_labels(
+    structures: &[Structure],
+    labels: &[Labels],
+    weights: &LossWeights,
+) -> Result<(), ForceFieldError> {
+    if structures.is_empty() {
+        return Err(ForceFieldError::Config("an empty batch has no loss".into()));
+    }
+    if structures.len() != labels.len() {
+        return Err(ForceFieldError::Config(format!(
+            "{} structures but {} labels",
+            structures.len(),
+            labels.len()
+        )));
+    }
+    for (index, (structure, label)) in structures.iter().zip(labels).enumerate() {
+        let fail = |reason: String| Err(ForceFieldError::Structure { index, reason });
+        if label.forces.len() != structure.len() {
+            return fail(format!(
+                "{} force labels for {} atoms",
+                label.forces.len(),
+                structure.len()
+            ));
+        }
+        if weights.stress != 0.0 && structure.volume().is_some() && label.stress.is_none() {
+            return fail("periodic, but no stress label (the stress weight is not 0)".into());
+        }
+    }
+    Ok(())
+}
+
+/// The force, cosine and stress terms from predicted forces and stresses, with their gradients.
+fn host_terms(
+    structures: &[Structure],
+    labels: &[Labels],
+    weights: &LossWeights,
+    forces: &[[f64; 3]],
+    stresses: &[Option<[[f64; 3]; 3]>],
+) -> HostTerms {
+    let atoms = forces.len();
+    let targets = labels.iter().flat_map(|l| &l.forces);
+    let (mut squared, mut cosine_distance) = (0.0, 0.0);
+    let mut force_gradient = Vec::with_capacity(3 * atoms);
+    for (f, t) in forces.iter().zip(targets) {
+        let dot = |a: &[f64; 3], b: &[f64; 3]| a[0] * b[0] + a[1] * b[1] + a[2] * b[2];
+        let (f_norm, t_norm) = (dot(f, f).sqrt(), dot(t, t).sqrt());
+        let denominator = f_norm.max(COSINE_EPS) * t_norm.max(COSINE_EPS);
+        let cosine = dot(f, t) / denominator;
+        cosine_distance += 1.0 - cosine;
+        for a in 0..3 {
+            let residual = f[a] - t[a];
+            squared += residual * residual;
+            // ∂cos/∂F = F*/(|F| |F*|) − cos F/|F|² (the second term vanishes where |F| is clamped).
+            let mut cosine_slope = t[a] / denominator;
+            if f_norm > COSINE_EPS {
+                cosine_slope -= cosine * f[a] / (f_norm * f_norm);
+            }
+            force_gradient.push(
+                weights.forces * 2.0 * residual / (3 * atoms) as f64
+                    - weights.cosine * cosine_slope / atoms as f64,
+            );
+        }
+    }
+    let stressed: Vec<usize> = (0..structures.len())
+        .filter(|&s| weights.stress != 0.0 && stresses[s].is_some() && labels[s].stress.is_some())
+        .collect();
+    let mut stress_squared = 0.0;
+    let strain_tangent = (!stressed.is_empty()).then(|| {
+        let mut tangent = vec![0.0; 9 * structures.len()];
+        let components = (9 * stressed.len()) as f64;
+        for &s in &stressed {
+            let (predicted, target) = (
+                stresses[s].unwrap_or_default(),
+                labels[s].stress.unwrap_or_default(),
+            );
+            let volume = structures[s].volume().unwrap_or(1.0);
+            let residual: [[f64; 3]; 3] =
+                std::array::from_fn(|a| std::array::from_fn(|b| predicted[a][b] - target[a][b]));
+            for a in 0..3 {
+                for b in 0..3 {
+                    stress_squared += residual[a][b] * residual[a][b];
+                    let symmetric = 0.5 * (residual[a][b] + residual[b][a]);
+                    tangent[9 * s + 3 * a + b] =
+                        weights.stress * 2.0 * symmetric / components / volume;
+                }
+            }
+        }
+        tangent
+    });
+    HostTerms {
+        force_mse: squared / (3 * atoms).max(1) as f64,
+        cosine_distance: cosine_distance / atoms.max(1) as f64,
+        stress_mse: if stressed.is_empty() {
+            0.0
+        } else {
+            stress_squared / (9 * stressed.len()) as f64
+        },
+        force_gradient,
+        strain_tangent,
+    }
+}
