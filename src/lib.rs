@@ -47,4 +47,4 @@ pub use kiln_mc as mc;
 pub use kiln_precision as precision;
 pub use kiln_train as train;
 pub use kiln_vision as vision;
-pub use logging::log_to_stderr;
+pub use logging::{exit_status, log_to_stderr};

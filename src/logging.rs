@@ -47,3 +47,20 @@ impl Log for Stderr {
 
     fn flush(&self) {}
 }
+
+/// A command-line program's ending: `result`'s error printed as `error: …` on stderr and a
+/// failure status, or success.
+///
+/// ```
+/// let status = kiln::exit_status(Err::<(), _>("--batch must be at least 1"));
+/// assert_eq!(status, std::process::ExitCode::FAILURE);
+/// ```
+pub fn exit_status<E: std::fmt::Display>(result: Result<(), E>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

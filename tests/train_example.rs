@@ -31,12 +31,8 @@ fn succeeds(out: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-fn metrics(out: &Path) -> Vec<Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+fn metrics(out: &Path) -> Vec<serde_json::Value> {
+    kiln::train::read_metrics(out).unwrap()
 }
 
 /// Every step's loss, exactly as written.

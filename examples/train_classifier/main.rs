@@ -224,11 +224,5 @@ fn main() -> ExitCode {
     kiln::log_to_stderr();
     let args = Args::parse();
     let device = args.device;
-    match device.run(args).map_err(|e| e.to_string()).and_then(|r| r) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    kiln::exit_status(device.run(args).map_err(|e| e.to_string()).and_then(|r| r))
 }

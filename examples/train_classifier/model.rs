@@ -110,12 +110,8 @@ impl<B: Backend> EvalStep<B> for Classifier<B> {
     fn eval_step(&self, batch: ImageBatch<B>) -> EvalOutput<B> {
         let (loss, accuracy, items) = self.scores(batch);
         let sum = |mean: Tensor<B, 1>| mean.mul_scalar(items as f32);
-        EvalOutput {
-            sums: vec![
-                ("loss".into(), sum(loss)),
-                ("accuracy".into(), sum(accuracy)),
-            ],
-            items,
-        }
+        EvalOutput::new(items)
+            .with_sum("loss", sum(loss))
+            .with_sum("accuracy", sum(accuracy))
     }
 }

@@ -23,6 +23,7 @@
 //! # Ok::<(), kiln_forcefield::ForceFieldError>(())
 //! ```
 
+mod atomref;
 mod batch;
 mod config;
 mod dual;
@@ -35,7 +36,9 @@ mod md;
 mod neighbors;
 mod painn;
 mod structure;
+mod train;
 
+pub use atomref::fit_atomref;
 pub use batch::Graph;
 pub use config::{CutoffFn, PainnConfig, RadialBasisKind};
 pub use elements::{atomic_mass, atomic_number};
@@ -48,6 +51,7 @@ pub use md::{
 pub use neighbors::{NeighborList, NeighborMethod, neighbor_list, neighbor_list_with};
 pub use painn::{Painn, Predictions};
 pub use structure::Structure;
+pub use train::{ForceBatch, LabelledStructures, Recipe};
 
 /// Why a model or a structure cannot be used.
 #[derive(Debug, thiserror::Error)]

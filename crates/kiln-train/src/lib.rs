@@ -53,7 +53,7 @@ pub use checkpoint::{CheckpointState, Checkpoints, compatible};
 pub use config::{BestMetric, LossScaling, TrainConfig};
 pub use data::{HostData, ImageBatch, LabelledImages, Loader};
 pub use grads::{clip_factor, large_norm, scale, squared_norm};
-pub use metrics::{MetricsLog, StepPoint};
+pub use metrics::{MetricsLog, StepPoint, read_metrics};
 pub use optim::{
     DEFAULT_GROUP, GroupConfig, GroupedAdamW, GroupedAdamWRecord, OptimizerConfig, ParamInfo,
     parameters,
@@ -62,8 +62,8 @@ pub use optimization::{Averaging, Optimization, StepReport};
 pub use parallel::{DataParallel, Network};
 pub use plot::plot_curves;
 pub use schedule::{Decay, Schedule};
-pub use step::{EvalOutput, EvalStep, StepContext, StepOutput, TrainStep};
-pub use trainer::{Outcome, RunOptions, Trainer};
+pub use step::{EvalOutput, EvalStep, EvalSum, StepContext, StepOutput, TrainStep};
+pub use trainer::{Outcome, RunOptions, Trainer, evaluate};
 
 /// Why a run could not start or go on.
 #[derive(Debug, thiserror::Error)]

@@ -101,6 +101,22 @@ fn point(line: &Map<String, Value>, groups: &[String]) -> StepPoint {
     }
 }
 
+/// Every line of the `metrics.jsonl` in a run's directory `out`, in order (for plots and
+/// reports of a run, finished or not).
+pub fn read_metrics(out: &Path) -> Result<Vec<Value>, TrainError> {
+    let path = out.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).map_err(|e| TrainError::io(&path, e))?;
+    text.lines()
+        .enumerate()
+        .map(|(i, line)| {
+            serde_json::from_str(line).map_err(|e| TrainError::Io {
+                path: path.clone(),
+                message: format!("line {}: {e}", i + 1),
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -75,15 +75,73 @@ pub trait TrainStep<B: AutodiffBackend>: AutodiffModule<B> {
     fn train_step(&self, batch: Self::Batch, context: &StepContext) -> StepOutput<B>;
 }
 
-/// What an evaluation step gives: sums over the batch's items of named metrics (a loss summed
-/// over items, a count of correct answers), `[1]` each; the loop divides the totals by the
-/// number of items.
+/// What an evaluation step gives: named metric sums over the batch, `[1]` each. The loop adds
+/// them up over the evaluation set and divides each total by the number of items (a loss summed
+/// over items, a count of correct answers), or by its own count (errors per atom, per force
+/// component), taking the square root where the metric is a root mean square.
+///
+/// ```
+/// # use burn::tensor::{Tensor, backend::Backend};
+/// # fn metrics<B: Backend>(loss_sum: Tensor<B, 1>, squared_errors: Tensor<B, 1>) -> kiln_train::EvalOutput<B> {
+/// kiln_train::EvalOutput::new(16)              // 16 structures
+///     .with_sum("loss", loss_sum)              // reported per structure
+///     .with_root_mean("force_rmse", squared_errors, 3 * 250) // RMSE over 250 atoms' components
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct EvalOutput<B: Backend> {
-    /// Named sums, `[1]` each.
-    pub sums: Vec<(String, Tensor<B, 1>)>,
+    /// The metrics.
+    pub sums: Vec<EvalSum<B>>,
     /// Items in the batch.
     pub items: usize,
+}
+
+/// One metric of an evaluation batch.
+#[derive(Debug, Clone)]
+pub struct EvalSum<B: Backend> {
+    /// Its name.
+    pub name: String,
+    /// The batch's sum, `[1]`.
+    pub sum: Tensor<B, 1>,
+    /// What the batch adds to the divisor (`None`: its items).
+    pub count: Option<usize>,
+    /// Whether the metric is the square root of the mean.
+    pub root: bool,
+}
+
+impl<B: Backend> EvalOutput<B> {
+    /// No metrics yet, for a batch of `items`.
+    pub fn new(items: usize) -> Self {
+        EvalOutput {
+            sums: Vec::new(),
+            items,
+        }
+    }
+
+    /// A metric averaged over items.
+    pub fn with_sum(self, name: &str, sum: Tensor<B, 1>) -> Self {
+        self.with(name, sum, None, false)
+    }
+
+    /// A metric averaged over its own `count` of terms in this batch.
+    pub fn with_mean(self, name: &str, sum: Tensor<B, 1>, count: usize) -> Self {
+        self.with(name, sum, Some(count), false)
+    }
+
+    /// The root of the mean of `squares` over `count` terms in this batch (an RMSE).
+    pub fn with_root_mean(self, name: &str, squares: Tensor<B, 1>, count: usize) -> Self {
+        self.with(name, squares, Some(count), true)
+    }
+
+    fn with(mut self, name: &str, sum: Tensor<B, 1>, count: Option<usize>, root: bool) -> Self {
+        self.sums.push(EvalSum {
+            name: name.into(),
+            sum,
+            count,
+            root,
+        });
+        self
+    }
 }
 
 /// A model the loop evaluates (implemented by the inner module of a [`TrainStep`] model: no

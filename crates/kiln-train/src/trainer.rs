@@ -25,8 +25,10 @@ use crate::step::{EvalStep, TrainStep};
 /// What decides where and how long this invocation runs, not what it computes.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// The run's directory: `metrics.jsonl`, `loss.png`, `checkpoints/`.
+    /// The run's directory: `metrics.jsonl`, the plot, `checkpoints/`.
     pub out: PathBuf,
+    /// The plot's file name in `out` (`loss.png`).
+    pub plot: String,
     /// Stop after this many more optimizer steps (with a checkpoint); a rerun continues.
     pub max_steps_now: Option<u64>,
     /// Draw a progress bar on a terminal.
@@ -44,6 +46,7 @@ impl RunOptions {
     pub fn new(out: impl Into<PathBuf>) -> Self {
         RunOptions {
             out: out.into(),
+            plot: "loss.png".into(),
             max_steps_now: None,
             progress: true,
             model_settings: Value::Null,
@@ -246,11 +249,11 @@ impl<B: AutodiffBackend> Trainer<B> {
             line.insert("step_time_s".into(), json!(seconds));
             line.insert("data_wait_s".into(), json!(step.data_wait.as_secs_f64()));
             line.insert("items_per_s".into(), json!(step.items as f64 / seconds));
-            let evaluate = state.step == config.steps
+            let evaluate_now = state.step == config.steps
                 || (config.eval_every > 0 && state.step.is_multiple_of(config.eval_every));
             let mut improved = false;
-            if let (true, Some(eval)) = (evaluate, eval) {
-                last_eval = evaluate_on(&model.valid(), eval)?;
+            if let (true, Some(eval)) = (evaluate_now, eval) {
+                last_eval = evaluate(&model.valid(), eval)?;
                 for (name, value) in &last_eval {
                     line.insert(format!("eval_{name}"), json!(finite_or_null(*value)));
                 }
@@ -282,7 +285,9 @@ impl<B: AutodiffBackend> Trainer<B> {
             }
             progress.set_position(state.step);
             progress.set_message(format!(
-                "loss {:.4} lr {:.2e}",
+                "epoch {} ({} batches) loss {:.4} lr {:.2e}",
+                state.epoch + 1,
+                train.batches_per_epoch(),
                 step.loss,
                 step.lrs.last().copied().unwrap_or(0.0)
             ));
@@ -298,7 +303,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                     config.keep_last,
                 )?);
             }
-            if let (true, Some(log)) = (evaluate, &log) {
+            if let (true, Some(log)) = (evaluate_now, &log) {
                 self.plot(log, &groups);
             }
         }
@@ -307,7 +312,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             && last_eval.is_empty()
             && let Some(eval) = eval
         {
-            last_eval = evaluate_on(&model.valid(), eval)?;
+            last_eval = evaluate(&model.valid(), eval)?;
         }
         if let Some(log) = &log {
             self.plot(log, &groups);
@@ -368,9 +373,13 @@ impl<B: AutodiffBackend> Trainer<B> {
         better
     }
 
-    /// Redraws `loss.png` (a failure is a warning: the run goes on).
+    /// Redraws the plot (a failure is a warning: the run goes on).
     fn plot(&self, log: &MetricsLog, groups: &[String]) {
-        if let Err(e) = plot_curves(&self.options.out.join("loss.png"), log.points(), groups) {
+        if let Err(e) = plot_curves(
+            &self.options.out.join(&self.options.plot),
+            log.points(),
+            groups,
+        ) {
             log::warn!("could not draw the loss plot: {e}");
         }
     }
@@ -407,15 +416,17 @@ impl<L: Loader> Cursor<'_, L> {
     }
 }
 
-/// Metric sums over every batch of `eval`, divided by the number of items.
-fn evaluate_on<IB, M, E>(model: &M, eval: &E) -> Result<Vec<(String, f64)>, TrainError>
+/// The metrics of `model` over every batch of `eval`, as the loop reports them: each metric's
+/// sum divided by the number of items or by its own count (and rooted where it is a root mean
+/// square).
+pub fn evaluate<IB, M, E>(model: &M, eval: &E) -> Result<Vec<(String, f64)>, TrainError>
 where
     IB: Backend,
     M: EvalStep<IB, Batch = E::Batch>,
     E: Loader,
 {
     let mut sums: Vec<Tensor<IB, 1>> = Vec::new();
-    let mut names = Vec::new();
+    let mut metrics: Vec<(String, Option<usize>, bool)> = Vec::new();
     let mut items = 0usize;
     let device = model.devices().into_iter().next().unwrap_or_default();
     for batch in eval.batches(Order::Sequential, 0) {
@@ -424,12 +435,19 @@ where
         let model = model.clone();
         let output = on_host_pool::<IB, _>(&device, move || model.eval_step(batch));
         items += output.items;
-        let values = output.sums.iter().map(|(_, v)| v.clone().cast(DType::F32));
+        let values = output.sums.iter().map(|m| m.sum.clone().cast(DType::F32));
         if sums.is_empty() {
             sums = values.collect();
-            names = output.sums.iter().map(|(n, _)| n.clone()).collect();
+            metrics = output
+                .sums
+                .iter()
+                .map(|m| (m.name.clone(), m.count, m.root))
+                .collect();
         } else {
             sums = sums.into_iter().zip(values).map(|(s, v)| s + v).collect();
+            for (metric, batch) in metrics.iter_mut().zip(&output.sums) {
+                metric.1 = metric.1.zip(batch.count).map(|(a, b)| a + b);
+            }
         }
     }
     if items == 0 || sums.is_empty() {
@@ -440,10 +458,13 @@ where
         .convert::<f64>()
         .to_vec()
         .expect("f64 values");
-    Ok(names
+    Ok(metrics
         .into_iter()
         .zip(totals)
-        .map(|(n, v)| (n, v / items as f64))
+        .map(|((name, count, root), total)| {
+            let mean = total / count.unwrap_or(items) as f64;
+            (name, if root { mean.sqrt() } else { mean })
+        })
         .collect())
 }
 

@@ -84,10 +84,7 @@ impl<B: Backend> EvalStep<B> for Mlp<B> {
         let loss = CrossEntropyLossConfig::new()
             .init(&logits.device())
             .forward(logits, labels);
-        EvalOutput {
-            sums: vec![("loss".into(), loss.mul_scalar(n as f32))],
-            items: n,
-        }
+        EvalOutput::new(n).with_sum("loss", loss.mul_scalar(n as f32))
     }
 }
 
@@ -296,11 +293,7 @@ fn close(kiln: &[f32], torch: &[f32], what: &str) {
 }
 
 fn metrics(out: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    kiln_train::read_metrics(out).unwrap()
 }
 
 #[test]
