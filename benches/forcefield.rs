@@ -4,6 +4,12 @@
 //! water molecule through the tiny model). schnetpack's figures for the same models and
 //! molecules come from `scripts/bench/painn_torch.py`; both are in docs/PERFORMANCE.md.
 //!
+//! `painn-train/{seed,tiny}/b=16`: one optimizer step of force-matching training (MLFF-Distiller's
+//! recipe: readout 128→64→32→1 for the seed size, loss 1·MSE(E) + 100·MSE(F) + 10·mean(1 − cos),
+//! AdamW, clipping at 1.0) on 16 molecules of the pool against fixed labels, as the
+//! `train_forcefield` example's loop runs it. schnetpack's training step on the same molecules,
+//! models and labels (`create_graph=True`) comes from `scripts/bench/painn_train_torch.py`.
+//!
 //! ```text
 //! cargo bench --bench forcefield                      # Flex
 //! cargo bench --bench forcefield -- --filter tiny --save main
@@ -15,7 +21,7 @@
 //! and the molecules (extxyz) are written to `target/bench/painn/` for the PyTorch script and the
 //! `forcefield` example.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -23,8 +29,10 @@ use kiln::bench::{BenchError, Benchmark, Runner, Suite, Work, batch_sizes, cli};
 use kiln::burn::backend::Autodiff;
 use kiln::burn::tensor::backend::Backend;
 use kiln::forcefield::{
-    CutoffFn, Frame, Painn, PainnConfig, Predictions, RadialBasisKind, Structure, write_extxyz,
+    CutoffFn, ForceBatch, Frame, Labels, Painn, PainnConfig, Predictions, RadialBasisKind, Recipe,
+    Structure, write_extxyz,
 };
+use kiln::train::Optimization;
 
 /// mimalloc keeps freed tensor buffers for reuse; glibc's allocator hands large ones back to the
 /// kernel, which zeroes them again on the next call (docs/PERFORMANCE.md).
@@ -161,6 +169,92 @@ impl<B: Backend> Benchmark<B> for Predict<'_, B> {
     }
 }
 
+/// Structures per training batch (MLFF-Distiller's).
+const TRAIN_BATCH: usize = 16;
+
+/// A model in training and its optimizer.
+type Training<B> = (
+    Painn<Autodiff<B>>,
+    Optimization<Autodiff<B>, Painn<Autodiff<B>>>,
+);
+
+/// One optimizer step of force-matching training on a fixed batch; the model and the optimizer
+/// carry over from run to run, as in training.
+struct TrainingStep<B: Backend> {
+    name: String,
+    state: RefCell<Option<Training<B>>>,
+    batch: ForceBatch,
+    step: Cell<u64>,
+}
+
+impl<B: Backend> Benchmark<B> for TrainingStep<B> {
+    type Input = ();
+    type Output = f64;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn work(&self) -> Work {
+        Work::items(self.batch.structures.len() as u64)
+    }
+
+    fn prepare(&self, _device: &B::Device, _variant: usize) -> Self::Input {}
+
+    fn run(&self, _: &()) -> f64 {
+        let (model, mut optimization) = self.state.borrow_mut().take().expect("a model");
+        let step = self.step.get();
+        let (model, report) = optimization
+            .step(model, step, || self.batch.clone())
+            .expect("a step without data-parallel peers");
+        self.step.set(step + 1);
+        *self.state.borrow_mut() = Some((model, optimization));
+        report.loss
+    }
+}
+
+/// Labels for training benchmarks: the structures' own predictions by `teacher`, offset so
+/// every loss term is non-zero. Written beside the molecules for the PyTorch script.
+fn labels<B: Backend>(
+    teacher: &Painn<Autodiff<B>>,
+    structures: &[Structure],
+    device: &B::Device,
+    out: &Path,
+) -> Result<Vec<Labels>, BenchError> {
+    let predicted = teacher
+        .predict(structures, device)
+        .map_err(|e| BenchError::Io(e.to_string()))?;
+    let mut first = 0;
+    let mut frames = Vec::new();
+    let labels = structures
+        .iter()
+        .enumerate()
+        .map(|(s, structure)| {
+            let forces: Vec<[f64; 3]> = predicted.forces[first..first + structure.len()]
+                .iter()
+                .map(|f| [f[0] + 0.1, f[1] - 0.05, 0.5 * f[2]])
+                .collect();
+            first += structure.len();
+            let energy = predicted.energies[s] + 0.3;
+            let mut frame = Frame::new(structure.clone());
+            frame.info.insert("energy".into(), energy.to_string());
+            frame.arrays.insert(
+                "forces".into(),
+                (3, forces.iter().flatten().copied().collect()),
+            );
+            frames.push(frame);
+            Labels {
+                energy,
+                forces,
+                stress: None,
+            }
+        })
+        .collect();
+    std::fs::write(out.join("train_batch.extxyz"), write_extxyz(&frames))
+        .map_err(|e| BenchError::Io(e.to_string()))?;
+    Ok(labels)
+}
+
 /// Where the models and molecules go: `target/bench/painn/`.
 fn output_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench/painn")
@@ -179,6 +273,8 @@ impl Suite for Forcefield {
             .map_err(|e| BenchError::Io(e.to_string()))?;
         let mean_atoms = pool.iter().map(Structure::len).sum::<usize>() as f64 / pool.len() as f64;
         eprintln!("{MOLECULES} molecules of 3–60 atoms, {mean_atoms:.1} on average");
+        let train_batch = pool[..TRAIN_BATCH].to_vec();
+        let mut train_labels = None;
         for (label, config) in [("seed", painn(128, 3, 20)), ("tiny", painn(16, 2, 8))] {
             Autodiff::<B>::seed(&device, 7);
             let model = config.init::<Autodiff<B>>(&device);
@@ -192,6 +288,35 @@ impl Suite for Forcefield {
                 calls: Cell::new(0),
             };
             runner.batch_scaling(&format!("painn/{label}"), &batch_sizes(MOLECULES), make)?;
+            let labels = match train_labels.take() {
+                Some(labels) => labels,
+                None => labels(&model, &train_batch, &device, &out)?,
+            };
+            let student = PainnConfig {
+                readout_n_layers: 3,
+                ..config.clone()
+            };
+            Autodiff::<B>::seed(&device, 11);
+            let student_model = student.init::<Autodiff<B>>(&device);
+            student_model
+                .save(out.join(format!("{label}-train")))
+                .map_err(|e| BenchError::Io(e.to_string()))?;
+            let recipe = Recipe::default();
+            let train_config = recipe
+                .train_config(1_000_000)
+                .map_err(|e| BenchError::Io(e.to_string()))?;
+            let optimization = Optimization::fresh(&train_config, &student_model, &device);
+            runner.bench(&TrainingStep {
+                name: format!("painn-train/{label}/b={TRAIN_BATCH}"),
+                state: RefCell::new(Some((student_model, optimization))),
+                batch: ForceBatch {
+                    structures: train_batch.clone(),
+                    labels: labels.clone(),
+                    weights: recipe.weights,
+                },
+                step: Cell::new(0),
+            })?;
+            train_labels = Some(labels);
             if label == "tiny" {
                 let water = Structure::molecule(
                     vec![8, 1, 1],

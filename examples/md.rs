@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release --example md -- --model painn/ --input molecule.extxyz \
 //!     --trajectory md.extxyz [--frame 0] [--timestep 0.5] [--steps 1000] [--temperature 300] \
-//!     [--seed 0] [--every 10] [--device cpu]
+//!     [--seed 0] [--every 10] [--skin 1.0] [--device cpu]
 //! ```
 //!
 //! Every reported frame carries `energy` (potential), `kinetic`, `total` and `temperature` in its
@@ -55,6 +55,10 @@ struct Args {
     /// Write a frame every this many steps.
     #[arg(long, default_value_t = 10)]
     every: usize,
+    /// Neighbour-list skin, Å: the list is rebuilt only when an atom has moved half of it
+    /// (0: every step; the trajectory is the same).
+    #[arg(long, default_value_t = 1.0)]
+    skin: f64,
     /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
     #[arg(long, default_value = "cpu")]
     device: DeviceSpec,
@@ -91,6 +95,7 @@ impl DeviceJob for Args {
             temperature_k: self.temperature,
             seed: self.seed,
             every: self.every,
+            skin: self.skin,
         };
         let file = File::create(&self.trajectory)
             .map_err(|e| format!("{}: {e}", self.trajectory.display()))?;

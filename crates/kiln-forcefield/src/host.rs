@@ -21,7 +21,7 @@ use rayon::prelude::*;
 
 use crate::ForceFieldError;
 use crate::config::RadialBasisKind;
-use crate::neighbors::neighbor_list;
+use crate::neighbors::{NeighborList, neighbor_list};
 use crate::painn::{EPSILON, Painn, Predictions, stress};
 use crate::structure::Structure;
 
@@ -36,55 +36,16 @@ pub(crate) fn predict<T: Real, B: Backend>(
     model: &Painn<B>,
     structures: &[Structure],
 ) -> Result<Predictions, ForceFieldError> {
-    let weights = Weights::<T>::read(model);
+    let potential = HostPotential::<T>::new(model);
     let config = model.config();
-    // The widest instruction set this CPU has (AVX2 + FMA, AVX-512), for the kernel's loops.
-    let arch = pulp::Arch::new();
-    let results: Vec<Result<Evaluated<T>, ForceFieldError>> = structures
+    let results: Vec<Result<Evaluated, ForceFieldError>> = structures
         .par_iter()
         .enumerate()
         .map(|(index, s)| {
             s.validate(index, config.max_z)?;
             let list = neighbor_list(s, config.cutoff)
                 .map_err(|reason| ForceFieldError::Structure { index, reason })?;
-            let vectors: Vec<[T; 3]> = (0..list.len())
-                .map(|p| {
-                    let (i, j) = (list.i[p] as usize, list.j[p] as usize);
-                    let shift = list.shift(p, &s.cell);
-                    std::array::from_fn(|a| {
-                        T::from(s.positions[j][a] - s.positions[i][a] + shift[a]).unwrap()
-                    })
-                })
-                .collect();
-            let pairs = Pairs {
-                i: list.i.iter().map(|&i| i as usize).collect(),
-                j: list.j.iter().map(|&j| j as usize).collect(),
-                r: vectors,
-            };
-            let (energy, gradients) = arch.dispatch(StructureOp {
-                weights: &weights,
-                numbers: &s.numbers,
-                pairs: &pairs,
-            });
-            // ∂E/∂R from ∂E/∂r_ij (r_ij = R_j − R_i + shift), and the virial Σ r ⊗ ∂E/∂r.
-            let mut forces = vec![[0.0; 3]; s.len()];
-            let mut virial = [[0.0; 3]; 3];
-            for (p, g) in gradients.iter().enumerate() {
-                let g = g.map(|v| v.elem::<f64>());
-                let r = pairs.r[p].map(|v| v.elem::<f64>());
-                for a in 0..3 {
-                    forces[pairs.i[p]][a] += g[a];
-                    forces[pairs.j[p]][a] -= g[a];
-                    for b in 0..3 {
-                        virial[a][b] += r[a] * g[b];
-                    }
-                }
-            }
-            Ok(Evaluated {
-                energy,
-                forces,
-                virial,
-            })
+            Ok(potential.evaluate(s, &list))
         })
         .collect();
     let mut predictions = Predictions {
@@ -98,7 +59,7 @@ pub(crate) fn predict<T: Real, B: Backend>(
             forces,
             virial,
         } = result?;
-        predictions.energies.push(energy.elem::<f64>());
+        predictions.energies.push(energy);
         predictions.forces.extend(forces);
         predictions
             .stresses
@@ -107,11 +68,70 @@ pub(crate) fn predict<T: Real, B: Backend>(
     Ok(predictions)
 }
 
+/// A model's weights read once into host memory in `T`, for repeated evaluations (molecular
+/// dynamics calls it every step).
+pub(crate) struct HostPotential<T> {
+    weights: Weights<T>,
+    /// The widest instruction set this CPU has (AVX2 + FMA, AVX-512), for the kernel's loops.
+    arch: pulp::Arch,
+}
+
+impl<T: Real> HostPotential<T> {
+    pub fn new<B: Backend>(model: &Painn<B>) -> Self {
+        HostPotential {
+            weights: Weights::read(model),
+            arch: pulp::Arch::new(),
+        }
+    }
+
+    /// The energy, forces and virial of `s` (already validated) over the pairs of `list`.
+    pub fn evaluate(&self, s: &Structure, list: &NeighborList) -> Evaluated {
+        let vectors: Vec<[T; 3]> = (0..list.len())
+            .map(|p| {
+                let (i, j) = (list.i[p] as usize, list.j[p] as usize);
+                let shift = list.shift(p, &s.cell);
+                std::array::from_fn(|a| {
+                    T::from(s.positions[j][a] - s.positions[i][a] + shift[a]).unwrap()
+                })
+            })
+            .collect();
+        let pairs = Pairs {
+            i: list.i.iter().map(|&i| i as usize).collect(),
+            j: list.j.iter().map(|&j| j as usize).collect(),
+            r: vectors,
+        };
+        let (energy, gradients) = self.arch.dispatch(StructureOp {
+            weights: &self.weights,
+            numbers: &s.numbers,
+            pairs: &pairs,
+        });
+        // ∂E/∂R from ∂E/∂r_ij (r_ij = R_j − R_i + shift), and the virial Σ r ⊗ ∂E/∂r.
+        let mut forces = vec![[0.0; 3]; s.len()];
+        let mut virial = [[0.0; 3]; 3];
+        for (p, g) in gradients.iter().enumerate() {
+            let g = g.map(|v| v.elem::<f64>());
+            let r = pairs.r[p].map(|v| v.elem::<f64>());
+            for a in 0..3 {
+                forces[pairs.i[p]][a] += g[a];
+                forces[pairs.j[p]][a] -= g[a];
+                for b in 0..3 {
+                    virial[a][b] += r[a] * g[b];
+                }
+            }
+        }
+        Evaluated {
+            energy: energy.elem::<f64>(),
+            forces,
+            virial,
+        }
+    }
+}
+
 /// One structure's energy, the forces on its atoms and its virial `Σ r ⊗ ∂E/∂r` (eV).
-struct Evaluated<T> {
-    energy: T,
-    forces: Vec<[f64; 3]>,
-    virial: [[f64; 3]; 3],
+pub(crate) struct Evaluated {
+    pub energy: f64,
+    pub forces: Vec<[f64; 3]>,
+    pub virial: [[f64; 3]; 3],
 }
 
 /// [`Weights::structure`] as a `pulp` operation: inlined, with everything it calls, into a

@@ -46,7 +46,8 @@ pub use extxyz::{ExtxyzError, Frame, read_extxyz, write_extxyz};
 pub use labels::{LabelKeys, Labels};
 pub use loss::{COSINE_EPS, ForceLoss, LossWeights};
 pub use md::{
-    BOLTZMANN, Conservation, MdState, NveConfig, kinetic_energy, maxwell_boltzmann, run_nve,
+    BOLTZMANN, Conservation, MdState, NveConfig, VerletList, kinetic_energy, maxwell_boltzmann,
+    run_nve,
 };
 pub use neighbors::{NeighborList, NeighborMethod, neighbor_list, neighbor_list_with};
 pub use painn::{Painn, Predictions};

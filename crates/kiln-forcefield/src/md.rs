@@ -1,13 +1,17 @@
 //! Constant-energy (NVE) molecular dynamics with the velocity-Verlet integrator, in ASE's units:
 //! Å, eV, amu, and time in `Å √(amu / eV)` (femtoseconds at the edges).
 
+use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
+use kiln_precision::is_host_backend;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use crate::ForceFieldError;
 use crate::elements::atomic_mass;
+use crate::host::HostPotential;
+use crate::neighbors::{NeighborList, neighbor_list};
 use crate::painn::Painn;
 use crate::structure::Structure;
 
@@ -30,10 +34,14 @@ pub struct NveConfig {
     pub seed: u64,
     /// Report (and hand to the observer) every this many steps; step 0 and the last always.
     pub every: usize,
+    /// The neighbour list's skin, Å: pairs within cutoff + skin are listed once and rebuilt
+    /// only when an atom has moved more than half of it ([`VerletList`]); 0 rebuilds every
+    /// step.
+    pub skin: f64,
 }
 
 impl Default for NveConfig {
-    /// 0.5 fs steps, 1000 of them, 300 K, seed 0, a report every 10 steps.
+    /// 0.5 fs steps, 1000 of them, 300 K, seed 0, a report every 10 steps, a 1 Å skin.
     fn default() -> Self {
         NveConfig {
             timestep_fs: 0.5,
@@ -41,6 +49,7 @@ impl Default for NveConfig {
             temperature_k: 300.0,
             seed: 0,
             every: 10,
+            skin: 1.0,
         }
     }
 }
@@ -83,6 +92,136 @@ pub struct Conservation {
     pub drift_mev_per_atom_ps: f64,
     /// Largest distance of a reported total energy from the first, meV/atom.
     pub max_deviation_mev_per_atom: f64,
+    /// Times the neighbour list was built (on CPU backends; see [`VerletList`]).
+    pub neighbor_builds: usize,
+}
+
+/// A Verlet neighbour list, as ASE and LAMMPS keep one: the pairs within `cutoff + skin`, built
+/// once and filtered every step down to those within the cutoff; built again only when some
+/// atom has moved more than half the skin since (then no pair can have come from beyond the
+/// skin). Pairs are kept in sorted order, so the filtered list is exactly the pairs, in the
+/// order, of a list built afresh each step: the forces and the trajectory are bit for bit the
+/// same.
+#[derive(Debug, Clone)]
+pub struct VerletList {
+    cutoff: f64,
+    skin: f64,
+    candidates: NeighborList,
+    built_at: Vec<[f64; 3]>,
+    builds: usize,
+}
+
+impl VerletList {
+    /// An empty list for `cutoff` and `skin` (Å); the first [`pairs`](Self::pairs) builds it.
+    pub fn new(cutoff: f64, skin: f64) -> Self {
+        VerletList {
+            cutoff,
+            skin: skin.max(0.0),
+            candidates: NeighborList::default(),
+            built_at: Vec::new(),
+            builds: 0,
+        }
+    }
+
+    /// The pairs of `structure` within the cutoff, sorted by centre, neighbour and shift.
+    pub fn pairs(&mut self, structure: &Structure) -> Result<NeighborList, String> {
+        let limit = 0.25 * self.skin * self.skin; // (skin / 2)²
+        let moved = self.built_at.len() != structure.len()
+            || self.skin == 0.0
+            || structure
+                .positions
+                .iter()
+                .zip(&self.built_at)
+                .any(|(r, r0)| (0..3).map(|a| (r[a] - r0[a]).powi(2)).sum::<f64>() > limit);
+        if moved {
+            self.candidates = sorted(neighbor_list(structure, self.cutoff + self.skin)?);
+            self.built_at = structure.positions.clone();
+            self.builds += 1;
+        }
+        let mut pairs = NeighborList::default();
+        let c2 = self.cutoff * self.cutoff;
+        for p in 0..self.candidates.len() {
+            let (i, j) = (self.candidates.i[p] as usize, self.candidates.j[p] as usize);
+            let shift = self.candidates.shift(p, &structure.cell);
+            let d2: f64 = (0..3)
+                .map(|a| (structure.positions[j][a] - structure.positions[i][a] + shift[a]).powi(2))
+                .sum();
+            if d2 < c2 {
+                pairs.i.push(self.candidates.i[p]);
+                pairs.j.push(self.candidates.j[p]);
+                pairs.cell_shifts.push(self.candidates.cell_shifts[p]);
+            }
+        }
+        Ok(pairs)
+    }
+
+    /// Times the list was built.
+    pub fn builds(&self) -> usize {
+        self.builds
+    }
+}
+
+/// `list` ordered by centre, neighbour and shift.
+fn sorted(list: NeighborList) -> NeighborList {
+    let mut pairs: Vec<(u32, u32, [i32; 3])> = (0..list.len())
+        .map(|p| (list.i[p], list.j[p], list.cell_shifts[p]))
+        .collect();
+    pairs.sort_unstable();
+    NeighborList {
+        i: pairs.iter().map(|p| p.0).collect(),
+        j: pairs.iter().map(|p| p.1).collect(),
+        cell_shifts: pairs.iter().map(|p| p.2).collect(),
+    }
+}
+
+/// How a trajectory's forces are computed: on CPU backends the fused host kernel over a Verlet
+/// list, weights read once; elsewhere [`Painn::predict`] (a neighbour list per step).
+enum Forces<'m, B: AutodiffBackend> {
+    HostF32(HostPotential<f32>, VerletList),
+    HostF64(HostPotential<f64>, VerletList),
+    Device(&'m Painn<B>, B::Device),
+}
+
+impl<'m, B: AutodiffBackend> Forces<'m, B> {
+    fn new(model: &'m Painn<B>, skin: f64, device: &B::Device) -> Self {
+        let list = || VerletList::new(model.config().cutoff, skin);
+        if is_host_backend::<B>(device) {
+            match model.representation.filter_net.weight.val().dtype() {
+                DType::F32 => return Forces::HostF32(HostPotential::new(model), list()),
+                DType::F64 => return Forces::HostF64(HostPotential::new(model), list()),
+                _ => {}
+            }
+        }
+        Forces::Device(model, device.clone())
+    }
+
+    /// The potential energy and forces of `s`.
+    fn evaluate(&mut self, s: &Structure) -> Result<(f64, Vec<[f64; 3]>), ForceFieldError> {
+        let fail = |reason: String| ForceFieldError::Structure { index: 0, reason };
+        let evaluated = match self {
+            Forces::HostF32(potential, list) => {
+                potential.evaluate(s, &list.pairs(s).map_err(fail)?)
+            }
+            Forces::HostF64(potential, list) => {
+                potential.evaluate(s, &list.pairs(s).map_err(fail)?)
+            }
+            Forces::Device(model, device) => {
+                let mut predictions = model.predict(std::slice::from_ref(s), device)?;
+                return Ok((
+                    predictions.energies[0],
+                    std::mem::take(&mut predictions.forces),
+                ));
+            }
+        };
+        Ok((evaluated.energy, evaluated.forces))
+    }
+
+    fn builds(&self) -> usize {
+        match self {
+            Forces::HostF32(_, list) | Forces::HostF64(_, list) => list.builds(),
+            Forces::Device(..) => 0,
+        }
+    }
 }
 
 /// Velocities (Å/fs) for `masses` (amu) drawn from the Maxwell–Boltzmann distribution at
@@ -128,7 +267,8 @@ pub fn kinetic_energy(masses: &[f64], velocities: &[[f64; 3]]) -> f64 {
 
 /// Integrates `structure` under `model` at constant energy with velocity Verlet
 /// (`v += F/m · dt/2; x += v dt; F = F(x); v += F/m · dt/2`), one force evaluation per step,
-/// starting from Maxwell–Boltzmann velocities. `observe` sees step 0, every `every`-th step and
+/// starting from Maxwell–Boltzmann velocities. On CPU backends the forces come from the fused
+/// host kernel over a [`VerletList`], the weights read once. `observe` sees step 0, every `every`-th step and
 /// the last; the return value measures energy conservation over those.
 pub fn run_nve<B: AutodiffBackend>(
     model: &Painn<B>,
@@ -150,13 +290,7 @@ pub fn run_nve<B: AutodiffBackend>(
         .iter()
         .map(|&z| atomic_mass(z).ok_or_else(|| fail(format!("no mass for element {z}"))))
         .collect::<Result<_, _>>()?;
-    let evaluate = |s: &Structure| -> Result<(f64, Vec<[f64; 3]>), ForceFieldError> {
-        let mut predictions = model.predict(std::slice::from_ref(s), device)?;
-        Ok((
-            predictions.energies[0],
-            std::mem::take(&mut predictions.forces),
-        ))
-    };
+    let mut forces = Forces::new(model, config.skin, device);
     let dt = config.timestep_fs;
     // Å/fs per (eV/Å / amu · fs).
     let acceleration = FEMTOSECOND * FEMTOSECOND;
@@ -169,7 +303,7 @@ pub fn run_nve<B: AutodiffBackend>(
         potential: 0.0,
         kinetic: 0.0,
     };
-    (state.potential, state.forces) = evaluate(&state.structure)?;
+    (state.potential, state.forces) = forces.evaluate(&state.structure)?;
     state.kinetic = kinetic_energy(&masses, &state.velocities);
     observe(&state);
     let mut reports = vec![(0.0, state.total())];
@@ -184,8 +318,9 @@ pub fn run_nve<B: AutodiffBackend>(
         for (r, v) in state.structure.positions.iter_mut().zip(&state.velocities) {
             *r = std::array::from_fn(|x| r[x] + dt * v[x]);
         }
-        (state.potential, state.forces) =
-            evaluate(&state.structure).map_err(|e| fail(format!("at step {step}: {e}")))?;
+        (state.potential, state.forces) = forces
+            .evaluate(&state.structure)
+            .map_err(|e| fail(format!("at step {step}: {e}")))?;
         kick(&mut state.velocities, &state.forces);
         state.step = step;
         state.time_fs = step as f64 * dt;
@@ -195,11 +330,11 @@ pub fn run_nve<B: AutodiffBackend>(
             reports.push((state.time_fs, state.total()));
         }
     }
-    Ok(conservation(&reports, structure.len()))
+    Ok(conservation(&reports, structure.len(), forces.builds()))
 }
 
 /// Drift and largest deviation of total energies `(time fs, energy eV)` of `atoms` atoms.
-fn conservation(reports: &[(f64, f64)], atoms: usize) -> Conservation {
+fn conservation(reports: &[(f64, f64)], atoms: usize, neighbor_builds: usize) -> Conservation {
     let n = reports.len() as f64;
     let (mean_t, mean_e) = reports
         .iter()
@@ -225,5 +360,50 @@ fn conservation(reports: &[(f64, f64)], atoms: usize) -> Conservation {
         // eV/fs → meV/ps.
         drift_mev_per_atom_ps: slope * 1e3 * per_atom_mev,
         max_deviation_mev_per_atom: deviation * per_atom_mev,
+        neighbor_builds,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Atoms random-walking through a periodic box (and a molecule-like open cluster): at every
+    /// step the Verlet list gives exactly a fresh list's pairs, sorted, while building itself
+    /// far less often; pairs cross the cutoff in both directions all along.
+    #[test]
+    fn a_verlet_list_gives_a_fresh_lists_pairs_at_every_step() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut normal = || -> f64 { StandardNormal.sample(&mut rng) };
+        for periodic in [true, false] {
+            let side = 9.0;
+            let positions: Vec<[f64; 3]> = (0..40)
+                .map(|k| {
+                    let g = [k % 4, (k / 4) % 4, k / 16].map(|c| c as f64 * side / 4.0);
+                    std::array::from_fn(|a| g[a] + 0.3 * normal())
+                })
+                .collect();
+            let cell = [[side, 0.0, 0.0], [0.0, side, 0.0], [0.0, 0.0, side]];
+            let mut structure = Structure::periodic(vec![1; 40], positions, cell, [periodic; 3]);
+            let (cutoff, steps) = (3.0, 400);
+            let mut list = VerletList::new(cutoff, 0.6);
+            let mut changes = 0;
+            let mut previous = NeighborList::default();
+            for _ in 0..steps {
+                for r in &mut structure.positions {
+                    r.iter_mut().for_each(|x| *x += 0.02 * normal());
+                }
+                let pairs = list.pairs(&structure).unwrap();
+                assert_eq!(pairs, sorted(neighbor_list(&structure, cutoff).unwrap()));
+                changes += usize::from(pairs != previous);
+                previous = pairs;
+            }
+            assert!(changes > steps / 4, "pairs changed at only {changes} steps");
+            assert!(
+                (2..steps / 5).contains(&list.builds()),
+                "{} builds in {steps} steps",
+                list.builds()
+            );
+        }
     }
 }

@@ -317,6 +317,7 @@ fn nve_conserves_energy_to_second_order_in_the_timestep() {
             temperature_k: 300.0,
             seed: 3,
             every: 1,
+            ..NveConfig::default()
         };
         let mut temperatures = Vec::new();
         let conservation = run_nve(&model, &ethanol, &config, &Default::default(), |state| {
@@ -360,4 +361,38 @@ fn maxwell_boltzmann_velocities_have_the_temperature() {
     }
     assert_eq!(velocities, maxwell_boltzmann(&masses, 500.0, 9));
     assert_ne!(velocities, maxwell_boltzmann(&masses, 500.0, 10));
+}
+
+/// The Verlet list's trajectory is bit for bit the one of a neighbour list rebuilt every step:
+/// a periodic silicon cell at 1500 K under the 4 Å model (second neighbours at 3.8 Å cross the
+/// cutoff), 200 steps of 1 fs.
+#[test]
+fn md_with_a_verlet_list_follows_the_rebuild_every_step_trajectory() {
+    let silicon = structures().swap_remove(3);
+    assert!(silicon.volume().is_some());
+    let model = model("painn_bessel_shared");
+    let run = |skin: f64| {
+        let config = NveConfig {
+            timestep_fs: 1.0,
+            steps: 200,
+            temperature_k: 1500.0,
+            seed: 8,
+            every: 1,
+            skin,
+        };
+        let mut states = Vec::new();
+        let conservation = run_nve(&model, &silicon, &config, &Default::default(), |state| {
+            states.push(state.clone())
+        })
+        .unwrap();
+        (states, conservation.neighbor_builds)
+    };
+    let (verlet, builds) = run(0.5);
+    let (fresh, every_step) = run(0.0);
+    assert_eq!(every_step, 201);
+    assert!((2..50).contains(&builds), "{builds} builds");
+    assert_eq!(verlet.len(), fresh.len());
+    for (a, b) in verlet.iter().zip(&fresh) {
+        assert_eq!(a, b, "step {}", a.step);
+    }
 }
