@@ -59,6 +59,7 @@ fn painn(f: usize, blocks: usize, n_rbf: usize) -> PainnConfig {
         readout_n_hidden: None,
         mean_per_atom: 0.0,
         atomref: None,
+        trained_elements: None,
     }
 }
 

@@ -184,6 +184,7 @@ fn a_small_student_fits_a_small_teachers_forces_and_every_output_is_written() {
     let device = Default::default();
     let model = Painn::<Autodiff<Flex>>::from_dir(run.join("model"), &device).unwrap();
     assert!(model.config().atomref.is_some());
+    assert_eq!(model.config().trained_elements, Some(vec![1, 6, 8]));
     let frames = read_extxyz(&std::fs::read_to_string(&data.valid).unwrap()).unwrap();
     let structures: Vec<Structure> = frames.iter().map(|f| f.structure.clone()).collect();
     let predicted = model.predict(&structures, &device).unwrap();

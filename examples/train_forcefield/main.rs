@@ -154,6 +154,7 @@ impl Args {
             readout_n_hidden: None,
             mean_per_atom: 0.0,
             atomref: None,
+            trained_elements: None,
         };
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
@@ -215,6 +216,7 @@ impl DeviceJob for Args {
             );
         }
         let energies: Vec<f64> = train.labels.iter().map(|l| l.energy).collect();
+        config.trained_elements = Some(trained.clone());
         config.atomref = Some(
             fit_atomref(&train.structures, &energies, config.max_z).map_err(|e| e.to_string())?,
         );

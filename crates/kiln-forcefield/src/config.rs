@@ -67,6 +67,10 @@ pub struct PainnConfig {
     /// `atomref`, `max_z` values): added for every atom.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub atomref: Option<Vec<f64>>,
+    /// The elements (atomic numbers, sorted) of the set a kiln-trained model was trained on:
+    /// evaluating others is a warning. Absent for models trained elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trained_elements: Option<Vec<u32>>,
 }
 
 fn default_max_z() -> usize {
@@ -127,7 +131,34 @@ impl PainnConfig {
                 return fail(format!("atomref[{z}] is not finite"));
             }
         }
+        if let Some(z) = self
+            .trained_elements
+            .iter()
+            .flatten()
+            .find(|&&z| z as usize >= self.max_z)
+        {
+            return fail(format!(
+                "trained_elements holds {z}, beyond max_z = {}",
+                self.max_z
+            ));
+        }
         Ok(())
+    }
+
+    /// The elements of `structures` (sorted) this model was not trained on, when it records
+    /// what it was trained on.
+    pub fn unseen_elements(&self, structures: &[crate::Structure]) -> Vec<u32> {
+        let Some(trained) = &self.trained_elements else {
+            return Vec::new();
+        };
+        let mut unseen: Vec<u32> = structures
+            .iter()
+            .flat_map(|s| s.numbers.iter().copied())
+            .filter(|z| trained.binary_search(z).is_err())
+            .collect();
+        unseen.sort_unstable();
+        unseen.dedup();
+        unseen
     }
 
     /// The widths of the readout MLP from input to the single output, as schnetpack's
@@ -162,6 +193,23 @@ mod tests {
 
     const BASE: &str = r#""representation": "painn", "n_atom_basis": 128, "n_interactions": 3,
         "n_rbf": 20, "cutoff": 5.0, "radial_basis": "gaussian", "cutoff_fn": "cosine""#;
+
+    #[test]
+    fn unseen_elements_are_those_outside_the_training_set() {
+        let mut config: PainnConfig = serde_json::from_str(&format!("{{{BASE}}}")).unwrap();
+        let water = crate::Structure::molecule(vec![8, 1, 1], vec![[0.0; 3]; 3]);
+        let ammonia = crate::Structure::molecule(vec![7, 1, 1, 1], vec![[0.0; 3]; 4]);
+        let both = [water, ammonia];
+        assert!(
+            config.unseen_elements(&both).is_empty(),
+            "nothing recorded, nothing unseen"
+        );
+        config.trained_elements = Some(vec![1, 6, 8]);
+        assert_eq!(config.unseen_elements(&both), [7]);
+        config.trained_elements = Some(vec![1, 200]);
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("trained_elements holds 200"), "{err}");
+    }
 
     #[test]
     fn readout_widths_follow_build_mlp() {

@@ -204,19 +204,55 @@ impl<T: Real> Dense<T> {
     }
 }
 
-/// `x M (+ bias)` with `M` row-major of `width` columns: each output row a sum of `M`'s rows
-/// scaled by the input row, which vectorises along the row.
+/// `x M (+ bias)` with `M` row-major of `width` columns. Blocks of 4 rows × 16 columns are
+/// accumulated in registers over the whole inner dimension (each row of `M` loaded once per 4
+/// rows of `x`); the rows and columns left over go row by row, each output row a sum of `M`'s
+/// rows scaled by the input row.
 #[inline(always)]
 fn product<T: Real>(x: &[T], m: &[T], width: usize, bias: Option<&[T]>) -> Vec<T> {
+    const ROWS: usize = 4;
+    const COLUMNS: usize = 16;
     let inputs = m.len() / width;
     let rows = x.len() / inputs;
     let mut y = match bias {
         Some(bias) => bias.repeat(rows),
         None => vec![T::zero(); rows * width],
     };
-    for (x, y) in x.chunks_exact(inputs).zip(y.chunks_exact_mut(width)) {
+    let blocked_rows = rows / ROWS * ROWS;
+    let blocked_columns = width / COLUMNS * COLUMNS;
+    for r0 in (0..blocked_rows).step_by(ROWS) {
+        for c0 in (0..blocked_columns).step_by(COLUMNS) {
+            let mut sums = [[T::zero(); COLUMNS]; ROWS];
+            for (r, sum) in sums.iter_mut().enumerate() {
+                sum.copy_from_slice(&y[(r0 + r) * width + c0..][..COLUMNS]);
+            }
+            for k in 0..inputs {
+                let m_row: &[T; COLUMNS] = m[k * width + c0..][..COLUMNS]
+                    .try_into()
+                    .expect("COLUMNS values");
+                for (r, sum) in sums.iter_mut().enumerate() {
+                    let a = x[(r0 + r) * inputs + k];
+                    for (s, &b) in sum.iter_mut().zip(m_row) {
+                        *s = a.mul_add(b, *s);
+                    }
+                }
+            }
+            for (r, sum) in sums.iter().enumerate() {
+                y[(r0 + r) * width + c0..][..COLUMNS].copy_from_slice(sum);
+            }
+        }
+    }
+    for (r, (x, y)) in x
+        .chunks_exact(inputs)
+        .zip(y.chunks_exact_mut(width))
+        .enumerate()
+    {
+        let columns = if r < blocked_rows { blocked_columns } else { 0 };
+        if columns == width {
+            continue;
+        }
         for (&a, m) in x.iter().zip(m.chunks_exact(width)) {
-            axpy(a, m, y);
+            axpy(a, &m[columns..], &mut y[columns..]);
         }
     }
     y

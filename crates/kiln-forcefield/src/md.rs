@@ -290,6 +290,7 @@ pub fn run_nve<B: AutodiffBackend>(
         .iter()
         .map(|&z| atomic_mass(z).ok_or_else(|| fail(format!("no mass for element {z}"))))
         .collect::<Result<_, _>>()?;
+    model.warn_unseen_elements(std::slice::from_ref(structure));
     let mut forces = Forces::new(model, config.skin, device);
     let dt = config.timestep_fs;
     // Å/fs per (eV/Å / amu · fs).

@@ -5,6 +5,8 @@
 
 use std::f64::consts::PI;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
@@ -97,6 +99,9 @@ pub struct Painn<B: Backend> {
     pub output_modules: Vec<Atomwise<B>>,
     #[module(skip)]
     config: PainnConfig,
+    /// Whether the warning about elements outside the training set was given (once per model).
+    #[module(skip)]
+    warned_unseen: Arc<AtomicBool>,
 }
 
 /// What a potential predicts for a batch.
@@ -184,6 +189,7 @@ impl PainnConfig {
                 outnet: widths.windows(2).map(|w| linear(w[0], w[1])).collect(),
             }],
             config: self.clone(),
+            warned_unseen: Arc::default(),
         }
     }
 }
@@ -269,6 +275,19 @@ impl<B: Backend> Painn<B> {
     /// The model's hyper-parameters.
     pub fn config(&self) -> &PainnConfig {
         &self.config
+    }
+
+    /// Warns (once per model) when `structures` hold elements the model was not trained on:
+    /// its energies for them rest on untrained embeddings and no reference energy.
+    pub(crate) fn warn_unseen_elements(&self, structures: &[Structure]) {
+        let unseen = self.config.unseen_elements(structures);
+        if !unseen.is_empty() && !self.warned_unseen.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "element(s) {unseen:?} are absent from this model's training set (it saw {:?}): \
+                 their energies and forces are not to be trusted",
+                self.config.trained_elements.as_deref().unwrap_or_default()
+            );
+        }
     }
 
     /// The same model with parameters in `precision` (f64 for reference-grade energies).
@@ -665,6 +684,7 @@ impl<B: AutodiffBackend> Painn<B> {
         structures: &[Structure],
         device: &B::Device,
     ) -> Result<Predictions, ForceFieldError> {
+        self.warn_unseen_elements(structures);
         if is_host_backend::<B>(device) {
             match self.representation.filter_net.weight.val().dtype() {
                 DType::F32 => return host::predict::<f32, B>(self, structures),
@@ -682,6 +702,7 @@ impl<B: AutodiffBackend> Painn<B> {
         structures: &[Structure],
         device: &B::Device,
     ) -> Result<Predictions, ForceFieldError> {
+        self.warn_unseen_elements(structures);
         let graph = self.graph(structures, device)?;
         let positions = graph.positions.clone().require_grad();
         let periodic = graph.volumes.iter().any(Option::is_some);
