@@ -221,6 +221,8 @@ fn product<T: Real>(x: &[T], m: &[T], width: usize, bias: Option<&[T]>) -> Vec<T
     let blocked_rows = rows / ROWS * ROWS;
     let blocked_columns = width / COLUMNS * COLUMNS;
     for r0 in (0..blocked_rows).step_by(ROWS) {
+        // The block's input rows, sliced once (no bounds checks in the inner loop).
+        let x_rows: [&[T]; ROWS] = std::array::from_fn(|r| &x[(r0 + r) * inputs..][..inputs]);
         for c0 in (0..blocked_columns).step_by(COLUMNS) {
             let mut sums = [[T::zero(); COLUMNS]; ROWS];
             for (r, sum) in sums.iter_mut().enumerate() {
@@ -230,8 +232,8 @@ fn product<T: Real>(x: &[T], m: &[T], width: usize, bias: Option<&[T]>) -> Vec<T
                 let m_row: &[T; COLUMNS] = m[k * width + c0..][..COLUMNS]
                     .try_into()
                     .expect("COLUMNS values");
-                for (r, sum) in sums.iter_mut().enumerate() {
-                    let a = x[(r0 + r) * inputs + k];
+                for (sum, x_row) in sums.iter_mut().zip(&x_rows) {
+                    let a = x_row[k];
                     for (s, &b) in sum.iter_mut().zip(m_row) {
                         *s = a.mul_add(b, *s);
                     }

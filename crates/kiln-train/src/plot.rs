@@ -29,6 +29,21 @@ pub fn plot_curves(path: &Path, points: &[StepPoint], groups: &[String]) -> Resu
             v.is_finite().then_some((p.step as f64, *v))
         })
         .collect();
+    // Positive losses spanning more than two decades (a force field's start against its end)
+    // are drawn on a log scale: their log10 on a linear axis, labelled with the values.
+    let (lowest, highest) = train
+        .iter()
+        .chain(&eval)
+        .fold((f64::MAX, f64::MIN), |(l, h), &(_, v)| (l.min(v), h.max(v)));
+    let log = lowest > 0.0 && highest / lowest > 100.0;
+    let scale = |series: Vec<(f64, f64)>| -> Vec<(f64, f64)> {
+        if log {
+            series.into_iter().map(|(x, v)| (x, v.log10())).collect()
+        } else {
+            series
+        }
+    };
+    let (train, eval) = (scale(train), scale(eval));
     {
         let root = BitMapBackend::with_buffer(&mut buffer, (width, height)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| fail(&e))?;
@@ -40,15 +55,31 @@ pub fn plot_curves(path: &Path, points: &[StepPoint], groups: &[String]) -> Resu
         {
             let pad = 0.05 * (hi - lo).abs().max(1e-3);
             let mut c = ChartBuilder::on(&panels[0])
-                .caption("loss", ("sans-serif", 22))
+                .caption(
+                    if log { "loss (log scale)" } else { "loss" },
+                    ("sans-serif", 22),
+                )
                 .margin(16)
                 .x_label_area_size(40)
                 .y_label_area_size(70)
-                .build_cartesian_2d(0f64..last, (lo - pad).min(0.0)..(hi + pad))
+                .build_cartesian_2d(
+                    0f64..last,
+                    if log {
+                        lo - pad..hi + pad
+                    } else {
+                        (lo - pad).min(0.0)..(hi + pad)
+                    },
+                )
                 .map_err(|e| fail(&e))?;
             c.configure_mesh()
                 .x_desc("optimizer step")
-                .y_label_formatter(&|v| format!("{v:.3}"))
+                .y_label_formatter(&|v| {
+                    if log {
+                        format!("{:.2e}", 10f64.powf(*v))
+                    } else {
+                        format!("{v:.3}")
+                    }
+                })
                 .draw()
                 .map_err(|e| fail(&e))?;
             c.draw_series(LineSeries::new(train.clone(), BLUE.stroke_width(1)))

@@ -97,19 +97,25 @@ impl Schedule {
     }
 }
 
+/// A factor to 6 significant digits (1e-7 / 1e-3 shows as 0.0001, not 0.00009999999999999999).
+fn short(x: f64) -> f64 {
+    format!("{x:.5e}").parse().unwrap_or(x)
+}
+
 impl std::fmt::Display for Schedule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.warmup_steps > 0 {
             write!(
                 f,
                 "linear warm-up from {}× over {} steps, then ",
-                self.warmup_start, self.warmup_steps
+                short(self.warmup_start),
+                self.warmup_steps
             )?;
         }
         match self.decay {
             Decay::Constant => write!(f, "constant")?,
-            Decay::Cosine { floor } => write!(f, "cosine to {floor}×")?,
-            Decay::Linear { floor } => write!(f, "linear to {floor}×")?,
+            Decay::Cosine { floor } => write!(f, "cosine to {}×", short(floor))?,
+            Decay::Linear { floor } => write!(f, "linear to {}×", short(floor))?,
         }
         write!(
             f,
