@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ForceFieldError;
 use crate::labels::Labels;
-use crate::painn::{Painn, Tangent};
+use crate::painn::{Painn, Predictions, Tangent};
 use crate::structure::Structure;
 
 /// Below this norm (eV/Å) a force's direction is undefined: the cosine term divides by it
@@ -80,8 +80,10 @@ pub struct ForceLoss<B: AutodiffBackend> {
     pub stress_mse: Tensor<B, 1>,
 }
 
-/// The force and stress terms, evaluated on the host, and their gradients.
+/// The loss's terms, evaluated on the host from predictions, and the force and stress terms'
+/// gradients.
 struct HostTerms {
+    energy_mse: f64,
     force_mse: f64,
     cosine_distance: f64,
     stress_mse: f64,
@@ -105,13 +107,7 @@ impl<B: AutodiffBackend> Painn<B> {
     ) -> Result<ForceLoss<B>, ForceFieldError> {
         check_labels(structures, labels, weights)?;
         let predicted = self.predict(structures, device)?;
-        let terms = host_terms(
-            structures,
-            labels,
-            weights,
-            &predicted.forces,
-            &predicted.stresses,
-        );
+        let terms = host_terms(structures, labels, weights, &predicted);
         let graph = self.graph(structures, device)?;
         let dtype = graph.positions.dtype();
         let atoms = terms.force_gradient.len() / 3;
@@ -189,14 +185,38 @@ fn check_labels(
     Ok(())
 }
 
-/// The force, cosine and stress terms from predicted forces and stresses, with their gradients.
+/// The loss's value for `predicted` (energies, forces, stresses of `structures`) against
+/// `labels`, on the host: what [`Painn::force_loss`] computes, without a gradient (evaluation).
+pub(crate) fn loss_value(
+    structures: &[Structure],
+    labels: &[Labels],
+    weights: &LossWeights,
+    predicted: &Predictions,
+) -> Result<f64, ForceFieldError> {
+    check_labels(structures, labels, weights)?;
+    let terms = host_terms(structures, labels, weights, predicted);
+    Ok(weights.energy * terms.energy_mse
+        + weights.forces * terms.force_mse
+        + weights.cosine * terms.cosine_distance
+        + weights.stress * terms.stress_mse)
+}
+
+/// The loss's terms from predicted energies, forces and stresses, with the force and stress
+/// terms' gradients.
 fn host_terms(
     structures: &[Structure],
     labels: &[Labels],
     weights: &LossWeights,
-    forces: &[[f64; 3]],
-    stresses: &[Option<[[f64; 3]; 3]>],
+    predicted: &Predictions,
 ) -> HostTerms {
+    let (forces, stresses) = (&predicted.forces, &predicted.stresses);
+    let energy_mse = predicted
+        .energies
+        .iter()
+        .zip(labels)
+        .map(|(e, l)| (e - l.energy).powi(2))
+        .sum::<f64>()
+        / labels.len().max(1) as f64;
     let atoms = forces.len();
     let targets = labels.iter().flat_map(|l| &l.forces);
     let (mut squared, mut cosine_distance) = (0.0, 0.0);
@@ -248,6 +268,7 @@ fn host_terms(
         tangent
     });
     HostTerms {
+        energy_mse,
         force_mse: squared / (3 * atoms).max(1) as f64,
         cosine_distance: cosine_distance / atoms.max(1) as f64,
         stress_mse: if stressed.is_empty() {

@@ -17,7 +17,7 @@ use kiln_train::{
 use crate::ForceFieldError;
 use crate::extxyz::read_extxyz;
 use crate::labels::{LabelKeys, Labels};
-use crate::loss::LossWeights;
+use crate::loss::{LossWeights, loss_value};
 use crate::neighbors::neighbor_list;
 use crate::painn::Painn;
 use crate::structure::Structure;
@@ -126,6 +126,9 @@ impl<B: AutodiffBackend> TrainStep<B> for Painn<B> {
     /// The force-matching loss; its parts are logged unweighted (`energy_mse` in eV²,
     /// `force_mse` in eV²/Å², `cosine_distance`, and `stress_mse` when stress is trained).
     ///
+    /// A model with `shared_interactions` (blocks sharing one set of weights in schnetpack)
+    /// holds the shared blocks as copies, which training updates separately: they untie.
+    ///
     /// # Panics
     /// On a batch [`LabelledStructures::check`] would refuse (the loop cannot return errors
     /// from a step).
@@ -168,18 +171,12 @@ impl<B: Backend> EvalStep<B> for Painn<B> {
         let device = device_of(self);
         // Forces need a backward pass: the same weights on the autodiff backend.
         let model = Painn::<Autodiff<B>>::from_inner(self.clone());
-        let loss = model
-            .force_loss(&batch.structures, &batch.labels, &batch.weights, &device)
-            .unwrap_or_else(|e| panic!("a batch LabelledStructures::check passes: {e}"));
-        let loss: f64 = loss
-            .loss
-            .into_data()
-            .convert::<f64>()
-            .to_vec::<f64>()
-            .expect("f64")[0];
+        let checked = "a batch LabelledStructures::check passes";
         let predicted = model
             .predict(&batch.structures, &device)
-            .unwrap_or_else(|e| panic!("a batch LabelledStructures::check passes: {e}"));
+            .unwrap_or_else(|e| panic!("{checked}: {e}"));
+        let loss = loss_value(&batch.structures, &batch.labels, &batch.weights, &predicted)
+            .unwrap_or_else(|e| panic!("{checked}: {e}"));
         let items = batch.structures.len();
         let mut errors = Errors {
             loss: loss * items as f64,
