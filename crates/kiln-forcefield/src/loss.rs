@@ -13,8 +13,7 @@
 //! `sym(v_s) / V_s` on each cell's strain. kiln computes the forces first (the fused host kernel
 //! on CPU, `predict_tensors` elsewhere), forms `u` and `v` on the host, then runs one forward
 //! pass carrying that tangent (`dual.rs`: PaiNN's operations and their derivatives, written as
-//! tensor operations) and one ordinary reverse pass through it. The cost is about three forward
-//! passes' worth more than training on energies alone, where double backward costs two.
+//! tensor operations) and one ordinary reverse pass through it.
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
@@ -170,19 +169,42 @@ fn check_labels(
         )));
     }
     for (index, (structure, label)) in structures.iter().zip(labels).enumerate() {
-        let fail = |reason: String| Err(ForceFieldError::Structure { index, reason });
-        if label.forces.len() != structure.len() {
-            return fail(format!(
-                "{} force labels for {} atoms",
-                label.forces.len(),
-                structure.len()
-            ));
-        }
+        check_forces(index, structure, label)?;
         if weights.stress != 0.0 && structure.volume().is_some() && label.stress.is_none() {
-            return fail("periodic, but no stress label (the stress weight is not 0)".into());
+            return Err(ForceFieldError::Structure {
+                index,
+                reason: "periodic, but no stress label (the stress weight is not 0)".into(),
+            });
         }
     }
     Ok(())
+}
+
+/// One force label per atom of the structure at 0-based `index`.
+pub(crate) fn check_forces(
+    index: usize,
+    structure: &Structure,
+    label: &Labels,
+) -> Result<(), ForceFieldError> {
+    if label.forces.len() == structure.len() {
+        return Ok(());
+    }
+    Err(ForceFieldError::Structure {
+        index,
+        reason: format!(
+            "{} force labels for {} atoms",
+            label.forces.len(),
+            structure.len()
+        ),
+    })
+}
+
+/// `F·F* / (max(|F|, ε) max(|F*|, ε))` with `|F|` and the denominator (for its gradient).
+pub(crate) fn cosine(f: &[f64; 3], t: &[f64; 3]) -> (f64, f64, f64) {
+    let dot = |a: &[f64; 3], b: &[f64; 3]| a[0] * b[0] + a[1] * b[1] + a[2] * b[2];
+    let (f_norm, t_norm) = (dot(f, f).sqrt(), dot(t, t).sqrt());
+    let denominator = f_norm.max(COSINE_EPS) * t_norm.max(COSINE_EPS);
+    (dot(f, t) / denominator, f_norm, denominator)
 }
 
 /// The loss's value for `predicted` (energies, forces, stresses of `structures`) against
@@ -222,10 +244,7 @@ fn host_terms(
     let (mut squared, mut cosine_distance) = (0.0, 0.0);
     let mut force_gradient = Vec::with_capacity(3 * atoms);
     for (f, t) in forces.iter().zip(targets) {
-        let dot = |a: &[f64; 3], b: &[f64; 3]| a[0] * b[0] + a[1] * b[1] + a[2] * b[2];
-        let (f_norm, t_norm) = (dot(f, f).sqrt(), dot(t, t).sqrt());
-        let denominator = f_norm.max(COSINE_EPS) * t_norm.max(COSINE_EPS);
-        let cosine = dot(f, t) / denominator;
+        let (cosine, f_norm, denominator) = cosine(f, t);
         cosine_distance += 1.0 - cosine;
         for a in 0..3 {
             let residual = f[a] - t[a];

@@ -17,7 +17,7 @@ use kiln_train::{
 use crate::ForceFieldError;
 use crate::extxyz::read_extxyz;
 use crate::labels::{LabelKeys, Labels};
-use crate::loss::{LossWeights, loss_value};
+use crate::loss::{LossWeights, check_forces, cosine, loss_value};
 use crate::neighbors::neighbor_list;
 use crate::painn::Painn;
 use crate::structure::Structure;
@@ -73,16 +73,7 @@ impl LabelledStructures {
             structure.validate(index, max_z)?;
             neighbor_list(structure, cutoff)
                 .map_err(|reason| ForceFieldError::Structure { index, reason })?;
-            if labels.forces.len() != structure.len() {
-                return Err(ForceFieldError::Structure {
-                    index,
-                    reason: format!(
-                        "{} force labels for {} atoms",
-                        labels.forces.len(),
-                        structure.len()
-                    ),
-                });
-            }
+            check_forces(index, structure, labels)?;
         }
         Ok(())
     }
@@ -189,10 +180,7 @@ impl<B: Backend> EvalStep<B> for Painn<B> {
         }
         let targets = batch.labels.iter().flat_map(|l| &l.forces);
         for (f, t) in predicted.forces.iter().zip(targets) {
-            let dot = |a: &[f64; 3], b: &[f64; 3]| a[0] * b[0] + a[1] * b[1] + a[2] * b[2];
-            let norms = dot(f, f).sqrt().max(crate::loss::COSINE_EPS)
-                * dot(t, t).sqrt().max(crate::loss::COSINE_EPS);
-            errors.cosine += dot(f, t) / norms;
+            errors.cosine += cosine(f, t).0;
             for a in 0..3 {
                 errors.force_abs += (f[a] - t[a]).abs();
                 errors.force_squared += (f[a] - t[a]).powi(2);
