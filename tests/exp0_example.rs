@@ -12,21 +12,32 @@ mod common;
 
 use common::fixtures;
 
-fn exp0(args: &[&str], cache: &Path) -> Output {
-    Command::new(common::example("exp0_mc"))
-        .args(args)
-        .env("KILN_CACHE_DIR", cache)
+fn command(args: &[&str], cache: &Path) -> Command {
+    let mut command = Command::new(common::example("exp0_mc"));
+    command.args(args).env("KILN_CACHE_DIR", cache);
+    command
+}
+
+fn run(command: &mut Command) -> Output {
+    command
         .output()
         .expect("the exp0_mc example is built with the tests")
 }
 
-fn succeeds(args: &[&str], cache: &Path) {
-    let output = exp0(args, cache);
+fn exp0(args: &[&str], cache: &Path) -> Output {
+    run(&mut command(args, cache))
+}
+
+fn assert_success(output: &Output) {
     assert!(
         output.status.success(),
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+fn succeeds(args: &[&str], cache: &Path) {
+    assert_success(&exp0(args, cache));
 }
 
 fn fails(args: &[&str], cache: &Path) -> String {
@@ -56,6 +67,17 @@ fn statistics(out: &Path) -> Vec<Value> {
             Value::Array(keys.iter().map(|k| row[*k].clone()).collect())
         })
         .collect()
+}
+
+/// The README's first command, `cargo run --release --example exp0_mc`, on a fresh clone: no
+/// `results/` directory yet (fewer images, passes and trials here, to stay quick).
+#[test]
+fn the_main_job_runs_with_its_defaults_in_a_fresh_directory() {
+    let cache = tempfile::tempdir().unwrap();
+    let fresh = tempfile::tempdir().unwrap();
+    let args = ["--generate", "3", "--passes", "2", "--trials", "2"];
+    assert_success(&run(command(&args, cache.path()).current_dir(fresh.path())));
+    assert!(fresh.path().join("results/exp0/summary.json").is_file());
 }
 
 #[test]

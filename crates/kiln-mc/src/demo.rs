@@ -18,6 +18,12 @@ pub fn demo_images(dir: &Path, count: usize) -> Result<(), McError> {
     if dir.exists() {
         return check_demo_set(dir, &names);
     }
+    // A fresh machine has no results directory yet (the README's first command writes
+    // results/exp0/images).
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| McError::Store(format!("{}: {e}", parent.display())))?;
+    }
     let fail = |e: kiln_io::FileError| McError::Store(e.to_string());
     let staged = kiln_io::StagedDir::new(dir).map_err(fail)?;
     for (i, name) in names.iter().enumerate() {
@@ -93,6 +99,8 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("images");
         demo_images(&dir, 3).unwrap();
+        let nested = root.path().join("results/exp0/images");
+        demo_images(&nested, 1).expect("missing parents are created");
         let names = |dir: &Path| {
             let mut names: Vec<_> = std::fs::read_dir(dir)
                 .unwrap()
@@ -105,7 +113,7 @@ mod tests {
             names(&dir),
             ["image_0000.png", "image_0001.png", "image_0002.png"]
         );
-        assert_eq!(names(root.path()), ["images"], "no temporary left");
+        assert_eq!(names(root.path()), ["images", "results"], "no temporary left");
         demo_images(&dir, 3).unwrap();
         std::fs::write(dir.join("holiday.jpg"), "mine").unwrap();
         let err = demo_images(&dir, 3).unwrap_err().to_string();

@@ -439,6 +439,7 @@ mod host {
 
 #[cfg(feature = "wgpu")]
 fn wgpu_probe(spec: DeviceSpec, api: GraphicsApi) -> Result<Hardware, DeviceError> {
+    crate::enable_kernel_cache();
     wgpu_backend::probe(spec, api)
 }
 
@@ -449,6 +450,7 @@ fn wgpu_probe(_: DeviceSpec, _: GraphicsApi) -> Result<Hardware, DeviceError> {
 
 #[cfg(feature = "cuda")]
 fn cuda_probe(spec: DeviceSpec, index: usize) -> Result<Hardware, DeviceError> {
+    crate::enable_kernel_cache();
     cuda_backend::probe(spec, index)
 }
 

@@ -14,6 +14,8 @@
 //!   Flex).
 //! - [`LossScale`]: no-op, static and dynamic loss scaling for half-precision training.
 //! - [`on_host_pool`]: host computation driven from one of rayon's threads.
+//! - [`enable_kernel_cache`]: GPU kernels compiled once per machine (on by default, in the
+//!   user's cache directory; `KILN_KERNEL_CACHE` moves it or turns it off).
 
 mod activation;
 mod checkpoint;
@@ -21,6 +23,7 @@ mod device;
 mod dtype;
 mod host;
 mod host_op;
+mod kernel_cache;
 mod loss_scale;
 pub mod math;
 mod ops;
@@ -36,6 +39,7 @@ pub use device::{
 pub use dtype::{DtypeSpec, Precision};
 pub use host::HostValues;
 pub use host_op::{HostOp, host_op, host_ops_serve};
+pub use kernel_cache::{KERNEL_CACHE_ENV, enable_kernel_cache, kernel_cache_dir};
 pub use loss_scale::{DynamicLossScale, LossScale, StepDecision};
 pub use ops::scatter_add;
 pub use policy::{
