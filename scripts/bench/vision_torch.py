@@ -28,25 +28,42 @@ from transformers import (
     SiglipVisionModel,
 )
 
-# name, model, pixel size: the released configurations (openai/clip-vit-base-patch32,
-# google/siglip2-base-patch16-224, facebook/dinov2-small at 256 px).
+# The released configurations (openai/clip-vit-base-patch32, facebook/dinov2-small), also
+# used by exp0_torch.py; `extra` sets more of the config (dropout rates).
+def clip_b32(**extra):
+    return CLIPVisionModelWithProjection(
+        CLIPVisionConfig(
+            hidden_size=768,
+            intermediate_size=3072,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            image_size=224,
+            patch_size=32,
+            projection_dim=512,
+            hidden_act="quick_gelu",
+            **extra,
+        )
+    )
+
+
+def dinov2_s(**extra):
+    return Dinov2Model(
+        Dinov2Config(
+            hidden_size=384,
+            num_hidden_layers=12,
+            num_attention_heads=6,
+            mlp_ratio=4,
+            image_size=518,
+            patch_size=14,
+            **extra,
+        )
+    )
+
+
+# name, model, pixel size (google/siglip2-base-patch16-224 besides the two above; DINOv2 at
+# 256 px).
 MODELS = [
-    (
-        "clip_b32",
-        lambda: CLIPVisionModelWithProjection(
-            CLIPVisionConfig(
-                hidden_size=768,
-                intermediate_size=3072,
-                num_hidden_layers=12,
-                num_attention_heads=12,
-                image_size=224,
-                patch_size=32,
-                projection_dim=512,
-                hidden_act="quick_gelu",
-            )
-        ),
-        224,
-    ),
+    ("clip_b32", clip_b32, 224),
     (
         "siglip2_b16",
         lambda: SiglipVisionModel(
@@ -63,22 +80,8 @@ MODELS = [
         ),
         224,
     ),
-    (
-        "dinov2_s",
-        lambda: Dinov2Model(
-            Dinov2Config(
-                hidden_size=384,
-                num_hidden_layers=12,
-                num_attention_heads=6,
-                mlp_ratio=4,
-                image_size=518,
-                patch_size=14,
-            )
-        ),
-        256,
-    ),
+    ("dinov2_s", dinov2_s, 256),
 ]
-
 
 def main():
     parser = argparse.ArgumentParser()

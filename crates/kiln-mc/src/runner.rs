@@ -12,7 +12,7 @@ use std::time::Instant;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, FloatDType, Tensor};
 use kiln_cache::{DeviceImages, Order};
-use kiln_precision::{Precision, computes_in, is_host_backend};
+use kiln_precision::{Precision, computes_in, is_host_backend, on_host_pool};
 use kiln_vision::{Draw, Sample, VisionModel};
 use serde::{Deserialize, Serialize};
 
@@ -256,7 +256,12 @@ impl<'a, B: Backend> TrialRunner<'a, B> {
                         .collect(),
                 };
                 timings.upload += clock.lap()?;
-                let embeddings = self.model.forward_sampled(batch.pixels.clone(), &draw)?;
+                // On host backends, driven from one of rayon's threads, which then shares each
+                // operation's work instead of waiting beside the pool (see `on_host_pool`).
+                let pixels = batch.pixels.clone();
+                let embeddings = on_host_pool::<B, _>(&self.device, || {
+                    self.model.forward_sampled(pixels, &draw)
+                })?;
                 timings.forward += clock.lap()?;
                 let dims = embeddings.dims()[1];
                 let accumulator = accumulator.get_or_insert_with(|| {
