@@ -3,11 +3,13 @@
 //!
 //! burn's `Dropout` only acts under autodiff, and its masks come from the backend's global
 //! random state, which any other thread's `Tensor::random` advances. Monte-Carlo inference needs
-//! masks that are reproducible and independent of how images are batched, so kiln draws them
-//! itself: every batch row has its own ChaCha8 stream keyed by `(seed, item id, pass)`, consumed
-//! site by site in forward order. An image gets the same masks whatever batch it is in.
+//! masks that are reproducible and independent of how images are batched, so kiln makes them
+//! itself with a counter-based hash: an element's keep/drop bit is a function of `(seed, item
+//! id, pass, site, element index)` alone ([`mask_bits`]), where the site is the mask's place in
+//! the forward order (each layer's sites count apart). An image gets the same masks whatever
+//! batch it is in, and any element can be computed on its own (no stream to consume in order).
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::fmt;
 use std::str::FromStr;
 
@@ -17,8 +19,6 @@ use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
 use burn::tensor::{Tensor, TensorData};
 use kiln_precision::{Policy, Precision, cast, cast_module, host_op, host_ops_serve};
-use rand_chacha::ChaCha8Rng;
-use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rayon::prelude::*;
 
 use crate::VisionError;
@@ -173,18 +173,48 @@ impl Draw {
         }
     }
 
-    fn stream(&self, row: Sample) -> ChaCha8Rng {
-        let mut key = [0u8; 32];
-        key[..8].copy_from_slice(&self.seed.to_le_bytes());
-        key[8..16].copy_from_slice(&row.item.to_le_bytes());
-        let mut rng = ChaCha8Rng::from_seed(key);
-        rng.set_stream(row.pass);
-        rng
+    /// Each row's key: `(seed, item, pass)` mixed into 64 bits.
+    fn row_keys(&self) -> Vec<u64> {
+        self.rows
+            .iter()
+            .map(|row| splitmix64(splitmix64(splitmix64(self.seed) ^ row.item) ^ row.pass))
+            .collect()
     }
+}
 
-    fn streams(&self) -> Vec<ChaCha8Rng> {
-        self.rows.iter().map(|&row| self.stream(row)).collect()
-    }
+/// SplitMix64's output function (Steele, Lea and Flood 2014): a 64-bit mix for the keys.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce5_e9b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The 32-bit hash "lowbias32" (C. Wellons, hash-prospector): two multiplies, three xor-shifts;
+/// only the integer operations every burn backend has on 32-bit integers.
+#[inline(always)]
+fn lowbias32(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^ (x >> 16)
+}
+
+/// The two 32-bit words of the mask of the `site`-th dropout site (in forward order) of a row
+/// with key `row_key`: an odd multiplier and an offset.
+fn site_words(row_key: u64, site: u32) -> (u32, u32) {
+    let key = splitmix64(row_key ^ u64::from(site).wrapping_mul(0xd1b5_4a32_d192_ed03));
+    ((key as u32) | 1, (key >> 32) as u32)
+}
+
+/// The 32 random bits of element `index` of a row's mask at a site with `words`
+/// ([`site_words`]): `lowbias32(index · multiplier ⊕ offset)`. Rows' multipliers differ, so two
+/// rows' masks are not shifted copies of each other. An element is kept where the bits are at or
+/// above `p · 2³²`.
+#[inline(always)]
+fn mask_bits((multiplier, offset): (u32, u32), index: u32) -> u32 {
+    lowbias32(index.wrapping_mul(multiplier) ^ offset)
 }
 
 /// Which dropout site a mask is for.
@@ -216,13 +246,15 @@ impl Default for TowerSettings {
     }
 }
 
-/// One forward pass: the settings and, for a stochastic pass, each batch row's random stream.
+/// One forward pass: the settings and, for a stochastic pass, each batch row's key and the
+/// number of masks made so far (the next mask's site number).
 pub(crate) struct Pass {
     policy: Policy,
     dropout: DropoutSites,
     /// Rows the pass computes: the draw's samples, or the batch without a draw.
     samples: Option<usize>,
-    streams: Option<RefCell<Vec<ChaCha8Rng>>>,
+    keys: Option<Vec<u64>>,
+    sites: Cell<u32>,
     prepared: PreparedWeights,
 }
 
@@ -230,14 +262,15 @@ impl Pass {
     /// A pass with the settings' dropout when `draw` is given, deterministic otherwise, reading
     /// the host weights the tower keeps in `prepared`.
     pub fn new(settings: &TowerSettings, prepared: &PreparedWeights, draw: Option<&Draw>) -> Self {
-        let streams = draw
+        let keys = draw
             .filter(|_| settings.dropout.is_active())
-            .map(|draw| RefCell::new(draw.streams()));
+            .map(Draw::row_keys);
         Pass {
             policy: settings.policy,
             dropout: settings.dropout,
             samples: draw.map(|d| d.rows.len()),
-            streams,
+            keys,
+            sites: Cell::new(0),
             prepared: prepared.clone(),
         }
     }
@@ -248,7 +281,8 @@ impl Pass {
             policy: self.policy,
             dropout: self.dropout,
             samples: self.samples,
-            streams: None,
+            keys: None,
+            sites: Cell::new(0),
             prepared: self.prepared.clone(),
         }
     }
@@ -317,13 +351,15 @@ impl Pass {
     /// pass is deterministic or the site's rate is 0.
     fn mask<const D: usize>(&self, site: Site, dims: [usize; D]) -> Option<TensorData> {
         let p = self.rate(site);
-        let streams = self.streams.as_ref().filter(|_| p > 0.0)?;
-        Some(dropout_mask(&mut streams.borrow_mut(), dims, p))
+        let keys = self.keys.as_ref().filter(|_| p > 0.0)?;
+        let number = self.sites.get();
+        self.sites.set(number + 1);
+        Some(dropout_mask(keys, number, dims, p))
     }
 
     /// Whether this pass drops activations at `site`.
     pub fn drops(&self, site: Site) -> bool {
-        self.streams.is_some() && self.rate(site) > 0.0
+        self.keys.is_some() && self.rate(site) > 0.0
     }
 
     /// The dropout rate of `site`.
@@ -445,28 +481,32 @@ impl Pass {
     }
 }
 
-/// The mask of one dropout site: 0 where dropped, `1 / (1 − p)` where kept, each batch row's
-/// elements drawn from its own stream (rows in parallel).
-fn dropout_mask<const D: usize>(
-    streams: &mut [ChaCha8Rng],
-    dims: [usize; D],
-    p: f64,
-) -> TensorData {
+/// The mask of the `site`-th dropout site of a pass: 0 where dropped, `1 / (1 − p)` where kept,
+/// each batch row's from its key (rows, and long rows' chunks, in parallel).
+fn dropout_mask<const D: usize>(keys: &[u64], site: u32, dims: [usize; D], p: f64) -> TensorData {
+    const CHUNK: usize = 1 << 14;
     let per_row: usize = dims[1..].iter().product();
-    // Keep where a uniform 32-bit draw is at or above p · 2³².
-    let threshold = (p * 4_294_967_296.0).round() as u64;
+    assert!(
+        u32::try_from(per_row).is_ok(),
+        "a dropout mask row of {per_row} elements: element indices are 32-bit"
+    );
+    // Keep where the 32 bits are at or above p · 2³² (p < 1, so the threshold fits).
+    let threshold = (p * 4_294_967_296.0).round() as u32;
     let kept = (1.0 / (1.0 - p)) as f32;
     let mut mask = vec![0f32; per_row * dims[0]];
     mask.par_chunks_mut(per_row.max(1))
-        .zip(streams.par_iter_mut())
-        .for_each(|(row, rng)| {
-            for value in row {
-                *value = if u64::from(rng.next_u32()) >= threshold {
-                    kept
-                } else {
-                    0.0
-                };
-            }
+        .zip(keys.par_iter())
+        .for_each(|(row, &key)| {
+            let words = site_words(key, site);
+            row.par_chunks_mut(CHUNK)
+                .enumerate()
+                .for_each(|(chunk, values)| {
+                    let first = (chunk * CHUNK) as u32;
+                    for (index, value) in (first..).zip(values) {
+                        let bits = mask_bits(words, index);
+                        *value = if bits >= threshold { kept } else { 0.0 };
+                    }
+                });
         });
     TensorData::new(mask, dims)
 }
@@ -496,9 +536,9 @@ mod tests {
 
     #[test]
     fn masks_keep_the_expected_share_and_scale() {
-        let mut streams = Draw::pass(7, 3, [10, 11]).streams();
+        let keys = Draw::pass(7, 3, [10, 11]).row_keys();
         let p = 0.25;
-        let mask = dropout_mask(&mut streams, [2, 100_000], p)
+        let mask = dropout_mask(&keys, 0, [2, 100_000], p)
             .to_vec::<f32>()
             .unwrap();
         let kept = mask.iter().filter(|&&m| m != 0.0).count() as f64 / mask.len() as f64;
@@ -510,6 +550,62 @@ mod tests {
         assert!((mean - 1.0).abs() < 0.01, "mean {mean}");
     }
 
+    /// The bits are pinned, so that other implementations (GPU kernels) can be checked against
+    /// them. An independent Python reference gives the same values:
+    ///
+    /// ```text
+    /// M64, M32 = 2**64 - 1, 2**32 - 1
+    /// def sm(x):
+    ///     z = (x + 0x9E3779B97F4A7C15) & M64
+    ///     z = ((z ^ (z >> 30)) * 0xBF58476D1CE5E9B9) & M64
+    ///     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    ///     return z ^ (z >> 31)
+    /// def lowbias32(x):
+    ///     x ^= x >> 16; x = (x * 0x7FEB352D) & M32; x ^= x >> 15
+    ///     x = (x * 0x846CA68B) & M32; return x ^ (x >> 16)
+    /// row = sm(sm(sm(1) ^ 2) ^ 3)                         # seed 1, item 2, pass 3
+    /// key = sm(row ^ ((4 * 0xD1B54A32D192ED03) & M64))    # the 5th site
+    /// [lowbias32(((i * ((key & M32) | 1)) & M32) ^ (key >> 32)) for i in range(6)]
+    /// ```
+    #[test]
+    fn mask_bits_match_the_reference() {
+        let draw = Draw::pass(1, 3, [2]);
+        let words = site_words(draw.row_keys()[0], 4);
+        let bits: Vec<u32> = (0..6).map(|i| mask_bits(words, i)).collect();
+        assert_eq!(
+            bits,
+            [2876371953, 1354949780, 959236457, 2654643014, 4117930232, 1774029274]
+        );
+        // The mask keeps exactly the elements whose bits clear the threshold.
+        let p = 0.5;
+        let mask = dropout_mask(&draw.row_keys(), 4, [1, 6], p).to_vec::<f32>().unwrap();
+        let expected: Vec<f32> = bits
+            .iter()
+            .map(|&b| if b >= 1 << 31 { 2.0 } else { 0.0 })
+            .collect();
+        assert_eq!(mask, expected);
+    }
+
+    /// Sites of one pass, and rows whose keys differ, get unrelated masks: about half of the
+    /// elements agree at p = 0.5, as for independent masks (not a shifted copy).
+    #[test]
+    fn sites_and_rows_get_independent_masks() {
+        let keys = Draw::pass(5, 0, [0, 1]).row_keys();
+        let n = 100_000;
+        let agreement = |a: &[f32], b: &[f32]| {
+            a.iter().zip(b).filter(|(x, y)| x == y).count() as f64 / n as f64
+        };
+        let first = dropout_mask(&keys, 0, [2, n], 0.5).to_vec::<f32>().unwrap();
+        let second = dropout_mask(&keys, 1, [2, n], 0.5).to_vec::<f32>().unwrap();
+        // Binomial standard deviation √(0.25 / n) ≈ 0.0016: 5σ.
+        for share in [
+            agreement(&first[..n], &second[..n]),
+            agreement(&first[..n], &first[n..]),
+        ] {
+            assert!((share - 0.5).abs() < 0.008, "agreement {share}");
+        }
+    }
+
     #[test]
     fn a_row_depends_on_its_sample_not_its_batch() {
         let sample = |item, pass| Sample { item, pass };
@@ -518,7 +614,7 @@ mod tests {
                 seed: 1,
                 rows: rows.to_vec(),
             };
-            dropout_mask(&mut draw.streams(), [rows.len(), 64], 0.5)
+            dropout_mask(&draw.row_keys(), 0, [rows.len(), 64], 0.5)
                 .to_vec::<f32>()
                 .unwrap()
         };
