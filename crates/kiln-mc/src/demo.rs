@@ -113,7 +113,11 @@ mod tests {
             names(&dir),
             ["image_0000.png", "image_0001.png", "image_0002.png"]
         );
-        assert_eq!(names(root.path()), ["images", "results"], "no temporary left");
+        assert_eq!(
+            names(root.path()),
+            ["images", "results"],
+            "no temporary left"
+        );
         demo_images(&dir, 3).unwrap();
         std::fs::write(dir.join("holiday.jpg"), "mine").unwrap();
         let err = demo_images(&dir, 3).unwrap_err().to_string();

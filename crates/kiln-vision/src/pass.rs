@@ -574,11 +574,15 @@ mod tests {
         let bits: Vec<u32> = (0..6).map(|i| mask_bits(words, i)).collect();
         assert_eq!(
             bits,
-            [2876371953, 1354949780, 959236457, 2654643014, 4117930232, 1774029274]
+            [
+                2876371953, 1354949780, 959236457, 2654643014, 4117930232, 1774029274
+            ]
         );
         // The mask keeps exactly the elements whose bits clear the threshold.
         let p = 0.5;
-        let mask = dropout_mask(&draw.row_keys(), 4, [1, 6], p).to_vec::<f32>().unwrap();
+        let mask = dropout_mask(&draw.row_keys(), 4, [1, 6], p)
+            .to_vec::<f32>()
+            .unwrap();
         let expected: Vec<f32> = bits
             .iter()
             .map(|&b| if b >= 1 << 31 { 2.0 } else { 0.0 })
