@@ -17,6 +17,7 @@ use kiln_precision::{HostOp, is_host_backend};
 use rayon::prelude::*;
 
 use crate::matmul::{Threads, View, Write, matmul};
+use crate::pass::{HashedMask, RowMask};
 
 /// Whether `x` is an f32 tensor of a host backend without autodiff, which these kernels serve
 /// (they read and write the values directly, which would cut a gradient's path).
@@ -94,6 +95,8 @@ struct SoftmaxRows<'a> {
     rows: &'a mut [f32],
     width: usize,
     scale: f32,
+    /// Dropout's multipliers of the rows' elements, in order, formed as they are normalised.
+    dropout: Option<RowMask>,
 }
 
 impl pulp::WithSimd for SoftmaxRows<'_> {
@@ -101,12 +104,20 @@ impl pulp::WithSimd for SoftmaxRows<'_> {
 
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) {
-        for row in self.rows.chunks_exact_mut(self.width) {
+        for (r, row) in self.rows.chunks_exact_mut(self.width).enumerate() {
             let max = row_max(row);
             row.iter_mut()
                 .for_each(|v| *v = exp(self.scale * (*v - max)));
             let norm = 1.0 / row_sum(row);
-            row.iter_mut().for_each(|v| *v *= norm);
+            match self.dropout {
+                None => row.iter_mut().for_each(|v| *v *= norm),
+                Some(mask) => {
+                    let first = r * self.width;
+                    row.iter_mut()
+                        .enumerate()
+                        .for_each(|(k, v)| *v = *v * norm * mask.factor(first + k));
+                }
+            }
         }
     }
 }
@@ -181,12 +192,22 @@ impl<'a> Rows<'a> {
 /// its two products (96 × 325 f32 for DINOv2 at 256 px: 125 kB).
 const ATTENTION_ROWS: usize = 96;
 
+/// Dropout on the attention probabilities.
+#[derive(Clone, Copy)]
+pub(crate) enum ProbsDropout<'a> {
+    /// Multipliers `[batch, heads, q_tokens, kv_tokens]`, row-major.
+    Multipliers(&'a [f32]),
+    /// Each batch row's hash words: the multipliers are formed where they are used.
+    Hashed(&'a HashedMask),
+}
+
 /// Multi-head attention of f32 rows: `softmax(scale · q kᵀ) v` per head for `batch` images, with
 /// heads of `head_dim` columns; returns `[batch, query.tokens, heads · head_dim]`, the heads
 /// already merged, row-major.
 ///
-/// `mask` (`[batch, heads, q_tokens, kv_tokens]`, row-major), when given, multiplies the
-/// probabilities after the softmax (Monte-Carlo dropout).
+/// `mask`, when given, multiplies the probabilities after the softmax (Monte-Carlo dropout):
+/// multipliers `[batch, heads, q_tokens, kv_tokens]` (row-major), or each batch row's hash words,
+/// from which the softmax forms them (no mask in memory).
 ///
 /// Tiles of query rows of one image run in parallel; each forms its scores for one head at a
 /// time, normalises them while they are in cache and multiplies them into `v` straight into the
@@ -201,11 +222,11 @@ pub fn attention(
     heads: usize,
     head_dim: usize,
     scale: f32,
-    mask: Option<&[f32]>,
+    mask: Option<ProbsDropout<'_>>,
 ) -> Vec<f32> {
     let (q_tokens, kv_tokens) = (query.tokens, key.tokens);
     let width = heads * head_dim;
-    if let Some(mask) = mask {
+    if let Some(ProbsDropout::Multipliers(mask)) = mask {
         assert_eq!(
             mask.len(),
             batch * heads * q_tokens * kv_tokens,
@@ -235,13 +256,20 @@ pub fn attention(
                             Write::Overwrite,
                             Threads::One,
                         );
+                        // This tile's first element in the image's `[heads, q, kv]` mask.
+                        let start = (head * q_tokens + first) * kv_tokens;
+                        let hashed = match mask {
+                            Some(ProbsDropout::Hashed(mask)) => Some(mask.row(image, start as u32)),
+                            _ => None,
+                        };
                         pulp::Arch::new().dispatch(SoftmaxRows {
                             rows: &mut scores,
                             width: kv_tokens,
                             scale,
+                            dropout: hashed,
                         });
-                        if let Some(mask) = mask {
-                            let start = ((image * heads + head) * q_tokens + first) * kv_tokens;
+                        if let Some(ProbsDropout::Multipliers(mask)) = mask {
+                            let start = image * heads * q_tokens * kv_tokens + start;
                             scores
                                 .iter_mut()
                                 .zip(&mask[start..start + rows * kv_tokens])
@@ -301,7 +329,7 @@ impl HostOp<3> for AttentionOp {
             self.heads,
             self.head_dim,
             self.scale,
-            self.mask.as_deref(),
+            self.mask.as_deref().map(ProbsDropout::Multipliers),
         )
     }
 
@@ -342,6 +370,7 @@ impl HostOp<3> for AttentionOp {
                         rows: &mut probs,
                         width: kv_tokens,
                         scale: self.scale,
+                        dropout: None,
                     });
                     let mask = self.mask.as_deref().map(|mask| {
                         let start = (image * heads + head) * q_tokens * kv_tokens;
@@ -582,7 +611,7 @@ mod tests {
             heads,
             head_dim,
             scale,
-            Some(&mask),
+            Some(ProbsDropout::Multipliers(&mask)),
         );
         for (b, h, t) in (0..batch)
             .flat_map(|b| (0..heads).map(move |h| (b, h)))

@@ -217,6 +217,60 @@ fn mask_bits((multiplier, offset): (u32, u32), index: u32) -> u32 {
     lowbias32(index.wrapping_mul(multiplier) ^ offset)
 }
 
+/// One dropout site's mask for every batch row, as hash words rather than values: kernels that
+/// consume a mask compute each element's multiplier where they need it.
+pub(crate) struct HashedMask {
+    /// Each batch row's [`site_words`].
+    words: Vec<(u32, u32)>,
+    /// Kept where the bits are at or above it: `p · 2³²`.
+    threshold: u32,
+    /// `1 / (1 − p)`.
+    kept: f32,
+}
+
+impl HashedMask {
+    fn new(keys: &[u64], site: u32, p: f64) -> Self {
+        HashedMask {
+            words: keys.iter().map(|&key| site_words(key, site)).collect(),
+            // p < 1, so the threshold fits.
+            threshold: (p * 4_294_967_296.0).round() as u32,
+            kept: (1.0 / (1.0 - p)) as f32,
+        }
+    }
+
+    /// Batch row `row`'s mask from its element `first` on.
+    pub fn row(&self, row: usize, first: u32) -> RowMask {
+        RowMask {
+            words: self.words[row],
+            threshold: self.threshold,
+            kept: self.kept,
+            first,
+        }
+    }
+}
+
+/// A stretch of one row's mask, from element `first`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowMask {
+    words: (u32, u32),
+    threshold: u32,
+    kept: f32,
+    first: u32,
+}
+
+impl RowMask {
+    /// The multiplier of the stretch's element `offset`: 0 or `1 / (1 − p)`.
+    #[inline(always)]
+    pub fn factor(&self, offset: usize) -> f32 {
+        let index = self.first.wrapping_add(offset as u32);
+        if mask_bits(self.words, index) >= self.threshold {
+            self.kept
+        } else {
+            0.0
+        }
+    }
+}
+
 /// Which dropout site a mask is for.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Site {
@@ -350,11 +404,17 @@ impl Pass {
     /// The next dropout mask of `site` for a `[batch, ..]` tensor of `dims`, or `None` when the
     /// pass is deterministic or the site's rate is 0.
     fn mask<const D: usize>(&self, site: Site, dims: [usize; D]) -> Option<TensorData> {
+        Some(dropout_mask(&self.hashed_mask(site)?, dims))
+    }
+
+    /// The next dropout mask of `site` as hash words, or `None` when the pass is deterministic
+    /// or the site's rate is 0.
+    fn hashed_mask(&self, site: Site) -> Option<HashedMask> {
         let p = self.rate(site);
         let keys = self.keys.as_ref().filter(|_| p > 0.0)?;
         let number = self.sites.get();
         self.sites.set(number + 1);
-        Some(dropout_mask(keys, number, dims, p))
+        Some(HashedMask::new(keys, number, p))
     }
 
     /// Whether this pass drops activations at `site`.
@@ -468,47 +528,40 @@ impl Pass {
         device: &B::Device,
     ) -> Tensor<B, 3> {
         let head_dim = width / heads;
-        let mask = self.mask(
-            Site::AttentionProbs,
-            [batch, heads, query.tokens, key.tokens],
-        );
-        let mask = mask
-            .as_ref()
-            .map(|m| m.as_slice::<f32>().expect("dropout masks are f32"));
+        // The kernel forms each probability's multiplier as it normalises the row.
+        let mask = self.hashed_mask(Site::AttentionProbs);
+        let mask = mask.as_ref().map(host::ProbsDropout::Hashed);
         let scale = (head_dim as f64).powf(-0.5) as f32;
         let out = host::attention(query, key, value, batch, heads, head_dim, scale, mask);
         Tensor::from_data(TensorData::new(out, [batch, query.tokens, width]), device)
     }
 }
 
-/// The mask of the `site`-th dropout site of a pass: 0 where dropped, `1 / (1 − p)` where kept,
-/// each batch row's from its key (rows, and long rows' chunks, in parallel).
-fn dropout_mask<const D: usize>(keys: &[u64], site: u32, dims: [usize; D], p: f64) -> TensorData {
+/// The values of a dropout mask over a `[batch, ..]` tensor: 0 where dropped, `1 / (1 − p)`
+/// where kept (rows, and long rows' chunks, in parallel).
+fn dropout_mask<const D: usize>(mask: &HashedMask, dims: [usize; D]) -> TensorData {
     const CHUNK: usize = 1 << 14;
     let per_row: usize = dims[1..].iter().product();
     assert!(
         u32::try_from(per_row).is_ok(),
         "a dropout mask row of {per_row} elements: element indices are 32-bit"
     );
-    // Keep where the 32 bits are at or above p · 2³² (p < 1, so the threshold fits).
-    let threshold = (p * 4_294_967_296.0).round() as u32;
-    let kept = (1.0 / (1.0 - p)) as f32;
-    let mut mask = vec![0f32; per_row * dims[0]];
-    mask.par_chunks_mut(per_row.max(1))
-        .zip(keys.par_iter())
-        .for_each(|(row, &key)| {
-            let words = site_words(key, site);
-            row.par_chunks_mut(CHUNK)
+    let mut values = vec![0f32; per_row * dims[0]];
+    values
+        .par_chunks_mut(per_row.max(1))
+        .enumerate()
+        .for_each(|(row, values)| {
+            values
+                .par_chunks_mut(CHUNK)
                 .enumerate()
                 .for_each(|(chunk, values)| {
-                    let first = (chunk * CHUNK) as u32;
-                    for (index, value) in (first..).zip(values) {
-                        let bits = mask_bits(words, index);
-                        *value = if bits >= threshold { kept } else { 0.0 };
+                    let stretch = mask.row(row, (chunk * CHUNK) as u32);
+                    for (offset, value) in values.iter_mut().enumerate() {
+                        *value = stretch.factor(offset);
                     }
                 });
         });
-    TensorData::new(mask, dims)
+    TensorData::new(values, dims)
 }
 
 #[cfg(test)]
@@ -538,7 +591,7 @@ mod tests {
     fn masks_keep_the_expected_share_and_scale() {
         let keys = Draw::pass(7, 3, [10, 11]).row_keys();
         let p = 0.25;
-        let mask = dropout_mask(&keys, 0, [2, 100_000], p)
+        let mask = dropout_mask(&HashedMask::new(&keys, 0, p), [2, 100_000])
             .to_vec::<f32>()
             .unwrap();
         let kept = mask.iter().filter(|&&m| m != 0.0).count() as f64 / mask.len() as f64;
@@ -580,7 +633,7 @@ mod tests {
         );
         // The mask keeps exactly the elements whose bits clear the threshold.
         let p = 0.5;
-        let mask = dropout_mask(&draw.row_keys(), 4, [1, 6], p)
+        let mask = dropout_mask(&HashedMask::new(&draw.row_keys(), 4, p), [1, 6])
             .to_vec::<f32>()
             .unwrap();
         let expected: Vec<f32> = bits
@@ -599,8 +652,12 @@ mod tests {
         let agreement = |a: &[f32], b: &[f32]| {
             a.iter().zip(b).filter(|(x, y)| x == y).count() as f64 / n as f64
         };
-        let first = dropout_mask(&keys, 0, [2, n], 0.5).to_vec::<f32>().unwrap();
-        let second = dropout_mask(&keys, 1, [2, n], 0.5).to_vec::<f32>().unwrap();
+        let first = dropout_mask(&HashedMask::new(&keys, 0, 0.5), [2, n])
+            .to_vec::<f32>()
+            .unwrap();
+        let second = dropout_mask(&HashedMask::new(&keys, 1, 0.5), [2, n])
+            .to_vec::<f32>()
+            .unwrap();
         // Binomial standard deviation √(0.25 / n) ≈ 0.0016: 5σ.
         for share in [
             agreement(&first[..n], &second[..n]),
@@ -608,6 +665,48 @@ mod tests {
         ] {
             assert!((share - 0.5).abs() < 0.008, "agreement {share}");
         }
+    }
+
+    /// The attention kernel forming the probabilities' multipliers from the hash gives exactly
+    /// what multiplying by the materialised mask gives (two images of two heads, tiles of 96
+    /// query rows and a partial one).
+    #[test]
+    fn attention_with_hashed_dropout_equals_the_materialised_mask() {
+        let (batch, heads, head_dim, tokens) = (2, 2, 4, 100);
+        let width = heads * head_dim;
+        let values: Vec<f32> = (0..batch * tokens * width)
+            .map(|i| (i * 37 % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let rows = || Rows {
+            data: &values,
+            offset: 0,
+            row_stride: width,
+            tokens,
+        };
+        let keys = Draw::pass(3, 1, [7, 8]).row_keys();
+        let hashed = HashedMask::new(&keys, 2, 0.3);
+        let multipliers = dropout_mask(&hashed, [batch, heads, tokens, tokens])
+            .to_vec::<f32>()
+            .unwrap();
+        let attend = |mask| {
+            host::attention(
+                rows(),
+                rows(),
+                rows(),
+                batch,
+                heads,
+                head_dim,
+                0.5,
+                Some(mask),
+            )
+        };
+        let fused = attend(host::ProbsDropout::Hashed(&hashed));
+        let materialised = attend(host::ProbsDropout::Multipliers(&multipliers));
+        assert_eq!(fused, materialised);
+        assert_ne!(
+            fused,
+            host::attention(rows(), rows(), rows(), batch, heads, head_dim, 0.5, None)
+        );
     }
 
     #[test]
@@ -618,7 +717,7 @@ mod tests {
                 seed: 1,
                 rows: rows.to_vec(),
             };
-            dropout_mask(&draw.row_keys(), 0, [rows.len(), 64], 0.5)
+            dropout_mask(&HashedMask::new(&draw.row_keys(), 0, 0.5), [rows.len(), 64])
                 .to_vec::<f32>()
                 .unwrap()
         };
