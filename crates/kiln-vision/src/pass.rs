@@ -146,9 +146,9 @@ pub struct Sample {
     pub pass: u64,
 }
 
-/// The randomness of one stochastic forward over a batch: the masks of output row `r` are drawn
-/// from the stream keyed by `(seed, rows[r].item, rows[r].pass)`, so they depend on which image
-/// and pass the row is, never on the batch it came in or its place there.
+/// The randomness of one stochastic forward over a batch: the masks of output row `r` are a
+/// hash of `(seed, rows[r].item, rows[r].pass)` (and of the site and element), so they depend on
+/// which image and pass the row is, never on the batch it came in or its place there.
 ///
 /// A draw has one sample per image of the batch, or `s` per image: rows `i·s .. (i+1)·s` are
 /// samples of image `i`, and the tower embeds each image once and repeats it `s` times before
