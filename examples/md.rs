@@ -24,6 +24,11 @@ use kiln::burn;
 use kiln::forcefield::{Frame, MdState, NveConfig, Painn, read_extxyz, run_nve, write_extxyz};
 use kiln::precision::{DeviceJob, DeviceSpec};
 
+/// mimalloc keeps the force kernel's freed buffers for reuse; glibc's allocator hands large ones
+/// back to the kernel, which zeroes them again on the next step (docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// NVE molecular dynamics with a PaiNN potential.
 #[derive(Parser)]
 struct Args {

@@ -10,6 +10,8 @@
 //!   prefetched batches, normalise batches on the device.
 //! - [`forcefield`]: PaiNN potentials loaded from schnetpack state dicts: batched energies and
 //!   forces over per-structure neighbour lists.
+//! - [`kernels`]: CPU compute kernels the model crates share (packed f32 matrix products with
+//!   fused epilogues on AVX2 CPUs).
 //! - [`io`]: how kiln writes files: atomically under unique temporary names, never over an
 //!   input or anything but a regular file.
 //! - [`mc`]: nested Monte-Carlo over vision encoders (the main job, `examples/exp0_mc/`): trial
@@ -43,6 +45,7 @@ pub use kiln_bench as bench;
 pub use kiln_cache as cache;
 pub use kiln_forcefield as forcefield;
 pub use kiln_io as io;
+pub use kiln_kernels as kernels;
 pub use kiln_mc as mc;
 pub use kiln_precision as precision;
 pub use kiln_train as train;

@@ -10,7 +10,7 @@ use rand_distr::{Distribution, StandardNormal};
 
 use crate::ForceFieldError;
 use crate::elements::atomic_mass;
-use crate::host::HostPotential;
+use crate::host::{HostPotential, parts_for};
 use crate::neighbors::{NeighborList, neighbor_list};
 use crate::painn::Painn;
 use crate::structure::Structure;
@@ -200,10 +200,10 @@ impl<'m, B: AutodiffBackend> Forces<'m, B> {
         let fail = |reason: String| ForceFieldError::Structure { index: 0, reason };
         let evaluated = match self {
             Forces::HostF32(potential, list) => {
-                potential.evaluate(s, &list.pairs(s).map_err(fail)?)
+                potential.evaluate(s, &list.pairs(s).map_err(fail)?, parts_for(s.len()))
             }
             Forces::HostF64(potential, list) => {
-                potential.evaluate(s, &list.pairs(s).map_err(fail)?)
+                potential.evaluate(s, &list.pairs(s).map_err(fail)?, parts_for(s.len()))
             }
             Forces::Device(model, device) => {
                 let mut predictions = model.predict(std::slice::from_ref(s), device)?;

@@ -40,7 +40,6 @@ mod pass;
 mod patches;
 mod prepared;
 mod projection;
-mod sgemm;
 mod siglip;
 mod tower;
 mod weights;

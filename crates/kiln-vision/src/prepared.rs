@@ -21,7 +21,7 @@ use burn::tensor::backend::Backend;
 use kiln_precision::HostValues;
 
 use crate::host;
-use crate::sgemm;
+use kiln_kernels::sgemm;
 
 /// A projection's weight `[in, out]` and bias `[out]` as the host product reads them.
 #[derive(Debug)]

@@ -15,7 +15,7 @@ use crate::host;
 use crate::matmul::{Threads, View, Write, matmul};
 use crate::pass::{Pass, Site};
 use crate::prepared::{HostWeight, Operand};
-use crate::sgemm;
+use kiln_kernels::sgemm;
 
 /// What follows a projection `x W + b`.
 pub(crate) enum Then<B: Backend, const D: usize> {

@@ -1,12 +1,13 @@
-//! Large row-major f32 products `C (+)= A · B` on x86-64 CPUs with AVX2 and FMA (and no AVX-512),
-//! for the encoders' projections.
+//! Row-major f32 products `C (+)= A · B` on x86-64 CPUs with AVX2 and FMA (and no AVX-512): the
+//! vision encoders' projections (large, on all threads) and the force field's layers (a
+//! molecule's few atoms, on the calling thread).
 //!
 //! On two Zen 3 cores the `gemm` crate (burn-flex's kernels) ran SigLIP-B/16's `[6272, 3072] ·
 //! [3072, 768]` MLP product (b = 32) at about 110 GFLOP/s where PyTorch's `torch.mm` reached
 //! 155–165, and each product was followed by a pass of its own over 16–64 MB for the bias, the
 //! activation or the residual sum. This is the packed-panel scheme of Goto & van de Geijn
 //! ("Anatomy of high-performance matrix multiplication", 2008): `B` is packed once per weight
-//! into 16-column panels ([`Packed`], kept by [`crate::prepared`]), each task packs a block of
+//! into 16-column panels ([`Packed`], kept with the model's weights), each task packs a block of
 //! 6-row panels of `A` that stays in L2, and a 6 × 16 register tile (twelve AVX accumulators)
 //! runs over a 256-deep block of the inner dimension at a time; after the last block the bias and
 //! the activation are applied to the tile as it is stored. Measurements: docs/PERFORMANCE.md.
@@ -26,7 +27,7 @@ const KC: usize = 256;
 const MC: usize = 144;
 
 /// Whether [`product`] can run here: an x86-64 CPU with AVX2 and FMA.
-pub(crate) fn supported() -> bool {
+pub fn supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
@@ -39,7 +40,7 @@ pub(crate) fn supported() -> bool {
 
 /// Whether the projections should run through [`product`] here: it is [`supported`] and the CPU
 /// has no AVX-512 (where the `gemm` crate's 512-bit kernels are faster than these 256-bit ones).
-pub(crate) fn preferred() -> bool {
+pub fn preferred() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         supported() && !std::arch::is_x86_feature_detected!("avx512f")
@@ -53,16 +54,26 @@ pub(crate) fn preferred() -> bool {
 /// A product's right operand `[k, n]` as 16-column panels, each `k` rows of 16 consecutive
 /// values (zero past `n`): packed once, read by every task of every product with it.
 #[derive(Debug)]
-pub(crate) struct Packed {
+pub struct Packed {
     k: usize,
     n: usize,
     panels: Vec<f32>,
 }
 
 impl Packed {
+    /// Rows of the matrix (the product's inner dimension).
+    pub fn rows(&self) -> usize {
+        self.k
+    }
+
+    /// Columns of the matrix (the product's output columns).
+    pub fn columns(&self) -> usize {
+        self.n
+    }
+
     /// The row-major `[k, n]` matrix whose columns are those of `blocks` side by side, each
     /// block a row-major `[k, columns]` matrix given with its column count.
-    pub(crate) fn new(k: usize, blocks: &[(&[f32], usize)]) -> Packed {
+    pub fn new(k: usize, blocks: &[(&[f32], usize)]) -> Packed {
         let n: usize = blocks.iter().map(|(_, columns)| columns).sum();
         assert!(
             blocks.iter().all(|(b, columns)| b.len() == k * columns),
@@ -105,8 +116,7 @@ impl Packed {
 /// of their own.
 ///
 /// Panics when a slice is shorter than its shape or the CPU lacks AVX2 and FMA.
-#[allow(unsafe_code)]
-pub(crate) fn product(
+pub fn product(
     c: &mut [f32],
     a: &[f32],
     b: &Packed,
@@ -115,56 +125,127 @@ pub(crate) fn product(
     bias: &[f32],
     f: impl Fn(f32) -> f32 + Sync,
 ) {
-    let (k, n) = (b.k, b.n);
-    assert!(supported(), "sgemm::product needs AVX2 + FMA");
-    assert!(a.len() >= m * k && c.len() >= m * n && bias.len() == n);
-    if m == 0 || n == 0 {
+    let Some(product) = Product::new(c, a, b, m, accumulate, bias, f, false) else {
         return;
-    }
-    if k == 0 {
-        for row in c[..m * n].chunks_exact_mut(n) {
-            for (c, b) in row.iter_mut().zip(bias) {
-                *c = f(if accumulate { *c } else { 0.0 } + b);
-            }
+    };
+    tasks(m, b.n.div_ceil(NR), rayon::current_num_threads())
+        .into_par_iter()
+        .for_each(|task| product.run(task));
+}
+
+/// `c = a · b + bias` on the calling thread alone: for products of a few hundred thousand
+/// multiply-adds, which handing work to other threads would slow down, or whose caller already
+/// runs one per thread. Its whole register tiles read `a` in place rather than packed first (for
+/// so few rows the packing was a tenth of the force field's time).
+///
+/// Panics as [`product`] does.
+pub fn product_on_this_thread(c: &mut [f32], a: &[f32], b: &Packed, m: usize, bias: &[f32]) {
+    if let Some(product) = Product::new(c, a, b, m, false, bias, |v| v, true) {
+        for task in tasks(m, b.n.div_ceil(NR), 1) {
+            product.run(task);
         }
-        return;
     }
-    let steps = k.div_ceil(KC);
-    let depth = k.div_ceil(steps);
-    let out = Out(c.as_mut_ptr());
-    let tasks = tasks(m, n.div_ceil(NR), rayon::current_num_threads());
-    tasks.into_par_iter().for_each(|Task { rows, panels }| {
-        let a = &a[rows.start * k..rows.end * k];
+}
+
+/// A product's operands, checked, for its tasks to share.
+struct Product<'a, F> {
+    out: Out,
+    a: &'a [f32],
+    b: &'a Packed,
+    accumulate: bool,
+    bias: &'a [f32],
+    f: F,
+    /// Whole tiles read `a` in place; only a last partial tile is packed.
+    in_place: bool,
+}
+
+impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
+    /// The product's operands, or `None` when the product was finished here (no rows, columns or
+    /// inner dimension).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        c: &'a mut [f32],
+        a: &'a [f32],
+        b: &'a Packed,
+        m: usize,
+        accumulate: bool,
+        bias: &'a [f32],
+        f: F,
+        in_place: bool,
+    ) -> Option<Self> {
+        let (k, n) = (b.k, b.n);
+        assert!(supported(), "sgemm::product needs AVX2 + FMA");
+        assert!(a.len() >= m * k && c.len() >= m * n && bias.len() == n);
+        if m == 0 || n == 0 {
+            return None;
+        }
+        if k == 0 {
+            for row in c[..m * n].chunks_exact_mut(n) {
+                for (c, b) in row.iter_mut().zip(bias) {
+                    *c = f(if accumulate { *c } else { 0.0 } + b);
+                }
+            }
+            return None;
+        }
+        Some(Product {
+            out: Out(c.as_mut_ptr()),
+            a: &a[..m * k],
+            b,
+            accumulate,
+            bias,
+            f,
+            in_place,
+        })
+    }
+
+    /// One task's block of `C`.
+    #[allow(unsafe_code)]
+    fn run(&self, Task { rows, panels }: Task) {
+        let (k, n) = (self.b.k, self.b.n);
+        let steps = k.div_ceil(KC);
+        let depth = k.div_ceil(steps);
+        let a = &self.a[rows.start * k..rows.end * k];
         let tiles = rows.len().div_ceil(MR);
-        let mut packed_a = vec![0f32; tiles * MR * depth];
+        let in_place = if self.in_place { rows.len() / MR } else { 0 };
+        let packed_rows = &a[in_place * MR * k..];
+        let mut packed_a = vec![0f32; (tiles - in_place) * MR * depth];
         for step in 0..steps {
             let first = step * depth;
             let depth = depth.min(k - first);
-            let packed_a = &mut packed_a[..tiles * MR * depth];
-            pack_a(packed_a, a, k, first);
+            let packed_a = &mut packed_a[..(tiles - in_place) * MR * depth];
+            if !packed_a.is_empty() {
+                pack_a(packed_a, packed_rows, k, first);
+            }
             let write = Tile {
-                add: accumulate || step > 0,
+                add: self.accumulate || step > 0,
                 last: step + 1 == steps,
             };
             for panel in panels.clone() {
-                let b = &b.panels[(panel * k + first) * NR..][..depth * NR];
+                let b = &self.b.panels[(panel * k + first) * NR..][..depth * NR];
                 let cols = NR.min(n - panel * NR);
                 let mut panel_bias = [0f32; NR];
-                panel_bias[..cols].copy_from_slice(&bias[panel * NR..][..cols]);
-                for (tile, a) in packed_a.chunks_exact(MR * depth).enumerate() {
+                panel_bias[..cols].copy_from_slice(&self.bias[panel * NR..][..cols]);
+                for tile in 0..tiles {
                     let row = rows.start + tile * MR;
                     let corner = (MR.min(rows.end - row), cols);
-                    // SAFETY: `supported()` was asserted above; both panels hold `depth` steps;
+                    // SAFETY: `supported()` was asserted in `new`; both panels hold `depth` steps
+                    // (a tile in place: its six rows of `a` hold `k ≥ first + depth` values);
                     // the tile's corner lies inside `c` (`row < m`, `panel · 16 + cols ≤ n`) and
                     // in this task's block, which no other task writes.
                     unsafe {
-                        let c = out.at(row * n + panel * NR);
-                        tile_6x16(a, b, c, n, corner, write, &panel_bias, &f);
+                        let c = self.out.at(row * n + panel * NR);
+                        if tile < in_place {
+                            let a = &a[tile * MR * k + first..][..(MR - 1) * k + depth];
+                            tile_6x16::<true>(a, k, b, c, n, corner, write, &panel_bias, &self.f);
+                        } else {
+                            let a = &packed_a[(tile - in_place) * MR * depth..][..MR * depth];
+                            tile_6x16::<false>(a, MR, b, c, n, corner, write, &panel_bias, &self.f);
+                        }
                     }
                 }
             }
         }
-    });
+    }
 }
 
 /// The start of `C`, shared by the tasks, each of which writes only its own block.
@@ -240,18 +321,20 @@ struct Tile {
     last: bool,
 }
 
-/// One 6 × 16 register tile over the packed panels `a` (`steps × 6`) and `b` (`steps × 16`),
-/// written as `write` says into the `rows × cols` corner that starts at `c` (rows `ldc` apart).
+/// One 6 × 16 register tile over `a` and the packed panel `b` (`steps × 16`), written as `write`
+/// says into the `rows × cols` corner that starts at `c` (rows `ldc` apart). `a` is a packed panel
+/// (`steps × 6`, `lda` unused) or, `IN_PLACE`, six rows `lda` apart of `steps` values each.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `a.len() / 6 == b.len() / 16`; the corner's `rows` rows of `cols`
-/// values from `c`, `ldc` apart, are valid for reads and writes that nothing else makes while
-/// this runs; `rows ≤ 6`, `cols ≤ 16`.
+/// The CPU has AVX2 and FMA; `a` holds the `steps = b.len() / 16` values of each of its six rows;
+/// the corner's `rows` rows of `cols` values from `c`, `ldc` apart, are valid for reads and writes
+/// that nothing else makes while this runs; `rows ≤ 6`, `cols ≤ 16`.
 #[allow(unsafe_code, clippy::too_many_arguments)]
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_6x16(
+unsafe fn tile_6x16<const IN_PLACE: bool>(
     a: &[f32],
+    lda: usize,
     b: &[f32],
     c: *mut f32,
     ldc: usize,
@@ -262,7 +345,9 @@ unsafe fn tile_6x16(
 ) {
     use std::arch::x86_64::*;
     let steps = b.len() / NR;
-    debug_assert_eq!(a.len(), steps * MR);
+    // Where value `step` of row `r` lies in `a`.
+    let (row_stride, step_stride) = if IN_PLACE { (lda, 1) } else { (1, MR) };
+    debug_assert!(steps == 0 || a.len() > (MR - 1) * row_stride + (steps - 1) * step_stride);
     debug_assert!(rows <= MR && cols <= NR);
     let (a, b) = (a.as_ptr(), b.as_ptr());
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
@@ -272,7 +357,7 @@ unsafe fn tile_6x16(
             let b0 = _mm256_loadu_ps(b.add(step * NR));
             let b1 = _mm256_loadu_ps(b.add(step * NR + 8));
             for (r, acc) in acc.iter_mut().enumerate() {
-                let a = _mm256_broadcast_ss(&*a.add(step * MR + r));
+                let a = _mm256_broadcast_ss(&*a.add(r * row_stride + step * step_stride));
                 acc[0] = _mm256_fmadd_ps(a, b0, acc[0]);
                 acc[1] = _mm256_fmadd_ps(a, b1, acc[1]);
             }
@@ -317,8 +402,9 @@ unsafe fn tile_6x16(
 
 #[allow(unsafe_code, clippy::too_many_arguments)]
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn tile_6x16(
+unsafe fn tile_6x16<const IN_PLACE: bool>(
     _: &[f32],
+    _: usize,
     _: &[f32],
     _: *mut f32,
     _: usize,
@@ -367,9 +453,15 @@ mod tests {
                 .map(|i| b[i / (n - split) * n + split + i % (n - split)])
                 .collect();
             let packed = Packed::new(k, &[(&left, split), (&right, n - split)]);
-            for accumulate in [false, true] {
+            // On all threads, writing and accumulating with `f`; on this one, writing plainly.
+            for (accumulate, here) in [(false, false), (true, false), (false, true)] {
                 let mut c = start.clone();
-                product(&mut c, &a, &packed, m, accumulate, &bias, f);
+                let f = |v: f32| if here { v } else { f(v) };
+                if here {
+                    product_on_this_thread(&mut c, &a, &packed, m, &bias);
+                } else {
+                    product(&mut c, &a, &packed, m, accumulate, &bias, f);
+                }
                 for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
                     let dot: f64 = (0..k)
                         .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
@@ -379,7 +471,7 @@ mod tests {
                     let got = c[i * n + j];
                     assert!(
                         (got - want).abs() <= 1e-5 * (k as f32).sqrt() * (1.0 + want.abs()),
-                        "{m}×{k}×{n} (accumulate {accumulate}) at ({i}, {j}): {got} vs {want}"
+                        "{m}×{k}×{n} (accumulate {accumulate}, on this thread {here}) at ({i}, {j}): {got} vs {want}"
                     );
                 }
             }

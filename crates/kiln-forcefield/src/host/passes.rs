@@ -1,0 +1,764 @@
+//! One structure's energy and its gradient with respect to every pair vector, forward and
+//! backward by hand, its atoms in parts that threads run side by side.
+//!
+//! A part is a contiguous range of atoms and the pairs centred on them. A block's interaction
+//! sends each pair's message to its centre, so a part writes only its own atoms' features; it
+//! reads its neighbours' context output `x` and vector features, which every part publishes at
+//! the start of the block and then waits for the others' (the one wait per block in the forward
+//! pass). Going backward the pairs send gradients to their neighbours: each part publishes what
+//! its pairs sent, waits, and sums what all parts sent its atoms, in part order (the one wait per
+//! block). How a structure is split is a rule of its atom count ([`parts_for`]), never of the
+//! thread count, so a result is the same on every machine.
+//!
+//! The first part runs on the calling thread, the others on the potential's [`Team`]; they wait
+//! for each other by spinning: a block's work is a tenth of a millisecond for a small molecule,
+//! and a thread put to sleep (rayon's idle workers, `std::sync::Barrier`) takes about that long
+//! to wake, which made two parts no faster than one.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, mpsc};
+
+use super::team::Team;
+use super::{Pairs, Real, Weights};
+use crate::painn::EPSILON;
+
+/// How many parts a structure of `atoms` atoms is split into when it is evaluated alone: one per
+/// six atoms (the rows of the products' register tile), at most four.
+pub(crate) fn parts_for(atoms: usize) -> usize {
+    (atoms / 6).clamp(1, 4)
+}
+
+/// A contiguous range of a structure's atoms and the pairs centred on them, with what the passes
+/// keep of them.
+struct Part<T> {
+    atoms: Range<usize>,
+    pairs: Range<usize>,
+    /// Per pair: distance, unit vector, `[φ c, c]` and its derivative with respect to `d`.
+    d: Vec<T>,
+    u: Vec<[T; 3]>,
+    psi: Vec<T>,
+    dpsi: Vec<T>,
+    /// Every block's filters of the part's pairs `[pairs, 3F × sets]`, and their gradient.
+    filters: Vec<T>,
+    gfilters: Vec<T>,
+    /// Scalar and vector features of the part's atoms, `[atoms, F]` and `[atoms, 3, F]`.
+    q: Vec<T>,
+    mu: Vec<T>,
+    /// The newest context network output `[atoms, 3F]`, published to the other parts.
+    x: Vec<T>,
+    saved: Vec<Saved<T>>,
+    /// The readout's hidden pre-activations.
+    pre_readout: Vec<Vec<T>>,
+    energy: T,
+    /// ∂E/∂q, ∂E/∂μ of the part's atoms.
+    gq: Vec<T>,
+    gmu: Vec<T>,
+    /// ∂E/∂x of the part's atoms, as the parts sent it.
+    gx: Vec<T>,
+    /// ∂E/∂û of the part's pairs.
+    gu: Vec<[T; 3]>,
+    /// What the part's pairs send to every atom of the structure: ∂E/∂x `[n, 3F]` and ∂E/∂μ
+    /// entering the block `[n, 3, F]`.
+    gx_sent: Vec<T>,
+    gmu_sent: Vec<T>,
+    /// ∂E/∂r of the part's pairs, the pass's result.
+    gradients: Vec<[T; 3]>,
+}
+
+/// A part's energy and the gradient with respect to each of its pairs' vectors.
+type Outcome<T> = (T, Vec<[T; 3]>);
+
+/// What the backward pass needs of a block's forward pass over a part's atoms.
+#[derive(Default)]
+struct Saved<T> {
+    /// Context network's hidden pre-activation `[atoms, F]`.
+    pre: Vec<T>,
+    /// Channel mix `[atoms, 3, 2F]` (μ_V, μ_W), ‖μ_V‖ and μ_V · μ_W `[atoms, F]`.
+    vw: Vec<T>,
+    norm: Vec<T>,
+    dot_vw: Vec<T>,
+    /// Mixing network's hidden pre-activation `[atoms, F]` and output `[atoms, 3F]`.
+    pre_mix: Vec<T>,
+    y: Vec<T>,
+}
+
+/// A block's published context output `x` `[n, 3F]` and vector features entering it `[n, 3, F]`.
+struct Published<T> {
+    x: Vec<T>,
+    mu: Vec<T>,
+}
+
+impl<T: Real> Weights<T> {
+    /// The energy of one structure and its gradient with respect to every pair vector, its atoms
+    /// in `parts` parts (one when the pairs are not ordered by centre): the first on this thread,
+    /// the others on `team`.
+    pub(super) fn structure(
+        self: &Arc<Self>,
+        arch: pulp::Arch,
+        numbers: &[u32],
+        pairs: Pairs<T>,
+        parts: usize,
+        team: &Team,
+    ) -> Outcome<T> {
+        let mut parts = self.split(numbers.len(), &pairs, parts);
+        let first = parts.remove(0);
+        if parts.is_empty() {
+            let exchange = Exchange::new(self.blocks.len(), 1);
+            return self.run(arch, numbers, &pairs, &exchange, 0, first);
+        }
+        let shared = Arc::new(Shared {
+            weights: Arc::clone(self),
+            numbers: numbers.to_vec(),
+            exchange: Exchange::new(self.blocks.len(), parts.len() + 1),
+            pairs,
+        });
+        let (sender, results) = mpsc::channel();
+        let helpers = parts.len();
+        for (k, part) in (1..).zip(parts) {
+            let (shared, sender) = (Arc::clone(&shared), sender.clone());
+            team.run(
+                k - 1,
+                Box::new(move || {
+                    let result = shared.weights.run(
+                        arch,
+                        &shared.numbers,
+                        &shared.pairs,
+                        &shared.exchange,
+                        k,
+                        part,
+                    );
+                    // The caller waits for every part (or panics when one did).
+                    let _ = sender.send((k, result));
+                }),
+            );
+        }
+        drop(sender);
+        let Shared {
+            numbers,
+            pairs,
+            exchange,
+            ..
+        } = &*shared;
+        let (mut energy, mut gradients) = self.run(arch, numbers, pairs, exchange, 0, first);
+        let mut others: Vec<(usize, Outcome<T>)> = results.iter().take(helpers).collect();
+        assert_eq!(others.len(), helpers, "a part of the structure panicked");
+        others.sort_by_key(|(k, _)| *k);
+        for (_, (part_energy, part_gradients)) in others {
+            energy += part_energy;
+            gradients.extend(part_gradients);
+        }
+        (energy, gradients)
+    }
+
+    /// [`Weights::part`] compiled for the CPU's widest instruction set, breaking the exchange's
+    /// barrier if it panics.
+    fn run(
+        &self,
+        arch: pulp::Arch,
+        numbers: &[u32],
+        pairs: &Pairs<T>,
+        exchange: &Exchange<T>,
+        k: usize,
+        part: Part<T>,
+    ) -> Outcome<T> {
+        let _guard = exchange.barrier.guard();
+        arch.dispatch(Worker {
+            weights: self,
+            numbers,
+            pairs,
+            exchange,
+            k,
+            part,
+        })
+    }
+
+    /// Part `k`'s share of [`Weights::structure`]: its energy and its pairs' gradients.
+    #[inline(always)]
+    fn part(
+        &self,
+        numbers: &[u32],
+        pairs: &Pairs<T>,
+        exchange: &Exchange<T>,
+        k: usize,
+        mut part: Part<T>,
+    ) -> Outcome<T> {
+        let blocks = self.blocks.len();
+        self.start(&mut part, numbers, pairs);
+        self.context(0, &mut part);
+        let mut published = Vec::with_capacity(blocks);
+        for t in 0..blocks {
+            let block = exchange.forward(
+                t,
+                k,
+                Published {
+                    x: std::mem::take(&mut part.x),
+                    mu: part.mu.clone(),
+                },
+            );
+            self.interaction(t, &mut part, pairs, &block);
+            self.mixing(t, &mut part);
+            if t + 1 < blocks {
+                self.context(t + 1, &mut part);
+            } else {
+                self.readout(&mut part, numbers);
+            }
+            published.push(block);
+        }
+        self.readout_backward(&mut part);
+        self.mixing_backward(blocks - 1, &mut part);
+        self.interaction_backward(blocks - 1, &mut part, pairs, &published[blocks - 1]);
+        for t in (0..blocks).rev() {
+            exchange.backward(t, k, &mut part, 3 * self.f);
+            self.context_backward(t, &mut part);
+            if t > 0 {
+                self.mixing_backward(t - 1, &mut part);
+                self.interaction_backward(t - 1, &mut part, pairs, &published[t - 1]);
+            }
+        }
+        self.pair_gradients(&mut part);
+        (part.energy, part.gradients)
+    }
+
+    /// `n` atoms in `parts` contiguous ranges of about equal size, each with the pairs centred on
+    /// its atoms.
+    fn split(&self, n: usize, pairs: &Pairs<T>, parts: usize) -> Vec<Part<T>> {
+        let by_centre = pairs.i.is_sorted();
+        let parts = if by_centre {
+            parts.clamp(1, n.max(1))
+        } else {
+            1
+        };
+        let first_pair = |atom: usize| {
+            if atom == n {
+                pairs.i.len()
+            } else {
+                pairs.i.partition_point(|&i| i < atom)
+            }
+        };
+        (0..parts)
+            .map(|k| {
+                let atoms = k * n / parts..(k + 1) * n / parts;
+                let pairs = if parts == 1 {
+                    0..pairs.i.len()
+                } else {
+                    first_pair(atoms.start)..first_pair(atoms.end)
+                };
+                Part {
+                    atoms,
+                    pairs,
+                    d: Vec::new(),
+                    u: Vec::new(),
+                    psi: Vec::new(),
+                    dpsi: Vec::new(),
+                    filters: Vec::new(),
+                    gfilters: Vec::new(),
+                    q: Vec::new(),
+                    mu: Vec::new(),
+                    x: Vec::new(),
+                    saved: Vec::with_capacity(self.blocks.len()),
+                    pre_readout: Vec::new(),
+                    energy: T::zero(),
+                    gq: Vec::new(),
+                    gmu: Vec::new(),
+                    gx: Vec::new(),
+                    gu: Vec::new(),
+                    gx_sent: Vec::new(),
+                    gmu_sent: Vec::new(),
+                    gradients: Vec::new(),
+                }
+            })
+            .collect()
+    }
+
+    /// The part's pair geometry and filters, and its atoms' embeddings.
+    #[inline(always)]
+    fn start(&self, part: &mut Part<T>, numbers: &[u32], pairs: &Pairs<T>) {
+        let f = self.f;
+        for r in &pairs.r[part.pairs.clone()] {
+            let length = (r[0] * r[0] + r[1] * r[1] + r[2] * r[2]).sqrt();
+            part.d.push(length);
+            part.u.push(r.map(|v| v / length));
+            self.radial(length, &mut part.psi, &mut part.dpsi);
+        }
+        part.filters = self.filter.forward(&part.psi);
+        part.q = numbers[part.atoms.clone()]
+            .iter()
+            .flat_map(|&z| self.embedding[z as usize * f..(z as usize + 1) * f].iter())
+            .copied()
+            .collect();
+        part.mu = vec![T::zero(); 3 * part.atoms.len() * f];
+    }
+
+    /// Block `t`'s context network on the part's scalar features.
+    #[inline(always)]
+    fn context(&self, t: usize, part: &mut Part<T>) {
+        let context = &self.blocks[t].context;
+        let pre = context[0].forward(&part.q);
+        part.x = context[1].forward(&silu(&pre));
+        part.saved.push(Saved {
+            pre,
+            ..Saved::default()
+        });
+    }
+
+    /// Block `t`'s interaction: messages from every neighbour to the part's atoms.
+    #[inline(always)]
+    fn interaction(&self, t: usize, part: &mut Part<T>, pairs: &Pairs<T>, block: &Published<T>) {
+        let (f, width, start) = (self.f, self.filter.outputs, self.filter_start(t));
+        for (local, p) in part.pairs.clone().enumerate() {
+            let (i, j) = (pairs.i[p] - part.atoms.start, pairs.j[p]);
+            let (wq, wr, wm) = thirds(&part.filters[local * width + start..], f);
+            let (xq, xr, xm) = thirds(&block.x[3 * f * j..], f);
+            for ((q, &w), &x) in part.q[i * f..(i + 1) * f].iter_mut().zip(wq).zip(xq) {
+                *q += w * x;
+            }
+            for a in 0..3 {
+                let ua = part.u[local][a];
+                let from = &block.mu[(3 * j + a) * f..(3 * j + a + 1) * f];
+                let out = &mut part.mu[(3 * i + a) * f..(3 * i + a + 1) * f];
+                for k in 0..f {
+                    out[k] += wr[k] * xr[k] * ua + wm[k] * xm[k] * from[k];
+                }
+            }
+        }
+    }
+
+    /// Block `t`'s mixing: each atom's scalars with its vectors' norms and projections.
+    #[inline(always)]
+    fn mixing(&self, t: usize, part: &mut Part<T>) {
+        let (f, n) = (self.f, part.atoms.len());
+        let block = &self.blocks[t];
+        let vw = block.channel_mix.forward(&part.mu);
+        let mut norm = vec![T::zero(); n * f];
+        let mut dot_vw = vec![T::zero(); n * f];
+        for atom in 0..n {
+            for a in 0..3 {
+                let row = &vw[(3 * atom + a) * 2 * f..(3 * atom + a + 1) * 2 * f];
+                for k in 0..f {
+                    norm[atom * f + k] += row[k] * row[k];
+                    dot_vw[atom * f + k] += row[k] * row[f + k];
+                }
+            }
+        }
+        let eps = T::from(EPSILON).unwrap();
+        norm.iter_mut().for_each(|v| *v = (*v + eps).sqrt());
+        let context: Vec<T> = (0..n)
+            .flat_map(|atom| {
+                part.q[atom * f..(atom + 1) * f]
+                    .iter()
+                    .chain(&norm[atom * f..(atom + 1) * f])
+                    .copied()
+            })
+            .collect();
+        let pre_mix = block.mixing[0].forward(&context);
+        let y = block.mixing[1].forward(&silu(&pre_mix));
+        for atom in 0..n {
+            let y = &y[3 * f * atom..3 * f * (atom + 1)];
+            for k in 0..f {
+                part.q[atom * f + k] += y[k] + y[2 * f + k] * dot_vw[atom * f + k];
+            }
+            for a in 0..3 {
+                let row = (3 * atom + a) * 2 * f;
+                for k in 0..f {
+                    part.mu[(3 * atom + a) * f + k] += y[f + k] * vw[row + f + k];
+                }
+            }
+        }
+        let saved = &mut part.saved[t];
+        (saved.vw, saved.norm, saved.dot_vw) = (vw, norm, dot_vw);
+        (saved.pre_mix, saved.y) = (pre_mix, y);
+    }
+
+    /// The readout, an MLP per atom with SiLU between layers, and the part's energy.
+    #[inline(always)]
+    fn readout(&self, part: &mut Part<T>, numbers: &[u32]) {
+        let mut h = std::mem::take(&mut part.q);
+        for (l, layer) in self.readout.iter().enumerate() {
+            let z = layer.forward(&h);
+            if l + 1 < self.readout.len() {
+                h = silu(&z);
+                part.pre_readout.push(z);
+            } else {
+                h = z;
+            }
+        }
+        part.energy = h.iter().fold(T::zero(), |s, &e| s + e)
+            + numbers[part.atoms.clone()]
+                .iter()
+                .fold(T::zero(), |s, &z| s + self.atomref[z as usize])
+            + self.mean_per_atom * T::from(part.atoms.len()).unwrap();
+    }
+
+    /// ∂E/∂q of the part's atoms through the readout; ∂E/∂μ starts at zero, and so do the
+    /// pairs' gradients.
+    #[inline(always)]
+    fn readout_backward(&self, part: &mut Part<T>) {
+        let mut g = vec![T::one(); part.atoms.len()];
+        for (l, layer) in self.readout.iter().enumerate().rev() {
+            g = layer.backward(&g);
+            if l > 0 {
+                silu_backward(&mut g, &part.pre_readout[l - 1]);
+            }
+        }
+        part.gq = g;
+        part.gmu = vec![T::zero(); part.mu.len()];
+        part.gfilters = vec![T::zero(); part.filters.len()];
+        part.gu = vec![[T::zero(); 3]; part.pairs.len()];
+    }
+
+    /// ∂E/∂q and ∂E/∂μ before block `t`'s mixing, from those after it.
+    #[inline(always)]
+    fn mixing_backward(&self, t: usize, part: &mut Part<T>) {
+        let (f, n) = (self.f, part.atoms.len());
+        let (block, s) = (&self.blocks[t], &part.saved[t]);
+        let (gq, gmu) = (&mut part.gq, &mut part.gmu);
+        let mut gy = vec![T::zero(); 3 * n * f];
+        let mut gdot = vec![T::zero(); n * f];
+        for atom in 0..n {
+            let y = &s.y[3 * f * atom..3 * f * (atom + 1)];
+            let gy = &mut gy[3 * f * atom..3 * f * (atom + 1)];
+            for k in 0..f {
+                let g = gq[atom * f + k];
+                gy[k] = g;
+                gy[2 * f + k] = g * s.dot_vw[atom * f + k];
+                gdot[atom * f + k] = g * y[2 * f + k];
+            }
+            for a in 0..3 {
+                let row = (3 * atom + a) * 2 * f;
+                for k in 0..f {
+                    gy[f + k] += gmu[(3 * atom + a) * f + k] * s.vw[row + f + k];
+                }
+            }
+        }
+        let mut gh = block.mixing[1].backward(&gy);
+        silu_backward(&mut gh, &s.pre_mix);
+        let gcontext = block.mixing[0].backward(&gh);
+        let mut gvw = vec![T::zero(); 6 * n * f];
+        for atom in 0..n {
+            let y = &s.y[3 * f * atom..3 * f * (atom + 1)];
+            for k in 0..f {
+                gq[atom * f + k] += gcontext[2 * f * atom + k];
+            }
+            for a in 0..3 {
+                let row = (3 * atom + a) * 2 * f;
+                for k in 0..f {
+                    let gdot = gdot[atom * f + k];
+                    let gnorm = gcontext[2 * f * atom + f + k];
+                    let (v, wv) = (s.vw[row + k], s.vw[row + f + k]);
+                    gvw[row + k] = gdot * wv + gnorm * v / s.norm[atom * f + k];
+                    gvw[row + f + k] = gmu[(3 * atom + a) * f + k] * y[f + k] + gdot * v;
+                }
+            }
+        }
+        let gmu_mix = block.channel_mix.backward(&gvw);
+        gmu.iter_mut().zip(&gmu_mix).for_each(|(g, &m)| *g += m);
+    }
+
+    /// Block `t`'s interaction backward over the part's pairs: their filters' and unit vectors'
+    /// gradients, and what they send to their neighbours' `x` and `μ`.
+    #[inline(always)]
+    fn interaction_backward(
+        &self,
+        t: usize,
+        part: &mut Part<T>,
+        pairs: &Pairs<T>,
+        block: &Published<T>,
+    ) {
+        let (f, width, start) = (self.f, self.filter.outputs, self.filter_start(t));
+        part.gx_sent = vec![T::zero(); block.x.len()];
+        part.gmu_sent = vec![T::zero(); block.mu.len()];
+        let (mut along, mut with_mu, mut radial) =
+            (vec![T::zero(); f], vec![T::zero(); f], vec![T::zero(); f]);
+        for (local, p) in part.pairs.clone().enumerate() {
+            let (i, j) = (pairs.i[p] - part.atoms.start, pairs.j[p]);
+            let row = local * width + start;
+            let (wq, wr, wm) = thirds(&part.filters[row..], f);
+            let (xq, xr, xm) = thirds(&block.x[3 * f * j..], f);
+            let (gxq, gxr, gxm) = thirds_mut(&mut part.gx_sent[3 * f * j..], f);
+            let (gwq, gwr, gwm) = thirds_mut(&mut part.gfilters[row..], f);
+            let gqi = &part.gq[i * f..(i + 1) * f];
+            let (radial, along, with_mu) = (&mut radial[..f], &mut along[..f], &mut with_mu[..f]);
+            for k in 0..f {
+                gwq[k] += gqi[k] * xq[k];
+                gxq[k] += gqi[k] * wq[k];
+                radial[k] = wr[k] * xr[k];
+            }
+            // Σ over axes of ∂E/∂μ_i times û (for μ_R) and times μ_j (for μ_μ).
+            along.fill(T::zero());
+            with_mu.fill(T::zero());
+            for a in 0..3 {
+                let ua = part.u[local][a];
+                let gm = &part.gmu[(3 * i + a) * f..(3 * i + a + 1) * f];
+                let mu_j = &block.mu[(3 * j + a) * f..(3 * j + a + 1) * f];
+                let gmu_j = &mut part.gmu_sent[(3 * j + a) * f..(3 * j + a + 1) * f];
+                for k in 0..f {
+                    along[k] += gm[k] * ua;
+                    with_mu[k] += gm[k] * mu_j[k];
+                    gmu_j[k] += gm[k] * wm[k] * xm[k];
+                }
+                part.gu[local][a] += dot(gm, radial);
+            }
+            for k in 0..f {
+                gwr[k] += along[k] * xr[k];
+                gxr[k] += along[k] * wr[k];
+                gwm[k] += with_mu[k] * xm[k];
+                gxm[k] += with_mu[k] * wm[k];
+            }
+        }
+    }
+
+    /// ∂E/∂q before block `t`'s context network, from ∂E/∂x the parts sent.
+    #[inline(always)]
+    fn context_backward(&self, t: usize, part: &mut Part<T>) {
+        let context = &self.blocks[t].context;
+        let mut gh = context[1].backward(&part.gx);
+        silu_backward(&mut gh, &part.saved[t].pre);
+        let gq = context[0].backward(&gh);
+        part.gq.iter_mut().zip(&gq).for_each(|(g, &c)| *g += c);
+    }
+
+    /// ∂E/∂r of the part's pairs: ∂E/∂d û + (∂E/∂û − (∂E/∂û · û) û) / d.
+    #[inline(always)]
+    fn pair_gradients(&self, part: &mut Part<T>) {
+        let rows = self.filter_rows();
+        let gpsi = self.filter.backward(&part.gfilters);
+        part.gradients = (0..part.pairs.len())
+            .map(|p| {
+                let gd = dot(
+                    &gpsi[p * rows..(p + 1) * rows],
+                    &part.dpsi[p * rows..(p + 1) * rows],
+                );
+                let (u, gu) = (part.u[p], part.gu[p]);
+                let along = gu[0] * u[0] + gu[1] * u[1] + gu[2] * u[2];
+                std::array::from_fn(|a| gd * u[a] + (gu[a] - along * u[a]) / part.d[p])
+            })
+            .collect();
+    }
+}
+
+/// [`Weights::part`] as a `pulp` operation: inlined, with everything it calls, into a function
+/// compiled for the instruction set `pulp` dispatches to, so its loops use that set's vectors
+/// and fused multiply-adds.
+struct Worker<'a, T> {
+    weights: &'a Weights<T>,
+    numbers: &'a [u32],
+    pairs: &'a Pairs<T>,
+    exchange: &'a Exchange<T>,
+    k: usize,
+    part: Part<T>,
+}
+
+impl<T: Real> pulp::WithSimd for Worker<'_, T> {
+    type Output = Outcome<T>;
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) -> Self::Output {
+        let Worker {
+            weights,
+            numbers,
+            pairs,
+            exchange,
+            k,
+            part,
+        } = self;
+        weights.part(numbers, pairs, exchange, k, part)
+    }
+}
+
+/// What every part of one evaluation reads, shared with the team's threads.
+struct Shared<T> {
+    weights: Arc<Weights<T>>,
+    numbers: Vec<u32>,
+    pairs: Pairs<T>,
+    exchange: Exchange<T>,
+}
+
+/// What the parts of a structure hand each other: per block and part, what it published going
+/// forward (its `x` and `μ`) and backward (what its pairs sent every atom's `x` and `μ`), each set
+/// once and read by every part after the barrier.
+struct Exchange<T> {
+    barrier: SpinBarrier,
+    forward: Vec<Vec<OnceLock<Published<T>>>>,
+    backward: Vec<Vec<OnceLock<Published<T>>>>,
+}
+
+impl<T: Real> Exchange<T> {
+    fn new(blocks: usize, parts: usize) -> Self {
+        let slots = || {
+            (0..blocks)
+                .map(|_| (0..parts).map(|_| OnceLock::new()).collect())
+                .collect()
+        };
+        Exchange {
+            barrier: SpinBarrier::new(parts),
+            forward: slots(),
+            backward: slots(),
+        }
+    }
+
+    /// Block `t`'s `x` and `μ` of every atom, once every part has published its own.
+    fn forward(&self, t: usize, k: usize, own: Published<T>) -> Published<T> {
+        let slots = &self.forward[t];
+        if slots.len() == 1 {
+            return own;
+        }
+        set(&slots[k], own);
+        self.barrier.wait();
+        let all = || slots.iter().map(|slot| slot.get().expect("published"));
+        Published {
+            x: all().flat_map(|p| p.x.iter().copied()).collect(),
+            mu: all().flat_map(|p| p.mu.iter().copied()).collect(),
+        }
+    }
+
+    /// Part `k`'s ∂E/∂x and its addition to ∂E/∂μ from what every part's pairs sent its atoms in
+    /// block `t` (rows of `width`), summed in part order.
+    fn backward(&self, t: usize, k: usize, part: &mut Part<T>, width: usize) {
+        let sent = Published {
+            x: std::mem::take(&mut part.gx_sent),
+            mu: std::mem::take(&mut part.gmu_sent),
+        };
+        let rows = part.atoms.start * width..part.atoms.end * width;
+        let slots = &self.backward[t];
+        if slots.len() == 1 {
+            part.gx = sent.x;
+            part.gmu
+                .iter_mut()
+                .zip(&sent.mu)
+                .for_each(|(g, &s)| *g += s);
+            return;
+        }
+        set(&slots[k], sent);
+        self.barrier.wait();
+        part.gx = vec![T::zero(); rows.len()];
+        for sent in slots.iter().map(|slot| slot.get().expect("published")) {
+            part.gx
+                .iter_mut()
+                .zip(&sent.x[rows.clone()])
+                .for_each(|(g, &s)| *g += s);
+            part.gmu
+                .iter_mut()
+                .zip(&sent.mu[rows.clone()])
+                .for_each(|(g, &s)| *g += s);
+        }
+    }
+}
+
+/// Sets a slot that nothing else sets.
+fn set<T>(slot: &OnceLock<T>, value: T) {
+    if slot.set(value).is_err() {
+        unreachable!("each part publishes into its own slot once");
+    }
+}
+
+/// A barrier whose waiters spin (yielding after a while, for oversubscribed machines) rather than
+/// sleep. A part that panics breaks it, and the others panic rather than wait forever.
+struct SpinBarrier {
+    parties: usize,
+    arrived: AtomicUsize,
+    generation: AtomicUsize,
+    broken: AtomicBool,
+}
+
+impl SpinBarrier {
+    fn new(parties: usize) -> Self {
+        SpinBarrier {
+            parties,
+            arrived: AtomicUsize::new(0),
+            generation: AtomicUsize::new(0),
+            broken: AtomicBool::new(false),
+        }
+    }
+
+    /// Returns once all parties have called it (as often as this caller has).
+    fn wait(&self) {
+        let generation = self.generation.load(Ordering::Acquire);
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.parties {
+            self.arrived.store(0, Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Release);
+            return;
+        }
+        let mut spins = 0u32;
+        while self.generation.load(Ordering::Acquire) == generation {
+            assert!(
+                !self.broken.load(Ordering::Relaxed),
+                "another part of the structure panicked"
+            );
+            if spins < 1 << 11 {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Breaks the barrier if the thread holding it unwinds.
+    fn guard(&self) -> BarrierGuard<'_> {
+        BarrierGuard(self)
+    }
+}
+
+/// Breaks its barrier when dropped during a panic.
+struct BarrierGuard<'a>(&'a SpinBarrier);
+
+impl Drop for BarrierGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.broken.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The three `[f]` parts of a `[3f]` row (q, μ_R, μ_μ: schnetpack's split order), each of
+/// length exactly `f` (which lets the loops over them drop bounds checks and vectorise).
+#[inline(always)]
+fn thirds<T>(row: &[T], f: usize) -> (&[T], &[T], &[T]) {
+    (&row[..f], &row[f..2 * f], &row[2 * f..3 * f])
+}
+
+/// [`thirds`] of a mutable row.
+#[inline(always)]
+fn thirds_mut<T>(row: &mut [T], f: usize) -> (&mut [T], &mut [T], &mut [T]) {
+    let (first, rest) = row[..3 * f].split_at_mut(f);
+    let (second, third) = rest.split_at_mut(f);
+    (first, second, third)
+}
+
+/// `Σ a b`, in eight independent partial sums (which the compiler keeps in one vector register).
+#[inline(always)]
+fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    let (a8, a_rest) = a.as_chunks::<8>();
+    let (b8, b_rest) = b.as_chunks::<8>();
+    let mut sums = [T::zero(); 8];
+    for (a, b) in a8.iter().zip(b8) {
+        for k in 0..8 {
+            sums[k] = a[k].mul_add(b[k], sums[k]);
+        }
+    }
+    let rest = a_rest
+        .iter()
+        .zip(b_rest)
+        .fold(T::zero(), |s, (&a, &b)| s + a * b);
+    sums.iter().fold(rest, |s, &v| s + v)
+}
+
+#[inline(always)]
+fn sigmoid<T: Real>(z: T) -> T {
+    T::one() / (T::one() + (-z).vexp())
+}
+
+#[inline(always)]
+fn silu<T: Real>(z: &[T]) -> Vec<T> {
+    z.iter().map(|&z| z * sigmoid(z)).collect()
+}
+
+/// `g ⊙ silu'(z)`, in place on `g`.
+#[inline(always)]
+fn silu_backward<T: Real>(g: &mut [T], z: &[T]) {
+    for (g, &z) in g.iter_mut().zip(z) {
+        let s = sigmoid(z);
+        *g = *g * s * (T::one() + z * (T::one() - s));
+    }
+}

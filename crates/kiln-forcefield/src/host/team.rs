@@ -1,0 +1,75 @@
+//! Threads of a [`super::HostPotential`]'s own for the parts of a structure after the first,
+//! which the calling thread runs itself.
+//!
+//! The parts wait for each other by spinning, so they must all run at once: rayon's tasks may
+//! not (a pool busy with other spinning parts would never start the queued ones), and a thread
+//! spawned per call costs 0.2 ms on a VM, as much as a small molecule's whole step. These threads
+//! live as long as the potential, and between jobs poll for the next one a little while before
+//! they sleep, so a trajectory's steps find them awake.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Mutex;
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+
+/// A part's work, run on a helper thread.
+pub(super) type Job = Box<dyn FnOnce() + Send>;
+
+/// Polls for a job this many times before sleeping until one comes.
+const POLLS: u32 = 1 << 12;
+
+/// The helper threads, started when first needed.
+#[derive(Default)]
+pub(super) struct Team {
+    helpers: Mutex<Vec<Sender<Job>>>,
+}
+
+impl Team {
+    /// Runs `job` on helper `index` (started now if it is not yet running).
+    pub(super) fn run(&self, index: usize, mut job: Job) {
+        let mut helpers = self.helpers.lock().unwrap_or_else(|e| e.into_inner());
+        while helpers.len() <= index {
+            let helper = start(helpers.len());
+            helpers.push(helper);
+        }
+        // A helper only stops when its channel closes, so this never repeats; if it did, a
+        // fresh helper takes the job.
+        while let Err(mpsc::SendError(returned)) = helpers[index].send(job) {
+            helpers[index] = start(index);
+            job = returned;
+        }
+    }
+}
+
+/// Helper `index`'s thread, and the channel that feeds it.
+fn start(index: usize) -> Sender<Job> {
+    let (sender, jobs) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(format!("kiln-forcefield part {}", index + 2))
+        .spawn(move || serve(jobs))
+        .expect("a helper thread for the force kernel");
+    sender
+}
+
+/// A helper's loop: each job as it comes (a panic ends the job, not the thread: the job's own
+/// caller sees it as a missing result), until the team is dropped.
+fn serve(jobs: Receiver<Job>) {
+    loop {
+        let mut next = Err(TryRecvError::Empty);
+        for _ in 0..POLLS {
+            next = jobs.try_recv();
+            if !matches!(next, Err(TryRecvError::Empty)) {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let job = match next {
+            Ok(job) => job,
+            Err(TryRecvError::Disconnected) => return,
+            Err(TryRecvError::Empty) => match jobs.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            },
+        };
+        let _ = catch_unwind(AssertUnwindSafe(job));
+    }
+}
