@@ -12,6 +12,7 @@
 
 mod dense;
 mod passes;
+mod tangent;
 mod team;
 
 use std::ops::{AddAssign, SubAssign};
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Element, Tensor};
+use burn::tensor::{Element, Tensor, TensorData};
 use num_traits::Float;
 use rayon::prelude::*;
 
@@ -31,8 +32,9 @@ use crate::config::RadialBasisKind;
 use crate::neighbors::{NeighborList, neighbor_list};
 use crate::painn::{Painn, Predictions, stress};
 use crate::structure::Structure;
-use dense::Dense;
+use dense::{Dense, DenseGradient};
 pub(crate) use passes::parts_for;
+use tangent::TangentInput;
 use team::Team;
 
 /// The float types the host kernel runs in.
@@ -51,6 +53,13 @@ pub(crate) trait Real: Float + Element + AddAssign + SubAssign {
     /// `x · packed (+ bias)` on this thread, for a weight [`Real::packed`] returned.
     fn packed_product(_x: &[Self], _packed: &sgemm::Packed, _bias: Option<&[Self]>) -> Vec<Self> {
         unreachable!("only types that pack weights multiply by packed weights")
+    }
+
+    /// `x · m` for `m` of `width` columns, neither known in advance (a weight's gradient
+    /// `xᵀ g`), on this thread.
+    #[inline(always)]
+    fn product(x: &[Self], m: &[Self], width: usize) -> Vec<Self> {
+        dense::product(x, m, width, None)
     }
 }
 
@@ -79,6 +88,16 @@ impl Real for f32 {
         };
         sgemm::product_on_this_thread(&mut y, x, packed, rows, bias);
         y
+    }
+
+    /// Through [`sgemm`] where the CPU runs it, `m` packed first.
+    #[inline(always)]
+    fn product(x: &[f32], m: &[f32], width: usize) -> Vec<f32> {
+        if !sgemm::supported() {
+            return dense::product(x, m, width, None);
+        }
+        let inputs = m.len() / width;
+        f32::packed_product(x, &sgemm::Packed::new(inputs, &[(m, width)]), None)
     }
 }
 
@@ -119,6 +138,116 @@ pub(crate) fn predict<T: Real, B: Backend>(
             .push(s.volume().map(|volume| stress(&virial, volume)));
     }
     Ok(predictions)
+}
+
+/// What a batch's force-matching loss needs of the parameters' gradient, per structure: `∂ℓ/∂E`
+/// (`energy_seeds`), `∂ℓ/∂F` per atom (`force_gradient`, flat) and the strain tangent
+/// `sym(∂ℓ/∂σ) / V` (`strain_tangent`, 9 per structure, when any structure has a stress term).
+pub(crate) struct LossSeeds<'a> {
+    pub energy_seeds: &'a [f64],
+    pub force_gradient: &'a [f64],
+    pub strain_tangent: Option<&'a [f64]>,
+}
+
+/// `Σ_θ sum(θ ⊙ g_θ)` with `g_θ = ∂ℓ/∂θ` computed on the host in `T` and held constant: a
+/// scalar whose gradient (one `backward()`) is the loss's, every parameter's exactly (see
+/// `tangent.rs`). Structures in parallel, each with its own neighbour list.
+pub(crate) fn loss_surrogate<T: Real, B: Backend>(
+    model: &Painn<B>,
+    structures: &[Structure],
+    seeds: &LossSeeds,
+) -> Result<Tensor<B, 1>, ForceFieldError> {
+    let weights = Weights::<T>::read(model);
+    let config = model.config();
+    let mut first_atom = 0;
+    let inputs: Vec<(usize, &Structure, usize)> = structures
+        .iter()
+        .enumerate()
+        .map(|(index, s)| {
+            first_atom += s.len();
+            (index, s, first_atom - s.len())
+        })
+        .collect();
+    let inputs = inputs
+        .into_par_iter()
+        .map(|(index, s, first_atom)| {
+            let list = neighbor_list(s, config.cutoff)
+                .map_err(|reason| ForceFieldError::Structure { index, reason })?;
+            let u = |atom: usize| -> [f64; 3] {
+                std::array::from_fn(|a| seeds.force_gradient[3 * (first_atom + atom) + a])
+            };
+            let strain = seeds.strain_tangent.map(|t| &t[9 * index..9 * (index + 1)]);
+            let (mut r, mut tangents) = (Vec::new(), Vec::new());
+            for p in 0..list.len() {
+                let (i, j) = (list.i[p] as usize, list.j[p] as usize);
+                let shift = list.shift(p, &s.cell);
+                let vector: [f64; 3] =
+                    std::array::from_fn(|a| s.positions[j][a] - s.positions[i][a] + shift[a]);
+                // The positions move along −u, the cell along the strain tangent.
+                let (ui, uj) = (u(i), u(j));
+                let tangent: [f64; 3] = std::array::from_fn(|b| {
+                    ui[b] - uj[b]
+                        + strain.map_or(0.0, |e| (0..3).map(|a| vector[a] * e[3 * a + b]).sum())
+                });
+                r.push(vector.map(|v| T::from(v).unwrap()));
+                tangents.push(tangent.map(|v| T::from(v).unwrap()));
+            }
+            Ok(TangentInput {
+                numbers: s.numbers.clone(),
+                pairs: Pairs {
+                    i: list.i.iter().map(|&i| i as usize).collect(),
+                    j: list.j.iter().map(|&j| j as usize).collect(),
+                    r,
+                },
+                tangents,
+                energy_seed: T::from(seeds.energy_seeds[index]).unwrap(),
+            })
+        })
+        .collect::<Result<Vec<_>, ForceFieldError>>()?;
+    let gradients = weights.tangent_gradients(pulp::Arch::new(), &inputs);
+
+    let r = &model.representation;
+    let mut total = Vec::new();
+    let mut term = |param: Tensor<B, 2>, values: &[T]| {
+        let gradient = Tensor::from_data(
+            TensorData::new(values.to_vec(), param.dims()),
+            (&param.device(), param.dtype()),
+        );
+        total.push((param * gradient).sum());
+    };
+    let mut layer = |linear: &Linear<B>, gradient: &DenseGradient<T>| {
+        term(linear.weight.val(), &gradient.w);
+        if let (Some(bias), Some(values)) = (&linear.bias, &gradient.b) {
+            term(bias.val().unsqueeze(), values);
+        }
+    };
+    for (t, block) in gradients.blocks.iter().enumerate() {
+        let [c0, c1, m0, m1, cm] = block;
+        let (interaction, mixing) = (&r.interactions[t], &r.mixing[t]);
+        layer(&interaction.interatomic_context_net[0], c0);
+        layer(&interaction.interatomic_context_net[1], c1);
+        layer(&mixing.intraatomic_context_net[0], m0);
+        layer(&mixing.intraatomic_context_net[1], m1);
+        layer(&mixing.mu_channel_mix, cm);
+    }
+    for (linear, gradient) in model.output_modules[0]
+        .outnet
+        .iter()
+        .zip(&gradients.readout)
+    {
+        layer(linear, gradient);
+    }
+    // The filter network's `[W; b]`: the bias is its last row.
+    let filter_weight = r.filter_net.weight.val();
+    let split = filter_weight.dims().iter().product::<usize>();
+    let (w, b) = gradients.filter.split_at(split);
+    let filter = DenseGradient {
+        w: w.to_vec(),
+        b: r.filter_net.bias.as_ref().map(|_| b.to_vec()),
+    };
+    layer(&r.filter_net, &filter);
+    term(r.embedding.weight.val(), &gradients.embedding);
+    Ok(Tensor::cat(total, 0).sum())
 }
 
 /// A model's weights read once into host memory in `T`, for repeated evaluations (molecular

@@ -11,15 +11,19 @@
 //!
 //! where `Ė` is the derivative of the total energy along the tangent `−u` on the positions and
 //! `sym(v_s) / V_s` on each cell's strain. kiln computes the forces first (the fused host kernel
-//! on CPU, `predict_tensors` elsewhere), forms `u` and `v` on the host, then runs one forward
-//! pass carrying that tangent (`dual.rs`: PaiNN's operations and their derivatives, written as
-//! tensor operations) and one ordinary reverse pass through it.
+//! on CPU, `predict_tensors` elsewhere) and forms `u` and `v` on the host. On the CPU backends
+//! the host kernel then runs PaiNN's forward pass carrying that tangent and its reverse pass by
+//! hand (`host/tangent.rs`), structures in parallel; elsewhere one forward pass carries it as
+//! tensor operations (`dual.rs`: PaiNN's operations and their derivatives) and burn's ordinary
+//! reverse pass goes through it.
 
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
+use kiln_precision::is_host_backend;
 use serde::{Deserialize, Serialize};
 
 use crate::ForceFieldError;
+use crate::host::{self, LossSeeds};
 use crate::labels::Labels;
 use crate::painn::{Painn, Predictions, Tangent};
 use crate::structure::Structure;
@@ -96,7 +100,10 @@ struct HostTerms {
 impl<B: AutodiffBackend> Painn<B> {
     /// The loss of `structures` against their `labels` (one each, in order) under `weights`,
     /// as one tensor to call `backward()` on. Errors name the structure (1-based) whose labels
-    /// do not fit it.
+    /// do not fit it. On the CPU backends (Flex, NdArray) with f32 or f64 parameters the
+    /// gradient comes from the host kernel (`host/tangent.rs`: the tangent pass and its reverse
+    /// by hand, structures in parallel); elsewhere this is
+    /// [`force_loss_tensors`](Self::force_loss_tensors). Both compute the same gradient.
     pub fn force_loss(
         &self,
         structures: &[Structure],
@@ -104,9 +111,65 @@ impl<B: AutodiffBackend> Painn<B> {
         weights: &LossWeights,
         device: &B::Device,
     ) -> Result<ForceLoss<B>, ForceFieldError> {
+        let (predicted, terms) = self.loss_terms(structures, labels, weights, device)?;
+        let Some(surrogate) =
+            self.host_surrogate(structures, labels, weights, &predicted, &terms, device)?
+        else {
+            return self.tensor_loss(structures, labels, weights, &terms, device);
+        };
+        let dtype = surrogate.dtype();
+        let scalar = |value: f64| {
+            Tensor::<B, 1>::from_data(TensorData::new(vec![value], [1]), (device, dtype))
+        };
+        // θ·g − (θ·g).detach(): zero in value, the loss's gradient in backward.
+        let loss = surrogate.clone() - surrogate.detach() + scalar(weighted(weights, &terms));
+        Ok(ForceLoss {
+            loss,
+            energy_mse: scalar(terms.energy_mse),
+            force_mse: scalar(terms.force_mse),
+            cosine_distance: scalar(terms.cosine_distance),
+            stress_mse: scalar(terms.stress_mse),
+        })
+    }
+
+    /// [`force_loss`](Self::force_loss) through tensor operations on the device: the forces
+    /// from [`predict`](Self::predict), then one forward pass of PaiNN carrying the tangent
+    /// (`dual.rs`) and burn's reverse pass through it. Any backend, any dtype.
+    pub fn force_loss_tensors(
+        &self,
+        structures: &[Structure],
+        labels: &[Labels],
+        weights: &LossWeights,
+        device: &B::Device,
+    ) -> Result<ForceLoss<B>, ForceFieldError> {
+        let (_, terms) = self.loss_terms(structures, labels, weights, device)?;
+        self.tensor_loss(structures, labels, weights, &terms, device)
+    }
+
+    /// The labels checked, the predictions and the loss's terms with their force and stress
+    /// gradients.
+    fn loss_terms(
+        &self,
+        structures: &[Structure],
+        labels: &[Labels],
+        weights: &LossWeights,
+        device: &B::Device,
+    ) -> Result<(Predictions, HostTerms), ForceFieldError> {
         check_labels(structures, labels, weights)?;
         let predicted = self.predict(structures, device)?;
         let terms = host_terms(structures, labels, weights, &predicted);
+        Ok((predicted, terms))
+    }
+
+    /// The tangent pass and its loss as tensors (see `force_loss_tensors`).
+    fn tensor_loss(
+        &self,
+        structures: &[Structure],
+        labels: &[Labels],
+        weights: &LossWeights,
+        terms: &HostTerms,
+        device: &B::Device,
+    ) -> Result<ForceLoss<B>, ForceFieldError> {
         let graph = self.graph(structures, device)?;
         let dtype = graph.positions.dtype();
         let atoms = terms.force_gradient.len() / 3;
@@ -118,7 +181,7 @@ impl<B: AutodiffBackend> Painn<B> {
                 ),
                 (device, dtype),
             ),
-            strain: terms.strain_tangent.map(|values| {
+            strain: terms.strain_tangent.clone().map(|values| {
                 Tensor::<B, 3>::from_data(
                     TensorData::new(values, [structures.len(), 3, 3]),
                     (device, dtype),
@@ -135,9 +198,7 @@ impl<B: AutodiffBackend> Painn<B> {
         let scalar = |value: f64| {
             Tensor::<B, 1>::from_data(TensorData::new(vec![value], [1]), (device, dtype))
         };
-        let host_loss = weights.forces * terms.force_mse
-            + weights.cosine * terms.cosine_distance
-            + weights.stress * terms.stress_mse;
+        let host_loss = force_terms(weights, terms);
         // Ė − Ė.detach(): zero in value, the force and stress terms' gradient in backward.
         let loss = energy_mse.clone() * weights.energy + along_tangent.clone()
             - along_tangent.detach()
@@ -150,6 +211,53 @@ impl<B: AutodiffBackend> Painn<B> {
             stress_mse: scalar(terms.stress_mse),
         })
     }
+}
+
+impl<B: AutodiffBackend> Painn<B> {
+    /// On the CPU backends with f32 or f64 parameters, `Σ_θ θ · ∂ℓ/∂θ` with the gradient
+    /// computed by the host kernel (`host/tangent.rs`) and held constant; elsewhere `None`.
+    fn host_surrogate(
+        &self,
+        structures: &[Structure],
+        labels: &[Labels],
+        weights: &LossWeights,
+        predicted: &Predictions,
+        terms: &HostTerms,
+        device: &B::Device,
+    ) -> Result<Option<Tensor<B, 1>>, ForceFieldError> {
+        if !is_host_backend::<B>(device) {
+            return Ok(None);
+        }
+        // ∂(w_E MSE(E))/∂E_s.
+        let energy_seeds: Vec<f64> = predicted
+            .energies
+            .iter()
+            .zip(labels)
+            .map(|(e, l)| weights.energy * 2.0 * (e - l.energy) / labels.len() as f64)
+            .collect();
+        let seeds = LossSeeds {
+            energy_seeds: &energy_seeds,
+            force_gradient: &terms.force_gradient,
+            strain_tangent: terms.strain_tangent.as_deref(),
+        };
+        Ok(match self.representation.filter_net.weight.val().dtype() {
+            DType::F32 => Some(host::loss_surrogate::<f32, B>(self, structures, &seeds)?),
+            DType::F64 => Some(host::loss_surrogate::<f64, B>(self, structures, &seeds)?),
+            _ => None,
+        })
+    }
+}
+
+/// The weighted loss `w_E MSE(E) + w_F MSE(F) + w_C mean(1 − cos) + w_S MSE(σ)` of `terms`.
+fn weighted(weights: &LossWeights, terms: &HostTerms) -> f64 {
+    weights.energy * terms.energy_mse + force_terms(weights, terms)
+}
+
+/// The weighted loss's force and stress terms.
+fn force_terms(weights: &LossWeights, terms: &HostTerms) -> f64 {
+    weights.forces * terms.force_mse
+        + weights.cosine * terms.cosine_distance
+        + weights.stress * terms.stress_mse
 }
 
 /// One label per structure, forces for every atom, stress where the weights need it.
@@ -216,11 +324,10 @@ pub(crate) fn loss_value(
     predicted: &Predictions,
 ) -> Result<f64, ForceFieldError> {
     check_labels(structures, labels, weights)?;
-    let terms = host_terms(structures, labels, weights, predicted);
-    Ok(weights.energy * terms.energy_mse
-        + weights.forces * terms.force_mse
-        + weights.cosine * terms.cosine_distance
-        + weights.stress * terms.stress_mse)
+    Ok(weighted(
+        weights,
+        &host_terms(structures, labels, weights, predicted),
+    ))
 }
 
 /// The loss's terms from predicted energies, forces and stresses, with the force and stress

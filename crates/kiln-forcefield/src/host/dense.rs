@@ -54,6 +54,53 @@ impl<T: Real> Dense<T> {
         }
     }
 
+    /// `x W` without the bias: the layer's derivative along a tangent `x`.
+    #[inline(always)]
+    pub(super) fn linear(&self, x: &[T]) -> Vec<T> {
+        match &self.packed {
+            Some([w, _]) => T::packed_product(x, w, None),
+            None => product(x, &self.w, self.outputs, None),
+        }
+    }
+
+    /// A zero gradient of this layer's parameters.
+    pub(super) fn zero_gradient(&self) -> DenseGradient<T> {
+        DenseGradient {
+            w: vec![T::zero(); self.w.len()],
+            b: self.b.as_ref().map(|b| vec![T::zero(); b.len()]),
+        }
+    }
+
+    /// Adds to `gradient` the parameters' gradient for inputs `x` and output gradient `g` (rows
+    /// of both): `xᵀ g` for `W`, the column sums of `g` for `b` (with `bias`).
+    #[inline(always)]
+    pub(super) fn add_gradient(
+        &self,
+        gradient: &mut DenseGradient<T>,
+        x: &[T],
+        g: &[T],
+        bias: bool,
+    ) {
+        let inputs = self.w.len() / self.outputs;
+        let rows = x.len() / inputs.max(1);
+        if rows == 0 {
+            return;
+        }
+        let mut xt = vec![T::zero(); x.len()];
+        for r in 0..rows {
+            for i in 0..inputs {
+                xt[i * rows + r] = x[r * inputs + i];
+            }
+        }
+        let w = T::product(&xt, g, self.outputs);
+        gradient.w.iter_mut().zip(&w).for_each(|(a, &b)| *a += b);
+        if let (true, Some(b)) = (bias, &mut gradient.b) {
+            for row in g.chunks_exact(self.outputs) {
+                b.iter_mut().zip(row).for_each(|(a, &g)| *a += g);
+            }
+        }
+    }
+
     /// `g Wᵀ`: the gradient with respect to the input from the gradient `g` of the output.
     #[inline(always)]
     pub(super) fn backward(&self, g: &[T]) -> Vec<T> {
@@ -64,12 +111,28 @@ impl<T: Real> Dense<T> {
     }
 }
 
+/// The gradient of a [`Dense`] layer's weight `[inputs, outputs]` and bias.
+pub(super) struct DenseGradient<T> {
+    pub(super) w: Vec<T>,
+    pub(super) b: Option<Vec<T>>,
+}
+
+impl<T: Real> DenseGradient<T> {
+    /// `self += other`.
+    pub(super) fn add(&mut self, other: &DenseGradient<T>) {
+        self.w.iter_mut().zip(&other.w).for_each(|(a, &b)| *a += b);
+        if let (Some(a), Some(b)) = (&mut self.b, &other.b) {
+            a.iter_mut().zip(b).for_each(|(a, &b)| *a += b);
+        }
+    }
+}
+
 /// `x M (+ bias)` with `M` row-major of `width` columns. Blocks of 4 rows × 16 columns are
 /// accumulated in registers over the whole inner dimension (each row of `M` loaded once per 4
 /// rows of `x`); the rows and columns left over go row by row, each output row a sum of `M`'s
 /// rows scaled by the input row.
 #[inline(always)]
-fn product<T: Real>(x: &[T], m: &[T], width: usize, bias: Option<&[T]>) -> Vec<T> {
+pub(super) fn product<T: Real>(x: &[T], m: &[T], width: usize, bias: Option<&[T]>) -> Vec<T> {
     const ROWS: usize = 4;
     const COLUMNS: usize = 16;
     let inputs = m.len() / width;

@@ -714,13 +714,13 @@ impl Drop for BarrierGuard<'_> {
 /// The three `[f]` parts of a `[3f]` row (q, μ_R, μ_μ: schnetpack's split order), each of
 /// length exactly `f` (which lets the loops over them drop bounds checks and vectorise).
 #[inline(always)]
-fn thirds<T>(row: &[T], f: usize) -> (&[T], &[T], &[T]) {
+pub(super) fn thirds<T>(row: &[T], f: usize) -> (&[T], &[T], &[T]) {
     (&row[..f], &row[f..2 * f], &row[2 * f..3 * f])
 }
 
 /// [`thirds`] of a mutable row.
 #[inline(always)]
-fn thirds_mut<T>(row: &mut [T], f: usize) -> (&mut [T], &mut [T], &mut [T]) {
+pub(super) fn thirds_mut<T>(row: &mut [T], f: usize) -> (&mut [T], &mut [T], &mut [T]) {
     let (first, rest) = row[..3 * f].split_at_mut(f);
     let (second, third) = rest.split_at_mut(f);
     (first, second, third)
@@ -728,7 +728,7 @@ fn thirds_mut<T>(row: &mut [T], f: usize) -> (&mut [T], &mut [T], &mut [T]) {
 
 /// `Σ a b`, in eight independent partial sums (which the compiler keeps in one vector register).
 #[inline(always)]
-fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+pub(super) fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     let (a8, a_rest) = a.as_chunks::<8>();
     let (b8, b_rest) = b.as_chunks::<8>();
     let mut sums = [T::zero(); 8];
@@ -745,18 +745,18 @@ fn dot<T: Real>(a: &[T], b: &[T]) -> T {
 }
 
 #[inline(always)]
-fn sigmoid<T: Real>(z: T) -> T {
+pub(super) fn sigmoid<T: Real>(z: T) -> T {
     T::one() / (T::one() + (-z).vexp())
 }
 
 #[inline(always)]
-fn silu<T: Real>(z: &[T]) -> Vec<T> {
+pub(super) fn silu<T: Real>(z: &[T]) -> Vec<T> {
     z.iter().map(|&z| z * sigmoid(z)).collect()
 }
 
 /// `g ⊙ silu'(z)`, in place on `g`.
 #[inline(always)]
-fn silu_backward<T: Real>(g: &mut [T], z: &[T]) {
+pub(super) fn silu_backward<T: Real>(g: &mut [T], z: &[T]) {
     for (g, &z) in g.iter_mut().zip(z) {
         let s = sigmoid(z);
         *g = *g * s * (T::one() + z * (T::one() - s));
