@@ -12,6 +12,7 @@
 
 mod dense;
 mod passes;
+mod rows;
 mod tangent;
 mod team;
 

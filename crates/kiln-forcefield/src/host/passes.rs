@@ -16,10 +16,10 @@
 //! to wake, which made two parts no faster than one.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
 
-use super::team::Team;
+use super::rows::{dot, mul_add, product_of, scaled_add, silu, silu_backward, thirds, thirds_mut};
+use super::team::{SpinBarrier, Team};
 use super::{Pairs, Real, Weights};
 use crate::painn::EPSILON;
 
@@ -306,20 +306,20 @@ impl<T: Real> Weights<T> {
     #[inline(always)]
     fn interaction(&self, t: usize, part: &mut Part<T>, pairs: &Pairs<T>, block: &Published<T>) {
         let (f, width, start) = (self.f, self.filter.outputs, self.filter_start(t));
+        // Per pair: w_r ⊙ x_r and w_m ⊙ x_m.
+        let mut message = vec![T::zero(); 2 * f];
         for (local, p) in part.pairs.clone().enumerate() {
             let (i, j) = (pairs.i[p] - part.atoms.start, pairs.j[p]);
             let (wq, wr, wm) = thirds(&part.filters[local * width + start..], f);
             let (xq, xr, xm) = thirds(&block.x[3 * f * j..], f);
-            for ((q, &w), &x) in part.q[i * f..(i + 1) * f].iter_mut().zip(wq).zip(xq) {
-                *q += w * x;
-            }
+            mul_add(&mut part.q[i * f..][..f], wq, xq);
+            let (radial, along) = message.split_at_mut(f);
+            product_of(radial, wr, xr);
+            product_of(along, wm, xm);
             for a in 0..3 {
-                let ua = part.u[local][a];
-                let from = &block.mu[(3 * j + a) * f..(3 * j + a + 1) * f];
-                let out = &mut part.mu[(3 * i + a) * f..(3 * i + a + 1) * f];
-                for k in 0..f {
-                    out[k] += wr[k] * xr[k] * ua + wm[k] * xm[k] * from[k];
-                }
+                let out = &mut part.mu[(3 * i + a) * f..][..f];
+                scaled_add(out, radial, part.u[local][a]);
+                mul_add(out, along, &block.mu[(3 * j + a) * f..][..f]);
             }
         }
     }
@@ -468,8 +468,9 @@ impl<T: Real> Weights<T> {
         let (f, width, start) = (self.f, self.filter.outputs, self.filter_start(t));
         part.gx_sent = vec![T::zero(); block.x.len()];
         part.gmu_sent = vec![T::zero(); block.mu.len()];
-        let (mut along, mut with_mu, mut radial) =
-            (vec![T::zero(); f], vec![T::zero(); f], vec![T::zero(); f]);
+        // Per pair: w_r ⊙ x_r, w_m ⊙ x_m, and Σ over axes of ∂E/∂μ_i times û (for μ_R) and
+        // times μ_j (for μ_μ).
+        let mut sums = vec![T::zero(); 4 * f];
         for (local, p) in part.pairs.clone().enumerate() {
             let (i, j) = (pairs.i[p] - part.atoms.start, pairs.j[p]);
             let row = local * width + start;
@@ -477,34 +478,27 @@ impl<T: Real> Weights<T> {
             let (xq, xr, xm) = thirds(&block.x[3 * f * j..], f);
             let (gxq, gxr, gxm) = thirds_mut(&mut part.gx_sent[3 * f * j..], f);
             let (gwq, gwr, gwm) = thirds_mut(&mut part.gfilters[row..], f);
-            let gqi = &part.gq[i * f..(i + 1) * f];
-            let (radial, along, with_mu) = (&mut radial[..f], &mut along[..f], &mut with_mu[..f]);
-            for k in 0..f {
-                gwq[k] += gqi[k] * xq[k];
-                gxq[k] += gqi[k] * wq[k];
-                radial[k] = wr[k] * xr[k];
-            }
-            // Σ over axes of ∂E/∂μ_i times û (for μ_R) and times μ_j (for μ_μ).
+            let gqi = &part.gq[i * f..][..f];
+            mul_add(gwq, gqi, xq);
+            mul_add(gxq, gqi, wq);
+            let (products, axes) = sums.split_at_mut(2 * f);
+            let (radial, along_m) = products.split_at_mut(f);
+            let (along, with_mu) = axes.split_at_mut(f);
+            product_of(radial, wr, xr);
+            product_of(along_m, wm, xm);
             along.fill(T::zero());
             with_mu.fill(T::zero());
             for a in 0..3 {
-                let ua = part.u[local][a];
-                let gm = &part.gmu[(3 * i + a) * f..(3 * i + a + 1) * f];
-                let mu_j = &block.mu[(3 * j + a) * f..(3 * j + a + 1) * f];
-                let gmu_j = &mut part.gmu_sent[(3 * j + a) * f..(3 * j + a + 1) * f];
-                for k in 0..f {
-                    along[k] += gm[k] * ua;
-                    with_mu[k] += gm[k] * mu_j[k];
-                    gmu_j[k] += gm[k] * wm[k] * xm[k];
-                }
+                let gm = &part.gmu[(3 * i + a) * f..][..f];
+                scaled_add(along, gm, part.u[local][a]);
+                mul_add(with_mu, gm, &block.mu[(3 * j + a) * f..][..f]);
+                mul_add(&mut part.gmu_sent[(3 * j + a) * f..][..f], gm, along_m);
                 part.gu[local][a] += dot(gm, radial);
             }
-            for k in 0..f {
-                gwr[k] += along[k] * xr[k];
-                gxr[k] += along[k] * wr[k];
-                gwm[k] += with_mu[k] * xm[k];
-                gxm[k] += with_mu[k] * wm[k];
-            }
+            mul_add(gwr, along, xr);
+            mul_add(gxr, along, wr);
+            mul_add(gwm, with_mu, xm);
+            mul_add(gxm, with_mu, wm);
         }
     }
 
@@ -649,116 +643,5 @@ impl<T: Real> Exchange<T> {
 fn set<T>(slot: &OnceLock<T>, value: T) {
     if slot.set(value).is_err() {
         unreachable!("each part publishes into its own slot once");
-    }
-}
-
-/// A barrier whose waiters spin (yielding after a while, for oversubscribed machines) rather than
-/// sleep. A part that panics breaks it, and the others panic rather than wait forever.
-struct SpinBarrier {
-    parties: usize,
-    arrived: AtomicUsize,
-    generation: AtomicUsize,
-    broken: AtomicBool,
-}
-
-impl SpinBarrier {
-    fn new(parties: usize) -> Self {
-        SpinBarrier {
-            parties,
-            arrived: AtomicUsize::new(0),
-            generation: AtomicUsize::new(0),
-            broken: AtomicBool::new(false),
-        }
-    }
-
-    /// Returns once all parties have called it (as often as this caller has).
-    fn wait(&self) {
-        let generation = self.generation.load(Ordering::Acquire);
-        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.parties {
-            self.arrived.store(0, Ordering::Relaxed);
-            self.generation.fetch_add(1, Ordering::Release);
-            return;
-        }
-        let mut spins = 0u32;
-        while self.generation.load(Ordering::Acquire) == generation {
-            assert!(
-                !self.broken.load(Ordering::Relaxed),
-                "another part of the structure panicked"
-            );
-            if spins < 1 << 11 {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-    }
-
-    /// Breaks the barrier if the thread holding it unwinds.
-    fn guard(&self) -> BarrierGuard<'_> {
-        BarrierGuard(self)
-    }
-}
-
-/// Breaks its barrier when dropped during a panic.
-struct BarrierGuard<'a>(&'a SpinBarrier);
-
-impl Drop for BarrierGuard<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0.broken.store(true, Ordering::Relaxed);
-        }
-    }
-}
-
-/// The three `[f]` parts of a `[3f]` row (q, μ_R, μ_μ: schnetpack's split order), each of
-/// length exactly `f` (which lets the loops over them drop bounds checks and vectorise).
-#[inline(always)]
-pub(super) fn thirds<T>(row: &[T], f: usize) -> (&[T], &[T], &[T]) {
-    (&row[..f], &row[f..2 * f], &row[2 * f..3 * f])
-}
-
-/// [`thirds`] of a mutable row.
-#[inline(always)]
-pub(super) fn thirds_mut<T>(row: &mut [T], f: usize) -> (&mut [T], &mut [T], &mut [T]) {
-    let (first, rest) = row[..3 * f].split_at_mut(f);
-    let (second, third) = rest.split_at_mut(f);
-    (first, second, third)
-}
-
-/// `Σ a b`, in eight independent partial sums (which the compiler keeps in one vector register).
-#[inline(always)]
-pub(super) fn dot<T: Real>(a: &[T], b: &[T]) -> T {
-    let (a8, a_rest) = a.as_chunks::<8>();
-    let (b8, b_rest) = b.as_chunks::<8>();
-    let mut sums = [T::zero(); 8];
-    for (a, b) in a8.iter().zip(b8) {
-        for k in 0..8 {
-            sums[k] = a[k].mul_add(b[k], sums[k]);
-        }
-    }
-    let rest = a_rest
-        .iter()
-        .zip(b_rest)
-        .fold(T::zero(), |s, (&a, &b)| s + a * b);
-    sums.iter().fold(rest, |s, &v| s + v)
-}
-
-#[inline(always)]
-pub(super) fn sigmoid<T: Real>(z: T) -> T {
-    T::one() / (T::one() + (-z).vexp())
-}
-
-#[inline(always)]
-pub(super) fn silu<T: Real>(z: &[T]) -> Vec<T> {
-    z.iter().map(|&z| z * sigmoid(z)).collect()
-}
-
-/// `g ⊙ silu'(z)`, in place on `g`.
-#[inline(always)]
-pub(super) fn silu_backward<T: Real>(g: &mut [T], z: &[T]) {
-    for (g, &z) in g.iter_mut().zip(z) {
-        let s = sigmoid(z);
-        *g = *g * s * (T::one() + z * (T::one() - s));
     }
 }

@@ -12,7 +12,9 @@
 use rayon::prelude::*;
 
 use super::dense::{Dense, DenseGradient};
-use super::passes::{sigmoid, silu, thirds, thirds_mut};
+use super::rows::{
+    add, mul_add, mul_add2, product_of, scaled_add, sigmoid, silu, thirds, thirds_mut,
+};
 use super::{Pairs, Real, Weights};
 use crate::painn::EPSILON;
 
@@ -504,48 +506,6 @@ impl<T: Real> pulp::WithSimd for TangentOp<'_, T> {
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) -> Self::Output {
         self.weights.structure_tangent(self.s)
-    }
-}
-
-/// `a += b`.
-#[inline(always)]
-fn add<T: Real>(a: &mut [T], b: &[T]) {
-    a.iter_mut().zip(b).for_each(|(a, &b)| *a += b);
-}
-
-// The pair loops' element-wise steps, each a function of its own: its `&mut` output cannot alias
-// its inputs, which lets the compiler vectorise the loop (written inline, with a dozen rows of
-// different buffers, it stayed scalar).
-
-/// `out = a ⊙ b`.
-#[inline(always)]
-fn product_of<T: Real>(out: &mut [T], a: &[T], b: &[T]) {
-    for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
-        *o = a * b;
-    }
-}
-
-/// `out += a ⊙ b`.
-#[inline(always)]
-fn mul_add<T: Real>(out: &mut [T], a: &[T], b: &[T]) {
-    for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
-        *o += a * b;
-    }
-}
-
-/// `out += a ⊙ b + c ⊙ d`.
-#[inline(always)]
-fn mul_add2<T: Real>(out: &mut [T], a: &[T], b: &[T], c: &[T], d: &[T]) {
-    for ((((o, &a), &b), &c), &d) in out.iter_mut().zip(a).zip(b).zip(c).zip(d) {
-        *o += a * b + c * d;
-    }
-}
-
-/// `out += s a`.
-#[inline(always)]
-fn scaled_add<T: Real>(out: &mut [T], a: &[T], s: T) {
-    for (o, &a) in out.iter_mut().zip(a) {
-        *o += s * a;
     }
 }
 

@@ -1,5 +1,5 @@
 //! Threads of a [`super::HostPotential`]'s own for the parts of a structure after the first,
-//! which the calling thread runs itself.
+//! which the calling thread runs itself, and the barrier at which the parts wait for each other.
 //!
 //! The parts wait for each other by spinning, so they must all run at once: rayon's tasks may
 //! not (a pool busy with other spinning parts would never start the queued ones), and a thread
@@ -9,6 +9,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 
 /// A part's work, run on a helper thread.
@@ -71,5 +72,64 @@ fn serve(jobs: Receiver<Job>) {
             },
         };
         let _ = catch_unwind(AssertUnwindSafe(job));
+    }
+}
+
+/// A barrier whose waiters spin (yielding after a while, for oversubscribed machines) rather than
+/// sleep. A part that panics breaks it, and the others panic rather than wait forever.
+pub(super) struct SpinBarrier {
+    parties: usize,
+    arrived: AtomicUsize,
+    generation: AtomicUsize,
+    broken: AtomicBool,
+}
+
+impl SpinBarrier {
+    pub(super) fn new(parties: usize) -> Self {
+        SpinBarrier {
+            parties,
+            arrived: AtomicUsize::new(0),
+            generation: AtomicUsize::new(0),
+            broken: AtomicBool::new(false),
+        }
+    }
+
+    /// Returns once all parties have called it (as often as this caller has).
+    pub(super) fn wait(&self) {
+        let generation = self.generation.load(Ordering::Acquire);
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.parties {
+            self.arrived.store(0, Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Release);
+            return;
+        }
+        let mut spins = 0u32;
+        while self.generation.load(Ordering::Acquire) == generation {
+            assert!(
+                !self.broken.load(Ordering::Relaxed),
+                "another part of the structure panicked"
+            );
+            if spins < 1 << 11 {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Breaks the barrier if the thread holding it unwinds.
+    pub(super) fn guard(&self) -> BarrierGuard<'_> {
+        BarrierGuard(self)
+    }
+}
+
+/// Breaks its barrier when dropped during a panic.
+pub(super) struct BarrierGuard<'a>(&'a SpinBarrier);
+
+impl Drop for BarrierGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.broken.store(true, Ordering::Relaxed);
+        }
     }
 }
