@@ -259,7 +259,9 @@ pub fn attention(
                         // This tile's first element in the image's `[heads, q, kv]` mask.
                         let start = (head * q_tokens + first) * kv_tokens;
                         let hashed = match mask {
-                            Some(ProbsDropout::Hashed(mask)) => Some(mask.row(image, start as u32)),
+                            Some(ProbsDropout::Hashed(mask)) => {
+                                Some(mask.row(image, start..start + rows * kv_tokens))
+                            }
                             _ => None,
                         };
                         pulp::Arch::new().dispatch(SoftmaxRows {

@@ -11,6 +11,7 @@
 
 use std::cell::Cell;
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
 
 use burn::nn::LayerNorm;
@@ -238,13 +239,19 @@ impl HashedMask {
         }
     }
 
-    /// Batch row `row`'s mask from its element `first` on.
-    pub fn row(&self, row: usize, first: u32) -> RowMask {
+    /// Batch row `row`'s mask over its elements `elements`. Element indices are 32-bit: a
+    /// stretch reaching element 2³² is refused (a row of 16 GB of f32).
+    pub fn row(&self, row: usize, elements: Range<usize>) -> RowMask {
+        assert!(
+            u32::try_from(elements.end).is_ok(),
+            "a dropout mask row of {} elements: element indices are 32-bit",
+            elements.end
+        );
         RowMask {
             words: self.words[row],
             threshold: self.threshold,
             kept: self.kept,
-            first,
+            first: elements.start as u32,
         }
     }
 }
@@ -542,10 +549,6 @@ impl Pass {
 fn dropout_mask<const D: usize>(mask: &HashedMask, dims: [usize; D]) -> TensorData {
     const CHUNK: usize = 1 << 14;
     let per_row: usize = dims[1..].iter().product();
-    assert!(
-        u32::try_from(per_row).is_ok(),
-        "a dropout mask row of {per_row} elements: element indices are 32-bit"
-    );
     let mut values = vec![0f32; per_row * dims[0]];
     values
         .par_chunks_mut(per_row.max(1))
@@ -555,7 +558,8 @@ fn dropout_mask<const D: usize>(mask: &HashedMask, dims: [usize; D]) -> TensorDa
                 .par_chunks_mut(CHUNK)
                 .enumerate()
                 .for_each(|(chunk, values)| {
-                    let stretch = mask.row(row, (chunk * CHUNK) as u32);
+                    let first = chunk * CHUNK;
+                    let stretch = mask.row(row, first..first + values.len());
                     for (offset, value) in values.iter_mut().enumerate() {
                         *value = stretch.factor(offset);
                     }
