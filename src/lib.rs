@@ -18,9 +18,14 @@
 //!   runner, f64 statistics, resumable and shardable experiments.
 //! - [`precision`]: run-time device selection ([`precision::DeviceSpec`]) and mixed-precision
 //!   policy ([`precision::PolicySpec`], [`precision::LossScale`]).
+//! - [`text`]: Llama-family language models (Llama, Qwen2) loaded from Hugging Face checkpoints,
+//!   matching transformers, with a key/value cache for incremental decoding.
 //! - [`train`]: the training loop (AdamW parameter groups, schedules in optimizer steps,
 //!   global-norm clipping, accumulation, loss scaling, evaluation, bit-exact resume,
 //!   data-parallel with the `collective` feature).
+//! - [`transformer`]: the transformer machinery the model crates share — projections with fused
+//!   epilogues, host attention and activation kernels, prepared weights, precision-policy passes
+//!   and counter-based Monte-Carlo dropout.
 //! - [`vision`]: CLIP, SigLIP / SigLIP2 and DINOv2 vision towers loaded from Hugging Face
 //!   checkpoints, matching transformers, with precision policies and Monte-Carlo dropout.
 //!
@@ -48,6 +53,8 @@ pub use kiln_io as io;
 pub use kiln_kernels as kernels;
 pub use kiln_mc as mc;
 pub use kiln_precision as precision;
+pub use kiln_text as text;
 pub use kiln_train as train;
+pub use kiln_transformer as transformer;
 pub use kiln_vision as vision;
 pub use logging::{exit_status, log_to_stderr};

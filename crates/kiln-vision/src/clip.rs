@@ -9,13 +9,14 @@ use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, L
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
+use crate::TowerSettings;
 use crate::VisionError;
 use crate::config::ClipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape};
-use crate::pass::{Draw, Pass, TowerSettings};
 use crate::patches::{check_pixels, learned_positions, patch_tokens};
-use crate::prepared::PreparedWeights;
 use crate::tower::{Tower, in_compute_dtype};
+use kiln_transformer::PreparedWeights;
+use kiln_transformer::{Draw, Pass};
 
 /// Patch, class and position embeddings (`vision_model.embeddings`).
 #[derive(Module, Debug)]

@@ -22,20 +22,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::VisionError;
-
-/// The activation of the encoder MLPs (transformers' `hidden_act`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum Activation {
-    /// `x · σ(1.702 x)` (OpenAI CLIP).
-    #[serde(rename = "quick_gelu")]
-    QuickGelu,
-    /// The tanh approximation of GELU (SigLIP).
-    #[serde(rename = "gelu_pytorch_tanh", alias = "gelu_new", alias = "gelu_fast")]
-    GeluTanh,
-    /// Exact GELU, `x · Φ(x)` (DINOv2).
-    #[serde(rename = "gelu")]
-    Gelu,
-}
+use kiln_transformer::Activation;
+use kiln_transformer::checkpoint::read_config;
 
 /// CLIP's vision tower and its projection (transformers `CLIPVisionConfig`; the projection width
 /// of a full `CLIPModel` is its top-level `projection_dim`).
@@ -287,14 +275,7 @@ pub const MODEL_TYPES: [&str; 5] = [
 impl VisionConfig {
     /// Reads a model directory's `config.json` (or the file itself).
     pub fn from_hf_config(path: impl AsRef<Path>) -> Result<Self, VisionError> {
-        let path = path.as_ref();
-        let file = if path.is_dir() {
-            path.join("config.json")
-        } else {
-            path.to_path_buf()
-        };
-        let json = std::fs::read_to_string(&file)
-            .map_err(|e| VisionError::Config(format!("{}: {e}", file.display())))?;
+        let (file, json) = read_config(path.as_ref()).map_err(|e| VisionError::Config(e.0))?;
         Self::from_hf_json(&json)
             .map_err(|e| VisionError::Config(format!("{}: {e}", file.display())))
     }

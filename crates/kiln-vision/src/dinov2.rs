@@ -13,14 +13,16 @@ use std::sync::{Arc, Mutex};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 
+use crate::TowerSettings;
 use crate::VisionError;
 use crate::config::Dinov2Config;
-use crate::encoder::{Mlp, run_layers};
-use crate::pass::{Draw, Pass, Site, TowerSettings};
+use crate::encoder::Mlp;
 use crate::patches::{check_pixels, patch_tokens};
-use crate::prepared::PreparedWeights;
-use crate::projection::{Then, project_dropped, self_attention};
 use crate::tower::{Tower, in_compute_dtype};
+use kiln_transformer::PreparedWeights;
+use kiln_transformer::projection::{Then, project_dropped, self_attention};
+use kiln_transformer::run_layers;
+use kiln_transformer::{Draw, Pass, Site};
 
 /// The patch projection (`embeddings.patch_embeddings`).
 #[derive(Module, Debug)]

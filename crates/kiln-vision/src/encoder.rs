@@ -7,9 +7,9 @@ use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use crate::config::Activation;
-use crate::pass::{Pass, Site};
-use crate::projection::{Then, project, project_dropped, self_attention};
+use kiln_transformer::Activation;
+use kiln_transformer::projection::{Then, project, project_dropped, self_attention};
+use kiln_transformer::{Pass, Site, run_layers};
 
 /// Shapes of an encoder.
 #[derive(Debug, Clone, Copy)]
@@ -154,26 +154,4 @@ impl<B: Backend> Encoder<B> {
     ) -> (Tensor<B, 3>, Vec<Tensor<B, 3>>) {
         run_layers(x, &self.layers, keep, pass, EncoderLayer::forward)
     }
-}
-
-/// Runs `layers` in turn; with `keep`, also returns every layer's input and the last output (the
-/// `hidden_states` of transformers), in the output dtype.
-pub(crate) fn run_layers<B: Backend, L>(
-    mut x: Tensor<B, 3>,
-    layers: &[L],
-    keep: bool,
-    pass: &Pass,
-    forward: impl Fn(&L, Tensor<B, 3>, &Pass) -> Tensor<B, 3>,
-) -> (Tensor<B, 3>, Vec<Tensor<B, 3>>) {
-    let mut hidden_states = Vec::new();
-    for layer in layers {
-        if keep {
-            hidden_states.push(pass.output(x.clone()));
-        }
-        x = forward(layer, x, pass);
-    }
-    if keep {
-        hidden_states.push(pass.output(x.clone()));
-    }
-    (x, hidden_states)
 }

@@ -43,7 +43,7 @@ mod fetch {
     use hf_hub::{Cache, Repo, RepoType};
 
     use crate::VisionError;
-    use crate::weights::shards;
+    use kiln_transformer::checkpoint::shards;
 
     /// The files of a checkpoint besides its weights; the first is required.
     const CONFIG_FILES: [&str; 2] = ["config.json", "preprocessor_config.json"];

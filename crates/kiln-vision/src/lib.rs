@@ -32,22 +32,15 @@ mod clip;
 mod config;
 mod dinov2;
 mod encoder;
-mod host;
 mod hub;
-mod matmul;
 mod model;
-mod pass;
 mod patches;
-mod prepared;
-mod projection;
 mod siglip;
 mod tower;
 mod weights;
 
 pub use clip::{ClipEmbeddings, ClipOutput, ClipVisionModel, ClipVisionTransformer};
-pub use config::{
-    Activation, ClipVisionConfig, Dinov2Config, MODEL_TYPES, SiglipVisionConfig, VisionConfig,
-};
+pub use config::{ClipVisionConfig, Dinov2Config, MODEL_TYPES, SiglipVisionConfig, VisionConfig};
 pub use dinov2::{
     AttentionOutput, Dinov2Attention, Dinov2Embeddings, Dinov2Encoder, Dinov2Layer, Dinov2Model,
     Dinov2Output, LayerScale, PatchEmbeddings, QueryKeyValue,
@@ -56,8 +49,11 @@ pub use encoder::{Encoder, EncoderLayer, Mlp, SelfAttention};
 #[cfg(feature = "hub")]
 pub use hub::Hub;
 pub use hub::checkpoint_dir;
+use kiln_transformer::checkpoint::CheckpointError;
+pub use kiln_transformer::{
+    Activation, Draw, DropoutError, DropoutSites, Sample, Settings as TowerSettings,
+};
 pub use model::VisionModel;
-pub use pass::{Draw, DropoutSites, Sample, TowerSettings};
 pub use siglip::{
     FusedAttention, PoolingHead, SiglipEmbeddings, SiglipOutput, SiglipVisionModel,
     SiglipVisionTransformer,
@@ -83,4 +79,16 @@ pub enum VisionError {
     /// Pixels the model cannot take (count, channels or size).
     #[error("{0}")]
     Pixels(String),
+}
+
+impl From<CheckpointError> for VisionError {
+    fn from(error: CheckpointError) -> Self {
+        VisionError::Weights(error.0)
+    }
+}
+
+impl From<DropoutError> for VisionError {
+    fn from(error: DropoutError) -> Self {
+        VisionError::Dropout(error.0)
+    }
 }

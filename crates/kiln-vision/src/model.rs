@@ -13,10 +13,10 @@ use crate::clip::ClipVisionModel;
 use crate::config::VisionConfig;
 use crate::dinov2::Dinov2Model;
 use crate::hub::checkpoint_dir;
-use crate::pass::{Draw, DropoutSites};
 use crate::siglip::SiglipVisionModel;
 use crate::tower::Tower;
 use crate::weights::load_hf_weights;
+use kiln_transformer::{Draw, DropoutSites};
 
 /// A loaded vision tower (boxed: the towers' module trees differ in size).
 #[derive(Debug, Clone)]

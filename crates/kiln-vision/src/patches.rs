@@ -8,9 +8,9 @@ use kiln_precision::{HostOp, host_op};
 use rayon::prelude::*;
 
 use crate::VisionError;
-use crate::host;
-use crate::pass::Pass;
-use crate::projection::product_then;
+use kiln_transformer::Pass;
+use kiln_transformer::host;
+use kiln_transformer::projection::product_then;
 
 /// The patch tokens of `pixels` `[batch, 3, H, W]` through the patch convolution, row-major
 /// `[batch, rows · cols, hidden]`, and the grid `(rows, cols)`.
@@ -229,8 +229,8 @@ mod tests {
     use burn::nn::conv::Conv2dConfig;
     use burn::tensor::Distribution;
 
-    use crate::pass::TowerSettings;
-    use crate::prepared::PreparedWeights;
+    use crate::TowerSettings;
+    use kiln_transformer::PreparedWeights;
 
     /// In training the patches are differentiable (on Flex through [`Unfold`]): the
     /// convolution's tokens, and the convolution's gradients for its weight, its bias and the

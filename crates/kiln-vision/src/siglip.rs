@@ -11,14 +11,15 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::linear;
 
+use crate::TowerSettings;
 use crate::VisionError;
 use crate::config::SiglipVisionConfig;
 use crate::encoder::{Encoder, EncoderShape, Mlp};
-use crate::pass::{Draw, Pass, TowerSettings};
 use crate::patches::{check_pixels, learned_positions, patch_tokens};
-use crate::prepared::PreparedWeights;
-use crate::projection::Then;
 use crate::tower::{Tower, in_compute_dtype};
+use kiln_transformer::PreparedWeights;
+use kiln_transformer::projection::Then;
+use kiln_transformer::{Draw, Pass};
 
 /// Patch and position embeddings (`vision_model.embeddings`).
 #[derive(Module, Debug)]

@@ -8,8 +8,9 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use kiln_precision::{Policy, cast_module};
 
+use crate::TowerSettings;
 use crate::VisionError;
-use crate::pass::{Draw, DropoutSites, TowerSettings};
+use kiln_transformer::{Draw, DropoutSites};
 
 /// A vision tower that loads from Hugging Face checkpoints and runs under [`TowerSettings`]:
 /// `forward` (deterministic embeddings), `forward_sampled` (with Monte-Carlo dropout) and

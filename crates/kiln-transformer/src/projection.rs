@@ -6,11 +6,10 @@
 //! operations.
 
 use burn::nn::Linear;
-use burn::tensor::activation::{gelu_approximate, sigmoid};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
-use crate::config::Activation;
+use crate::Activation;
 use crate::host;
 use crate::matmul::{Threads, View, Write, matmul};
 use crate::pass::{Pass, Site};
@@ -18,21 +17,23 @@ use crate::prepared::{HostWeight, Operand};
 use kiln_kernels::sgemm;
 
 /// What follows a projection `x W + b`.
-pub(crate) enum Then<B: Backend, const D: usize> {
+pub enum Then<B: Backend, const D: usize> {
     /// Nothing.
     Nothing,
     /// `act(x W + b)`.
     Activate(Activation),
     /// `residual + scale ⊙ (x W + b)`, with no scale when `None` (LayerScale's when given).
     AddTo {
+        /// The residual stream the result is added onto.
         residual: Tensor<B, D>,
+        /// LayerScale's per-feature factors.
         scale: Option<Tensor<B, 1>>,
     },
 }
 
 /// `then(x W + b)` with every leading dimension of `x` flattened into the rows of one product
 /// (burn 0.21 multiplies a `[batch, tokens, in]` input by the weight image by image).
-pub(crate) fn project<B: Backend, const D: usize>(
+pub fn project<B: Backend, const D: usize>(
     linear: &Linear<B>,
     x: Tensor<B, D>,
     then: Then<B, D>,
@@ -54,7 +55,7 @@ pub(crate) fn project<B: Backend, const D: usize>(
 
 /// `then(drop(site, x W + b))`: when the pass drops activations at `site`, the dropout comes
 /// between the product and what follows it, which then runs as burn operations.
-pub(crate) fn project_dropped<B: Backend, const D: usize>(
+pub fn project_dropped<B: Backend, const D: usize>(
     linear: &Linear<B>,
     x: Tensor<B, D>,
     site: Site,
@@ -74,7 +75,7 @@ pub(crate) fn project_dropped<B: Backend, const D: usize>(
 fn finish<B: Backend, const D: usize>(y: Tensor<B, D>, then: Then<B, D>) -> Tensor<B, D> {
     match then {
         Then::Nothing => y,
-        Then::Activate(activation) => activate(y, activation),
+        Then::Activate(activation) => activation.forward(y),
         Then::AddTo { residual, scale } => match scale {
             Some(scale) => residual + y * last_axis(scale),
             None => residual + y,
@@ -85,7 +86,7 @@ fn finish<B: Backend, const D: usize>(y: Tensor<B, D>, then: Then<B, D>) -> Tens
 /// Self-attention of `x` `[batch, tokens, width]` through the `q`, `k` and `v` projections;
 /// returns the heads merged, before the output projection. On host backends the three weights
 /// are one `[in, 3 · width]` product.
-pub(crate) fn self_attention<B: Backend>(
+pub fn self_attention<B: Backend>(
     q: &Linear<B>,
     k: &Linear<B>,
     v: &Linear<B>,
@@ -144,11 +145,7 @@ fn project_on_host<B: Backend, const D: usize>(
 
 /// `f(x W + b)`, row-major `[rows, out]`, for the data `x` with its leading dimensions flattened
 /// into rows.
-pub(crate) fn product_then(
-    x: TensorData,
-    weight: &HostWeight,
-    f: impl Fn(f32) -> f32 + Sync,
-) -> Vec<f32> {
+pub fn product_then(x: TensorData, weight: &HostWeight, f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
     let (rows, inputs, outputs) = shape(&x, weight.columns());
     let mut out = vec![0f32; rows * outputs];
     match &weight.operand {
@@ -228,16 +225,6 @@ fn last_axis<B: Backend, const D: usize>(x: Tensor<B, 1>) -> Tensor<B, D> {
     x.reshape(shape)
 }
 
-/// `activation(x)` through burn's operations.
-fn activate<B: Backend, const D: usize>(x: Tensor<B, D>, activation: Activation) -> Tensor<B, D> {
-    match activation {
-        // x · σ(1.702 x)
-        Activation::QuickGelu => x.clone() * sigmoid(x * 1.702),
-        Activation::GeluTanh => gelu_approximate(x),
-        Activation::Gelu => kiln_precision::gelu(x),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,7 +232,7 @@ mod tests {
     use burn::nn::LinearConfig;
     use burn::tensor::Distribution;
 
-    use crate::pass::TowerSettings;
+    use crate::pass::Settings;
     use crate::prepared::PreparedWeights;
 
     /// The host path of every projection form against burn's operations, with fewer rows than
@@ -255,7 +242,7 @@ mod tests {
         let device = Default::default();
         let normal = Distribution::Normal(0.0, 1.0);
         let linear = LinearConfig::new(40, 56).init::<Flex>(&device);
-        let pass = Pass::new(&TowerSettings::default(), &PreparedWeights::default(), None);
+        let pass = Pass::new(&Settings::default(), &PreparedWeights::default(), None);
         for rows in [7, 700] {
             let x = Tensor::<Flex, 3>::random([1, rows, 40], normal, &device);
             let residual = Tensor::<Flex, 3>::random([1, rows, 56], normal, &device);
@@ -295,7 +282,7 @@ mod tests {
         let normal = Distribution::Normal(0.0, 1.0);
         let linear = LinearConfig::new(6, 4).init::<Ad>(&device);
         let x = Tensor::<Ad, 2>::random([5, 6], normal, &device);
-        let pass = Pass::new(&TowerSettings::default(), &PreparedWeights::default(), None);
+        let pass = Pass::new(&Settings::default(), &PreparedWeights::default(), None);
         let then = || Then::Activate(Activation::Gelu);
         let ours = project(&linear, x.clone(), then(), &pass).sum().backward();
         let burns = finish(linear.forward(x), then()).sum().backward();

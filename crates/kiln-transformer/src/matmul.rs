@@ -5,7 +5,7 @@
 /// An `rows × cols` matrix inside a slice: element `(r, c)` at `offset + r·row_stride +
 /// c·col_stride`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct View {
+pub struct View {
     offset: usize,
     rows: usize,
     cols: usize,
@@ -47,7 +47,7 @@ impl View {
 
 /// The threads a product runs on.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Threads {
+pub enum Threads {
     /// The calling thread (for tasks that are already parallel).
     One,
     /// All of rayon's.
@@ -56,7 +56,7 @@ pub(crate) enum Threads {
 
 /// Whether a product overwrites its destination or is added to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Write {
+pub enum Write {
     /// `dst = lhs · rhs`.
     Overwrite,
     /// `dst += lhs · rhs`.
@@ -68,7 +68,7 @@ pub(crate) enum Write {
 /// Panics when the shapes disagree, a view reaches past its slice, or `dst`'s view is not
 /// row-major with rows that do not overlap (so that it names each element once).
 #[allow(unsafe_code, clippy::too_many_arguments)]
-pub(crate) fn matmul(
+pub fn matmul(
     dst: &mut [f32],
     d: View,
     lhs: &[f32],

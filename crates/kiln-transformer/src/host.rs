@@ -21,13 +21,13 @@ use crate::pass::{HashedMask, RowMask};
 
 /// Whether `x` is an f32 tensor of a host backend without autodiff, which these kernels serve
 /// (they read and write the values directly, which would cut a gradient's path).
-pub(crate) fn serves<B: Backend, const D: usize>(x: &Tensor<B, D>) -> bool {
+pub fn serves<B: Backend, const D: usize>(x: &Tensor<B, D>) -> bool {
     let device = x.device();
     x.dtype() == DType::F32 && is_host_backend::<B>(&device) && !B::ad_enabled(&device)
 }
 
 /// The values of an f32 tensor's data.
-pub(crate) fn f32s(data: &TensorData) -> &[f32] {
+pub fn f32s(data: &TensorData) -> &[f32] {
     data.as_slice::<f32>()
         .expect("host kernels are only used on f32 tensors")
 }
@@ -90,13 +90,31 @@ impl<F: Fn(f32) -> f32> pulp::WithSimd for BiasMap<'_, F> {
 }
 
 /// `softmax(scale · row)` of each `width`-long row of `rows`, in place, vectorised as
-/// [`BiasMap`].
+/// [`BiasMap`], over the keys each row sees (the others come out 0).
 struct SoftmaxRows<'a> {
     rows: &'a mut [f32],
     width: usize,
     scale: f32,
     /// Dropout's multipliers of the rows' elements, in order, formed as they are normalised.
     dropout: Option<RowMask>,
+    /// Causal rows: row `r` sees its first `causal + r` elements.
+    causal: Option<usize>,
+    /// The keys any row may see (`false`: padding).
+    real: Option<&'a [bool]>,
+}
+
+impl SoftmaxRows<'_> {
+    /// Every element of every row seen, no dropout.
+    fn plain(rows: &mut [f32], width: usize, scale: f32) -> SoftmaxRows<'_> {
+        SoftmaxRows {
+            rows,
+            width,
+            scale,
+            dropout: None,
+            causal: None,
+            real: None,
+        }
+    }
 }
 
 impl pulp::WithSimd for SoftmaxRows<'_> {
@@ -105,9 +123,27 @@ impl pulp::WithSimd for SoftmaxRows<'_> {
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) {
         for (r, row) in self.rows.chunks_exact_mut(self.width).enumerate() {
+            let seen = self.causal.map_or(self.width, |c| (c + r).min(self.width));
+            let (row, unseen) = row.split_at_mut(seen);
+            unseen.fill(0.0);
+            if let Some(real) = self.real {
+                row.iter_mut()
+                    .zip(real)
+                    .for_each(|(v, &real)| *v = if real { *v } else { f32::NEG_INFINITY });
+            }
             let max = row_max(row);
+            if max == f32::NEG_INFINITY {
+                // Nothing to attend to (a padding query): zeros, never NaN.
+                row.fill(0.0);
+                continue;
+            }
             row.iter_mut()
                 .for_each(|v| *v = exp(self.scale * (*v - max)));
+            if let Some(real) = self.real {
+                row.iter_mut()
+                    .zip(real)
+                    .for_each(|(v, &real)| *v = if real { *v } else { 0.0 });
+            }
             let norm = 1.0 / row_sum(row);
             match self.dropout {
                 None => row.iter_mut().for_each(|v| *v *= norm),
@@ -118,6 +154,106 @@ impl pulp::WithSimd for SoftmaxRows<'_> {
                         .for_each(|(k, v)| *v = *v * norm * mask.factor(first + k));
                 }
             }
+        }
+    }
+}
+
+/// `x / √(mean(x²) + eps) · weight` for each `weight.len()`-long row of `x` (RMSNorm, the
+/// statistics in f32 as transformers' `LlamaRMSNorm` computes them); rows split across rayon's
+/// threads.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let width = weight.len().max(1);
+    let mut out = vec![0f32; x.len()];
+    out.par_chunks_mut((CHUNK / width).max(1) * width)
+        .zip(x.par_chunks((CHUNK / width).max(1) * width))
+        .for_each(|(out, x)| {
+            pulp::Arch::new().dispatch(RmsNormRows {
+                out,
+                x,
+                weight,
+                eps,
+            });
+        });
+    out
+}
+
+/// [`rms_norm`] on one block of rows.
+struct RmsNormRows<'a> {
+    out: &'a mut [f32],
+    x: &'a [f32],
+    weight: &'a [f32],
+    eps: f32,
+}
+
+impl pulp::WithSimd for RmsNormRows<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let width = self.weight.len().max(1);
+        for (out, x) in self
+            .out
+            .chunks_exact_mut(width)
+            .zip(self.x.chunks_exact(width))
+        {
+            let mut lanes = [0.0f32; LANES];
+            let chunks = x.chunks_exact(LANES);
+            let rest: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+            for chunk in chunks {
+                for (lane, &v) in lanes.iter_mut().zip(chunk) {
+                    *lane += v * v;
+                }
+            }
+            let mean = (lanes.iter().sum::<f32>() + rest) / width as f32;
+            let inverse = 1.0 / (mean + self.eps).sqrt();
+            out.iter_mut()
+                .zip(x)
+                .zip(self.weight)
+                .for_each(|((o, &v), &w)| *o = w * (v * inverse));
+        }
+    }
+}
+
+/// SwiGLU's `silu(gate) ⊙ up` of rows holding `[gate | up]` side by side (`2 · width` columns,
+/// as one product of the two projections leaves them): `[rows, width]`, split across rayon's
+/// threads.
+pub fn swiglu(gate_up: &[f32], width: usize) -> Vec<f32> {
+    let width = width.max(1);
+    let rows_per_task = (CHUNK / width).max(1);
+    let mut out = vec![0f32; gate_up.len() / 2];
+    out.par_chunks_mut(rows_per_task * width)
+        .zip(gate_up.par_chunks(rows_per_task * 2 * width))
+        .for_each(|(out, gate_up)| {
+            pulp::Arch::new().dispatch(SwigluRows {
+                out,
+                gate_up,
+                width,
+            });
+        });
+    out
+}
+
+/// [`swiglu`] on one block of rows.
+struct SwigluRows<'a> {
+    out: &'a mut [f32],
+    gate_up: &'a [f32],
+    width: usize,
+}
+
+impl pulp::WithSimd for SwigluRows<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        for (out, row) in self
+            .out
+            .chunks_exact_mut(self.width)
+            .zip(self.gate_up.chunks_exact(2 * self.width))
+        {
+            let (gate, up) = row.split_at(self.width);
+            out.iter_mut()
+                .zip(gate.iter().zip(up))
+                .for_each(|(o, (&g, &u))| *o = g / (1.0 + exp(-g)) * u);
         }
     }
 }
@@ -161,13 +297,27 @@ fn row_sum(row: &[f32]) -> f32 {
 /// side in its rows, are the same buffer at three offsets.
 #[derive(Debug, Clone, Copy)]
 pub struct Rows<'a> {
+    /// The buffer.
     pub data: &'a [f32],
+    /// Where the first token's values start.
     pub offset: usize,
+    /// Elements from one token's values to the next's.
     pub row_stride: usize,
+    /// Tokens per image.
     pub tokens: usize,
 }
 
 impl<'a> Rows<'a> {
+    /// Images of `tokens` rows each, `row_stride` apart, from the start of `data`.
+    pub fn new(data: &'a [f32], row_stride: usize, tokens: usize) -> Self {
+        Rows {
+            data,
+            offset: 0,
+            row_stride,
+            tokens,
+        }
+    }
+
     /// Every row of the f32 data of a `[batch, tokens, width]` tensor.
     pub fn of(data: &'a TensorData) -> Self {
         let [_, tokens, width] = data.shape[..] else {
@@ -194,37 +344,90 @@ const ATTENTION_ROWS: usize = 96;
 
 /// Dropout on the attention probabilities.
 #[derive(Clone, Copy)]
-pub(crate) enum ProbsDropout<'a> {
+pub enum ProbsDropout<'a> {
     /// Multipliers `[batch, heads, q_tokens, kv_tokens]`, row-major.
     Multipliers(&'a [f32]),
     /// Each batch row's hash words: the multipliers are formed where they are used.
     Hashed(&'a HashedMask),
 }
 
-/// Multi-head attention of f32 rows: `softmax(scale · q kᵀ) v` per head for `batch` images, with
-/// heads of `head_dim` columns; returns `[batch, query.tokens, heads · head_dim]`, the heads
-/// already merged, row-major.
+/// The heads of [`attention`] and which keys each query sees.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads<'a> {
+    /// Query heads.
+    pub heads: usize,
+    /// Key and value heads: `heads`, or a divisor of it (grouped-query attention: query head
+    /// `h` reads key/value head `h / (heads / kv_heads)`).
+    pub kv_heads: usize,
+    /// Columns per head.
+    pub head_dim: usize,
+    /// Causal attention: query `t` sits at key position `past + t` and sees the keys up to it
+    /// (`Some(past)`); every query sees every key with `None`.
+    pub causal_past: Option<usize>,
+    /// Each image's real keys, `[batch · kv_tokens]`: `false` marks padding, which no query
+    /// sees. A query that sees no key gets zeros.
+    pub real_keys: Option<&'a [bool]>,
+}
+
+impl Heads<'_> {
+    /// `heads` heads of `head_dim` columns, every query seeing every key.
+    pub fn all(heads: usize, head_dim: usize) -> Self {
+        Heads {
+            heads,
+            kv_heads: heads,
+            head_dim,
+            causal_past: None,
+            real_keys: None,
+        }
+    }
+}
+
+/// Multi-head attention of f32 rows: `softmax(scale · q kᵀ) v` per head for `batch` images;
+/// returns `[batch, query.tokens, heads · head_dim]`, the heads already merged, row-major. Keys
+/// and values have `kv_heads · head_dim` columns; `shape` also says which keys each query sees.
 ///
 /// `mask`, when given, multiplies the probabilities after the softmax (Monte-Carlo dropout):
 /// multipliers `[batch, heads, q_tokens, kv_tokens]` (row-major), or each batch row's hash words,
-/// from which the softmax forms them (no mask in memory).
+/// from which the softmax forms them (no mask in memory). Not with causal attention.
 ///
 /// Tiles of query rows of one image run in parallel; each forms its scores for one head at a
-/// time, normalises them while they are in cache and multiplies them into `v` straight into the
-/// output rows. The head split and merge are strides of the products, never copies. burn 0.21's
-/// batched products ran these shapes at about a quarter of PyTorch's fused attention.
-#[allow(clippy::too_many_arguments)]
+/// time (causal tiles only against the keys their last row sees), normalises them while they
+/// are in cache and multiplies them into `v` straight into the output rows. The head split and
+/// merge are strides of the products, never copies. burn 0.21's batched products ran these
+/// shapes at about a quarter of PyTorch's fused attention.
 pub fn attention(
     query: Rows,
     key: Rows,
     value: Rows,
     batch: usize,
-    heads: usize,
-    head_dim: usize,
+    shape: Heads<'_>,
     scale: f32,
     mask: Option<ProbsDropout<'_>>,
 ) -> Vec<f32> {
     let (q_tokens, kv_tokens) = (query.tokens, key.tokens);
+    let Heads {
+        heads,
+        kv_heads,
+        head_dim,
+        causal_past,
+        real_keys,
+    } = shape;
+    assert!(
+        kv_heads > 0 && heads % kv_heads == 0,
+        "{heads} query heads over {kv_heads} key/value heads"
+    );
+    assert!(
+        mask.is_none() || causal_past.is_none(),
+        "dropout masks are laid out for non-causal attention"
+    );
+    if let Some(real) = real_keys {
+        assert_eq!(
+            real.len(),
+            batch * kv_tokens,
+            "real keys: [batch · kv_tokens]"
+        );
+    }
+    let group = heads / kv_heads;
     let width = heads * head_dim;
     if let Some(ProbsDropout::Multipliers(mask)) = mask {
         assert_eq!(
@@ -242,17 +445,22 @@ pub fn attention(
                 .for_each(|(tile, out)| {
                     let first = tile * ATTENTION_ROWS;
                     let rows = out.len() / width;
-                    let mut scores = vec![0f32; rows * kv_tokens];
+                    // The keys the tile's last row sees.
+                    let seen =
+                        causal_past.map_or(kv_tokens, |past| (past + first + rows).min(kv_tokens));
+                    let real = real_keys.map(|real| &real[image * kv_tokens..][..seen]);
+                    let mut scores = vec![0f32; rows * seen];
                     for head in 0..heads {
                         let column = head * head_dim;
+                        let kv_column = head / group * head_dim;
                         // scores = q[rows] · kᵀ
                         matmul(
                             &mut scores,
-                            View::rows(0, rows, kv_tokens, kv_tokens),
+                            View::rows(0, rows, seen, seen),
                             query.data,
                             query.view(image, first, rows, column, head_dim),
                             key.data,
-                            key.view(image, 0, kv_tokens, column, head_dim).transposed(),
+                            key.view(image, 0, seen, kv_column, head_dim).transposed(),
                             Write::Overwrite,
                             Threads::One,
                         );
@@ -266,9 +474,11 @@ pub fn attention(
                         };
                         pulp::Arch::new().dispatch(SoftmaxRows {
                             rows: &mut scores,
-                            width: kv_tokens,
+                            width: seen,
                             scale,
                             dropout: hashed,
+                            causal: causal_past.map(|past| past + first + 1),
+                            real,
                         });
                         if let Some(ProbsDropout::Multipliers(mask)) = mask {
                             let start = image * heads * q_tokens * kv_tokens + start;
@@ -282,9 +492,9 @@ pub fn attention(
                             out,
                             View::rows(column, rows, head_dim, width),
                             &scores,
-                            View::rows(0, rows, kv_tokens, kv_tokens),
+                            View::rows(0, rows, seen, seen),
                             value.data,
-                            value.view(image, 0, kv_tokens, column, head_dim),
+                            value.view(image, 0, seen, kv_column, head_dim),
                             Write::Overwrite,
                             Threads::One,
                         );
@@ -299,12 +509,18 @@ pub fn attention(
 /// on Flex runs these kernels in place of burn's head split, batched products, softmax and merge,
 /// each with a backward of its own and the split and merge as strided copies.
 #[derive(Debug, Clone)]
-pub(crate) struct AttentionOp {
+pub struct AttentionOp {
+    /// Images.
     pub batch: usize,
+    /// Heads.
     pub heads: usize,
+    /// Columns per head.
     pub head_dim: usize,
+    /// Query tokens per image.
     pub q_tokens: usize,
+    /// Key and value tokens per image.
     pub kv_tokens: usize,
+    /// The scores' factor, usually `1 / √head_dim`.
     pub scale: f32,
     /// Dropout's multipliers of the probabilities, `[batch, heads, q_tokens, kv_tokens]`.
     pub mask: Option<Arc<[f32]>>,
@@ -328,8 +544,7 @@ impl HostOp<3> for AttentionOp {
             self.rows(key, self.kv_tokens),
             self.rows(value, self.kv_tokens),
             self.batch,
-            self.heads,
-            self.head_dim,
+            Heads::all(self.heads, self.head_dim),
             self.scale,
             self.mask.as_deref().map(ProbsDropout::Multipliers),
         )
@@ -368,12 +583,8 @@ impl HostOp<3> for AttentionOp {
                         Write::Overwrite,
                         Threads::One,
                     );
-                    pulp::Arch::new().dispatch(SoftmaxRows {
-                        rows: &mut probs,
-                        width: kv_tokens,
-                        scale: self.scale,
-                        dropout: None,
-                    });
+                    pulp::Arch::new()
+                        .dispatch(SoftmaxRows::plain(&mut probs, kv_tokens, self.scale));
                     let mask = self.mask.as_deref().map(|mask| {
                         let start = (image * heads + head) * q_tokens * kv_tokens;
                         &mask[start..start + q_tokens * kv_tokens]
@@ -610,8 +821,7 @@ mod tests {
             side_by_side(0),
             side_by_side(width),
             batch,
-            heads,
-            head_dim,
+            Heads::all(heads, head_dim),
             scale,
             Some(ProbsDropout::Multipliers(&mask)),
         );
@@ -644,6 +854,112 @@ mod tests {
                     (got - want).abs() < 1e-5 * want.abs().max(1.0),
                     "{got} {want}"
                 );
+            }
+        }
+    }
+
+    /// Causal grouped-query attention over left-padded keys, after a cache of `past` keys,
+    /// against the definition in f64: each query sees the real keys up to its position, a
+    /// padding query that sees none gets zeros.
+    #[test]
+    fn causal_grouped_attention_matches_the_definition() {
+        let (batch, heads, kv_heads, head_dim) = (2, 6, 2, 4);
+        let (past, q_tokens) = (3, ATTENTION_ROWS + 7);
+        let kv_tokens = past + q_tokens;
+        let (width, kv_width) = (heads * head_dim, kv_heads * head_dim);
+        let values = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| (((i + seed) * 7919) % 23) as f32 * 0.37 - 4.0)
+                .collect()
+        };
+        let q = values(batch * q_tokens * width, 1);
+        let (k, v) = (
+            values(batch * kv_tokens * kv_width, 2),
+            values(batch * kv_tokens * kv_width, 3),
+        );
+        // Image 0 is padded on the left up to key 5 (so its first queries see nothing); image 1
+        // has no padding.
+        let real: Vec<bool> = (0..batch * kv_tokens)
+            .map(|i| i >= kv_tokens || i >= 5)
+            .collect();
+        let shape = Heads {
+            heads,
+            kv_heads,
+            head_dim,
+            causal_past: Some(past),
+            real_keys: Some(&real),
+        };
+        let scale = 0.4f32;
+        let got = attention(
+            Rows::new(&q, width, q_tokens),
+            Rows::new(&k, kv_width, kv_tokens),
+            Rows::new(&v, kv_width, kv_tokens),
+            batch,
+            shape,
+            scale,
+            None,
+        );
+        for (b, h, t) in (0..batch)
+            .flat_map(|b| (0..heads).map(move |h| (b, h)))
+            .flat_map(|(b, h)| (0..q_tokens).map(move |t| (b, h, t)))
+        {
+            let g = h / (heads / kv_heads);
+            let seen: Vec<usize> = (0..=past + t)
+                .filter(|&j| real[b * kv_tokens + j])
+                .collect();
+            let score = |j: usize| {
+                (0..head_dim)
+                    .map(|c| {
+                        q[(b * q_tokens + t) * width + h * head_dim + c] as f64
+                            * k[(b * kv_tokens + j) * kv_width + g * head_dim + c] as f64
+                    })
+                    .sum::<f64>()
+                    * scale as f64
+            };
+            let max = seen
+                .iter()
+                .map(|&j| score(j))
+                .fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = seen.iter().map(|&j| (score(j) - max).exp()).sum();
+            for c in 0..head_dim {
+                let want: f64 = seen
+                    .iter()
+                    .map(|&j| {
+                        (score(j) - max).exp() / total
+                            * v[(b * kv_tokens + j) * kv_width + g * head_dim + c] as f64
+                    })
+                    .sum();
+                let got = got[(b * q_tokens + t) * width + h * head_dim + c] as f64;
+                assert!(
+                    (got - want).abs() < 1e-5 * want.abs().max(1.0),
+                    "image {b} head {h} query {t}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rms_norm_and_swiglu_match_their_definitions() {
+        let (rows, width) = (37, 45);
+        let x: Vec<f32> = (0..rows * width)
+            .map(|i| ((i * 31 % 17) as f32 - 8.0) * 0.3)
+            .collect();
+        let weight: Vec<f32> = (0..width).map(|i| 0.5 + i as f32 * 0.02).collect();
+        let normed = rms_norm(&x, &weight, 1e-5);
+        for (row, out) in x.chunks(width).zip(normed.chunks(width)) {
+            let mean = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / width as f64;
+            for ((v, o), w) in row.iter().zip(out).zip(&weight) {
+                let want = *v as f64 / (mean + 1e-5).sqrt() * *w as f64;
+                assert!((*o as f64 - want).abs() < 1e-5 * want.abs().max(1.0));
+            }
+        }
+        let gate_up: Vec<f32> = x[..rows * 2 * 20].to_vec();
+        let out = swiglu(&gate_up, 20);
+        for (row, out) in gate_up.chunks(40).zip(out.chunks(20)) {
+            for i in 0..20 {
+                let (g, u) = (row[i] as f64, row[20 + i] as f64);
+                let want = g / (1.0 + (-g).exp()) * u;
+                assert!((out[i] as f64 - want).abs() < 1e-5 * want.abs().max(1.0));
             }
         }
     }

@@ -25,14 +25,16 @@ use kiln_kernels::sgemm;
 
 /// A projection's weight `[in, out]` and bias `[out]` as the host product reads them.
 #[derive(Debug)]
-pub(crate) struct HostWeight {
-    pub(crate) operand: Operand,
-    pub(crate) bias: Vec<f32>,
+pub struct HostWeight {
+    /// The weight `[in, out]`.
+    pub operand: Operand,
+    /// The bias `[out]` (zeros for a projection without one).
+    pub bias: Vec<f32>,
 }
 
 /// The weight itself.
 #[derive(Debug)]
-pub(crate) enum Operand {
+pub enum Operand {
     /// In [`sgemm`]'s column panels, where the CPU runs it.
     Packed(sgemm::Packed),
     /// Row-major `[in, out]`, for the `gemm` crate.
@@ -42,7 +44,7 @@ pub(crate) enum Operand {
 impl HostWeight {
     /// The weight whose columns are those of `blocks` side by side (each a row-major
     /// `[inputs, columns]` matrix with its column count), and its bias.
-    pub(crate) fn new(inputs: usize, blocks: &[(&[f32], usize)], bias: Vec<f32>) -> HostWeight {
+    pub fn new(inputs: usize, blocks: &[(&[f32], usize)], bias: Vec<f32>) -> HostWeight {
         let operand = if sgemm::preferred() {
             Operand::Packed(sgemm::Packed::new(inputs, blocks))
         } else {
@@ -59,7 +61,7 @@ impl HostWeight {
     }
 
     /// The output columns.
-    pub(crate) fn columns(&self) -> usize {
+    pub fn columns(&self) -> usize {
         self.bias.len()
     }
 }
@@ -70,7 +72,7 @@ impl HostWeight {
 /// storage, and prepares it anew otherwise. Backends whose values are copied rather than read in
 /// place (NdArray) prepare every forward.
 #[derive(Clone, Default)]
-pub(crate) struct PreparedWeights(Arc<Mutex<HashMap<ParamId, Prepared>>>);
+pub struct PreparedWeights(Arc<Mutex<HashMap<ParamId, Prepared>>>);
 
 /// One prepared weight and what it was made from.
 struct Prepared {
@@ -87,7 +89,7 @@ impl std::fmt::Debug for PreparedWeights {
 impl PreparedWeights {
     /// `linear`'s weight and bias, the weight's columns and the bias scaled by `scale` when
     /// given (LayerScale folded in: `s ⊙ (x W + b) = x (W diag s) + s ⊙ b`).
-    pub(crate) fn linear<B: Backend>(
+    pub fn linear<B: Backend>(
         &self,
         linear: &Linear<B>,
         scale: Option<&Tensor<B, 1>>,
@@ -111,7 +113,7 @@ impl PreparedWeights {
 
     /// The weights of `linears` side by side, their biases likewise (self-attention's q, k and
     /// v as one product).
-    pub(crate) fn side_by_side<B: Backend>(&self, linears: &[&Linear<B>]) -> Arc<HostWeight> {
+    pub fn side_by_side<B: Backend>(&self, linears: &[&Linear<B>]) -> Arc<HostWeight> {
         let inputs = linears[0].weight.dims()[0];
         let sources = linears
             .iter()
@@ -132,9 +134,20 @@ impl PreparedWeights {
         })
     }
 
+    /// A matrix `[out, in]` as the weight `[in, out]` of a product without bias (the embedding
+    /// table as the output projection of a language model with tied embeddings).
+    pub fn transposed<B: Backend>(&self, matrix: &Param<Tensor<B, 2>>) -> Arc<HostWeight> {
+        let [outputs, inputs] = matrix.dims();
+        let sources = vec![HostValues::of(&matrix.val())];
+        self.get(matrix.id, sources, |sources| {
+            let weight = host::transposed(sources[0].values(), outputs, inputs);
+            HostWeight::new(inputs, &[(&weight, outputs)], vec![0.0; outputs])
+        })
+    }
+
     /// A convolution's kernel `[out, in, h, w]` as the weight `[in · h · w, out]` of a product
     /// with unfolded patches, and its bias.
-    pub(crate) fn unfolded_kernel<B: Backend>(&self, conv: &Conv2d<B>) -> Arc<HostWeight> {
+    pub fn unfolded_kernel<B: Backend>(&self, conv: &Conv2d<B>) -> Arc<HostWeight> {
         let [outputs, channels, height, width] = conv.weight.dims();
         let depth = channels * height * width;
         let sources = weight_and_bias(&conv.weight, conv.bias.as_ref());

@@ -14,7 +14,7 @@ use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 
-use burn::nn::LayerNorm;
+use burn::nn::{LayerNorm, RmsNorm};
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
@@ -22,9 +22,13 @@ use burn::tensor::{Tensor, TensorData};
 use kiln_precision::{Policy, Precision, cast, cast_module, host_op, host_ops_serve};
 use rayon::prelude::*;
 
-use crate::VisionError;
 use crate::host::{self, Rows};
 use crate::prepared::PreparedWeights;
+
+/// Dropout rates, or a draw, that cannot be used; the message says why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct DropoutError(pub String);
 
 /// Monte-Carlo dropout rates per site (0 turns a site off). Each is a probability in `[0, 1)`;
 /// kept activations are scaled by `1 / (1 − p)`, as PyTorch's dropout does.
@@ -32,9 +36,9 @@ use crate::prepared::PreparedWeights;
 /// Parses from `"0.1"` (every site) or a list such as `"attention_probs=0.1,mlp_hidden=0.05"`:
 ///
 /// ```
-/// let sites: kiln_vision::DropoutSites = "attention_probs=0.1,mlp=0.05".parse()?;
+/// let sites: kiln_transformer::DropoutSites = "attention_probs=0.1,mlp=0.05".parse()?;
 /// assert_eq!((sites.attention_probs, sites.mlp_hidden, sites.embeddings), (0.1, 0.05, 0.0));
-/// # Ok::<(), kiln_vision::VisionError>(())
+/// # Ok::<(), kiln_transformer::DropoutError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct DropoutSites {
@@ -78,13 +82,13 @@ impl DropoutSites {
     }
 
     /// Checks every rate is a probability below 1.
-    pub fn validate(&self) -> Result<Self, VisionError> {
+    pub fn validate(&self) -> Result<Self, DropoutError> {
         match self
             .rates()
             .into_iter()
             .find(|&(_, p)| !(0.0..1.0).contains(&p))
         {
-            Some((site, p)) => Err(VisionError::Dropout(format!(
+            Some((site, p)) => Err(DropoutError(format!(
                 "{site} = {p}: a dropout rate must be at least 0 and below 1"
             ))),
             None => Ok(*self),
@@ -104,13 +108,13 @@ impl fmt::Display for DropoutSites {
 }
 
 impl FromStr for DropoutSites {
-    type Err = VisionError;
+    type Err = DropoutError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let rate = |text: &str| {
-            text.trim().parse::<f64>().map_err(|_| {
-                VisionError::Dropout(format!("`{}` is not a dropout rate", text.trim()))
-            })
+            text.trim()
+                .parse::<f64>()
+                .map_err(|_| DropoutError(format!("`{}` is not a dropout rate", text.trim())))
         };
         if !s.contains('=') {
             return DropoutSites::all(rate(s)?).validate();
@@ -118,7 +122,7 @@ impl FromStr for DropoutSites {
         let mut sites = DropoutSites::default();
         for item in s.split(',') {
             let (name, value) = item.split_once('=').ok_or_else(|| {
-                VisionError::Dropout(format!("`{}` is not of the form site=rate", item.trim()))
+                DropoutError(format!("`{}` is not of the form site=rate", item.trim()))
             })?;
             let slot = match name.trim() {
                 "embeddings" | "emb" => &mut sites.embeddings,
@@ -126,7 +130,7 @@ impl FromStr for DropoutSites {
                 "attention_output" | "attn_out" => &mut sites.attention_output,
                 "mlp_hidden" | "mlp" => &mut sites.mlp_hidden,
                 other => {
-                    return Err(VisionError::Dropout(format!(
+                    return Err(DropoutError(format!(
                         "unknown dropout site `{other}`: expected {SITE_NAMES}"
                     )));
                 }
@@ -152,7 +156,7 @@ pub struct Sample {
 /// which image and pass the row is, never on the batch it came in or its place there.
 ///
 /// A draw has one sample per image of the batch, or `s` per image: rows `i·s .. (i+1)·s` are
-/// samples of image `i`, and the tower embeds each image once and repeats it `s` times before
+/// samples of image `i`, and the model embeds each image once and repeats it `s` times before
 /// the first dropout site (Monte-Carlo passes without uploading or embedding an image again).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Draw {
@@ -220,7 +224,7 @@ fn mask_bits((multiplier, offset): (u32, u32), index: u32) -> u32 {
 
 /// One dropout site's mask for every batch row, as hash words rather than values: kernels that
 /// consume a mask compute each element's multiplier where they need it.
-pub(crate) struct HashedMask {
+pub struct HashedMask {
     /// Each batch row's [`site_words`].
     words: Vec<(u32, u32)>,
     /// Kept where the bits are at or above it: `p · 2³²`.
@@ -258,7 +262,7 @@ impl HashedMask {
 
 /// A stretch of one row's mask, from element `first`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct RowMask {
+pub struct RowMask {
     words: (u32, u32),
     threshold: u32,
     kept: f32,
@@ -280,27 +284,31 @@ impl RowMask {
 
 /// Which dropout site a mask is for.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Site {
+pub enum Site {
+    /// The embedded tokens, before the first layer.
     Embeddings,
+    /// The attention probabilities, after the softmax.
     AttentionProbs,
+    /// The attention block's output projection, before the residual add.
     AttentionOutput,
+    /// The MLP's hidden activations.
     MlpHidden,
 }
 
-/// How a tower runs: its precision policy (set when its weights are loaded) and its Monte-Carlo
-/// dropout sites (used by the `forward_sampled` methods; none by default).
+/// How a model runs: its precision policy (set when its weights are loaded) and its Monte-Carlo
+/// dropout sites (used by stochastic forwards, those given a [`Draw`]; none by default).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TowerSettings {
+pub struct Settings {
     /// Parameter, compute and output dtypes.
     pub policy: Policy,
     /// Dropout rates per site.
     pub dropout: DropoutSites,
 }
 
-impl Default for TowerSettings {
+impl Default for Settings {
     /// f32 throughout, no dropout.
     fn default() -> Self {
-        TowerSettings {
+        Settings {
             policy: Policy::full(),
             dropout: DropoutSites::default(),
         }
@@ -309,7 +317,7 @@ impl Default for TowerSettings {
 
 /// One forward pass: the settings and, for a stochastic pass, each batch row's key and the
 /// number of masks made so far (the next mask's site number).
-pub(crate) struct Pass {
+pub struct Pass {
     policy: Policy,
     dropout: DropoutSites,
     /// Rows the pass computes: the draw's samples, or the batch without a draw.
@@ -321,8 +329,8 @@ pub(crate) struct Pass {
 
 impl Pass {
     /// A pass with the settings' dropout when `draw` is given, deterministic otherwise, reading
-    /// the host weights the tower keeps in `prepared`.
-    pub fn new(settings: &TowerSettings, prepared: &PreparedWeights, draw: Option<&Draw>) -> Self {
+    /// the host weights the model keeps in `prepared`.
+    pub fn new(settings: &Settings, prepared: &PreparedWeights, draw: Option<&Draw>) -> Self {
         let keys = draw
             .filter(|_| settings.dropout.is_active())
             .map(Draw::row_keys);
@@ -376,6 +384,34 @@ impl Pass {
     /// A result in the output dtype.
     pub fn output<B: Backend, const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         self.policy.cast_output(x)
+    }
+
+    /// The precision policy the pass runs under.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// `norm(x)` (RMSNorm) in f32 whatever the compute dtype, as transformers' `LlamaRMSNorm`
+    /// normalises.
+    pub fn rms_norm<B: Backend, const D: usize>(
+        &self,
+        norm: &RmsNorm<B>,
+        x: Tensor<B, D>,
+    ) -> Tensor<B, D> {
+        if host::serves(&x) {
+            let device = x.device();
+            let weight = kiln_precision::HostValues::of(&norm.gamma.val());
+            let x = x.into_data();
+            let shape = x.shape.clone();
+            let out = host::rms_norm(host::f32s(&x), weight.values(), norm.epsilon as f32);
+            return Tensor::from_data(TensorData::new(out, shape), &device);
+        }
+        if self.policy.compute.is_half() {
+            let wide = cast_module(norm.clone(), Precision::F32);
+            self.policy.keep_f32(x, |x| wide.forward(x))
+        } else {
+            norm.forward(x)
+        }
     }
 
     /// `norm(x)` with its statistics in f32 whatever the compute dtype.
@@ -539,7 +575,8 @@ impl Pass {
         let mask = self.hashed_mask(Site::AttentionProbs);
         let mask = mask.as_ref().map(host::ProbsDropout::Hashed);
         let scale = (head_dim as f64).powf(-0.5) as f32;
-        let out = host::attention(query, key, value, batch, heads, head_dim, scale, mask);
+        let shape = host::Heads::all(heads, head_dim);
+        let out = host::attention(query, key, value, batch, shape, scale, mask);
         Tensor::from_data(TensorData::new(out, [batch, query.tokens, width]), device)
     }
 }
@@ -698,19 +735,15 @@ mod tests {
                 rows(),
                 rows(),
                 batch,
-                heads,
-                head_dim,
+                host::Heads::all(heads, head_dim),
                 0.5,
-                Some(mask),
+                mask,
             )
         };
-        let fused = attend(host::ProbsDropout::Hashed(&hashed));
-        let materialised = attend(host::ProbsDropout::Multipliers(&multipliers));
+        let fused = attend(Some(host::ProbsDropout::Hashed(&hashed)));
+        let materialised = attend(Some(host::ProbsDropout::Multipliers(&multipliers)));
         assert_eq!(fused, materialised);
-        assert_ne!(
-            fused,
-            host::attention(rows(), rows(), rows(), batch, heads, head_dim, 0.5, None)
-        );
+        assert_ne!(fused, attend(None));
     }
 
     #[test]

@@ -1,0 +1,141 @@
+//! kiln-text's speed on the SmolLM2-135M shape under kiln-bench: prefill and decode tokens/s at
+//! batch 1 and 8. PyTorch's figures for the same work come from `scripts/bench/text_torch.py`;
+//! both are in docs/PERFORMANCE.md.
+//!
+//! ```text
+//! cargo bench --bench text                          # Flex, f32
+//! cargo bench --bench text -- --filter decode --save main
+//! ```
+//!
+//! The model is randomly initialised (speed does not depend on the weights). `prefill`: one
+//! forward of a 512-token prompt per sequence, the last token's logits only (as generation's
+//! prefill). `decode`: 32 steps of one token per sequence through the key/value cache after a
+//! 128-token prompt (the prompt is not timed).
+
+use std::process::ExitCode;
+
+use kiln::bench::{BenchError, Benchmark, Runner, Suite, Work, cli};
+use kiln::burn::tensor::Tensor;
+use kiln::burn::tensor::backend::Backend;
+use kiln::text::{CausalLm, KvCache, TextConfig, TextInput};
+
+/// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const PROMPT: usize = 512;
+const DECODE_PROMPT: usize = 128;
+const DECODE_STEPS: usize = 32;
+
+/// Token ids of `batch` sequences of `tokens`, different for each variant.
+fn ids(batch: usize, tokens: usize, variant: usize, vocab: usize) -> Vec<Vec<u32>> {
+    (0..batch)
+        .map(|b| {
+            (0..tokens)
+                .map(|t| ((t * 7919 + b * 104_729 + variant * 15_485_863) % vocab) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// One forward of a `PROMPT`-token prompt per sequence.
+struct Prefill<B: Backend> {
+    model: CausalLm<B>,
+    batch: usize,
+}
+
+impl<B: Backend> Benchmark<B> for Prefill<B> {
+    type Input = Vec<Vec<u32>>;
+    type Output = Tensor<B, 3>;
+
+    fn name(&self) -> String {
+        format!("smollm2_135m/prefill,{PROMPT}tok,b={}", self.batch)
+    }
+
+    fn work(&self) -> Work {
+        Work::items((self.batch * PROMPT) as u64)
+    }
+
+    fn prepare(&self, _device: &B::Device, variant: usize) -> Self::Input {
+        ids(self.batch, PROMPT, variant, self.model.config().vocab_size)
+    }
+
+    fn run(&self, ids: &Self::Input) -> Self::Output {
+        let input = TextInput::ids(ids.clone()).with_last_logits_only();
+        self.model.forward(input).expect("valid ids").logits
+    }
+}
+
+/// `DECODE_STEPS` one-token steps per sequence after a prefilled prompt.
+struct Decode<B: Backend> {
+    model: CausalLm<B>,
+    batch: usize,
+}
+
+impl<B: Backend> Benchmark<B> for Decode<B> {
+    type Input = (KvCache<B>, Vec<Vec<Vec<u32>>>);
+    type Output = Tensor<B, 3>;
+
+    fn name(&self) -> String {
+        format!("smollm2_135m/decode,{DECODE_STEPS}steps,b={}", self.batch)
+    }
+
+    fn work(&self) -> Work {
+        Work::items((self.batch * DECODE_STEPS) as u64)
+    }
+
+    fn prepare(&self, _device: &B::Device, variant: usize) -> Self::Input {
+        let vocab = self.model.config().vocab_size;
+        let mut cache = KvCache::new();
+        let prompt = TextInput::ids(ids(self.batch, DECODE_PROMPT, variant, vocab));
+        self.model
+            .forward_cached(prompt.with_last_logits_only(), &mut cache)
+            .expect("valid ids");
+        let steps = ids(self.batch, DECODE_STEPS, variant + 1, vocab);
+        let steps = (0..DECODE_STEPS)
+            .map(|s| steps.iter().map(|row| vec![row[s]]).collect())
+            .collect();
+        (cache, steps)
+    }
+
+    fn run(&self, (cache, steps): &Self::Input) -> Self::Output {
+        let mut cache = cache.clone();
+        let mut logits = None;
+        for step in steps {
+            let input = TextInput::ids(step.clone()).with_last_logits_only();
+            logits = Some(
+                self.model
+                    .forward_cached(input, &mut cache)
+                    .expect("valid ids")
+                    .logits,
+            );
+        }
+        logits.expect("at least one step")
+    }
+}
+
+struct Text;
+
+impl Suite for Text {
+    fn run<B: Backend>(&self, runner: &mut Runner<'_, B>) -> Result<(), BenchError> {
+        let (device, policy) = (runner.device(), runner.policy());
+        let model = TextConfig::smollm2_135m()
+            .init::<B>(device)
+            .with_policy(&policy);
+        for batch in [1, 8] {
+            runner.bench(&Prefill {
+                model: model.clone(),
+                batch,
+            })?;
+            runner.bench(&Decode {
+                model: model.clone(),
+                batch,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn main() -> ExitCode {
+    cli::main(Text)
+}

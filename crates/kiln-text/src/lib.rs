@@ -1,0 +1,60 @@
+//! # kiln-text
+//!
+//! Decoder-only language models of the Llama family read from Hugging Face checkpoints and
+//! checked against transformers: Llama (SmolLM2, TinyLlama) and Qwen2, with grouped-query
+//! attention, rotary embeddings, tied or untied `lm_head`, left-padded batches, input
+//! embeddings, every hidden state, and a key/value cache for incremental decoding. They run on
+//! kiln-transformer's blocks, the same projections and host kernels as kiln-vision's towers,
+//! under a precision policy (half-precision compute, f32 norms and softmax).
+//!
+//! ```no_run
+//! use burn::backend::Flex;
+//! use kiln_precision::Policy;
+//! use kiln_text::{CausalLm, KvCache, TextInput};
+//!
+//! let device = Default::default();
+//! let model = CausalLm::<Flex>::from_hf_dir("SmolLM2-135M-Instruct", &device, &Policy::full())?;
+//! let mut cache = KvCache::new();
+//! let prompt = TextInput::ids(vec![vec![1, 504, 3458]]).with_last_logits_only();
+//! let logits = model.forward_cached(prompt, &mut cache)?.logits; // [1, 1, vocab]
+//! # Ok::<(), kiln_text::TextError>(())
+//! ```
+
+mod cache;
+mod config;
+mod generate;
+mod input;
+mod llama;
+mod load;
+mod rope;
+mod tokenizer;
+
+pub use cache::KvCache;
+pub use config::{Family, MODEL_TYPES, RopeScaling, TextConfig};
+pub use generate::{GenerationConfig, Sampling, generate};
+pub use input::{TextInput, Tokens};
+pub use llama::{Attention, CausalLm, CausalLmOutput, DecoderLayer, LlamaModel, Mlp};
+pub use tokenizer::{Message, TextTokenizer, TokenCache};
+
+/// Why a checkpoint or an input cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TextError {
+    /// A `config.json` kiln cannot use.
+    #[error("{0}")]
+    Config(String),
+    /// Weights that cannot be loaded.
+    #[error("{0}")]
+    Weights(String),
+    /// Tokens, masks or positions the model cannot take.
+    #[error("{0}")]
+    Input(String),
+    /// A tokenizer or chat template that cannot be used.
+    #[error("{0}")]
+    Tokenizer(String),
+}
+
+impl From<kiln_transformer::checkpoint::CheckpointError> for TextError {
+    fn from(error: kiln_transformer::checkpoint::CheckpointError) -> Self {
+        TextError::Weights(error.0)
+    }
+}

@@ -1,0 +1,473 @@
+//! Llama and Qwen2 decoder-only language models, as transformers implements them
+//! (`LlamaForCausalLM`, `Qwen2ForCausalLM`; candle-transformers' `llama.rs` and `qwen2.rs`):
+//! token embeddings, pre-RMSNorm decoder layers of grouped-query attention with rotary position
+//! embeddings and a SwiGLU MLP, a final RMSNorm and `lm_head` (or the embedding matrix, tied).
+//! Qwen2 is Llama with biases on the q, k and v projections. Field names mirror the checkpoint's
+//! keys (`model.layers.N.self_attn.q_proj`, `model.layers.N.mlp.gate_proj`, `lm_head`, ...).
+
+use burn::module::Module;
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
+use burn::tensor::activation::{silu, softmax};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use kiln_precision::Policy;
+use kiln_transformer::host::{self, Heads, Rows};
+use kiln_transformer::projection::{Then, product_then, project};
+use kiln_transformer::{Pass, PreparedWeights, Settings, run_layers};
+
+use crate::TextError;
+use crate::cache::{KvCache, LayerCache};
+use crate::config::TextConfig;
+use crate::input::{TextInput, Tokens};
+use crate::rope::Rope;
+
+/// Grouped-query self-attention (`model.layers.N.self_attn`).
+#[derive(Module, Debug)]
+pub struct Attention<B: Backend> {
+    q_proj: Linear<B>,
+    k_proj: Linear<B>,
+    v_proj: Linear<B>,
+    o_proj: Linear<B>,
+    #[module(skip)]
+    heads: usize,
+    #[module(skip)]
+    kv_heads: usize,
+}
+
+/// What one layer's attention sees besides its input: the new tokens' rotary angles and which
+/// keys each may attend to, as the host kernels or burn's operations take them.
+enum Context<B: Backend> {
+    /// Row-major `cos` and `sin` `[batch · new, head_dim]`, each image's real keys
+    /// `[batch · (past + new)]` and the count of tokens before the new ones.
+    Host {
+        cos: Vec<f32>,
+        sin: Vec<f32>,
+        real_keys: Vec<bool>,
+        past: usize,
+    },
+    /// `cos` and `sin` `[batch, 1, new, head_dim]` and the additive mask `[batch, 1, new, past
+    /// + new]` (0 where a query may look, the most negative f32 where it may not).
+    Tensors {
+        cos: Tensor<B, 4>,
+        sin: Tensor<B, 4>,
+        bias: Tensor<B, 4>,
+    },
+}
+
+impl<B: Backend> Attention<B> {
+    /// `residual + o_proj(attention(x))`; appends this step's keys and values to `cache`.
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        residual: Tensor<B, 3>,
+        context: &Context<B>,
+        cache: &mut LayerCache<B>,
+        pass: &Pass,
+    ) -> Tensor<B, 3> {
+        let attended = match context {
+            Context::Host {
+                cos,
+                sin,
+                real_keys,
+                past,
+            } => self.attend_on_host(x, (cos, sin), real_keys, *past, cache, pass),
+            Context::Tensors { cos, sin, bias } => {
+                self.attend(x, (cos, sin), bias.clone(), cache, pass)
+            }
+        };
+        let then = Then::AddTo {
+            residual,
+            scale: None,
+        };
+        project(&self.o_proj, attended, then, pass)
+    }
+
+    /// Attention through burn's operations; the heads merged, before `o_proj`.
+    fn attend(
+        &self,
+        x: Tensor<B, 3>,
+        (cos, sin): (&Tensor<B, 4>, &Tensor<B, 4>),
+        bias: Tensor<B, 4>,
+        cache: &mut LayerCache<B>,
+        pass: &Pass,
+    ) -> Tensor<B, 3> {
+        let [batch, tokens, _] = x.dims();
+        let project_heads = |linear: &Linear<B>, count: usize| {
+            let y = project(linear, x.clone(), Then::Nothing, pass);
+            let width = y.dims()[2];
+            y.reshape([batch, tokens, count, width / count])
+                .swap_dims(1, 2)
+        };
+        let query = Rope::apply(project_heads(&self.q_proj, self.heads), cos, sin);
+        let key = Rope::apply(project_heads(&self.k_proj, self.kv_heads), cos, sin);
+        let value = project_heads(&self.v_proj, self.kv_heads);
+        let (key, value) = cache.append(key, value);
+        let attended = grouped_attention(query, key, value, bias, pass);
+        let [_, heads, _, head_dim] = attended.dims();
+        attended
+            .swap_dims(1, 2)
+            .reshape([batch, tokens, heads * head_dim])
+    }
+
+    /// Attention through the host kernels (f32 on Flex or NdArray): q, k and v from one
+    /// product, rotated in place, the keys and values appended to the host cache, then kiln's
+    /// causal grouped-query attention kernel.
+    fn attend_on_host(
+        &self,
+        x: Tensor<B, 3>,
+        (cos, sin): (&[f32], &[f32]),
+        real_keys: &[bool],
+        past: usize,
+        cache: &mut LayerCache<B>,
+        pass: &Pass,
+    ) -> Tensor<B, 3> {
+        let [batch, tokens, _] = x.dims();
+        let device = x.device();
+        let weight = pass
+            .prepared()
+            .side_by_side(&[&self.q_proj, &self.k_proj, &self.v_proj]);
+        let columns = weight.columns();
+        let mut qkv = product_then(x.into_data(), &weight, |v| v);
+        let head_dim = cos.len() / (batch * tokens).max(1);
+        let (q_width, kv_width) = (self.heads * head_dim, self.kv_heads * head_dim);
+        Rope::rotate_rows(&mut qkv, columns, 0, self.heads + self.kv_heads, cos, sin);
+        let (keys, values) = cache.append_host(
+            &qkv,
+            columns,
+            q_width,
+            q_width + kv_width,
+            kv_width,
+            batch,
+            past,
+        );
+        let shape = Heads {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim,
+            causal_past: Some(past),
+            real_keys: Some(real_keys),
+        };
+        let scale = (head_dim as f64).powf(-0.5) as f32;
+        let out = host::attention(
+            Rows::new(&qkv, columns, tokens),
+            Rows::new(keys, kv_width, past + tokens),
+            Rows::new(values, kv_width, past + tokens),
+            batch,
+            shape,
+            scale,
+            None,
+        );
+        Tensor::from_data(TensorData::new(out, [batch, tokens, q_width]), &device)
+    }
+}
+
+/// `softmax(q kᵀ / √d + bias) v` per head, each key/value head serving `heads / kv_heads` query
+/// heads; the scores' softmax in f32 whatever the compute dtype.
+fn grouped_attention<B: Backend>(
+    query: Tensor<B, 4>,
+    key: Tensor<B, 4>,
+    value: Tensor<B, 4>,
+    bias: Tensor<B, 4>,
+    pass: &Pass,
+) -> Tensor<B, 4> {
+    let [batch, heads, _, head_dim] = query.dims();
+    let [_, kv_heads, kv_tokens, _] = key.dims();
+    let repeat = |x: Tensor<B, 4>| {
+        if kv_heads == heads {
+            return x;
+        }
+        x.unsqueeze_dim::<5>(2)
+            .repeat_dim(2, heads / kv_heads)
+            .reshape([batch, heads, kv_tokens, head_dim])
+    };
+    let scores = query.matmul(repeat(key).swap_dims(2, 3)) * (head_dim as f64).powf(-0.5);
+    let probs = pass
+        .policy()
+        .keep_f32(scores, |scores| softmax(scores + bias, 3));
+    probs.matmul(repeat(value))
+}
+
+/// The SwiGLU MLP (`model.layers.N.mlp`): `down_proj(silu(gate_proj x) ⊙ up_proj x)`.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    gate_proj: Linear<B>,
+    up_proj: Linear<B>,
+    down_proj: Linear<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    /// `residual + mlp(x)`; on host backends in f32 the gate and up projections are one
+    /// product and `silu(gate) ⊙ up` one pass over it.
+    fn forward(&self, x: Tensor<B, 3>, residual: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
+        let hidden = if host::serves(&x) {
+            let [batch, tokens, _] = x.dims();
+            let device = x.device();
+            let weight = pass
+                .prepared()
+                .side_by_side(&[&self.gate_proj, &self.up_proj]);
+            let gate_up = product_then(x.into_data(), &weight, |v| v);
+            let width = weight.columns() / 2;
+            let hidden = host::swiglu(&gate_up, width);
+            Tensor::from_data(TensorData::new(hidden, [batch, tokens, width]), &device)
+        } else {
+            let gate = project(&self.gate_proj, x.clone(), Then::Nothing, pass);
+            silu(gate) * project(&self.up_proj, x, Then::Nothing, pass)
+        };
+        let then = Then::AddTo {
+            residual,
+            scale: None,
+        };
+        project(&self.down_proj, hidden, then, pass)
+    }
+}
+
+/// One pre-norm decoder layer (`model.layers.N`).
+#[derive(Module, Debug)]
+pub struct DecoderLayer<B: Backend> {
+    self_attn: Attention<B>,
+    mlp: Mlp<B>,
+    input_layernorm: RmsNorm<B>,
+    post_attention_layernorm: RmsNorm<B>,
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        context: &Context<B>,
+        cache: &mut LayerCache<B>,
+        pass: &Pass,
+    ) -> Tensor<B, 3> {
+        let normed = pass.rms_norm(&self.input_layernorm, x.clone());
+        let x = self.self_attn.forward(normed, x, context, cache, pass);
+        let normed = pass.rms_norm(&self.post_attention_layernorm, x.clone());
+        self.mlp.forward(normed, x, pass)
+    }
+}
+
+/// The decoder (`model`).
+#[derive(Module, Debug)]
+pub struct LlamaModel<B: Backend> {
+    embed_tokens: Embedding<B>,
+    layers: Vec<DecoderLayer<B>>,
+    norm: RmsNorm<B>,
+}
+
+/// What a forward pass gives, in the policy's output dtype.
+#[derive(Debug, Clone)]
+pub struct CausalLmOutput<B: Backend> {
+    /// Next-token logits `[batch, tokens, vocab]` (only the last token's with
+    /// [`TextInput::last_logits_only`]: `[batch, 1, vocab]`).
+    pub logits: Tensor<B, 3>,
+    /// The final norm's output `[batch, tokens, hidden]`.
+    pub last_hidden_state: Tensor<B, 3>,
+    /// With [`TextInput::hidden_states`]: the embeddings, each layer's output, and for the last
+    /// layer the final norm's output (transformers' `hidden_states`, `layers + 1` of them).
+    pub hidden_states: Vec<Tensor<B, 3>>,
+}
+
+/// A causal language model of the Llama family (`LlamaForCausalLM`, `Qwen2ForCausalLM`).
+#[derive(Module, Debug)]
+pub struct CausalLm<B: Backend> {
+    model: LlamaModel<B>,
+    /// Absent when the embeddings are tied (`tie_word_embeddings`).
+    lm_head: Option<Linear<B>>,
+    #[module(skip)]
+    config: TextConfig,
+    #[module(skip)]
+    settings: Settings,
+    #[module(skip)]
+    prepared: PreparedWeights,
+}
+
+impl TextConfig {
+    /// A randomly initialised model of this shape (load a checkpoint into it with
+    /// [`CausalLm::from_hf_dir`]'s loader).
+    pub fn init<B: Backend>(&self, device: &B::Device) -> CausalLm<B> {
+        let (hidden, head_dim) = (self.hidden_size, self.head_dim());
+        let linear = |inputs, outputs, bias| {
+            LinearConfig::new(inputs, outputs)
+                .with_bias(bias)
+                .init(device)
+        };
+        let norm = || {
+            RmsNormConfig::new(hidden)
+                .with_epsilon(self.rms_norm_eps)
+                .init(device)
+        };
+        let q_width = self.num_attention_heads * head_dim;
+        let kv_width = self.num_key_value_heads * head_dim;
+        let qkv_bias = self.qkv_bias();
+        let layers = (0..self.num_hidden_layers)
+            .map(|_| DecoderLayer {
+                self_attn: Attention {
+                    q_proj: linear(hidden, q_width, qkv_bias),
+                    k_proj: linear(hidden, kv_width, qkv_bias),
+                    v_proj: linear(hidden, kv_width, qkv_bias),
+                    o_proj: linear(q_width, hidden, self.attention_bias),
+                    heads: self.num_attention_heads,
+                    kv_heads: self.num_key_value_heads,
+                },
+                mlp: Mlp {
+                    gate_proj: linear(hidden, self.intermediate_size, self.mlp_bias),
+                    up_proj: linear(hidden, self.intermediate_size, self.mlp_bias),
+                    down_proj: linear(self.intermediate_size, hidden, self.mlp_bias),
+                },
+                input_layernorm: norm(),
+                post_attention_layernorm: norm(),
+            })
+            .collect();
+        CausalLm {
+            model: LlamaModel {
+                embed_tokens: EmbeddingConfig::new(self.vocab_size, hidden).init(device),
+                layers,
+                norm: norm(),
+            },
+            lm_head: (!self.tie_word_embeddings).then(|| linear(hidden, self.vocab_size, false)),
+            config: self.clone(),
+            settings: Settings::default(),
+            prepared: PreparedWeights::default(),
+        }
+    }
+}
+
+impl<B: Backend> CausalLm<B> {
+    /// The model's shape.
+    pub fn config(&self) -> &TextConfig {
+        &self.config
+    }
+
+    /// The precision policy the model runs under.
+    pub fn policy(&self) -> &Policy {
+        &self.settings.policy
+    }
+
+    /// The model under `policy`: parameters cast to its parameter dtype once, forward passes in
+    /// its compute dtype (norms and softmax in f32), results in its output dtype.
+    pub fn with_policy(self, policy: &Policy) -> Self {
+        let mut model = policy.cast_params(self);
+        model.settings.policy = *policy;
+        model.prepared = PreparedWeights::default();
+        model
+    }
+
+    /// The token embeddings of `ids` `[batch, tokens]`, `[batch, tokens, hidden]` (what
+    /// [`Tokens::Embeddings`] takes, for models that splice other embeddings in).
+    pub fn embed(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        self.model.embed_tokens.forward(ids)
+    }
+
+    /// One forward pass over `input`'s new tokens, after those already in `cache` (an empty
+    /// [`KvCache::new`] for a prompt); appends their keys and values to it.
+    pub fn forward_cached(
+        &self,
+        input: TextInput<B>,
+        cache: &mut KvCache<B>,
+    ) -> Result<CausalLmOutput<B>, TextError> {
+        let device = self.devices()[0].clone();
+        let (batch, tokens) = input.tokens.dims();
+        if let Tokens::Ids(ids) = &input.tokens {
+            self.check_ids(ids)?;
+        }
+        let positions = cache.extend(&input, self.config.max_position_embeddings)?;
+        let pass = Pass::new(&self.settings, &self.prepared, None);
+        let model = if self.settings.policy.param == self.settings.policy.compute {
+            std::borrow::Cow::Borrowed(self)
+        } else {
+            std::borrow::Cow::Owned(kiln_precision::cast_module(
+                self.clone(),
+                self.settings.policy.compute,
+            ))
+        };
+        let x = match input.tokens {
+            Tokens::Ids(ids) => {
+                let flat: Vec<i64> = ids.iter().flatten().map(|&id| i64::from(id)).collect();
+                let ids = Tensor::from_data(TensorData::new(flat, [batch, tokens]), &device);
+                model.embed(ids)
+            }
+            Tokens::Embeddings(x) => x,
+        };
+        let x = pass.input(x);
+        let rope = Rope::new(&self.config);
+        let context = if host::serves(&x) {
+            let (cos, sin) = rope.table(&positions.ids);
+            Context::Host {
+                cos,
+                sin,
+                real_keys: positions.real_keys(),
+                past: positions.past,
+            }
+        } else {
+            let (cos, sin) = rope.angles::<B>(&positions.ids, &device);
+            Context::Tensors {
+                cos: pass.input(cos),
+                sin: pass.input(sin),
+                bias: positions.bias(&device),
+            }
+        };
+        let mut caches = cache.layers(model.model.layers.len());
+        let (x, mut hidden_states) = run_layers(
+            x,
+            &model.model.layers,
+            input.hidden_states,
+            &pass,
+            |layer, x, pass| {
+                let cache = caches.next().expect("one cache per layer");
+                layer.forward(x, &context, cache, pass)
+            },
+        );
+        let last_hidden_state = pass.rms_norm(&model.model.norm, x);
+        if let Some(last) = hidden_states.last_mut() {
+            *last = pass.output(last_hidden_state.clone());
+        }
+        let head_input = if input.last_logits_only {
+            let hidden = last_hidden_state.dims()[2];
+            last_hidden_state
+                .clone()
+                .slice([0..batch, tokens - 1..tokens, 0..hidden])
+        } else {
+            last_hidden_state.clone()
+        };
+        let embedding = &model.model.embed_tokens.weight;
+        let logits = match &model.lm_head {
+            Some(head) => project(head, head_input, Then::Nothing, &pass),
+            None if host::serves(&head_input) => {
+                let [batch, tokens, _] = head_input.dims();
+                let weight = pass.prepared().transposed(embedding);
+                let logits = product_then(head_input.into_data(), &weight, |v| v);
+                let shape = [batch, tokens, weight.columns()];
+                Tensor::from_data(TensorData::new(logits, shape), &device)
+            }
+            None => head_input.matmul(embedding.val().transpose().unsqueeze()),
+        };
+        Ok(CausalLmOutput {
+            logits: pass.output(logits),
+            last_hidden_state: pass.output(last_hidden_state),
+            hidden_states,
+        })
+    }
+
+    /// [`Self::forward_cached`] of a whole sequence, without keeping keys and values.
+    pub fn forward(&self, input: TextInput<B>) -> Result<CausalLmOutput<B>, TextError> {
+        self.forward_cached(input, &mut KvCache::new())
+    }
+
+    /// Refuses token ids outside the vocabulary, naming the first (1-based row and position).
+    fn check_ids(&self, ids: &[Vec<u32>]) -> Result<(), TextError> {
+        let vocab = self.config.vocab_size;
+        for (row, ids) in ids.iter().enumerate() {
+            if let Some((at, id)) = ids
+                .iter()
+                .enumerate()
+                .find(|&(_, &id)| id as usize >= vocab)
+            {
+                return Err(TextError::Input(format!(
+                    "sequence {}, token {}: id {id} is not below the vocabulary size {vocab}",
+                    row + 1,
+                    at + 1
+                )));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,37 @@
+//! Reading a model from a Hugging Face checkpoint directory.
+
+use std::path::Path;
+
+use burn::tensor::backend::Backend;
+use kiln_precision::Policy;
+use kiln_transformer::checkpoint::load_checkpoint;
+
+use crate::TextError;
+use crate::config::TextConfig;
+use crate::llama::CausalLm;
+
+/// burn-store renames LayerNorm's `weight` to burn's `gamma` but not RMSNorm's.
+const KEY_REMAPPING: &[(&str, &str)] = &[(r"^(.*norm)\.weight$", "$1.gamma")];
+
+impl<B: Backend> CausalLm<B> {
+    /// Reads the checkpoint directory `dir` (config.json and the weights, single or sharded,
+    /// f32/f16/bf16) onto `device`, parameters in the policy's dtype. Every tensor the model
+    /// needs that is missing or of another shape is named in the error.
+    pub fn from_hf_dir(
+        dir: impl AsRef<Path>,
+        device: &B::Device,
+        policy: &Policy,
+    ) -> Result<Self, TextError> {
+        let dir = dir.as_ref();
+        let config = TextConfig::from_hf_config(dir)?;
+        // A tied checkpoint may still store `lm_head.weight` (a copy of the embeddings); older
+        // ones store RoPE's frequencies, which kiln computes.
+        let unused: &[&str] = if config.tie_word_embeddings {
+            &["lm_head.", "model.rotary_emb."]
+        } else {
+            &["model.rotary_emb."]
+        };
+        let model = load_checkpoint(config.init::<B>(device), dir, KEY_REMAPPING, unused)?;
+        Ok(model.with_policy(policy))
+    }
+}

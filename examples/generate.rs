@@ -1,0 +1,216 @@
+//! Continues a prompt with a Hugging Face language model (Llama, Qwen2), streaming the text, then
+//! prints the prefill and decode speeds; or writes the prompt's logits.
+//!
+//! ```text
+//! cargo run --release --example generate -- --model-dir SmolLM2-135M-Instruct --prompt "Once" \
+//!     [--max-new-tokens 64] [--temperature 0.7] [--top-p 0.9] [--seed 0] [--chat] \
+//!     [--device cpu] [--policy full] [--logits logits.safetensors]
+//! ```
+//!
+//! The prompt is tokenised as it is (transformers' `tokenizer(prompt)`); `--chat` wraps it as a
+//! user turn in the checkpoint's chat template first. Temperature 0 (the default) decodes
+//! greedily. Generation stops at the checkpoint's `eos_token_id` (and `<|im_end|>` with
+//! `--chat`) or after `--max-new-tokens`. `--logits FILE` writes, instead of generating, a
+//! safetensors file with `input_ids` (i64 [tokens]) and `logits` (f32 [tokens, vocab]) of the
+//! prompt, and exits.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{FloatDType, TensorData};
+use clap::Parser;
+use kiln::burn;
+use kiln::precision::{DeviceJob, DeviceSpec, PolicySpec};
+use kiln::text::{
+    CausalLm, GenerationConfig, Message, Sampling, TextInput, TextTokenizer, generate,
+};
+
+/// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Continue a prompt with a language model.
+#[derive(Parser)]
+struct Args {
+    /// A Hugging Face model directory: config.json, model.safetensors (or its index),
+    /// tokenizer.json and, for --chat, tokenizer_config.json's chat template.
+    #[arg(long)]
+    model_dir: PathBuf,
+    /// The text to continue.
+    #[arg(long)]
+    prompt: String,
+    /// The most tokens to add.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Sampling temperature; 0 decodes greedily.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    /// Nucleus sampling's probability mass (with a temperature above 0).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
+    /// Seeds sampling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Wrap the prompt as a user turn in the chat template.
+    #[arg(long)]
+    chat: bool,
+    /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
+    /// Precision policy: full, mixed-f16, mixed-bf16, pure-f16, a dtype, or p=..,c=..,o=...
+    #[arg(long, default_value = "full")]
+    policy: PolicySpec,
+    /// Write the prompt's `input_ids` and `logits` to this safetensors file and exit.
+    #[arg(long)]
+    logits: Option<PathBuf>,
+}
+
+impl DeviceJob for Args {
+    type Output = Result<(), String>;
+
+    fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+        let text = |e: kiln::text::TextError| e.to_string();
+        let tokenizer = TextTokenizer::from_hf_dir(&self.model_dir).map_err(text)?;
+        let policy = self
+            .policy
+            .resolve::<B>(device)
+            .map_err(|e| e.to_string())?;
+        let model = CausalLm::<B>::from_hf_dir(&self.model_dir, device, &policy).map_err(text)?;
+        let prompt = if self.chat {
+            let turn = [Message::new("user", &self.prompt)];
+            tokenizer.apply_chat_template(&turn, true).map_err(text)?
+        } else {
+            self.prompt.clone()
+        };
+        let ids = tokenizer.encode(&prompt).map_err(text)?;
+        if ids.is_empty() {
+            return Err("the prompt is empty: give --prompt some text".into());
+        }
+        if let Some(path) = &self.logits {
+            return write_logits(&model, &ids, path);
+        }
+        let mut stop_tokens = model.config().eos_token_ids.clone();
+        if self.chat {
+            stop_tokens.extend(tokenizer.token_id("<|im_end|>"));
+        }
+        let sampling = if self.temperature > 0.0 {
+            Sampling::Sample {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                seed: self.seed,
+            }
+        } else {
+            Sampling::Greedy
+        };
+        let config = GenerationConfig {
+            max_new_tokens: self.max_new_tokens,
+            sampling,
+            stop_tokens,
+            pad_token: 0,
+        };
+        print!("{prompt}");
+        let mut generated = Vec::new();
+        let mut printed = String::new();
+        let start = Instant::now();
+        let mut first_token = None;
+        let mut failure = None;
+        let mut print_new = |text: &str| {
+            if let Some(new) = text.strip_prefix(printed.as_str()) {
+                print!("{new}");
+                let _ = std::io::stdout().flush();
+                printed = text.to_string();
+            }
+        };
+        generate(&model, std::slice::from_ref(&ids), &config, |step| {
+            first_token.get_or_insert_with(|| start.elapsed());
+            generated.extend(step[0]);
+            // Decoding the whole continuation keeps characters whose bytes span tokens whole:
+            // a trailing partial character (decoded as U+FFFD) waits for its next bytes.
+            match tokenizer.decode(&generated, true) {
+                Ok(text) => print_new(text.trim_end_matches('\u{FFFD}')),
+                Err(e) => failure = Some(e.to_string()),
+            }
+        })
+        .map_err(text)?;
+        print_new(&tokenizer.decode(&generated, true).map_err(text)?);
+        println!();
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
+        let total = start.elapsed();
+        let prefill = first_token.unwrap_or(total);
+        let decoded = generated.len().saturating_sub(1);
+        eprintln!(
+            "prefill: {} tokens in {:.3} s, {:.1} tokens/s; decode: {decoded} tokens in {:.3} s, \
+             {:.1} tokens/s ({} on {})",
+            ids.len(),
+            prefill.as_secs_f64(),
+            ids.len() as f64 / prefill.as_secs_f64(),
+            (total - prefill).as_secs_f64(),
+            decoded as f64 / (total - prefill).as_secs_f64().max(1e-9),
+            policy,
+            self.device,
+        );
+        Ok(())
+    }
+}
+
+/// Writes the prompt's ids and logits.
+fn write_logits<B: Backend>(model: &CausalLm<B>, ids: &[u32], path: &Path) -> Result<(), String> {
+    let out = model
+        .forward(TextInput::ids(vec![ids.to_vec()]))
+        .map_err(|e| e.to_string())?;
+    let [_, tokens, vocab] = out.logits.dims();
+    let logits: TensorData = out
+        .logits
+        .cast(FloatDType::F32)
+        .reshape([tokens, vocab])
+        .into_data();
+    let input_ids: Vec<u8> = ids
+        .iter()
+        .flat_map(|&id| i64::from(id).to_le_bytes())
+        .collect();
+    let view = |dtype, shape: Vec<usize>, bytes| {
+        safetensors::tensor::TensorView::new(dtype, shape, bytes).map_err(|e| e.to_string())
+    };
+    let views = vec![
+        (
+            "input_ids".to_string(),
+            view(safetensors::Dtype::I64, vec![tokens], &input_ids)?,
+        ),
+        (
+            "logits".to_string(),
+            view(
+                safetensors::Dtype::F32,
+                vec![tokens, vocab],
+                logits.as_bytes(),
+            )?,
+        ),
+    ];
+    let bytes = safetensors::serialize(views, None).map_err(|e| e.to_string())?;
+    kiln::io::write_atomic(path, &bytes).map_err(|e| e.to_string())?;
+    eprintln!(
+        "wrote {} ({tokens} tokens, vocabulary {vocab})",
+        path.display()
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    kiln::log_to_stderr();
+    let args = Args::parse();
+    let device = args.device;
+    let result = match &args.logits {
+        Some(path) => kiln::io::Inputs::new()
+            .with("the model directory (--model-dir)", &args.model_dir)
+            .check_output(path)
+            .map_err(|e| format!("--logits {e}")),
+        None => Ok(()),
+    }
+    .and_then(|()| device.run(args).map_err(|e| e.to_string()))
+    .and_then(|r| r);
+    kiln::exit_status(result)
+}
