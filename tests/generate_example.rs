@@ -72,14 +72,8 @@ fn logits_of_the_prompt_are_transformers() {
     let (logits, shape) = common::read_f32(&file, "logits");
     let (expected, expected_shape) = common::read_f32(&reference, "logits");
     assert_eq!(shape, expected_shape[1..]);
-    let row = &expected[expected.len() / 2..];
-    let worst = logits
-        .iter()
-        .zip(row)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    let size = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    assert!(worst <= 1e-4 * size, "{worst} of {size}");
+    let error = common::relative_f32(&logits, &expected[expected.len() / 2..]);
+    assert!(error <= 1e-4, "{error}");
 }
 
 #[test]

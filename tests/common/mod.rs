@@ -68,6 +68,12 @@ pub fn relative(a: &[f64], b: &[f64]) -> f64 {
     max_abs_diff(a, b) / b.iter().fold(0.0, |m: f64, v| m.max(v.abs()))
 }
 
+/// [`relative`] of f32 values.
+pub fn relative_f32(a: &[f32], b: &[f32]) -> f64 {
+    let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+    relative(&wide(a), &wide(b))
+}
+
 /// Writes to the terminal past libtest's output capture, so a skipped check is seen even when
 /// the test passes.
 pub fn say(line: &str) {

@@ -262,3 +262,49 @@ fn input_embeddings_equal_token_ids() {
     let diff = (by_ids - by_embeddings).abs().max().into_scalar();
     assert_eq!(diff, 0.0);
 }
+
+/// The host kernels (Flex) equal burn's operations (`Autodiff<Flex>`) on a batch of more rows
+/// than one block of the host MLP (5 × 60 = 300 > 256), left padding included.
+#[test]
+fn host_kernels_equal_burn_operations_on_many_rows() {
+    let (batch, tokens) = (5, 60);
+    let ids: Vec<Vec<u32>> = (0..batch)
+        .map(|b| {
+            (0..tokens)
+                .map(|t| ((b * 131 + t * 17) % 384) as u32)
+                .collect()
+        })
+        .collect();
+    let mask: Vec<Vec<bool>> = (0..batch)
+        .map(|b| (0..tokens).map(|t| t >= 3 * b).collect())
+        .collect();
+    fn input<B: Backend>(ids: &[Vec<u32>], mask: &[Vec<bool>]) -> TextInput<B> {
+        TextInput::ids(ids.to_vec())
+            .with_attention_mask(mask.to_vec())
+            .with_hidden_states()
+    }
+    let host = load("llama").forward(input(&ids, &mask)).unwrap();
+    let burns = load_on::<Autodiff<Flex>>("llama", &Policy::full())
+        .forward(input(&ids, &mask))
+        .unwrap();
+    let values = |t: Tensor<Flex, 3>| t.into_data().to_vec::<f32>().unwrap();
+    let pairs = std::iter::once((host.logits, burns.logits.inner())).chain(
+        host.hidden_states
+            .into_iter()
+            .zip(burns.hidden_states.into_iter().map(|t| t.inner())),
+    );
+    for (i, (ours, theirs)) in pairs.enumerate() {
+        let (ours, theirs) = (values(ours), values(theirs));
+        let real: Vec<bool> = mask.concat();
+        let width = ours.len() / real.len();
+        let (mut worst, mut size) = (0f32, 0f32);
+        for (token, _) in real.iter().enumerate().filter(|(_, r)| **r) {
+            let span = token * width..(token + 1) * width;
+            for (a, b) in ours[span.clone()].iter().zip(&theirs[span]) {
+                worst = worst.max((a - b).abs());
+                size = size.max(b.abs());
+            }
+        }
+        assert!(worst <= 1e-5 * size, "output {i}: {worst} of {size}");
+    }
+}

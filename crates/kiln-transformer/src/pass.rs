@@ -19,7 +19,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
 use burn::tensor::{Tensor, TensorData};
-use kiln_precision::{Policy, Precision, cast, cast_module, host_op, host_ops_serve};
+use kiln_precision::{HostValues, Policy, Precision, cast, cast_module, host_op, host_ops_serve};
 use rayon::prelude::*;
 
 use crate::host::{self, Rows};
@@ -399,12 +399,12 @@ impl Pass {
         x: Tensor<B, D>,
     ) -> Tensor<B, D> {
         if host::serves(&x) {
-            let device = x.device();
-            let weight = kiln_precision::HostValues::of(&norm.gamma.val());
-            let x = x.into_data();
-            let shape = x.shape.clone();
-            let out = host::rms_norm(host::f32s(&x), weight.values(), norm.epsilon as f32);
-            return Tensor::from_data(TensorData::new(out, shape), &device);
+            // Read in place: `x` is usually the residual stream, still held for the sum after
+            // the block, so taking its data would copy it.
+            let values = HostValues::of(&x);
+            let weight = HostValues::of(&norm.gamma.val());
+            let out = host::rms_norm(values.values(), weight.values(), norm.epsilon as f32);
+            return Tensor::from_data(TensorData::new(out, x.dims()), &x.device());
         }
         if self.policy.compute.is_half() {
             let wide = cast_module(norm.clone(), Precision::F32);

@@ -126,7 +126,7 @@ fn project_on_host<B: Backend, const D: usize>(
             let weight = pass.prepared().linear(linear, scale.as_ref());
             let mut out = residual.into_data();
             let values = out.as_mut_slice::<f32>().expect("host projections are f32");
-            add_product(values, &x, &weight);
+            add_product(values, host::f32s(&x), last_dim(&x), &weight);
             return Tensor::from_data(out, &device);
         }
         Then::Nothing => product_then(x, &pass.prepared().linear(linear, None), |v| v),
@@ -146,25 +146,28 @@ fn project_on_host<B: Backend, const D: usize>(
 /// `f(x W + b)`, row-major `[rows, out]`, for the data `x` with its leading dimensions flattened
 /// into rows.
 pub fn product_then(x: TensorData, weight: &HostWeight, f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
-    let (rows, inputs, outputs) = shape(&x, weight.columns());
+    let inputs = last_dim(&x);
+    product_rows(host::f32s(&x), inputs, weight, f)
+}
+
+/// `f(x W + b)`, row-major `[rows, out]`, for the row-major rows `x` of `inputs` values.
+pub fn product_rows(
+    x: &[f32],
+    inputs: usize,
+    weight: &HostWeight,
+    f: impl Fn(f32) -> f32 + Sync,
+) -> Vec<f32> {
+    let (rows, outputs) = (x.len() / inputs.max(1), weight.columns());
     let mut out = vec![0f32; rows * outputs];
     match &weight.operand {
         Operand::Packed(packed) => {
-            sgemm::product(
-                &mut out,
-                host::f32s(&x),
-                packed,
-                rows,
-                false,
-                &weight.bias,
-                f,
-            );
+            sgemm::product(&mut out, x, packed, rows, false, &weight.bias, f);
         }
         Operand::RowMajor(values) => {
             matmul(
                 &mut out,
                 View::rows(0, rows, outputs, outputs),
-                host::f32s(&x),
+                x,
                 View::rows(0, rows, inputs, inputs),
                 values,
                 View::rows(0, inputs, outputs, outputs),
@@ -177,27 +180,20 @@ pub fn product_then(x: TensorData, weight: &HostWeight, f: impl Fn(f32) -> f32 +
     out
 }
 
-/// `residual += x W + b` in place, `residual` row-major `[rows, out]`.
-fn add_product(residual: &mut [f32], x: &TensorData, weight: &HostWeight) {
-    let (rows, inputs, outputs) = shape(x, weight.columns());
+/// `residual += x W + b` in place, for the row-major rows `x` of `inputs` values and
+/// `residual` `[rows, out]`.
+pub fn add_product(residual: &mut [f32], x: &[f32], inputs: usize, weight: &HostWeight) {
+    let (rows, outputs) = (x.len() / inputs.max(1), weight.columns());
     match &weight.operand {
         Operand::Packed(packed) => {
-            sgemm::product(
-                residual,
-                host::f32s(x),
-                packed,
-                rows,
-                true,
-                &weight.bias,
-                |v| v,
-            );
+            sgemm::product(residual, x, packed, rows, true, &weight.bias, |v| v);
         }
         Operand::RowMajor(values) => {
             host::add_bias_map(residual, &weight.bias, |v| v);
             matmul(
                 residual,
                 View::rows(0, rows, outputs, outputs),
-                host::f32s(x),
+                x,
                 View::rows(0, rows, inputs, inputs),
                 values,
                 View::rows(0, inputs, outputs, outputs),
@@ -208,14 +204,11 @@ fn add_product(residual: &mut [f32], x: &TensorData, weight: &HostWeight) {
     }
 }
 
-/// `(rows, inputs, outputs)` of a product of the data `x` (leading dimensions flattened) with a
-/// weight of `outputs` columns.
-fn shape(x: &TensorData, outputs: usize) -> (usize, usize, usize) {
-    let inputs = *x
-        .shape
+/// The last dimension of the data `x` (a projection's inputs).
+fn last_dim(x: &TensorData) -> usize {
+    *x.shape
         .last()
-        .expect("a projection's input has a last axis");
-    (x.num_elements() / inputs.max(1), inputs, outputs)
+        .expect("a projection's input has a last axis")
 }
 
 /// A `[features]` tensor shaped to broadcast along the last axis of a rank-`D` tensor.
@@ -329,9 +322,9 @@ mod tests {
                 bias: bias.clone(),
             };
             let data = TensorData::new(x.clone(), [rows, inputs]);
-            let product = product_then(data.clone(), &weight, f);
+            let product = product_then(data, &weight, f);
             let mut added = residual.clone();
-            add_product(&mut added, &data, &weight);
+            add_product(&mut added, &x, inputs, &weight);
             for (r, c) in (0..rows).flat_map(|r| (0..outputs).map(move |c| (r, c))) {
                 let i = r * outputs + c;
                 let want = dot(r, c);
