@@ -8,9 +8,10 @@
 //! ```
 //!
 //! The model is randomly initialised (speed does not depend on the weights). `prefill`: one
-//! forward of a 512-token prompt per sequence, the last token's logits only (as generation's
-//! prefill). `decode`: 32 steps of one token per sequence through the key/value cache after a
-//! 128-token prompt (the prompt is not timed).
+//! forward of a 512-token prompt per sequence into a new key/value cache, the last token's logits
+//! only (as generation's prefill, and transformers' with its default `use_cache`). `decode`: 32
+//! steps of one token per sequence through the key/value cache after a 128-token prompt (the
+//! prompt is not timed).
 
 use std::process::ExitCode;
 
@@ -62,7 +63,9 @@ impl<B: Backend> Benchmark<B> for Prefill<B> {
 
     fn run(&self, ids: &Self::Input) -> Self::Output {
         let input = TextInput::ids(ids.clone()).with_last_logits_only();
-        self.model.forward(input).expect("valid ids").logits
+        let mut cache = KvCache::new();
+        let output = self.model.forward_cached(input, &mut cache);
+        output.expect("valid ids").logits
     }
 }
 

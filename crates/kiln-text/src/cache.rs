@@ -4,6 +4,8 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
+use kiln_transformer::host::Rows;
+
 use crate::TextError;
 use crate::input::TextInput;
 
@@ -12,6 +14,8 @@ use crate::input::TextInput;
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {
     layers: Vec<LayerCache<B>>,
+    /// Whether keys and values are kept (not for a single forward over whole sequences).
+    keeps: bool,
     /// `[batch][tokens so far]`: `false` for padding.
     mask: Vec<Vec<bool>>,
     /// Each sequence's count of real tokens so far (its next position).
@@ -23,10 +27,18 @@ pub struct KvCache<B: Backend> {
 pub(crate) enum LayerCache<B: Backend> {
     /// Nothing yet.
     Empty,
+    /// Nothing, ever: the cache of a forward pass that keeps no keys and values.
+    Discarded,
     /// Tensors `[batch, kv_heads, tokens so far, head_dim]` (burn's operations).
     Tensors(Tensor<B, 4>, Tensor<B, 4>),
-    /// Row-major host values `[batch, tokens so far, kv_heads · head_dim]` (the host kernels).
-    Host(Vec<f32>, Vec<f32>),
+    /// Row-major host keys and values `[batch, capacity, kv_heads · head_dim]`, each image's
+    /// tokens so far first (the host kernels). The capacity at least doubles when it grows, so
+    /// a decoding step copies its own tokens, not the whole cache.
+    Host {
+        keys: Vec<f32>,
+        values: Vec<f32>,
+        capacity: usize,
+    },
 }
 
 impl<B: Backend> LayerCache<B> {
@@ -37,6 +49,10 @@ impl<B: Backend> LayerCache<B> {
         value: Tensor<B, 4>,
     ) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let joined = match std::mem::replace(self, LayerCache::Empty) {
+            LayerCache::Discarded => {
+                *self = LayerCache::Discarded;
+                return (key, value);
+            }
             LayerCache::Tensors(keys, values) => (
                 Tensor::cat(vec![keys, key], 2),
                 Tensor::cat(vec![values, value], 2),
@@ -49,7 +65,8 @@ impl<B: Backend> LayerCache<B> {
 
     /// Appends the new tokens' keys and values, each `width` columns of the `[batch · tokens,
     /// row_stride]` rows `new` from columns `key_column` and `value_column`, after the `past`
-    /// tokens held; returns the keys and values so far, `[batch, past + tokens, width]`.
+    /// tokens held; returns the keys and values so far (`past + tokens` per image), or `None`
+    /// for a discarded cache (the new tokens' are all there are, in `new`).
     #[allow(clippy::too_many_arguments)]
     pub fn append_host(
         &mut self,
@@ -60,29 +77,53 @@ impl<B: Backend> LayerCache<B> {
         width: usize,
         batch: usize,
         past: usize,
-    ) -> (&[f32], &[f32]) {
+    ) -> Option<(Rows<'_>, Rows<'_>)> {
         let tokens = new.len() / row_stride / batch.max(1);
-        let (old_keys, old_values) = match std::mem::replace(self, LayerCache::Empty) {
-            LayerCache::Host(keys, values) => (keys, values),
-            _ => (Vec::new(), Vec::new()),
-        };
-        let join = |old: &[f32], column: usize| {
-            let mut joined = Vec::with_capacity(batch * (past + tokens) * width);
-            for image in 0..batch {
-                joined.extend_from_slice(&old[image * past * width..][..past * width]);
-                for row in new[image * tokens * row_stride..][..tokens * row_stride]
-                    .chunks_exact(row_stride)
-                {
-                    joined.extend_from_slice(&row[column..column + width]);
+        let total = past + tokens;
+        match self {
+            LayerCache::Discarded => return None,
+            LayerCache::Host { .. } => {}
+            _ => {
+                *self = LayerCache::Host {
+                    keys: Vec::new(),
+                    values: Vec::new(),
+                    capacity: 0,
                 }
             }
-            joined
-        };
-        *self = LayerCache::Host(join(&old_keys, key_column), join(&old_values, value_column));
-        match self {
-            LayerCache::Host(keys, values) => (keys, values),
-            _ => unreachable!("just set"),
         }
+        let LayerCache::Host {
+            keys,
+            values,
+            capacity,
+        } = self
+        else {
+            unreachable!("just made a host cache")
+        };
+        if total > *capacity {
+            let grown = total.max(2 * *capacity);
+            for held in [&mut *keys, &mut *values] {
+                let mut larger = vec![0f32; batch * grown * width];
+                for (image, to) in larger.chunks_exact_mut(grown * width).enumerate() {
+                    to[..past * width]
+                        .copy_from_slice(&held[image * *capacity * width..][..past * width]);
+                }
+                *held = larger;
+            }
+            *capacity = grown;
+        }
+        let stride = *capacity * width;
+        for (image, rows) in new.chunks_exact(tokens * row_stride).enumerate() {
+            for (t, row) in rows.chunks_exact(row_stride).enumerate() {
+                let at = image * stride + (past + t) * width;
+                keys[at..at + width].copy_from_slice(&row[key_column..key_column + width]);
+                values[at..at + width].copy_from_slice(&row[value_column..value_column + width]);
+            }
+        }
+        let rows = |data| Rows {
+            image_stride: stride,
+            ..Rows::new(data, width, total)
+        };
+        Some((rows(keys), rows(values)))
     }
 }
 
@@ -135,8 +176,18 @@ impl<B: Backend> KvCache<B> {
     pub fn new() -> Self {
         KvCache {
             layers: Vec::new(),
+            keeps: true,
             mask: Vec::new(),
             next_position: Vec::new(),
+        }
+    }
+
+    /// A cache for one forward pass over whole sequences, which keeps no keys and values (their
+    /// copies were 2–3% of a batch's prefill).
+    pub(crate) fn discarding() -> Self {
+        KvCache {
+            keeps: false,
+            ..Self::new()
         }
     }
 
@@ -153,7 +204,12 @@ impl<B: Backend> KvCache<B> {
     /// The layers' caches, made on first use.
     pub(crate) fn layers(&mut self, count: usize) -> std::slice::IterMut<'_, LayerCache<B>> {
         if self.layers.is_empty() {
-            self.layers = (0..count).map(|_| LayerCache::Empty).collect();
+            let empty = if self.keeps {
+                LayerCache::Empty
+            } else {
+                LayerCache::Discarded
+            };
+            self.layers = (0..count).map(|_| empty.clone()).collect();
         }
         self.layers.iter_mut()
     }

@@ -10,9 +10,9 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNor
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use kiln_precision::Policy;
+use kiln_precision::{HostValues, Policy};
 use kiln_transformer::host::{self, Heads, Rows};
-use kiln_transformer::projection::{Then, add_product, product_rows, product_then, project};
+use kiln_transformer::projection::{Then, add_product, product_rows_into, product_then, project};
 use kiln_transformer::{Pass, PreparedWeights, Settings, run_layers};
 
 use crate::TextError;
@@ -37,14 +37,8 @@ pub struct Attention<B: Backend> {
 /// What one layer's attention sees besides its input: the new tokens' rotary angles and which
 /// keys each may attend to, as the host kernels or burn's operations take them.
 enum Context<B: Backend> {
-    /// Row-major `cos` and `sin` `[batch · new, head_dim]`, each image's real keys
-    /// `[batch · (past + new)]` and the count of tokens before the new ones.
-    Host {
-        cos: Vec<f32>,
-        sin: Vec<f32>,
-        real_keys: Vec<bool>,
-        past: usize,
-    },
+    /// f32 on Flex or NdArray.
+    Host(HostContext),
     /// `cos` and `sin` `[batch, 1, new, head_dim]` and the additive mask `[batch, 1, new, past
     /// + new]` (0 where a query may look, the most negative f32 where it may not).
     Tensors {
@@ -54,27 +48,50 @@ enum Context<B: Backend> {
     },
 }
 
+/// The host kernels' context: row-major `cos` and `sin` `[batch · new, head_dim]`, each image's
+/// real keys `[batch · (past + new)]` and the count of tokens before the new ones.
+struct HostContext {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    real_keys: Vec<bool>,
+    past: usize,
+}
+
+/// The host path's working buffers, reused by every layer of a forward pass: allocated afresh
+/// per layer, an 8 × 512-token batch's 10–16 MB buffers had their pages faulted in and cleared
+/// by the kernel each time (docs/PERFORMANCE.md).
+#[derive(Default)]
+struct HostBuffers {
+    /// A norm's output `[rows, hidden]`.
+    normed: Vec<f32>,
+    /// q, k and v side by side `[rows, (heads + 2 · kv_heads) · head_dim]`.
+    qkv: Vec<f32>,
+    /// Attention's output, heads merged `[rows, heads · head_dim]`.
+    attended: Vec<f32>,
+    /// One MLP block's gate and up side by side `[≤ MLP_ROWS, 2 · intermediate]`.
+    gate_up: Vec<f32>,
+    /// One MLP block's `silu(gate) ⊙ up` `[≤ MLP_ROWS, intermediate]`.
+    activated: Vec<f32>,
+}
+
+/// `buffer` holding `len` values, for a kernel that overwrites them all (only growth is zeroed).
+fn sized(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buffer.resize(len, 0.0);
+    buffer
+}
+
 impl<B: Backend> Attention<B> {
-    /// `residual + o_proj(attention(x))`; appends this step's keys and values to `cache`.
+    /// `residual + o_proj(attention(x))` through burn's operations; appends this step's keys and
+    /// values to `cache`.
     fn forward(
         &self,
         x: Tensor<B, 3>,
         residual: Tensor<B, 3>,
-        context: &Context<B>,
+        (cos, sin, bias): (&Tensor<B, 4>, &Tensor<B, 4>, &Tensor<B, 4>),
         cache: &mut LayerCache<B>,
         pass: &Pass,
     ) -> Tensor<B, 3> {
-        let attended = match context {
-            Context::Host {
-                cos,
-                sin,
-                real_keys,
-                past,
-            } => self.attend_on_host(x, (cos, sin), real_keys, *past, cache, pass),
-            Context::Tensors { cos, sin, bias } => {
-                self.attend(x, (cos, sin), bias.clone(), cache, pass)
-            }
-        };
+        let attended = self.attend(x, (cos, sin), bias.clone(), cache, pass);
         let then = Then::AddTo {
             residual,
             scale: None,
@@ -109,55 +126,82 @@ impl<B: Backend> Attention<B> {
             .reshape([batch, tokens, heads * head_dim])
     }
 
-    /// Attention through the host kernels (f32 on Flex or NdArray): q, k and v from one
-    /// product, rotated in place, the keys and values appended to the host cache, then kiln's
-    /// causal grouped-query attention kernel.
-    fn attend_on_host(
+    /// `residual += o_proj(attention(normed))` on the host kernels (f32 on Flex or NdArray): q, k
+    /// and v from one product, rotated in place, the keys and values appended to the host
+    /// cache, then kiln's causal grouped-query attention kernel.
+    fn forward_on_host(
         &self,
-        x: Tensor<B, 3>,
-        (cos, sin): (&[f32], &[f32]),
-        real_keys: &[bool],
-        past: usize,
+        residual: &mut [f32],
+        [batch, tokens, hidden]: [usize; 3],
+        context: &HostContext,
         cache: &mut LayerCache<B>,
         pass: &Pass,
-    ) -> Tensor<B, 3> {
-        let [batch, tokens, _] = x.dims();
-        let device = x.device();
+        buffers: &mut HostBuffers,
+    ) {
+        let HostContext {
+            cos,
+            sin,
+            real_keys,
+            past,
+        } = context;
+        let rows = batch * tokens;
         let weight = pass
             .prepared()
             .side_by_side(&[&self.q_proj, &self.k_proj, &self.v_proj]);
         let columns = weight.columns();
-        let mut qkv = product_then(x.into_data(), &weight, |v| v);
-        let head_dim = cos.len() / (batch * tokens).max(1);
+        let qkv = sized(&mut buffers.qkv, rows * columns);
+        product_rows_into(qkv, &buffers.normed, hidden, &weight, |v| v);
+        let head_dim = cos.len() / rows.max(1);
         let (q_width, kv_width) = (self.heads * head_dim, self.kv_heads * head_dim);
-        Rope::rotate_rows(&mut qkv, columns, 0, self.heads + self.kv_heads, cos, sin);
-        let (keys, values) = cache.append_host(
-            &qkv,
+        Rope::rotate_rows(qkv, columns, 0, self.heads + self.kv_heads, cos, sin);
+        let kept = cache.append_host(
+            qkv,
             columns,
             q_width,
             q_width + kv_width,
             kv_width,
             batch,
-            past,
+            *past,
         );
+        // The keys and values so far, or (nothing kept) the new ones where the product left them.
+        let (keys, values) = match kept {
+            Some(kept) => kept,
+            None => (
+                Rows {
+                    offset: q_width,
+                    ..Rows::new(qkv, columns, tokens)
+                },
+                Rows {
+                    offset: q_width + kv_width,
+                    ..Rows::new(qkv, columns, tokens)
+                },
+            ),
+        };
         let shape = Heads {
             heads: self.heads,
             kv_heads: self.kv_heads,
             head_dim,
-            causal_past: Some(past),
+            causal_past: Some(*past),
             real_keys: Some(real_keys),
         };
         let scale = (head_dim as f64).powf(-0.5) as f32;
-        let out = host::attention(
-            Rows::new(&qkv, columns, tokens),
-            Rows::new(keys, kv_width, past + tokens),
-            Rows::new(values, kv_width, past + tokens),
+        let attended = sized(&mut buffers.attended, rows * q_width);
+        host::attention_into(
+            attended,
+            Rows::new(qkv, columns, tokens),
+            keys,
+            values,
             batch,
             shape,
             scale,
             None,
         );
-        Tensor::from_data(TensorData::new(out, [batch, tokens, q_width]), &device)
+        add_product(
+            residual,
+            attended,
+            q_width,
+            &pass.prepared().linear(&self.o_proj, None),
+        );
     }
 }
 
@@ -196,35 +240,12 @@ pub struct Mlp<B: Backend> {
 }
 
 /// Rows of the host MLP's blocks: its `[rows, 2 · intermediate]` products stay a few MB (in
-/// cache, and reused by the allocator instead of page-faulted in anew, as a whole 8 × 512-token
-/// batch's 50 MB were).
+/// cache) whatever the batch.
 const MLP_ROWS: usize = 256;
 
 impl<B: Backend> Mlp<B> {
-    /// `residual + mlp(x)`; on host backends in f32, blocks of rows at a time: gate and up as
-    /// one product, `silu(gate) ⊙ up` in one pass over it, and `down_proj` added onto the
-    /// residual stream in place.
+    /// `residual + mlp(x)` through burn's operations.
     fn forward(&self, x: Tensor<B, 3>, residual: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
-        if host::serves(&x) && host::serves(&residual) {
-            let device = x.device();
-            let hidden = x.dims()[2];
-            let gate_up = pass
-                .prepared()
-                .side_by_side(&[&self.gate_proj, &self.up_proj]);
-            let down = pass.prepared().linear(&self.down_proj, None);
-            let width = gate_up.columns() / 2;
-            let x = x.into_data();
-            let mut out = residual.into_data();
-            let sums = out.as_mut_slice::<f32>().expect("host tensors are f32");
-            for (x, sums) in host::f32s(&x)
-                .chunks(MLP_ROWS * hidden)
-                .zip(sums.chunks_mut(MLP_ROWS * hidden))
-            {
-                let activated = host::swiglu(&product_rows(x, hidden, &gate_up, |v| v), width);
-                add_product(sums, &activated, width, &down);
-            }
-            return Tensor::from_data(out, &device);
-        }
         let gate = project(&self.gate_proj, x.clone(), Then::Nothing, pass);
         let hidden = silu(gate) * project(&self.up_proj, x, Then::Nothing, pass);
         let then = Then::AddTo {
@@ -232,6 +253,35 @@ impl<B: Backend> Mlp<B> {
             scale: None,
         };
         project(&self.down_proj, hidden, then, pass)
+    }
+
+    /// `residual += mlp(normed)` on the host kernels, blocks of rows at a time: gate and up as
+    /// one product, `silu(gate) ⊙ up` in one pass over it, and `down_proj` added onto the
+    /// residual stream in place.
+    fn forward_on_host(
+        &self,
+        residual: &mut [f32],
+        hidden: usize,
+        pass: &Pass,
+        buffers: &mut HostBuffers,
+    ) {
+        let gate_up_weight = pass
+            .prepared()
+            .side_by_side(&[&self.gate_proj, &self.up_proj]);
+        let down = pass.prepared().linear(&self.down_proj, None);
+        let width = gate_up_weight.columns() / 2;
+        for (x, sums) in buffers
+            .normed
+            .chunks(MLP_ROWS * hidden)
+            .zip(residual.chunks_mut(MLP_ROWS * hidden))
+        {
+            let rows = x.len() / hidden;
+            let gate_up = sized(&mut buffers.gate_up, rows * 2 * width);
+            product_rows_into(gate_up, x, hidden, &gate_up_weight, |v| v);
+            let activated = sized(&mut buffers.activated, rows * width);
+            host::swiglu_into(activated, gate_up, width);
+            add_product(sums, activated, width, &down);
+        }
     }
 }
 
@@ -251,11 +301,52 @@ impl<B: Backend> DecoderLayer<B> {
         context: &Context<B>,
         cache: &mut LayerCache<B>,
         pass: &Pass,
+        buffers: &mut HostBuffers,
     ) -> Tensor<B, 3> {
-        let normed = pass.rms_norm(&self.input_layernorm, x.clone());
-        let x = self.self_attn.forward(normed, x, context, cache, pass);
-        let normed = pass.rms_norm(&self.post_attention_layernorm, x.clone());
-        self.mlp.forward(normed, x, pass)
+        match context {
+            Context::Host(context) => {
+                let (dims, device) = (x.dims(), x.device());
+                let mut data = x.into_data();
+                let residual = data.as_mut_slice::<f32>().expect("host tensors are f32");
+                self.forward_on_host(residual, dims, context, cache, pass, buffers);
+                Tensor::from_data(data, &device)
+            }
+            Context::Tensors { cos, sin, bias } => {
+                let normed = pass.rms_norm(&self.input_layernorm, x.clone());
+                let x = self
+                    .self_attn
+                    .forward(normed, x, (cos, sin, bias), cache, pass);
+                let normed = pass.rms_norm(&self.post_attention_layernorm, x.clone());
+                self.mlp.forward(normed, x, pass)
+            }
+        }
+    }
+
+    /// The layer on the host kernels, the residual stream `[batch, tokens, hidden]` updated in
+    /// place.
+    fn forward_on_host(
+        &self,
+        residual: &mut [f32],
+        dims: [usize; 3],
+        context: &HostContext,
+        cache: &mut LayerCache<B>,
+        pass: &Pass,
+        buffers: &mut HostBuffers,
+    ) {
+        let norm_into = |out: &mut Vec<f32>, residual: &[f32], norm: &RmsNorm<B>| {
+            let weight = HostValues::of(&norm.gamma.val());
+            let out = sized(out, residual.len());
+            host::rms_norm_into(out, residual, weight.values(), norm.epsilon as f32);
+        };
+        norm_into(&mut buffers.normed, residual, &self.input_layernorm);
+        self.self_attn
+            .forward_on_host(residual, dims, context, cache, pass, buffers);
+        norm_into(
+            &mut buffers.normed,
+            residual,
+            &self.post_attention_layernorm,
+        );
+        self.mlp.forward_on_host(residual, dims[2], pass, buffers);
     }
 }
 
@@ -405,12 +496,12 @@ impl<B: Backend> CausalLm<B> {
         let rope = Rope::new(&self.config);
         let context = if host::serves(&x) {
             let (cos, sin) = rope.table(&positions.ids);
-            Context::Host {
+            Context::Host(HostContext {
                 cos,
                 sin,
                 real_keys: positions.real_keys(),
                 past: positions.past,
-            }
+            })
         } else {
             let (cos, sin) = rope.angles::<B>(&positions.ids, &device);
             Context::Tensors {
@@ -420,6 +511,7 @@ impl<B: Backend> CausalLm<B> {
             }
         };
         let mut caches = cache.layers(model.model.layers.len());
+        let mut buffers = HostBuffers::default();
         let (x, mut hidden_states) = run_layers(
             x,
             &model.model.layers,
@@ -427,7 +519,7 @@ impl<B: Backend> CausalLm<B> {
             &pass,
             |layer, x, pass| {
                 let cache = caches.next().expect("one cache per layer");
-                layer.forward(x, &context, cache, pass)
+                layer.forward(x, &context, cache, pass, &mut buffers)
             },
         );
         let last_hidden_state = pass.rms_norm(&model.model.norm, x);
@@ -461,9 +553,10 @@ impl<B: Backend> CausalLm<B> {
         })
     }
 
-    /// [`Self::forward_cached`] of a whole sequence, without keeping keys and values.
+    /// [`Self::forward_cached`] of whole sequences, keeping no keys and values (scoring,
+    /// training, embeddings).
     pub fn forward(&self, input: TextInput<B>) -> Result<CausalLmOutput<B>, TextError> {
-        self.forward_cached(input, &mut KvCache::new())
+        self.forward_cached(input, &mut KvCache::discarding())
     }
 
     /// Refuses token ids outside the vocabulary, naming the first (1-based row and position).

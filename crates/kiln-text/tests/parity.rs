@@ -53,6 +53,20 @@ impl Reference {
         self.table("input_ids").into_iter().map(to_ids).collect()
     }
 
+    /// The batch's prompts without their left padding.
+    fn prompts(&self) -> Vec<Vec<u32>> {
+        self.ids()
+            .into_iter()
+            .zip(self.mask())
+            .map(|(ids, mask)| {
+                ids.into_iter()
+                    .zip(mask)
+                    .filter_map(|(id, real)| real.then_some(id))
+                    .collect()
+            })
+            .collect()
+    }
+
     fn mask(&self) -> Vec<Vec<bool>> {
         let to_mask = |row: Vec<i64>| row.into_iter().map(|m| m == 1).collect();
         self.table("attention_mask")
@@ -207,17 +221,7 @@ fn greedy_generation_equals_transformers() {
     for name in ["llama", "qwen2", "llama_bf16"] {
         let model = load(name);
         let reference = Reference::open(name);
-        let prompts: Vec<Vec<u32>> = reference
-            .ids()
-            .into_iter()
-            .zip(reference.mask())
-            .map(|(ids, mask)| {
-                ids.into_iter()
-                    .zip(mask)
-                    .filter_map(|(id, real)| real.then_some(id))
-                    .collect()
-            })
-            .collect();
+        let prompts = reference.prompts();
         let expected = reference.table("generated");
         let new_tokens = expected[0].len() - reference.ids()[0].len();
         let config = GenerationConfig::greedy(new_tokens);
@@ -307,4 +311,138 @@ fn host_kernels_equal_burn_operations_on_many_rows() {
         }
         assert!(worst <= 1e-5 * size, "output {i}: {worst} of {size}");
     }
+}
+
+/// Explicit position ids: transformers' own (those the fixture passed it) give its logits, on
+/// the host kernels and on burn's operations; every position moved by the same offset leaves
+/// them unchanged (rotary embeddings see only relative positions); one sequence's positions
+/// reversed changes that sequence's logits (so the ids are used, not recomputed).
+#[test]
+fn explicit_position_ids() {
+    fn run<B: Backend>(name: &str, positions: &[Vec<usize>]) -> Tensor<B, 3> {
+        let reference = Reference::open(name);
+        let input = TextInput::ids(reference.ids())
+            .with_attention_mask(reference.mask())
+            .with_position_ids(positions.to_vec());
+        load_on::<B>(name, &Policy::full())
+            .forward(input)
+            .unwrap()
+            .logits
+    }
+    let name = "qwen2";
+    let reference = Reference::open(name);
+    let theirs: Vec<Vec<usize>> = reference
+        .table("position_ids")
+        .into_iter()
+        .map(|row| row.into_iter().map(|p| p as usize).collect())
+        .collect();
+    let error = error_on_real_tokens(run::<Flex>(name, &theirs), &reference, "logits");
+    assert!(error <= 1e-4, "host kernels: {error}");
+    let on_burn = run::<Autodiff<Flex>>(name, &theirs).inner();
+    let error = error_on_real_tokens(on_burn, &reference, "logits");
+    assert!(error <= 1e-4, "burn's operations: {error}");
+
+    let shifted: Vec<Vec<usize>> = theirs
+        .iter()
+        .map(|row| row.iter().map(|p| p + 5).collect())
+        .collect();
+    let error = error_on_real_tokens(run::<Flex>(name, &shifted), &reference, "logits");
+    assert!(error <= 1e-4, "positions + 5: {error}");
+
+    let mut reversed = theirs.clone();
+    reversed[0].reverse();
+    let logits = run::<Flex>(name, &reversed);
+    let [_, tokens, vocab] = logits.dims();
+    let first: Vec<f32> = logits
+        .slice([0..1, 0..tokens, 0..vocab])
+        .into_data()
+        .to_vec()
+        .unwrap();
+    let (expected, _) = reference.floats("logits");
+    let real = &reference.mask()[0];
+    let changed = (0..tokens)
+        .filter(|&t| real[t])
+        .flat_map(|t| (t * vocab..(t + 1) * vocab).map(|i| (first[i] - expected[i]).abs()))
+        .fold(0f32, f32::max);
+    assert!(
+        changed > 1e-2,
+        "reversed positions changed the logits by only {changed}"
+    );
+}
+
+/// A stop token ends its own sequence (kept as its last token) and no other: each output is the
+/// unstopped continuation cut after the token's first occurrence, the other sequences' tokens
+/// unchanged by a finished neighbour's padding.
+#[test]
+fn stop_tokens_end_their_sequence_only() {
+    let model = load("llama");
+    let reference = Reference::open("llama");
+    let prompts = reference.prompts();
+    let free = generate(&model, &prompts, &GenerationConfig::greedy(8), |_| {}).unwrap();
+    let stop = free[0][1];
+    let config = GenerationConfig {
+        stop_tokens: vec![stop],
+        ..GenerationConfig::greedy(8)
+    };
+    let stopped = generate(&model, &prompts, &config, |_| {}).unwrap();
+    let cut = |tokens: &Vec<u32>| match tokens.iter().position(|&t| t == stop) {
+        Some(at) => tokens[..=at].to_vec(),
+        None => tokens.clone(),
+    };
+    let expected: Vec<Vec<u32>> = free.iter().map(cut).collect();
+    assert_eq!(stopped, expected, "stop token {stop}; unstopped {free:?}");
+    assert!(stopped[0].len() <= 2, "sequence 1 ran past its stop token");
+    assert!(
+        stopped.iter().any(|tokens| tokens.len() > 2),
+        "no sequence outlived the first one's stop ({stopped:?}): the test shows nothing"
+    );
+}
+
+/// An f16 checkpoint (the f32 fixture's weights rounded to f16, written here) loads and gives
+/// transformers' f32 logits within f16's rounding of the weights.
+#[test]
+fn float16_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = fixtures().join("llama");
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            continue;
+        }
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let bytes = std::fs::read(source.join("model.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let halves: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+            let half: Vec<u8> = view
+                .data()
+                .chunks_exact(4)
+                .flat_map(|b| {
+                    half::f16::from_f32(f32::from_le_bytes(b.try_into().unwrap())).to_le_bytes()
+                })
+                .collect();
+            (name, half, view.shape().to_vec())
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = halves
+        .iter()
+        .map(|(name, data, shape)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F16, shape.clone(), data);
+            (name.clone(), view.unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+
+    let model: CausalLm<Flex> =
+        CausalLm::from_hf_dir(dir.path(), &Default::default(), &Policy::full()).unwrap();
+    let reference = Reference::open("llama");
+    let input = TextInput::ids(reference.ids()).with_attention_mask(reference.mask());
+    let error = error_on_real_tokens(model.forward(input).unwrap().logits, &reference, "logits");
+    assert!(error <= 1e-2, "{error}");
+    assert!(error > 1e-6, "{error}: the weights were not rounded to f16");
 }

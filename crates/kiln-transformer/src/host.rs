@@ -177,8 +177,19 @@ fn normalise(row: &mut [f32], first: usize, dropout: Option<RowMask>) {
 /// statistics in f32 as transformers' `LlamaRMSNorm` computes them); rows split across rayon's
 /// threads.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
-    let width = weight.len().max(1);
     let mut out = vec![0f32; x.len()];
+    rms_norm_into(&mut out, x, weight, eps);
+    out
+}
+
+/// [`rms_norm`] written over `out` (as long as `x`), for callers that reuse their buffers.
+pub fn rms_norm_into(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
+    assert_eq!(
+        out.len(),
+        x.len(),
+        "rms_norm_into: out and x differ in length"
+    );
+    let width = weight.len().max(1);
     out.par_chunks_mut((CHUNK / width).max(1) * width)
         .zip(x.par_chunks((CHUNK / width).max(1) * width))
         .for_each(|(out, x)| {
@@ -189,7 +200,6 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
                 eps,
             });
         });
-    out
 }
 
 /// [`rms_norm`] on one block of rows.
@@ -233,9 +243,21 @@ impl pulp::WithSimd for RmsNormRows<'_> {
 /// as one product of the two projections leaves them): `[rows, width]`, split across rayon's
 /// threads.
 pub fn swiglu(gate_up: &[f32], width: usize) -> Vec<f32> {
+    let mut out = vec![0f32; gate_up.len() / 2];
+    swiglu_into(&mut out, gate_up, width);
+    out
+}
+
+/// [`swiglu`] written over `out` (half as long as `gate_up`), for callers that reuse their
+/// buffers.
+pub fn swiglu_into(out: &mut [f32], gate_up: &[f32], width: usize) {
+    assert_eq!(
+        2 * out.len(),
+        gate_up.len(),
+        "swiglu_into: out is not half of gate_up"
+    );
     let width = width.max(1);
     let rows_per_task = (CHUNK / width).max(1);
-    let mut out = vec![0f32; gate_up.len() / 2];
     out.par_chunks_mut(rows_per_task * width)
         .zip(gate_up.par_chunks(rows_per_task * 2 * width))
         .for_each(|(out, gate_up)| {
@@ -245,7 +267,6 @@ pub fn swiglu(gate_up: &[f32], width: usize) -> Vec<f32> {
                 width,
             });
         });
-    out
 }
 
 /// [`swiglu`] on one block of rows.
@@ -308,8 +329,9 @@ fn row_sum(row: &[f32]) -> f32 {
 }
 
 /// One input of [`attention`] inside a buffer: token `t` of image `b` is the `heads · head_dim`
-/// values from `offset + (b · tokens + t) · row_stride`. The q, k and v of one product, side by
-/// side in its rows, are the same buffer at three offsets.
+/// values from `offset + b · image_stride + t · row_stride`. The q, k and v of one product, side
+/// by side in its rows, are the same buffer at three offsets; a key/value cache with room for
+/// more tokens than it holds has an image stride of its capacity.
 #[derive(Debug, Clone, Copy)]
 pub struct Rows<'a> {
     /// The buffer.
@@ -320,6 +342,8 @@ pub struct Rows<'a> {
     pub row_stride: usize,
     /// Tokens per image.
     pub tokens: usize,
+    /// Elements from one image's first token to the next's.
+    pub image_stride: usize,
 }
 
 impl<'a> Rows<'a> {
@@ -330,6 +354,7 @@ impl<'a> Rows<'a> {
             offset: 0,
             row_stride,
             tokens,
+            image_stride: tokens * row_stride,
         }
     }
 
@@ -338,17 +363,12 @@ impl<'a> Rows<'a> {
         let [_, tokens, width] = data.shape[..] else {
             panic!("attention inputs are [batch, tokens, width]");
         };
-        Rows {
-            data: f32s(data),
-            offset: 0,
-            row_stride: width,
-            tokens,
-        }
+        Rows::new(f32s(data), width, tokens)
     }
 
     /// `rows` tokens from `first` of image `image`, columns `column .. column + cols`.
     fn view(&self, image: usize, first: usize, rows: usize, column: usize, cols: usize) -> View {
-        let start = self.offset + (image * self.tokens + first) * self.row_stride + column;
+        let start = self.offset + image * self.image_stride + first * self.row_stride + column;
         View::rows(start, rows, cols, self.row_stride)
     }
 }
@@ -419,6 +439,24 @@ pub fn attention(
     scale: f32,
     mask: Option<ProbsDropout<'_>>,
 ) -> Vec<f32> {
+    let mut out = vec![0f32; batch * query.tokens * shape.heads * shape.head_dim];
+    attention_into(&mut out, query, key, value, batch, shape, scale, mask);
+    out
+}
+
+/// [`attention`] written over `out` (`[batch, query.tokens, heads · head_dim]`; every element
+/// is overwritten), for callers that reuse their buffers.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_into(
+    out: &mut [f32],
+    query: Rows,
+    key: Rows,
+    value: Rows,
+    batch: usize,
+    shape: Heads<'_>,
+    scale: f32,
+    mask: Option<ProbsDropout<'_>>,
+) {
     let (q_tokens, kv_tokens) = (query.tokens, key.tokens);
     let Heads {
         heads,
@@ -451,7 +489,15 @@ pub fn attention(
             "mask shape"
         );
     }
-    let mut out = vec![0f32; batch * q_tokens * width];
+    assert_eq!(
+        out.len(),
+        batch * q_tokens * width,
+        "attention_into: out's shape"
+    );
+    if kv_tokens == 0 {
+        out.fill(0.0);
+        return;
+    }
     out.par_chunks_mut((q_tokens * width).max(1))
         .enumerate()
         .for_each(|(image, out)| {
@@ -516,7 +562,6 @@ pub fn attention(
                     }
                 });
         });
-    out
 }
 
 /// [`attention`] and its backward as one differentiable operation over q, k and v
@@ -543,12 +588,7 @@ pub struct AttentionOp {
 
 impl AttentionOp {
     fn rows<'a>(&self, data: &'a [f32], tokens: usize) -> Rows<'a> {
-        Rows {
-            data,
-            offset: 0,
-            row_stride: self.heads * self.head_dim,
-            tokens,
-        }
+        Rows::new(data, self.heads * self.head_dim, tokens)
     }
 }
 
@@ -820,17 +860,10 @@ mod tests {
             .collect();
         let scale = 0.5f32;
         let side_by_side = |offset| Rows {
-            data: &kv,
             offset,
-            row_stride: 2 * width,
-            tokens: kv_tokens,
+            ..Rows::new(&kv, 2 * width, kv_tokens)
         };
-        let query = Rows {
-            data: &q,
-            offset: 0,
-            row_stride: width,
-            tokens: q_tokens,
-        };
+        let query = Rows::new(&q, width, q_tokens);
         let got = attention(
             query,
             side_by_side(0),

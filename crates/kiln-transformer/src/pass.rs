@@ -718,12 +718,7 @@ mod tests {
         let values: Vec<f32> = (0..batch * tokens * width)
             .map(|i| (i * 37 % 101) as f32 / 50.0 - 1.0)
             .collect();
-        let rows = || Rows {
-            data: &values,
-            offset: 0,
-            row_stride: width,
-            tokens,
-        };
+        let rows = || Rows::new(&values, width, tokens);
         let keys = Draw::pass(3, 1, [7, 8]).row_keys();
         let hashed = HashedMask::new(&keys, 2, 0.3);
         let multipliers = dropout_mask(&hashed, [batch, heads, tokens, tokens])

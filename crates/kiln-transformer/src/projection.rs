@@ -157,15 +157,29 @@ pub fn product_rows(
     weight: &HostWeight,
     f: impl Fn(f32) -> f32 + Sync,
 ) -> Vec<f32> {
+    let rows = x.len() / inputs.max(1);
+    let mut out = vec![0f32; rows * weight.columns()];
+    product_rows_into(&mut out, x, inputs, weight, f);
+    out
+}
+
+/// [`product_rows`] written over `out` (`[rows, out]`), for callers that reuse their buffers.
+pub fn product_rows_into(
+    out: &mut [f32],
+    x: &[f32],
+    inputs: usize,
+    weight: &HostWeight,
+    f: impl Fn(f32) -> f32 + Sync,
+) {
     let (rows, outputs) = (x.len() / inputs.max(1), weight.columns());
-    let mut out = vec![0f32; rows * outputs];
+    assert_eq!(out.len(), rows * outputs, "product_rows_into: out's shape");
     match &weight.operand {
         Operand::Packed(packed) => {
-            sgemm::product(&mut out, x, packed, rows, false, &weight.bias, f);
+            sgemm::product(out, x, packed, rows, false, &weight.bias, f);
         }
         Operand::RowMajor(values) => {
             matmul(
-                &mut out,
+                out,
                 View::rows(0, rows, outputs, outputs),
                 x,
                 View::rows(0, rows, inputs, inputs),
@@ -174,10 +188,9 @@ pub fn product_rows(
                 Write::Overwrite,
                 Threads::All,
             );
-            host::add_bias_map(&mut out, &weight.bias, f);
+            host::add_bias_map(out, &weight.bias, f);
         }
     }
-    out
 }
 
 /// `residual += x W + b` in place, for the row-major rows `x` of `inputs` values and
