@@ -302,6 +302,17 @@ fn pack_a(packed: &mut [f32], a: &[f32], k: usize, first: usize) {
     let rows = a.len() / k;
     let depth = packed.len() / rows.div_ceil(MR) / MR;
     for (tile, panel) in packed.chunks_exact_mut(MR * depth).enumerate() {
+        if (tile + 1) * MR <= rows {
+            // A whole tile: six row streams interleaved into the panel's steps, written in order.
+            let source: [&[f32]; MR] =
+                std::array::from_fn(|r| &a[(tile * MR + r) * k + first..][..depth]);
+            for (step, out) in panel.chunks_exact_mut(MR).enumerate() {
+                for (out, row) in out.iter_mut().zip(&source) {
+                    *out = row[step];
+                }
+            }
+            continue;
+        }
         for r in 0..MR {
             let row = tile * MR + r;
             let values = (row < rows).then(|| &a[row * k + first..][..depth]);

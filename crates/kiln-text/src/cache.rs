@@ -144,9 +144,11 @@ pub(crate) struct Positions {
 }
 
 impl Positions {
-    /// Which keys are real, `[batch · (past + new)]` (the host attention kernel's mask).
-    pub fn real_keys(&self) -> Vec<bool> {
-        self.mask.concat()
+    /// Which keys are real, `[batch · (past + new)]` (the host attention kernel's mask), or
+    /// `None` when all are (no padding: the kernel skips the masking).
+    pub fn real_keys(&self) -> Option<Vec<bool>> {
+        let real = self.mask.concat();
+        (!real.iter().all(|&real| real)).then_some(real)
     }
 
     /// The additive attention mask `[batch, 1, new, past + new]`: 0 where a new token may attend

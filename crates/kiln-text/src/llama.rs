@@ -13,7 +13,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use kiln_precision::{HostValues, Policy};
 use kiln_transformer::host::{self, Heads, Rows};
 use kiln_transformer::projection::{Then, add_product, product_rows_into, product_then, project};
-use kiln_transformer::{Pass, PreparedWeights, Settings, run_layers};
+use kiln_transformer::{Pass, PreparedWeights, Settings, in_compute_dtype, run_layers};
 
 use crate::TextError;
 use crate::cache::{KvCache, LayerCache};
@@ -49,11 +49,12 @@ enum Context<B: Backend> {
 }
 
 /// The host kernels' context: row-major `cos` and `sin` `[batch · new, head_dim]`, each image's
-/// real keys `[batch · (past + new)]` and the count of tokens before the new ones.
+/// real keys `[batch · (past + new)]` (`None`: no padding) and the count of tokens before the
+/// new ones.
 struct HostContext {
     cos: Vec<f32>,
     sin: Vec<f32>,
-    real_keys: Vec<bool>,
+    real_keys: Option<Vec<bool>>,
     past: usize,
 }
 
@@ -182,7 +183,7 @@ impl<B: Backend> Attention<B> {
             kv_heads: self.kv_heads,
             head_dim,
             causal_past: Some(*past),
-            real_keys: Some(real_keys),
+            real_keys: real_keys.as_deref(),
         };
         let scale = (head_dim as f64).powf(-0.5) as f32;
         let attended = sized(&mut buffers.attended, rows * q_width);
@@ -476,14 +477,7 @@ impl<B: Backend> CausalLm<B> {
         }
         let positions = cache.extend(&input, self.config.max_position_embeddings)?;
         let pass = Pass::new(&self.settings, &self.prepared, None);
-        let model = if self.settings.policy.param == self.settings.policy.compute {
-            std::borrow::Cow::Borrowed(self)
-        } else {
-            std::borrow::Cow::Owned(kiln_precision::cast_module(
-                self.clone(),
-                self.settings.policy.compute,
-            ))
-        };
+        let model = in_compute_dtype(self, &self.settings.policy);
         let x = match input.tokens {
             Tokens::Ids(ids) => {
                 let flat: Vec<i64> = ids.iter().flatten().map(|&id| i64::from(id)).collect();

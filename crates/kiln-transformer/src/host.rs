@@ -147,23 +147,54 @@ impl pulp::WithSimd for SoftmaxRows<'_> {
                 row.fill(0.0);
                 continue;
             }
-            row.iter_mut()
-                .for_each(|v| *v = exp(self.scale * (*v - max)));
-            if let Some(real) = self.real {
-                row.iter_mut()
-                    .zip(real)
-                    .for_each(|(v, &real)| *v = if real { *v } else { 0.0 });
-            }
-            normalise(row, r * self.width, self.dropout);
+            let sum = match self.real {
+                Some(real) => {
+                    row.iter_mut().zip(real).for_each(|(v, &real)| {
+                        *v = if real {
+                            exp(self.scale * (*v - max))
+                        } else {
+                            0.0
+                        }
+                    });
+                    row_sum(row)
+                }
+                None => exp_and_sum(row, self.scale, max),
+            };
+            normalise_by(row, sum, r * self.width, self.dropout);
         }
     }
+}
+
+/// `exp(scale · (v − max))` of each element of `row` in place; returns their sum (one pass).
+#[inline(always)]
+fn exp_and_sum(row: &mut [f32], scale: f32, max: f32) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let mut chunks = row.chunks_exact_mut(LANES);
+    for chunk in &mut chunks {
+        for (lane, v) in lanes.iter_mut().zip(chunk.iter_mut()) {
+            *v = exp(scale * (*v - max));
+            *lane += *v;
+        }
+    }
+    let mut rest = 0.0;
+    for v in chunks.into_remainder() {
+        *v = exp(scale * (*v - max));
+        rest += *v;
+    }
+    lanes.iter().sum::<f32>() + rest
 }
 
 /// Divides the exponentials of `row` by their sum, times dropout's multipliers of the row's
 /// elements (from element `first` of the mask) when there are any.
 #[inline(always)]
 fn normalise(row: &mut [f32], first: usize, dropout: Option<RowMask>) {
-    let norm = 1.0 / row_sum(row);
+    normalise_by(row, row_sum(row), first, dropout);
+}
+
+/// [`normalise`] with the exponentials' sum known.
+#[inline(always)]
+fn normalise_by(row: &mut [f32], sum: f32, first: usize, dropout: Option<RowMask>) {
+    let norm = 1.0 / sum;
     match dropout {
         None => row.iter_mut().for_each(|v| *v *= norm),
         Some(mask) => row
@@ -908,9 +939,15 @@ mod tests {
 
     /// Causal grouped-query attention over left-padded keys, after a cache of `past` keys,
     /// against the definition in f64: each query sees the real keys up to its position, a
-    /// padding query that sees none gets zeros.
+    /// padding query that sees none gets zeros. Again without padding, the keys and values in a
+    /// cache with room for more tokens than it holds (an image stride of its capacity).
     #[test]
     fn causal_grouped_attention_matches_the_definition() {
+        causal_grouped_attention(true);
+        causal_grouped_attention(false);
+    }
+
+    fn causal_grouped_attention(padded: bool) {
         let (batch, heads, kv_heads, head_dim) = (2, 6, 2, 4);
         let (past, q_tokens) = (3, ATTENTION_ROWS + 7);
         let kv_tokens = past + q_tokens;
@@ -925,23 +962,37 @@ mod tests {
             values(batch * kv_tokens * kv_width, 2),
             values(batch * kv_tokens * kv_width, 3),
         );
-        // Image 0 is padded on the left up to key 5 (so its first queries see nothing); image 1
-        // has no padding.
+        // Padded: image 0 is padded on the left up to key 5 (so its first queries see nothing);
+        // image 1 has no padding.
         let real: Vec<bool> = (0..batch * kv_tokens)
-            .map(|i| i >= kv_tokens || i >= 5)
+            .map(|i| !padded || i >= kv_tokens || i >= 5)
             .collect();
         let shape = Heads {
             heads,
             kv_heads,
             head_dim,
             causal_past: Some(past),
-            real_keys: Some(&real),
+            real_keys: padded.then_some(&real),
         };
         let scale = 0.4f32;
+        // Unpadded: each image's keys and values at the start of room for 5 more tokens.
+        let capacity = if padded { kv_tokens } else { kv_tokens + 5 };
+        let in_cache = |values: &[f32]| -> Vec<f32> {
+            let mut cache = vec![f32::NAN; batch * capacity * kv_width];
+            for (image, held) in values.chunks_exact(kv_tokens * kv_width).enumerate() {
+                cache[image * capacity * kv_width..][..held.len()].copy_from_slice(held);
+            }
+            cache
+        };
+        let (k_cache, v_cache) = (in_cache(&k), in_cache(&v));
+        let cached = |data| Rows {
+            image_stride: capacity * kv_width,
+            ..Rows::new(data, kv_width, kv_tokens)
+        };
         let got = attention(
             Rows::new(&q, width, q_tokens),
-            Rows::new(&k, kv_width, kv_tokens),
-            Rows::new(&v, kv_width, kv_tokens),
+            cached(&k_cache),
+            cached(&v_cache),
             batch,
             shape,
             scale,

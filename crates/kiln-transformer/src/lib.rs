@@ -44,5 +44,6 @@ pub use activation::Activation;
 pub use layers::run_layers;
 pub use pass::{
     Draw, DropoutError, DropoutSites, HashedMask, Pass, RowMask, Sample, Settings, Site,
+    in_compute_dtype,
 };
 pub use prepared::PreparedWeights;

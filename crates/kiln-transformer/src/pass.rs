@@ -9,11 +9,13 @@
 //! the forward order (each layer's sites count apart). An image gets the same masks whatever
 //! batch it is in, and any element can be computed on its own (no stream to consume in order).
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 
+use burn::module::Module;
 use burn::nn::{LayerNorm, RmsNorm};
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
@@ -312,6 +314,21 @@ impl Default for Settings {
             policy: Policy::full(),
             dropout: DropoutSites::default(),
         }
+    }
+}
+
+/// `model` as a forward pass computes with it: itself, or where `policy` stores parameters in
+/// another dtype than it computes in, a copy cast to the compute dtype (autocast's per-op weight
+/// casts, done once per forward). A copy shares the model's prepared weights, which are keyed by
+/// dtype.
+pub fn in_compute_dtype<'a, B: Backend, M: Module<B> + Clone>(
+    model: &'a M,
+    policy: &Policy,
+) -> Cow<'a, M> {
+    if policy.param == policy.compute {
+        Cow::Borrowed(model)
+    } else {
+        Cow::Owned(cast_module(model.clone(), policy.compute))
     }
 }
 

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_precision::{Policy, cast_module};
+use kiln_precision::Policy;
 
 use crate::TowerSettings;
 use crate::VisionError;
@@ -106,15 +106,15 @@ pub trait Tower<B: Backend>: Module<B> {
     }
 }
 
-/// `tower` as a pass computes with it: itself, or where the policy stores parameters in another
-/// dtype than it computes in, a copy cast to the compute dtype (autocast's per-op weight casts,
-/// done once per forward). The copy shares the tower's derived caches, which are keyed by dtype.
+/// `tower` as a pass computes with it ([`kiln_transformer::in_compute_dtype`] under its own
+/// policy), a copy's policy saying that its parameters are in the compute dtype now.
 pub(crate) fn in_compute_dtype<B: Backend, T: Tower<B>>(tower: &T) -> Cow<'_, T> {
     let policy = tower.settings().policy;
-    if policy.param == policy.compute {
-        return Cow::Borrowed(tower);
+    match kiln_transformer::in_compute_dtype(tower, &policy) {
+        Cow::Owned(mut copy) => {
+            copy.settings_mut().policy.param = policy.compute;
+            Cow::Owned(copy)
+        }
+        borrowed => borrowed,
     }
-    let mut copy = cast_module(tower.clone(), policy.compute);
-    copy.settings_mut().policy.param = policy.compute;
-    Cow::Owned(copy)
 }
