@@ -89,17 +89,23 @@ fn error_on_real_tokens<B: Backend>(ours: Tensor<B, 3>, reference: &Reference, k
     let (expected, shape) = reference.floats(key);
     assert_eq!(ours.dims().to_vec(), shape, "{key}");
     let ours: Vec<f32> = ours.cast(FloatDType::F32).into_data().to_vec().unwrap();
-    let width = shape[2];
-    let real: Vec<bool> = reference.mask().concat();
+    let (worst, largest) = worst_on_real_tokens(&ours, &expected, &reference.mask().concat());
+    worst / largest
+}
+
+/// max |ours − theirs| and max |theirs| over the tokens `real` marks, rows of `ours.len() /
+/// real.len()` values.
+fn worst_on_real_tokens(ours: &[f32], theirs: &[f32], real: &[bool]) -> (f32, f32) {
+    let width = ours.len() / real.len();
     let (mut worst, mut largest) = (0f32, 0f32);
     for (token, _) in real.iter().enumerate().filter(|(_, r)| **r) {
         let span = token * width..(token + 1) * width;
-        for (a, b) in ours[span.clone()].iter().zip(&expected[span]) {
+        for (a, b) in ours[span.clone()].iter().zip(&theirs[span]) {
             worst = worst.max((a - b).abs());
             largest = largest.max(b.abs());
         }
     }
-    worst / largest
+    (worst, largest)
 }
 
 /// Logits and hidden states of the fixture's left-padded batch on Flex in f32 (the host
@@ -298,17 +304,7 @@ fn host_kernels_equal_burn_operations_on_many_rows() {
             .zip(burns.hidden_states.into_iter().map(|t| t.inner())),
     );
     for (i, (ours, theirs)) in pairs.enumerate() {
-        let (ours, theirs) = (values(ours), values(theirs));
-        let real: Vec<bool> = mask.concat();
-        let width = ours.len() / real.len();
-        let (mut worst, mut size) = (0f32, 0f32);
-        for (token, _) in real.iter().enumerate().filter(|(_, r)| **r) {
-            let span = token * width..(token + 1) * width;
-            for (a, b) in ours[span.clone()].iter().zip(&theirs[span]) {
-                worst = worst.max((a - b).abs());
-                size = size.max(b.abs());
-            }
-        }
+        let (worst, size) = worst_on_real_tokens(&values(ours), &values(theirs), &mask.concat());
         assert!(worst <= 1e-5 * size, "output {i}: {worst} of {size}");
     }
 }
