@@ -74,3 +74,96 @@ fn check(device: DeviceSpec) {
 }
 
 backend_tests!("Monte-Carlo trial"; ndarray, wgpu, cuda);
+
+/// Dropout masks made on the device (burn's CUDA and wgpu backends) hold the host's values bit
+/// for bit, whatever the batch composition, and no mask crosses from the host.
+mod masks {
+    use burn::tensor::Tensor;
+    use burn::tensor::backend::Backend;
+    use kiln::precision::{DeviceJob, DeviceSpec};
+    use kiln::transformer::{
+        Draw, DropoutSites, Pass, PreparedWeights, Settings, Site, host_mask_uploads,
+    };
+
+    use super::common;
+
+    /// `[rows, 3, 37]` of ones through three sites' masks, rows drawn as `items` (pass 2).
+    struct Masks {
+        items: Vec<u64>,
+    }
+
+    /// Each site's output values, and whether no mask was uploaded from the host (on this
+    /// thread).
+    type Outcome = (Vec<Vec<f32>>, bool);
+
+    impl DeviceJob for Masks {
+        type Output = Outcome;
+
+        fn run<B: Backend>(self, device: &B::Device) -> Outcome {
+            let settings = Settings {
+                dropout: DropoutSites::all(0.3),
+                ..Settings::default()
+            };
+            let draw = Draw::pass(11, 2, self.items.iter().copied());
+            let pass = Pass::new(&settings, &PreparedWeights::default(), Some(&draw));
+            let uploads = host_mask_uploads();
+            let rows = self.items.len();
+            let ones = Tensor::<B, 3>::ones([rows, 3, 37], device);
+            let sites = [Site::Embeddings, Site::MlpHidden, Site::AttentionOutput];
+            let values = sites
+                .map(|site| {
+                    let out = pass.drop(site, ones.clone()).into_data();
+                    out.to_vec::<f32>().unwrap()
+                })
+                .to_vec();
+            (values, host_mask_uploads() == uploads)
+        }
+    }
+
+    fn check(device: DeviceSpec) {
+        let items = vec![4, 9, 1, 7];
+        let flex = DeviceSpec::Flex
+            .run(Masks {
+                items: items.clone(),
+            })
+            .unwrap();
+        let (values, on_device) = device
+            .run(Masks {
+                items: items.clone(),
+            })
+            .unwrap();
+        // The GPU backends make masks on the device; the host backends upload theirs (which
+        // shows the counter counts).
+        let gpu = matches!(device, DeviceSpec::Wgpu(_) | DeviceSpec::Cuda(_));
+        assert_eq!(on_device, gpu, "{device}: masks made on the device");
+        assert!(!flex.1, "Flex's masks come from the host");
+        for (site, (ours, host)) in values.iter().zip(&flex.0).enumerate() {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(ours), bits(host), "{device}: site {site}'s mask");
+            let kept = host.iter().filter(|&&v| v > 0.0).count() as f64 / host.len() as f64;
+            assert!((kept - 0.7).abs() < 0.06, "site {site} keeps {kept}");
+        }
+        // The same images in another order and with another beside them: each keeps its rows.
+        let regrouped = vec![7, 2, 4];
+        let (other, _) = device
+            .run(Masks {
+                items: regrouped.clone(),
+            })
+            .unwrap();
+        let row = 3 * 37;
+        for (position, item) in regrouped.iter().enumerate() {
+            let Some(before) = items.iter().position(|i| i == item) else {
+                continue;
+            };
+            for (site, (now, then)) in other.iter().zip(&values).enumerate() {
+                assert_eq!(
+                    now[position * row..(position + 1) * row],
+                    then[before * row..(before + 1) * row],
+                    "{device}: item {item}'s site {site} mask moved with its row"
+                );
+            }
+        }
+    }
+
+    backend_tests!("dropout masks"; ndarray, wgpu, cuda);
+}

@@ -5,8 +5,9 @@
 # binaries, stripped and packed (the device tool carries 64 MiB at most), into BIN (default
 # .gpu/, listed in .git/info/exclude):
 #
-#   cargo bench --no-run --features cuda --bench train --bench vision --bench forcefield
 #   cargo build --release --features cuda --example exp0_mc
+#   cargo bench --no-run --features cuda --bench vision
+#   cargo test --release --features cuda --no-run --test mc_backends
 #   scripts/bench/cuda_session.sh --collect        # .gpu/binaries.tar.xz
 #
 # and run it there from the repository root (the `device` tool: carry .gpu):
@@ -14,26 +15,25 @@
 #   scripts/bench/cuda_session.sh [BUDGET_SECONDS]     # logs into $OUT (default /tmp/out)
 #
 # Each step gets what is left of the budget; a step that runs out is cut and logged as such.
-#  1. exp0_mc twice, each into a fresh results directory: the first compiles every kernel, the
-#     second finds them in kiln's kernel cache (`KILN_KERNEL_CACHE`, issue 26: the second run
-#     reaches its first forward within 5 s).
-#  2. train_classifier's step against PyTorch (kiln's `train` bench, scripts/bench/train_torch.py),
-#     interleaved, kiln first.
-#  3. PaiNN's force-matching training step (the `forcefield` bench's painn-train rows).
-#  4. CLIP-B/32's plain and Monte-Carlo forwards (the `vision` bench).
+#  1. The dropout masks made on the device equal the host's bit for bit, in any batch
+#     composition, and none is uploaded (mc_backends' masks::cuda, KILN_REQUIRE_CUDA=1).
+#  2. The main job side by side: exp0_mc with CLIP-B/32 (random weights, 64 generated images,
+#     T = 4, 8, 16, K = 2, 256 rows a batch), once to compile the kernels into kiln's cache, then
+#     alternated with scripts/bench/exp0_torch.py on the same images (TF32 on both sides).
+#  3. The towers' plain and Monte-Carlo forwards (the `vision` bench) against
+#     scripts/bench/vision_torch.py: CLIP-B/32, then DINOv2-S.
 set -u
 BIN=${BIN:-.gpu}
 
 if [ "${1:-}" = "--collect" ]; then
     mkdir -p "$BIN"
-    for bench in train vision forcefield; do
-        newest=$(ls -t target/release/deps/"$bench"-* | grep -v '\.d$' | head -1)
-        cp "$newest" "$BIN/$bench"
-    done
+    newest() { ls -t target/release/deps/"$1"-* | grep -v '\.d$' | head -1; }
+    cp "$(newest vision)" "$BIN/vision"
+    cp "$(newest mc_backends)" "$BIN/mc_backends"
     cp target/release/examples/exp0_mc "$BIN/exp0_mc"
-    strip "$BIN"/*
-    (cd "$BIN" && tar -cf - exp0_mc forcefield train vision | xz -T0 -6 >binaries.tar.xz &&
-        rm exp0_mc forcefield train vision)
+    strip "$BIN"/exp0_mc "$BIN"/vision "$BIN"/mc_backends
+    (cd "$BIN" && tar -cf - exp0_mc vision mc_backends | xz -T0 -6 >binaries.tar.xz &&
+        rm exp0_mc vision mc_backends)
     du -sh "$BIN"/*
     exit 0
 fi
@@ -72,21 +72,24 @@ step() {
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/steps.log"
 export KILN_KERNEL_CACHE=${KILN_KERNEL_CACHE:-$HOME/.cache/kiln/kernels}
 
-mkdir -p /tmp/exp0_cold /tmp/exp0_cached
-step exp0_cold 180 "$BIN/exp0_mc" --device cuda --passes 4 --trials 2 --out /tmp/exp0_cold
-step exp0_cached 90 "$BIN/exp0_mc" --device cuda --passes 4 --trials 2 \
-    --images /tmp/exp0_cold/images --out /tmp/exp0_cached
-cp /tmp/exp0_cold/summary.json "$OUT/exp0_cold_summary.json" 2>/dev/null
-cp /tmp/exp0_cached/summary.json "$OUT/exp0_cached_summary.json" 2>/dev/null
+step masks 60 env KILN_REQUIRE_CUDA=1 "$BIN/mc_backends" --exact masks::cuda
+
+e0=(--device cuda --model clip-b32 --passes 4,8,16 --trials 2 --batch 256)
+step exp0_cold 200 "$BIN/exp0_mc" "${e0[@]}" --generate 64 --out /tmp/e0_cold
+for round in 1 2; do
+    step "exp0_kiln_$round" 60 "$BIN/exp0_mc" "${e0[@]}" --images /tmp/e0_cold/images \
+        --out "/tmp/e0_$round"
+    cp "/tmp/e0_$round/summary.json" "$OUT/exp0_kiln_$round.json" 2>/dev/null
+    step "exp0_torch_$round" 90 python3 scripts/bench/exp0_torch.py --images /tmp/e0_cold/images \
+        --model clip-b32 --passes 4,8,16 --trials 2 --batch 256 --device cuda --tf32
+done
 du -sh "$KILN_KERNEL_CACHE" >>"$OUT/steps.log" 2>&1
 
-for round in 1 2; do
-    step "train_kiln_$round" 120 "$BIN/train" --device cuda --quick --no-calibration \
-        --filter classifier_step
-    step "train_torch_$round" 60 python3 scripts/bench/train_torch.py --device cuda \
-        --attention sdpa --rounds 3 --steps-per-round 100
+for tower in clip_b32 dinov2_s; do
+    step "vision_$tower" 150 "$BIN/vision" --device cuda --quick --no-calibration --filter "$tower"
+    step "vision_torch_$tower" 60 python3 scripts/bench/vision_torch.py --device cuda --runs 30 \
+        --tf32 --only "$tower"
+    step "vision_torch_${tower}_bf16" 40 python3 scripts/bench/vision_torch.py --device cuda \
+        --runs 30 --dtype bf16 --only "$tower"
 done
-
-step painn_train 120 "$BIN/forcefield" --device cuda --quick --no-calibration --filter painn-train
-step vision_clip 150 "$BIN/vision" --device cuda --quick --no-calibration --filter clip_b32
 echo "total $(($(date +%s) - START)) s" | tee -a "$OUT/steps.log"

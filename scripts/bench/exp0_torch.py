@@ -184,7 +184,14 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the final JSON line to this file")
+    parser.add_argument(
+        "--tf32",
+        action="store_true",
+        help="f32 matrix products and convolutions on TF32 tensor cores (as burn's CUDA backend)",
+    )
     args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
     passes = [int(t) for t in args.passes.split(",")]
     if min(passes) < 2 or args.trials < 2 or args.batch < 1 or not 0 <= args.dropout < 1:
         parser.error("pass counts ≥ 2, --trials ≥ 2, --batch ≥ 1, 0 ≤ --dropout < 1")

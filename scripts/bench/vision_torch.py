@@ -4,7 +4,8 @@ Same work as `cargo bench --bench vision`: randomly initialised transformers tow
 released sizes (throughput does not depend on the weights), fp32, batch 32, forward only under
 `torch.inference_mode()`, the same thread count (CPU) or the same GPU (`--device cuda`, timed
 between `torch.cuda.synchronize()` calls; fp32 matrix products in full fp32, not TF32, as
-PyTorch's default). Prints one line per model: median seconds per batch over the timed runs
+PyTorch's default; `--tf32` allows TF32 as burn's CUDA backend does; `--dtype bf16` runs the
+tower in bfloat16). Prints one line per model: median seconds per batch over the timed runs
 and images/s.
 
     /work/venvs/hf/bin/python scripts/bench/vision_torch.py --threads 2 [--batch 32] [--runs 5]
@@ -90,11 +91,19 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--only", help="run only the model with this name")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument(
+        "--tf32",
+        action="store_true",
+        help="f32 matrix products and convolutions on TF32 tensor cores (as burn's CUDA backend)",
+    )
+    parser.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     args = parser.parse_args()
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = torch.device(args.device)
-    torch.backends.cudnn.allow_tf32 = False  # the patch convolution too, like the matmuls
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32  # the patch convolution too, like the matmuls
 
     def sync():
         if device.type == "cuda":
@@ -103,8 +112,10 @@ def main():
     for name, build, size in MODELS:
         if args.only and name != args.only:
             continue
-        model = build().eval().to(device)
-        inputs = [torch.randn(args.batch, 3, size, size, device=device) for _ in range(3)]
+        model = build().eval().to(device, dtype)
+        inputs = [
+            torch.randn(args.batch, 3, size, size, device=device, dtype=dtype) for _ in range(3)
+        ]
         with torch.inference_mode():
             for _ in range(3 if device.type == "cuda" else 1):  # warm-up
                 model(pixel_values=inputs[0])
@@ -123,6 +134,8 @@ def main():
                     "pixels": size,
                     "batch": args.batch,
                     "device": str(device),
+                    "dtype": args.dtype,
+                    "tf32": args.tf32,
                     "threads": args.threads,
                     "torch": torch.__version__,
                     "median_s_per_batch": round(median, 4),

@@ -13,7 +13,8 @@
 //! - [`prepared`]: projection weights packed once per weight, not once per forward;
 //! - [`Pass`]: one forward's precision policy (compute-dtype casts, norms and softmax in f32)
 //!   and its Monte-Carlo dropout, whose masks come from a counter-based hash of
-//!   `(seed, item, pass, site, element)` so they are the same on every backend and in any batch.
+//!   `(seed, item, pass, site, element)` so they are the same on every backend and in any batch; on burn's CUDA and wgpu backends
+//!   one kernel makes each mask on the device (features `cuda`, `wgpu`).
 //!
 //! ```
 //! use burn::backend::Flex;
@@ -33,6 +34,7 @@
 
 mod activation;
 pub mod checkpoint;
+mod device_mask;
 pub mod host;
 mod layers;
 pub mod matmul;
@@ -41,6 +43,7 @@ pub mod prepared;
 pub mod projection;
 
 pub use activation::Activation;
+pub use device_mask::host_mask_uploads;
 pub use layers::run_layers;
 pub use pass::{
     Draw, DropoutError, DropoutSites, HashedMask, Pass, RowMask, Sample, Settings, Site,

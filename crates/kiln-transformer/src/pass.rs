@@ -24,6 +24,7 @@ use burn::tensor::{Tensor, TensorData};
 use kiln_precision::{HostValues, Policy, Precision, cast, cast_module, host_op, host_ops_serve};
 use rayon::prelude::*;
 
+use crate::device_mask;
 use crate::host::{self, Rows};
 use crate::prepared::PreparedWeights;
 
@@ -245,6 +246,21 @@ impl HashedMask {
         }
     }
 
+    /// Each batch row's multiplier and offset.
+    pub(crate) fn words(&self) -> &[(u32, u32)] {
+        &self.words
+    }
+
+    /// Elements whose bits are at or above it are kept.
+    pub(crate) fn threshold(&self) -> u32 {
+        self.threshold
+    }
+
+    /// The multiplier of a kept element: `1 / (1 − p)`.
+    pub(crate) fn kept(&self) -> f32 {
+        self.kept
+    }
+
     /// Batch row `row`'s mask over its elements `elements`. Element indices are 32-bit: a
     /// stretch reaching element 2³² is refused (a row of 16 GB of f32).
     pub fn row(&self, row: usize, elements: Range<usize>) -> RowMask {
@@ -447,18 +463,21 @@ impl Pass {
 
     /// Dropout at `site` on `x` (`[batch, ..]`), or `x` unchanged when the pass is deterministic
     /// or the site's rate is 0.
+    ///
+    /// On burn's CUDA and wgpu backends the mask is made on the device by one kernel; elsewhere
+    /// on the host, then uploaded.
     pub fn drop<B: Backend, const D: usize>(&self, site: Site, x: Tensor<B, D>) -> Tensor<B, D> {
-        match self.mask(site, x.dims()) {
-            Some(mask) => {
-                let mask = Tensor::<B, D>::from_data(mask, &x.device());
-                x.clone()
-                    * cast(
-                        mask,
-                        Precision::from_dtype(x.dtype()).unwrap_or(Precision::F32),
-                    )
-            }
-            None => x,
-        }
+        let Some(hashed) = self.hashed_mask(site) else {
+            return x;
+        };
+        let device = x.device();
+        let mask =
+            device_mask::on_device::<B, D>(&hashed, x.dims(), &device).unwrap_or_else(|| {
+                device_mask::count_host_upload();
+                Tensor::from_data(dropout_mask(&hashed, x.dims()), &device)
+            });
+        let dtype = Precision::from_dtype(x.dtype()).unwrap_or(Precision::F32);
+        x * cast(mask, dtype)
     }
 
     /// The next dropout mask of `site` for a `[batch, ..]` tensor of `dims`, or `None` when the

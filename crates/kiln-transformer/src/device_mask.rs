@@ -1,0 +1,173 @@
+//! Dropout masks made where the tensor lives: on burn's CUDA and wgpu backends one cubecl kernel
+//! computes a site's whole mask from its rows' hash words ([`HashedMask`]), so a Monte-Carlo
+//! pass uploads 8 bytes per row and site instead of the mask (4 bytes per element). The kernel
+//! computes the same bits as the host ([`mask_bits`](crate::pass)): masks are identical on every
+//! backend and in any batch composition.
+//!
+//! Other backends (the host ones, and autodiff wrappers) get `None` and take the mask from the
+//! host; each such upload is counted per thread ([`host_mask_uploads`]), so tests can show that
+//! a GPU pass uploads none.
+
+use std::cell::Cell;
+
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+
+use crate::pass::HashedMask;
+
+thread_local! {
+    static HOST_MASK_UPLOADS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many dropout masks this thread has built on the host and uploaded to a device tensor
+/// (a diagnostic: on burn's CUDA and wgpu backends masks are made on the device, and this stays
+/// put).
+pub fn host_mask_uploads() -> u64 {
+    HOST_MASK_UPLOADS.with(Cell::get)
+}
+
+/// Counts one host-built mask.
+pub(crate) fn count_host_upload() {
+    HOST_MASK_UPLOADS.with(|uploads| uploads.set(uploads.get() + 1));
+}
+
+/// `mask` over a `[batch, ..]` tensor of `dims` as f32 values (0 or `1 / (1 − p)`), made on
+/// `device` by a kernel where `B` is burn's CUDA or wgpu backend (as compiled in), else `None`.
+#[allow(unused_variables)]
+pub(crate) fn on_device<B: Backend, const D: usize>(
+    mask: &HashedMask,
+    dims: [usize; D],
+    device: &B::Device,
+) -> Option<Tensor<B, D>> {
+    #[cfg(feature = "cuda")]
+    if let Some(tensor) = cube::fused::<B, cubecl::cuda::CudaRuntime, u8, D>(mask, dims, device) {
+        return Some(tensor);
+    }
+    #[cfg(feature = "wgpu")]
+    if let Some(tensor) = cube::fused::<B, cubecl::wgpu::WgpuRuntime, u32, D>(mask, dims, device) {
+        return Some(tensor);
+    }
+    None
+}
+
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod cube {
+    use std::any::{Any, TypeId};
+
+    use burn::tensor::backend::Backend;
+    use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
+    use burn_cubecl::tensor::CubeTensor;
+    use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime};
+    use burn_fusion::stream::OperationStreams;
+    use burn_fusion::{Fusion, NoOp, get_client};
+    use burn_ir::{BackendIr, InitOperationIr, OperationIr};
+    use cubecl::prelude::*;
+    use cubecl::{CubeElement, calculate_cube_count_elemwise};
+
+    use crate::pass::HashedMask;
+
+    /// One element of the mask per unit: `lowbias32(index · multiplier ⊕ offset)` against the
+    /// threshold, as `mask_bits` on the host. `words` holds each row's multiplier and offset.
+    #[cube(launch)]
+    fn hashed_mask_kernel(
+        words: &Array<u32>,
+        mask: &mut Array<f32>,
+        per_row: u32,
+        threshold: u32,
+        kept: f32,
+    ) {
+        let position = ABSOLUTE_POS;
+        if position < mask.len() {
+            let element = position as u32;
+            let row = (element / per_row) as usize;
+            let index = element % per_row;
+            let mut x = (index * words[2 * row]) ^ words[2 * row + 1];
+            x ^= x >> 16u32;
+            x *= 0x7feb_352du32;
+            x ^= x >> 15u32;
+            x *= 0x846c_a68bu32;
+            x ^= x >> 16u32;
+            mask[position] = select(x >= threshold, kept, 0.0f32);
+        }
+    }
+
+    /// The mask as a tensor of `B` when `B` is burn's fused cubecl backend over runtime `R`
+    /// (bool element `BT`), as burn's CUDA and wgpu backends are by default.
+    pub(super) fn fused<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
+        mask: &HashedMask,
+        dims: [usize; D],
+        device: &B::Device,
+    ) -> Option<Tensor<B, D>> {
+        type Inner<R, BT> = CubeBackend<R, f32, i32, BT>;
+        if TypeId::of::<B>() != TypeId::of::<Fusion<Inner<R, BT>>>() {
+            return None;
+        }
+        let device = (device as &dyn Any).downcast_ref::<R::Device>()?;
+        let tensor = make::<R>(mask, Shape::from(dims.to_vec()), device)?;
+        let client = get_client::<Inner<R, BT>>(device);
+        let shape = tensor.meta.shape().clone();
+        let handle = Inner::<R, BT>::float_tensor_handle(tensor);
+        let init =
+            InitOperationIr::create(shape, DType::F32, || client.register_tensor_handle(handle));
+        let fused = client
+            .register(
+                OperationStreams::default(),
+                OperationIr::Init(init),
+                NoOp::<Inner<R, BT>>::new(),
+            )
+            .pop()?;
+        let primitive: Box<dyn Any> = Box::new(fused);
+        let primitive = *primitive.downcast::<B::FloatTensorPrimitive>().ok()?;
+        Some(Tensor::from_primitive(TensorPrimitive::Float(primitive)))
+    }
+
+    /// The mask computed on `device` into a new contiguous f32 tensor of `shape`, or `None`
+    /// where an element index would not fit the kernel's 32 bits.
+    fn make<R: CubeRuntime>(
+        mask: &HashedMask,
+        shape: Shape,
+        device: &R::Device,
+    ) -> Option<CubeTensor<R>> {
+        let elements = shape.num_elements();
+        let rows = shape[0];
+        let per_row = u32::try_from(elements / rows.max(1)).ok()?;
+        u32::try_from(elements).ok()?;
+        let client = R::client(device);
+        let words: Vec<u32> = mask
+            .words()
+            .iter()
+            .take(rows)
+            .flat_map(|&(multiplier, offset)| [multiplier, offset])
+            .collect();
+        let words = client.create_from_slice(u32::as_bytes(&words));
+        let output = client.empty(elements * size_of::<f32>());
+        let cube_dim = CubeDim::new(&client, elements);
+        let cube_count = calculate_cube_count_elemwise(&client, elements, cube_dim);
+        // SAFETY: both lengths are those of the buffers just allocated (`words` holds two words
+        // per row, `output` one f32 per element).
+        #[allow(unsafe_code)]
+        let (words, output_arg) = unsafe {
+            (
+                ArrayArg::from_raw_parts(words, 2 * rows),
+                ArrayArg::from_raw_parts(output.clone(), elements),
+            )
+        };
+        hashed_mask_kernel::launch::<R>(
+            &client,
+            cube_count,
+            cube_dim,
+            words,
+            output_arg,
+            per_row.max(1),
+            mask.threshold(),
+            mask.kept(),
+        );
+        Some(CubeTensor::new_contiguous(
+            client,
+            device.clone(),
+            shape,
+            output,
+            DType::F32,
+        ))
+    }
+}
