@@ -75,11 +75,12 @@ fn check(device: DeviceSpec) {
 
 backend_tests!("Monte-Carlo trial"; ndarray, wgpu, cuda);
 
-/// Dropout masks made on the device (burn's CUDA and wgpu backends) hold the host's values bit
-/// for bit, whatever the batch composition, and no mask crosses from the host.
+/// Dropout masks made on the device (burn's CUDA and wgpu backends) or applied in place (the host
+/// backends) hold the same values bit for bit, whatever the batch composition, and no mask
+/// crosses from the host.
 mod masks {
-    use burn::tensor::Tensor;
     use burn::tensor::backend::Backend;
+    use burn::tensor::{FloatDType, Tensor};
     use kiln::precision::{DeviceJob, DeviceSpec};
     use kiln::transformer::{
         Draw, DropoutSites, Pass, PreparedWeights, Settings, Site, host_mask_uploads,
@@ -87,14 +88,16 @@ mod masks {
 
     use super::common;
 
-    /// `[rows, 3, 37]` of ones through three sites' masks, rows drawn as `items` (pass 2).
+    /// `[rows, 3, 37]` of ones through three sites' masks, rows drawn as `items` (pass 2), in
+    /// f32, or in bf16 when `half`.
     struct Masks {
         items: Vec<u64>,
+        half: bool,
     }
 
-    /// Each site's output values, and whether no mask was uploaded from the host (on this
-    /// thread).
-    type Outcome = (Vec<Vec<f32>>, bool);
+    /// Each site's output values, and how many masks were uploaded from the host for them (on
+    /// this thread).
+    type Outcome = (Vec<Vec<f32>>, u64);
 
     impl DeviceJob for Masks {
         type Output = Outcome;
@@ -107,49 +110,48 @@ mod masks {
             let draw = Draw::pass(11, 2, self.items.iter().copied());
             let pass = Pass::new(&settings, &PreparedWeights::default(), Some(&draw));
             let uploads = host_mask_uploads();
-            let rows = self.items.len();
-            let ones = Tensor::<B, 3>::ones([rows, 3, 37], device);
+            let mut ones = Tensor::<B, 3>::ones([self.items.len(), 3, 37], device);
+            if self.half {
+                ones = ones.cast(FloatDType::BF16);
+            }
             let sites = [Site::Embeddings, Site::MlpHidden, Site::AttentionOutput];
             let values = sites
                 .map(|site| {
-                    let out = pass.drop(site, ones.clone()).into_data();
-                    out.to_vec::<f32>().unwrap()
+                    let out = pass.drop(site, ones.clone()).cast(FloatDType::F32);
+                    out.into_data().to_vec::<f32>().unwrap()
                 })
                 .to_vec();
-            (values, host_mask_uploads() == uploads)
+            (values, host_mask_uploads() - uploads)
         }
     }
 
     fn check(device: DeviceSpec) {
         let items = vec![4, 9, 1, 7];
-        let flex = DeviceSpec::Flex
-            .run(Masks {
-                items: items.clone(),
-            })
-            .unwrap();
-        let (values, on_device) = device
-            .run(Masks {
-                items: items.clone(),
-            })
-            .unwrap();
-        // The GPU backends make masks on the device; the host backends upload theirs (which
-        // shows the counter counts).
-        let gpu = matches!(device, DeviceSpec::Wgpu(_) | DeviceSpec::Cuda(_));
-        assert_eq!(on_device, gpu, "{device}: masks made on the device");
-        assert!(!flex.1, "Flex's masks come from the host");
-        for (site, (ours, host)) in values.iter().zip(&flex.0).enumerate() {
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let masks = |items: &[u64], half| Masks {
+            items: items.to_vec(),
+            half,
+        };
+        let (flex, flex_uploads) = DeviceSpec::Flex.run(masks(&items, false)).unwrap();
+        let (values, uploads) = device.run(masks(&items, false)).unwrap();
+        assert_eq!(
+            (uploads, flex_uploads),
+            (0, 0),
+            "{device}: f32 masks uploaded"
+        );
+        // bf16 on the host takes uploaded masks (the counter counts), with the same values.
+        let (half, half_uploads) = DeviceSpec::Flex.run(masks(&items, true)).unwrap();
+        assert_eq!(half_uploads, 3, "Flex uploads a bf16 tensor's masks");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (site, ((ours, host), half)) in values.iter().zip(&flex).zip(&half).enumerate() {
             assert_eq!(bits(ours), bits(host), "{device}: site {site}'s mask");
             let kept = host.iter().filter(|&&v| v > 0.0).count() as f64 / host.len() as f64;
             assert!((kept - 0.7).abs() < 0.06, "site {site} keeps {kept}");
+            let zeros = |v: &[f32]| v.iter().map(|&x| x == 0.0).collect::<Vec<_>>();
+            assert_eq!(zeros(half), zeros(host), "bf16: site {site}'s mask");
         }
         // The same images in another order and with another beside them: each keeps its rows.
         let regrouped = vec![7, 2, 4];
-        let (other, _) = device
-            .run(Masks {
-                items: regrouped.clone(),
-            })
-            .unwrap();
+        let (other, _) = device.run(masks(&regrouped, false)).unwrap();
         let row = 3 * 37;
         for (position, item) in regrouped.iter().enumerate() {
             let Some(before) = items.iter().position(|i| i == item) else {
@@ -165,5 +167,5 @@ mod masks {
         }
     }
 
-    backend_tests!("dropout masks"; ndarray, wgpu, cuda);
+    backend_tests!("dropout masks"; cpu, ndarray, wgpu, cuda);
 }

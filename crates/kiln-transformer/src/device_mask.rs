@@ -4,9 +4,10 @@
 //! computes the same bits as the host ([`mask_bits`](crate::pass)): masks are identical on every
 //! backend and in any batch composition.
 //!
-//! Other backends (the host ones, and autodiff wrappers) get `None` and take the mask from the
-//! host; each such upload is counted per thread ([`host_mask_uploads`]), so tests can show that
-//! a GPU pass uploads none.
+//! Host backends scale f32 values in place instead ([`Pass::drop`](crate::Pass::drop)); what
+//! is left (autodiff wrappers, half-precision tensors on the host) takes a mask built on the
+//! host and uploaded. Each such upload is counted per thread ([`host_mask_uploads`]), so tests
+//! can show that a pass uploads none.
 
 use std::cell::Cell;
 
@@ -19,9 +20,9 @@ thread_local! {
     static HOST_MASK_UPLOADS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// How many dropout masks this thread has built on the host and uploaded to a device tensor
-/// (a diagnostic: on burn's CUDA and wgpu backends masks are made on the device, and this stays
-/// put).
+/// How many dropout masks this thread has built on the host and uploaded as a tensor (a
+/// diagnostic: f32 passes on the host backends and every pass on burn's CUDA and wgpu backends
+/// upload none).
 pub fn host_mask_uploads() -> u64 {
     HOST_MASK_UPLOADS.with(Cell::get)
 }

@@ -464,13 +464,23 @@ impl Pass {
     /// Dropout at `site` on `x` (`[batch, ..]`), or `x` unchanged when the pass is deterministic
     /// or the site's rate is 0.
     ///
-    /// On burn's CUDA and wgpu backends the mask is made on the device by one kernel; elsewhere
-    /// on the host, then uploaded.
+    /// On host backends in f32 the values are scaled in place, each element's factor hashed as
+    /// it is read (no mask in memory); on burn's CUDA and wgpu backends the mask is made on the
+    /// device by one kernel; elsewhere on the host, then uploaded.
     pub fn drop<B: Backend, const D: usize>(&self, site: Site, x: Tensor<B, D>) -> Tensor<B, D> {
         let Some(hashed) = self.hashed_mask(site) else {
             return x;
         };
         let device = x.device();
+        if host::serves(&x) {
+            let per_row = x.dims()[1..].iter().product();
+            let mut data = x.into_data();
+            let values = data
+                .as_mut_slice::<f32>()
+                .expect("host tensors served are f32");
+            for_each_factor(values, per_row, &hashed, |value, factor| *value *= factor);
+            return Tensor::from_data(data, &device);
+        }
         let mask =
             device_mask::on_device::<B, D>(&hashed, x.dims(), &device).unwrap_or_else(|| {
                 device_mask::count_host_upload();
@@ -618,11 +628,23 @@ impl Pass {
 }
 
 /// The values of a dropout mask over a `[batch, ..]` tensor: 0 where dropped, `1 / (1 − p)`
-/// where kept (rows, and long rows' chunks, in parallel).
+/// where kept.
 fn dropout_mask<const D: usize>(mask: &HashedMask, dims: [usize; D]) -> TensorData {
-    const CHUNK: usize = 1 << 14;
     let per_row: usize = dims[1..].iter().product();
     let mut values = vec![0f32; per_row * dims[0]];
+    for_each_factor(&mut values, per_row, mask, |value, factor| *value = factor);
+    TensorData::new(values, dims)
+}
+
+/// `apply(value, factor)` for each of `values` (`[batch, per_row]`, row-major) with its
+/// element's mask factor, rows and long rows' chunks in parallel.
+fn for_each_factor(
+    values: &mut [f32],
+    per_row: usize,
+    mask: &HashedMask,
+    apply: impl Fn(&mut f32, f32) + Sync,
+) {
+    const CHUNK: usize = 1 << 14;
     values
         .par_chunks_mut(per_row.max(1))
         .enumerate()
@@ -634,11 +656,10 @@ fn dropout_mask<const D: usize>(mask: &HashedMask, dims: [usize; D]) -> TensorDa
                     let first = chunk * CHUNK;
                     let stretch = mask.row(row, first..first + values.len());
                     for (offset, value) in values.iter_mut().enumerate() {
-                        *value = stretch.factor(offset);
+                        apply(value, stretch.factor(offset));
                     }
                 });
         });
-    TensorData::new(values, dims)
 }
 
 #[cfg(test)]
