@@ -6,7 +6,7 @@
 # .gpu/, listed in .git/info/exclude):
 #
 #   cargo build --release --features cuda --example exp0_mc
-#   cargo bench --no-run --features cuda --bench vision
+#   cargo bench --no-run --features cuda --bench vision [--bench text --bench forcefield]
 #   cargo test --release --features cuda --no-run --test mc_backends
 #   scripts/bench/cuda_session.sh --collect        # .gpu/binaries.tar.xz
 #
@@ -26,14 +26,17 @@ set -u
 BIN=${BIN:-.gpu}
 
 if [ "${1:-}" = "--collect" ]; then
+    # Whichever of the benches and tests below were built (the newest of each: build the CUDA
+    # binaries last), and exp0_mc.
     mkdir -p "$BIN"
-    newest() { ls -t target/release/deps/"$1"-* | grep -v '\.d$' | head -1; }
-    cp "$(newest vision)" "$BIN/vision"
-    cp "$(newest mc_backends)" "$BIN/mc_backends"
-    cp target/release/examples/exp0_mc "$BIN/exp0_mc"
-    strip "$BIN"/exp0_mc "$BIN"/vision "$BIN"/mc_backends
-    (cd "$BIN" && tar -cf - exp0_mc vision mc_backends | xz -T0 -6 >binaries.tar.xz &&
-        rm exp0_mc vision mc_backends)
+    names=()
+    for name in vision text forcefield train mc_backends; do
+        newest=$(ls -t target/release/deps/"$name"-* 2>/dev/null | grep -v '\.d$' | head -1)
+        [ -n "$newest" ] && cp "$newest" "$BIN/$name" && names+=("$name")
+    done
+    cp target/release/examples/exp0_mc "$BIN/exp0_mc" && names+=(exp0_mc)
+    (cd "$BIN" && strip "${names[@]}" && tar -cf - "${names[@]}" | xz -T0 -6 >binaries.tar.xz &&
+        rm "${names[@]}")
     du -sh "$BIN"/*
     exit 0
 fi

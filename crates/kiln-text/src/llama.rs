@@ -450,6 +450,11 @@ impl<B: Backend> CausalLm<B> {
 
     /// The model under `policy`: parameters cast to its parameter dtype once, forward passes in
     /// its compute dtype (norms and softmax in f32), results in its output dtype.
+    ///
+    /// For inference, prefer a pure policy (parameters in the compute dtype, e.g. `bf16`): under
+    /// a mixed one (f32 parameters, bf16 compute) every forward casts the whole model to the
+    /// compute dtype first, as autocast casts weights per operation — once per generated token
+    /// when decoding. Mixed policies are for training, where the f32 master weights matter.
     pub fn with_policy(self, policy: &Policy) -> Self {
         let mut model = policy.cast_params(self);
         model.settings.policy = *policy;

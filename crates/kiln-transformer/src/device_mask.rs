@@ -123,7 +123,8 @@ mod cube {
     }
 
     /// The mask computed on `device` into a new contiguous f32 tensor of `shape`, or `None`
-    /// where an element index would not fit the kernel's 32 bits.
+    /// where it is empty, has more rows than `mask` has words, or an element index would not
+    /// fit the kernel's 32 bits.
     fn make<R: CubeRuntime>(
         mask: &HashedMask,
         shape: Shape,
@@ -131,7 +132,11 @@ mod cube {
     ) -> Option<CubeTensor<R>> {
         let elements = shape.num_elements();
         let rows = shape[0];
-        let per_row = u32::try_from(elements / rows.max(1)).ok()?;
+        if elements == 0 || mask.words().len() < rows {
+            // Nothing to make, or rows the draw has no words for: the host path says so.
+            return None;
+        }
+        let per_row = u32::try_from(elements / rows).ok()?;
         u32::try_from(elements).ok()?;
         let client = R::client(device);
         let words: Vec<u32> = mask
@@ -159,7 +164,7 @@ mod cube {
             cube_dim,
             words,
             output_arg,
-            per_row.max(1),
+            per_row,
             mask.threshold(),
             mask.kept(),
         );
