@@ -5,6 +5,7 @@ use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use kiln_kernels::sgemm;
 
+use super::rows::add;
 use super::{Real, values};
 
 /// A dense layer `y = x W + b` with `W` `[inputs, outputs]` (burn's layout), and `Wᵀ` for the
@@ -120,9 +121,9 @@ pub(super) struct DenseGradient<T> {
 impl<T: Real> DenseGradient<T> {
     /// `self += other`.
     pub(super) fn add(&mut self, other: &DenseGradient<T>) {
-        self.w.iter_mut().zip(&other.w).for_each(|(a, &b)| *a += b);
+        add(&mut self.w, &other.w);
         if let (Some(a), Some(b)) = (&mut self.b, &other.b) {
-            a.iter_mut().zip(b).for_each(|(a, &b)| *a += b);
+            add(a, b);
         }
     }
 }

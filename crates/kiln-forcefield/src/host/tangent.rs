@@ -51,9 +51,8 @@ impl<T: Real> ParameterGradients<T> {
     }
 
     fn add(mut self, other: Self) -> Self {
-        let sum = |a: &mut Vec<T>, b: &Vec<T>| a.iter_mut().zip(b).for_each(|(a, &b)| *a += b);
-        sum(&mut self.embedding, &other.embedding);
-        sum(&mut self.filter, &other.filter);
+        add(&mut self.embedding, &other.embedding);
+        add(&mut self.filter, &other.filter);
         for (a, b) in self.blocks.iter_mut().zip(&other.blocks) {
             a.iter_mut().zip(b).for_each(|(a, b)| a.add(b));
         }
