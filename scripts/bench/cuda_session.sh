@@ -3,25 +3,36 @@
 #
 # Build on the development machine (the GPU machine has no Rust toolchain), then copy the
 # binaries, stripped and packed (the device tool carries 64 MiB at most), into BIN (default
-# .gpu/, listed in .git/info/exclude):
+# .gpu/, listed in .git/info/exclude). Build only what the groups you will run need:
 #
-#   cargo build --release --features cuda --example exp0_mc
-#   cargo bench --no-run --features cuda --bench vision [--bench text --bench forcefield]
-#   cargo test --release --features cuda --no-run --test mc_backends
+#   cargo build --release --features cuda --example exp0_mc                  # exp0
+#   cargo bench --no-run --features cuda --bench vision --bench text --bench forcefield
+#   cargo test --release --features cuda --no-run --test mc_backends         # masks
 #   scripts/bench/cuda_session.sh --collect        # .gpu/binaries.tar.xz
 #
-# and run it there from the repository root (the `device` tool: carry .gpu):
+# schnetpack is not installed on the GPU machines: for `painn`, carry its wheels in .whl/ (the
+# device tool's README says how to download them; scripts/fixtures/requirements-schnetpack.txt
+# names the versions). Then run it there from the repository root (the `device` tool: carry .gpu
+# and .whl):
 #
-#   scripts/bench/cuda_session.sh [BUDGET_SECONDS]     # logs into $OUT (default /tmp/out)
+#   scripts/bench/cuda_session.sh [BUDGET_SECONDS] [GROUP...]   # logs into $OUT (default /tmp/out)
 #
 # Each step gets what is left of the budget; a step that runs out is cut and logged as such.
-#  1. The dropout masks made on the device equal the host's bit for bit, in any batch
-#     composition, and none is uploaded (mc_backends' masks::cuda, KILN_REQUIRE_CUDA=1).
-#  2. The main job side by side: exp0_mc with CLIP-B/32 (random weights, 64 generated images,
-#     T = 4, 8, 16, K = 2, 256 rows a batch), once to compile the kernels into kiln's cache, then
-#     alternated with scripts/bench/exp0_torch.py on the same images (TF32 on both sides).
-#  3. The towers' plain and Monte-Carlo forwards (the `vision` bench) against
-#     scripts/bench/vision_torch.py: CLIP-B/32, then DINOv2-S.
+# GROUPs, run in the order given (default: all, in this order):
+#  masks   The dropout masks made on the device equal the host's bit for bit, in any batch
+#          composition, and none is uploaded (mc_backends' masks::cuda, KILN_REQUIRE_CUDA=1).
+#  exp0    The main job side by side: exp0_mc with CLIP-B/32 (random weights, 64 generated
+#          images, T = 4, 8, 16, K = 2, 256 rows a batch), once to compile the kernels into
+#          kiln's cache, then alternated with scripts/bench/exp0_torch.py on the same images
+#          (TF32 on both sides).
+#  towers  The towers' plain and Monte-Carlo forwards (the `vision` bench) against
+#          scripts/bench/vision_torch.py in f32/TF32 and bf16: CLIP-B/32, then DINOv2-S.
+#  towers-bf16  The same in bf16 on kiln's side (mixed-bf16): DINOv2-S, CLIP-B/32.
+#  siglip2 SigLIP2-B/16 as `towers`, f32 and bf16.
+#  text    kiln-text's SmolLM2-135M prefill and decode (the `text` bench) against
+#          scripts/bench/text_torch.py, f32/TF32 then bf16.
+#  painn   PaiNN energies and forces at batch 1 … 256 (the `forcefield` bench, seed size)
+#          against scripts/bench/painn_torch.py (schnetpack) on the same GPU.
 set -u
 BIN=${BIN:-.gpu}
 
@@ -34,7 +45,8 @@ if [ "${1:-}" = "--collect" ]; then
         newest=$(ls -t target/release/deps/"$name"-* 2>/dev/null | grep -v '\.d$' | head -1)
         [ -n "$newest" ] && cp "$newest" "$BIN/$name" && names+=("$name")
     done
-    cp target/release/examples/exp0_mc "$BIN/exp0_mc" && names+=(exp0_mc)
+    [ -f target/release/examples/exp0_mc ] && cp target/release/examples/exp0_mc "$BIN" &&
+        names+=(exp0_mc)
     (cd "$BIN" && strip "${names[@]}" && tar -cf - "${names[@]}" | xz -T0 -6 >binaries.tar.xz &&
         rm "${names[@]}")
     du -sh "$BIN"/*
@@ -42,7 +54,13 @@ if [ "${1:-}" = "--collect" ]; then
 fi
 [ -f "$BIN/binaries.tar.xz" ] && (cd "$BIN" && tar -xJf binaries.tar.xz)
 
-BUDGET=${1:-540}
+BUDGET=540
+if [[ "${1:-}" =~ ^[0-9]+$ ]]; then
+    BUDGET=$1
+    shift
+fi
+GROUPS_TO_RUN=("$@")
+[ ${#GROUPS_TO_RUN[@]} -eq 0 ] && GROUPS_TO_RUN=(masks exp0 towers towers-bf16 siglip2 text painn)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 START=$(date +%s)
@@ -75,24 +93,72 @@ step() {
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/steps.log"
 export KILN_KERNEL_CACHE=${KILN_KERNEL_CACHE:-$HOME/.cache/kiln/kernels}
 
-step masks 60 env KILN_REQUIRE_CUDA=1 "$BIN/mc_backends" --exact masks::cuda
+masks() {
+    step masks 60 env KILN_REQUIRE_CUDA=1 "$BIN/mc_backends" --exact masks::cuda
+}
 
-e0=(--device cuda --model clip-b32 --passes 4,8,16 --trials 2 --batch 256)
-step exp0_cold 200 "$BIN/exp0_mc" "${e0[@]}" --generate 64 --out /tmp/e0_cold
-for round in 1 2; do
-    step "exp0_kiln_$round" 60 "$BIN/exp0_mc" "${e0[@]}" --images /tmp/e0_cold/images \
-        --out "/tmp/e0_$round"
-    cp "/tmp/e0_$round/summary.json" "$OUT/exp0_kiln_$round.json" 2>/dev/null
-    step "exp0_torch_$round" 90 python3 scripts/bench/exp0_torch.py --images /tmp/e0_cold/images \
-        --model clip-b32 --passes 4,8,16 --trials 2 --batch 256 --device cuda --tf32
-done
-du -sh "$KILN_KERNEL_CACHE" >>"$OUT/steps.log" 2>&1
+exp0() {
+    local e0=(--device cuda --model clip-b32 --passes 4,8,16 --trials 2 --batch 256)
+    step exp0_cold 200 "$BIN/exp0_mc" "${e0[@]}" --generate 64 --out /tmp/e0_cold
+    for round in 1 2; do
+        step "exp0_kiln_$round" 60 "$BIN/exp0_mc" "${e0[@]}" --images /tmp/e0_cold/images \
+            --out "/tmp/e0_$round"
+        cp "/tmp/e0_$round/summary.json" "$OUT/exp0_kiln_$round.json" 2>/dev/null
+        step "exp0_torch_$round" 90 python3 scripts/bench/exp0_torch.py --images /tmp/e0_cold/images \
+            --model clip-b32 --passes 4,8,16 --trials 2 --batch 256 --device cuda --tf32
+    done
+    du -sh "$KILN_KERNEL_CACHE" >>"$OUT/steps.log" 2>&1
+}
 
-for tower in clip_b32 dinov2_s; do
-    step "vision_$tower" 150 "$BIN/vision" --device cuda --quick --no-calibration --filter "$tower"
-    step "vision_torch_$tower" 60 python3 scripts/bench/vision_torch.py --device cuda --runs 30 \
-        --tf32 --only "$tower"
-    step "vision_torch_${tower}_bf16" 40 python3 scripts/bench/vision_torch.py --device cuda \
-        --runs 30 --dtype bf16 --only "$tower"
+# tower NAME POLICY: kiln's plain and Monte-Carlo forwards of one tower under POLICY, then
+# PyTorch's in the matching dtype (TF32 for f32).
+tower() {
+    local name=$1 policy=$2 dtype=bf16 tf32=()
+    [ "$policy" = full ] && dtype=f32 tf32=(--tf32)
+    step "vision_${name}_$dtype" 150 "$BIN/vision" --device cuda --quick --no-calibration \
+        --filter "$name" --policy "$policy"
+    step "vision_torch_${name}_$dtype" 60 python3 scripts/bench/vision_torch.py --device cuda \
+        --runs 30 "${tf32[@]}" --dtype "$dtype" --only "$name"
+}
+
+towers() {
+    tower clip_b32 full
+    tower dinov2_s full
+}
+
+towers-bf16() {
+    tower dinov2_s mixed-bf16
+    tower clip_b32 mixed-bf16
+}
+
+siglip2() {
+    tower siglip2_b16 full
+    tower siglip2_b16 mixed-bf16
+}
+
+text() {
+    step text_f32 200 "$BIN/text" --device cuda --quick --no-calibration
+    step text_torch_f32 60 python3 scripts/bench/text_torch.py --device cuda --tf32
+    step text_bf16 120 "$BIN/text" --device cuda --quick --no-calibration --policy mixed-bf16
+    step text_torch_bf16 60 python3 scripts/bench/text_torch.py --device cuda --dtype bf16
+}
+
+painn() {
+    step painn_kiln 200 "$BIN/forcefield" --device cuda --quick --no-calibration \
+        --filter painn/seed
+    if ls .whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1
+        export PYTHONPATH=/tmp/site
+        # schnetpack 2.1.1 imports a name that newer torch renamed (`T_co` → `_T_co`).
+        sed -i 's/import _collate_fn_t, T_co$/import _collate_fn_t, _T_co as T_co/' \
+            /tmp/site/schnetpack/data/loader.py
+    fi
+    step painn_torch 90 python3 scripts/bench/painn_torch.py --device cuda --models seed \
+        --seconds 2 --threads 16
+}
+
+for group in "${GROUPS_TO_RUN[@]}"; do
+    "$group"
 done
 echo "total $(($(date +%s) - START)) s" | tee -a "$OUT/steps.log"
