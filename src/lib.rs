@@ -12,6 +12,8 @@
 //!   forces over per-structure neighbour lists.
 //! - [`kernels`]: CPU compute kernels the model crates share (packed f32 matrix products with
 //!   fused epilogues on AVX2 CPUs).
+//! - [`foveated`]: fVLM's two-pass foveated video-language model (DINOv2 frames read by
+//!   learned and LM-derived queries, a Llama-family LM, coarse and fine passes).
 //! - [`io`]: how kiln writes files: atomically under unique temporary names, never over an
 //!   input or anything but a regular file.
 //! - [`mc`]: nested Monte-Carlo over vision encoders (the main job, `examples/exp0_mc/`): trial
@@ -49,6 +51,7 @@ pub use burn;
 pub use kiln_bench as bench;
 pub use kiln_cache as cache;
 pub use kiln_forcefield as forcefield;
+pub use kiln_foveated as foveated;
 pub use kiln_io as io;
 pub use kiln_kernels as kernels;
 pub use kiln_mc as mc;

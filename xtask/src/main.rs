@@ -177,6 +177,12 @@ const FIXTURES: &[Fixture] = &[
         requirements: "scripts/fixtures/requirements-hf.txt",
     },
     Fixture {
+        script: "scripts/fixtures/foveated.py",
+        out: "crates/kiln-foveated/tests/fixtures",
+        python: "KILN_HF_PYTHON",
+        requirements: "scripts/fixtures/requirements-hf.txt",
+    },
+    Fixture {
         script: "scripts/fixtures/painn.py",
         out: "crates/kiln-forcefield/tests/fixtures",
         python: "KILN_SCHNETPACK_PYTHON",

@@ -246,17 +246,21 @@ impl HashedMask {
         }
     }
 
+    // Read by the device mask kernel (features `cuda`, `wgpu`).
     /// Each batch row's multiplier and offset.
+    #[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
     pub(crate) fn words(&self) -> &[(u32, u32)] {
         &self.words
     }
 
     /// Elements whose bits are at or above it are kept.
+    #[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
     pub(crate) fn threshold(&self) -> u32 {
         self.threshold
     }
 
     /// The multiplier of a kept element: `1 / (1 − p)`.
+    #[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
     pub(crate) fn kept(&self) -> f32 {
         self.kept
     }

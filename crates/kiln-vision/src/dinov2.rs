@@ -20,7 +20,7 @@ use crate::encoder::Mlp;
 use crate::patches::{check_pixels, patch_tokens};
 use crate::tower::{Tower, in_compute_dtype};
 use kiln_transformer::PreparedWeights;
-use kiln_transformer::projection::{Then, project_dropped, self_attention};
+use kiln_transformer::projection::{Then, project, project_dropped, self_attention};
 use kiln_transformer::run_layers;
 use kiln_transformer::{Draw, Pass, Site};
 
@@ -187,6 +187,11 @@ impl<B: Backend> Dinov2Attention<B> {
     fn forward(&self, x: Tensor<B, 3>, then: Then<B, 3>, pass: &Pass) -> Tensor<B, 3> {
         let qkv = &self.attention;
         let attended = self_attention(&qkv.query, &qkv.key, &qkv.value, x, self.heads, pass);
+        self.output(attended, then, pass)
+    }
+
+    /// `then(output(attended))`, Monte-Carlo dropout before `then`.
+    fn output(&self, attended: Tensor<B, 3>, then: Then<B, 3>, pass: &Pass) -> Tensor<B, 3> {
         project_dropped(
             &self.output.dense,
             attended,
@@ -194,6 +199,36 @@ impl<B: Backend> Dinov2Attention<B> {
             then,
             pass,
         )
+    }
+
+    /// The same as `forward`, also returning the keys and values it attended over (the
+    /// foveated readout's cache).
+    fn forward_keeping(
+        &self,
+        x: Tensor<B, 3>,
+        then: Then<B, 3>,
+        pass: &Pass,
+    ) -> (Tensor<B, 3>, [Tensor<B, 3>; 2]) {
+        let qkv = &self.attention;
+        let [query, key, value] = [&qkv.query, &qkv.key, &qkv.value]
+            .map(|linear| project(linear, x.clone(), Then::Nothing, pass));
+        let attended = pass.attention(query, key.clone(), value.clone(), self.heads);
+        let out = self.output(attended, then, pass);
+        (out, [key, value])
+    }
+
+    /// `then(output(attention))` of `queries` over given keys and values: the queries attend to
+    /// them only, not to themselves.
+    fn forward_reading(
+        &self,
+        queries: Tensor<B, 3>,
+        [key, value]: [Tensor<B, 3>; 2],
+        then: Then<B, 3>,
+        pass: &Pass,
+    ) -> Tensor<B, 3> {
+        let query = project(&self.attention.query, queries, Then::Nothing, pass);
+        let attended = pass.attention(query, key, value, self.heads);
+        self.output(attended, then, pass)
     }
 }
 
@@ -230,6 +265,40 @@ impl<B: Backend> Dinov2Layer<B> {
         let x = self
             .attention
             .forward(normed, self.layer_scale1.onto(x), pass);
+        let normed = pass.norm(&self.norm2, x.clone());
+        self.mlp.forward(normed, self.layer_scale2.onto(x), pass)
+    }
+}
+
+impl<B: Backend> Dinov2Layer<B> {
+    /// `forward`, also returning the layer's keys and values.
+    fn forward_keeping(&self, x: Tensor<B, 3>, pass: &Pass) -> (Tensor<B, 3>, [Tensor<B, 3>; 2]) {
+        let normed = pass.norm(&self.norm1, x.clone());
+        let (x, keys_values) =
+            self.attention
+                .forward_keeping(normed, self.layer_scale1.onto(x), pass);
+        let normed = pass.norm(&self.norm2, x.clone());
+        (
+            self.mlp.forward(normed, self.layer_scale2.onto(x), pass),
+            keys_values,
+        )
+    }
+
+    /// The layer applied to `queries` that attend to `keys_values` (another sequence's) instead
+    /// of to themselves: norm, attention, LayerScale and MLP as in `forward`.
+    fn forward_reading(
+        &self,
+        queries: Tensor<B, 3>,
+        keys_values: [Tensor<B, 3>; 2],
+        pass: &Pass,
+    ) -> Tensor<B, 3> {
+        let normed = pass.norm(&self.norm1, queries.clone());
+        let x = self.attention.forward_reading(
+            normed,
+            keys_values,
+            self.layer_scale1.onto(queries),
+            pass,
+        );
         let normed = pass.norm(&self.norm2, x.clone());
         self.mlp.forward(normed, self.layer_scale2.onto(x), pass)
     }
@@ -310,6 +379,99 @@ impl<B: Backend> Tower<B> for Dinov2Model<B> {
     }
 }
 
+/// A batch of frames as DINOv2 saw them, for queries to read afterwards
+/// ([`Dinov2Model::encode_patches`], [`Dinov2Model::read`]): fVLM's `encode_patches`.
+#[derive(Debug, Clone)]
+pub struct Dinov2Patches<B: Backend> {
+    /// Every token after the final LayerNorm, `[frames, tokens, hidden]` (CLS first unless
+    /// [`Dinov2Patches::without_cls`] removed it), in the policy's output dtype.
+    pub last_hidden_state: Tensor<B, 3>,
+    /// Per layer, the keys and values its attention formed over these tokens (the layer's
+    /// `key` and `value` projections of its `norm1` output), `[frames, tokens, hidden]` each, in
+    /// the policy's compute dtype.
+    pub keys_values: Vec<[Tensor<B, 3>; 2]>,
+}
+
+impl<B: Backend> Dinov2Patches<B> {
+    /// The same without the CLS token: the patch tokens only.
+    pub fn without_cls(self) -> Self {
+        let patches = |x: Tensor<B, 3>| {
+            let [frames, tokens, hidden] = x.dims();
+            x.slice([0..frames, 1..tokens, 0..hidden])
+        };
+        Dinov2Patches {
+            last_hidden_state: patches(self.last_hidden_state),
+            keys_values: self
+                .keys_values
+                .into_iter()
+                .map(|kv| kv.map(patches))
+                .collect(),
+        }
+    }
+
+    /// The number of frames.
+    pub fn frames(&self) -> usize {
+        self.last_hidden_state.dims()[0]
+    }
+}
+
+impl<B: Backend> Dinov2Model<B> {
+    /// Normalised `pixels` `[frames, 3, H, W]` through the tower (deterministic), keeping each
+    /// layer's keys and values for [`Dinov2Model::read`]. The tokens are the forward's.
+    pub fn encode_patches(&self, pixels: Tensor<B, 4>) -> Result<Dinov2Patches<B>, VisionError> {
+        self.check_pixels(pixels.dims())?;
+        let model = in_compute_dtype(self);
+        let pass = Pass::new(&model.settings, &model.prepared, None);
+        let mut x = model.embeddings.forward(pass.input(pixels), &pass);
+        let mut keys_values = Vec::with_capacity(model.encoder.layer.len());
+        for layer in &model.encoder.layer {
+            let (next, kv) = layer.forward_keeping(x, &pass);
+            keys_values.push(kv);
+            x = next;
+        }
+        let last_hidden_state = pass.output(pass.norm(&model.layernorm, x));
+        Ok(Dinov2Patches {
+            last_hidden_state,
+            keys_values,
+        })
+    }
+
+    /// fVLM's deep readout: `queries` `[frames, queries, hidden]` go through every layer (its
+    /// norms, query and output projections, LayerScale and MLP), attending at each to that
+    /// layer's keys and values of `patches`, never to themselves, then through the final
+    /// LayerNorm. The patches do not see the queries. Returns `[frames, queries, hidden]` in the
+    /// policy's output dtype.
+    pub fn read(
+        &self,
+        queries: Tensor<B, 3>,
+        patches: &Dinov2Patches<B>,
+    ) -> Result<Tensor<B, 3>, VisionError> {
+        let [frames, _, hidden] = queries.dims();
+        let layers = self.encoder.layer.len();
+        if frames != patches.frames() || patches.keys_values.len() != layers {
+            return Err(VisionError::Queries(format!(
+                "{frames} frame(s) of queries read {} frame(s) of patches with {} layer(s) of keys \
+                 and values; the tower has {layers} layer(s)",
+                patches.frames(),
+                patches.keys_values.len()
+            )));
+        }
+        let width = patches.last_hidden_state.dims()[2];
+        if hidden != width {
+            return Err(VisionError::Queries(format!(
+                "queries of width {hidden} for a tower of width {width}"
+            )));
+        }
+        let model = in_compute_dtype(self);
+        let pass = Pass::new(&model.settings, &model.prepared, None);
+        let mut x = pass.input(queries);
+        for (layer, kv) in model.encoder.layer.iter().zip(&patches.keys_values) {
+            x = layer.forward_reading(x, kv.clone(), &pass);
+        }
+        Ok(pass.output(pass.norm(&model.layernorm, x)))
+    }
+}
+
 impl Dinov2Config {
     /// A randomly initialised model of this shape (load a checkpoint into it with
     /// [`crate::load_hf_weights`]).
@@ -375,6 +537,11 @@ impl Dinov2Config {
 }
 
 impl<B: Backend> Dinov2Model<B> {
+    /// The width of its tokens (`hidden_size`).
+    pub fn hidden_size(&self) -> usize {
+        self.layernorm.gamma.dims()[0]
+    }
+
     /// The embedding module (its [`Dinov2Embeddings::positions`] gives the position table for
     /// a patch grid).
     pub fn embeddings(&self) -> &Dinov2Embeddings<B> {

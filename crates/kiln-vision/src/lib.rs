@@ -43,7 +43,7 @@ pub use clip::{ClipEmbeddings, ClipOutput, ClipVisionModel, ClipVisionTransforme
 pub use config::{ClipVisionConfig, Dinov2Config, MODEL_TYPES, SiglipVisionConfig, VisionConfig};
 pub use dinov2::{
     AttentionOutput, Dinov2Attention, Dinov2Embeddings, Dinov2Encoder, Dinov2Layer, Dinov2Model,
-    Dinov2Output, LayerScale, PatchEmbeddings, QueryKeyValue,
+    Dinov2Output, Dinov2Patches, LayerScale, PatchEmbeddings, QueryKeyValue,
 };
 pub use encoder::{Encoder, EncoderLayer, Mlp, SelfAttention};
 #[cfg(feature = "hub")]
@@ -79,6 +79,9 @@ pub enum VisionError {
     /// Pixels the model cannot take (count, channels or size).
     #[error("{0}")]
     Pixels(String),
+    /// Queries that do not fit the patches they read (`Dinov2Model::read`).
+    #[error("{0}")]
+    Queries(String),
 }
 
 impl From<CheckpointError> for VisionError {

@@ -1,0 +1,56 @@
+//! # kiln-foveated
+//!
+//! fVLM's two-pass foveated video-language model (github.com/spsanps/nanoSmol, `fVLM/`) on
+//! kiln's DINOv2 ([`kiln_vision::Dinov2Model`]) and Llama-family LMs ([`kiln_text::CausalLm`]).
+//!
+//! Every frame of a clip goes through DINOv2 once ([`kiln_vision::Dinov2Model::encode_patches`],
+//! all clips' frames in one batch); a query then reads one visual token out of each frame
+//! ([`Readout`]: shallow, or deep through every DINOv2 layer). The **coarse pass** reads every
+//! frame with the same learned query `q_static` and runs the LM over
+//! `[prompt, coarse token, z°_1 … z°_T, target]`; the **fine pass** reads frame t with a query
+//! that `llm_to_query` makes from the coarse pass's hidden state at frame t − 1 (`q_init` for the
+//! first frame) — it decides where to look from what it saw before — and runs the LM again over
+//! `[prompt, fine token, z_1 … z_T, target]`. The loss is `fine + λ·coarse`.
+//!
+//! ```no_run
+//! use burn::backend::Flex;
+//! use kiln_foveated::{ClipBatch, FoveatedConfig, FoveatedModel, Mode};
+//! use kiln_precision::Policy;
+//! # fn run(pixels: burn::tensor::Tensor<Flex, 5>) -> Result<(), kiln_foveated::FoveatedError> {
+//! let device = Default::default();
+//! let model = FoveatedModel::<Flex>::from_dirs(
+//!     "dinov2-small", "SmolLM2-135M-Instruct", FoveatedConfig::fvlm(), &device, &Policy::full(),
+//! )?;
+//! let batch = ClipBatch::new(pixels).with_target(vec![vec![1, 2, 3]]);
+//! let output = model.forward(&batch, Mode::CoarseFine)?;
+//! let loss = model.loss(&output, &batch)?;
+//! # Ok(()) }
+//! ```
+
+mod config;
+mod connectors;
+mod model;
+
+pub use config::{FoveatedConfig, FrameHead, Readout};
+pub use connectors::Connectors;
+pub use model::{ClipBatch, FoveatedModel, FoveatedOutput, Losses, Mode, PassOutput};
+
+/// Why the foveated model could not be built or run.
+#[derive(Debug, thiserror::Error)]
+pub enum FoveatedError {
+    /// Settings that cannot be used.
+    #[error("{0}")]
+    Config(String),
+    /// A checkpoint that cannot be loaded (missing, of the wrong family, mis-shaped).
+    #[error("{0}")]
+    Checkpoint(String),
+    /// Inputs the model cannot take; the message names the clip, frame or token (1-based).
+    #[error("{0}")]
+    Input(String),
+    /// From the vision tower.
+    #[error(transparent)]
+    Vision(#[from] kiln_vision::VisionError),
+    /// From the language model.
+    #[error(transparent)]
+    Text(#[from] kiln_text::TextError),
+}

@@ -1,0 +1,618 @@
+//! The model: backbones, connectors, the readouts and the two passes.
+
+use std::path::Path;
+
+use burn::module::Module;
+use burn::tensor::activation::{log_softmax, softmax};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use kiln_precision::Policy;
+use kiln_text::{CausalLm, TextInput};
+use kiln_transformer::checkpoint::load_checkpoint;
+use kiln_vision::{Dinov2Model, Dinov2Patches, VisionModel};
+
+use crate::{Connectors, FoveatedConfig, FoveatedError, FrameHead, Readout};
+
+/// Which passes run, and where the fine pass's queries come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The coarse pass only (every frame read by `q_static`).
+    CoarseOnly,
+    /// Both passes, the fine queries from the coarse pass's hidden states (training).
+    CoarseFine,
+    /// The fine pass only, each query from the fine pass's own hidden state at the previous
+    /// frame, one frame at a time (inference).
+    Autoregressive,
+}
+
+/// A batch of clips: normalised frames and, optionally, text around them.
+#[derive(Debug, Clone)]
+pub struct ClipBatch<B: Backend> {
+    /// Normalised frames `[clips, frames, 3, H, W]`.
+    pub pixels: Tensor<B, 5>,
+    /// Token ids before the visual tokens, the same number per clip.
+    pub prompt: Vec<Vec<u32>>,
+    /// Token ids after them (captions, answers), the same number per clip; the text loss
+    /// predicts each from the position before it.
+    pub target: Vec<Vec<u32>>,
+    /// Per clip and frame, the class the per-frame head should give (negative: none).
+    pub frame_targets: Vec<Vec<i64>>,
+}
+
+impl<B: Backend> ClipBatch<B> {
+    /// Frames only: no text, no per-frame targets.
+    pub fn new(pixels: Tensor<B, 5>) -> Self {
+        ClipBatch {
+            pixels,
+            prompt: Vec::new(),
+            target: Vec::new(),
+            frame_targets: Vec::new(),
+        }
+    }
+
+    /// With token ids before the visual tokens.
+    pub fn with_prompt(mut self, prompt: Vec<Vec<u32>>) -> Self {
+        self.prompt = prompt;
+        self
+    }
+
+    /// With target token ids after the visual tokens.
+    pub fn with_target(mut self, target: Vec<Vec<u32>>) -> Self {
+        self.target = target;
+        self
+    }
+
+    /// With per-frame classes (negative for frames without one).
+    pub fn with_frame_targets(mut self, frame_targets: Vec<Vec<i64>>) -> Self {
+        self.frame_targets = frame_targets;
+        self
+    }
+
+    fn clips(&self) -> usize {
+        self.pixels.dims()[0]
+    }
+
+    fn frames(&self) -> usize {
+        self.pixels.dims()[1]
+    }
+}
+
+/// One pass of the LM over `[prompt, mode token, visual tokens, target]`.
+#[derive(Debug, Clone)]
+pub struct PassOutput<B: Backend> {
+    /// The visual tokens the readout gave, `[clips, frames, vision hidden]` (before
+    /// `dino_to_llm`).
+    pub tokens: Tensor<B, 3>,
+    /// The LM's last hidden state over the whole sequence, `[clips, sequence, lm hidden]`.
+    pub hidden: Tensor<B, 3>,
+    /// The logits that predict the target's tokens, `[clips, target, vocab]` (empty without
+    /// target).
+    pub text_logits: Tensor<B, 3>,
+    /// The per-frame head's logits at the visual tokens, `[clips, frames, classes]`.
+    pub frame_logits: Option<Tensor<B, 3>>,
+    /// Where the visual tokens start in the sequence.
+    pub first_visual: usize,
+}
+
+impl<B: Backend> PassOutput<B> {
+    /// The LM's hidden states at the visual tokens, `[clips, frames, lm hidden]`.
+    pub fn at_frames(&self) -> Tensor<B, 3> {
+        let [clips, _, width] = self.hidden.dims();
+        let frames = self.tokens.dims()[1];
+        let start = self.first_visual;
+        self.hidden
+            .clone()
+            .slice([0..clips, start..start + frames, 0..width])
+    }
+}
+
+/// What [`FoveatedModel::forward`] gives.
+#[derive(Debug, Clone)]
+pub struct FoveatedOutput<B: Backend> {
+    /// The coarse pass (all modes but [`Mode::Autoregressive`]).
+    pub coarse: Option<PassOutput<B>>,
+    /// The fine pass (all modes but [`Mode::CoarseOnly`]).
+    pub fine: Option<PassOutput<B>>,
+    /// The fine pass's queries, `[clips, frames, query_dim]` (`q_init` first).
+    pub queries: Option<Tensor<B, 3>>,
+}
+
+/// The losses of one forward.
+#[derive(Debug, Clone)]
+pub struct Losses<B: Backend> {
+    /// The coarse pass's (text plus per-frame), when it ran.
+    pub coarse: Option<Tensor<B, 1>>,
+    /// The fine pass's, when it ran.
+    pub fine: Option<Tensor<B, 1>>,
+    /// `fine + λ·coarse` (either alone when the other did not run).
+    pub total: Tensor<B, 1>,
+}
+
+/// fVLM's foveated model: DINOv2, the LM, and the [`Connectors`] between them.
+#[derive(Module, Debug)]
+pub struct FoveatedModel<B: Backend> {
+    /// The frame encoder.
+    pub dino: Dinov2Model<B>,
+    /// The language model.
+    pub lm: CausalLm<B>,
+    /// The foveated model's own parameters.
+    pub connectors: Connectors<B>,
+    #[module(skip)]
+    config: FoveatedConfig,
+}
+
+impl<B: Backend> FoveatedModel<B> {
+    /// DINOv2 from the Hugging Face directory `dino`, the LM from `lm`, newly initialised
+    /// connectors of `config`.
+    pub fn from_dirs(
+        dino: impl AsRef<Path>,
+        lm: impl AsRef<Path>,
+        config: FoveatedConfig,
+        device: &B::Device,
+        policy: &Policy,
+    ) -> Result<Self, FoveatedError> {
+        let dino_dir = dino.as_ref();
+        let dino = match VisionModel::from_hf_dir(dino_dir, device, policy)? {
+            VisionModel::Dinov2(model) => *model,
+            other => {
+                let family = match other {
+                    VisionModel::Clip(_) => "CLIP",
+                    _ => "SigLIP",
+                };
+                return Err(FoveatedError::Checkpoint(format!(
+                    "{}: a {family} vision tower; the foveated model reads frames with DINOv2",
+                    dino_dir.display()
+                )));
+            }
+        };
+        let lm = CausalLm::from_hf_dir(lm, device, policy)?;
+        Self::new(dino, lm, config, device)
+    }
+
+    /// The model from its parts, with newly initialised connectors.
+    pub fn new(
+        dino: Dinov2Model<B>,
+        lm: CausalLm<B>,
+        config: FoveatedConfig,
+        device: &B::Device,
+    ) -> Result<Self, FoveatedError> {
+        let config = config.validate().map_err(FoveatedError::Config)?;
+        let vision = dino.hidden_size();
+        if config.readout == Readout::Shallow && !vision.is_multiple_of(config.shallow_heads) {
+            return Err(FoveatedError::Config(format!(
+                "the shallow readout's {} heads do not divide DINOv2's width {vision}",
+                config.shallow_heads
+            )));
+        }
+        let connectors = Connectors::init(&config, vision, lm.config().hidden_size, device);
+        Ok(FoveatedModel {
+            dino,
+            lm,
+            connectors,
+            config,
+        })
+    }
+
+    /// The connectors saved in `dir` (`model.safetensors` in PyTorch's names and layouts, as
+    /// fVLM's state dict has them), in place of the current ones.
+    pub fn with_connectors_from(mut self, dir: impl AsRef<Path>) -> Result<Self, FoveatedError> {
+        let dir = dir.as_ref();
+        self.connectors = load_checkpoint(self.connectors, dir, &[], &[])
+            .map_err(|e| FoveatedError::Checkpoint(e.0))?;
+        Ok(self)
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &FoveatedConfig {
+        &self.config
+    }
+
+    /// Every frame of `pixels` `[clips, frames, 3, H, W]` through DINOv2 in one batch (frame
+    /// `t` of clip `c` is row `c · frames + t`), keeping what the readouts read.
+    pub fn encode_frames(&self, pixels: Tensor<B, 5>) -> Result<Dinov2Patches<B>, FoveatedError> {
+        let [clips, frames, channels, height, width] = pixels.dims();
+        let flat = pixels.reshape([clips * frames, channels, height, width]);
+        let patches = self.dino.encode_patches(flat)?;
+        Ok(if self.config.keep_cls {
+            patches
+        } else {
+            patches.without_cls()
+        })
+    }
+
+    /// The visual tokens `[frames, vision hidden]` that `queries` `[frames, query_dim]` read
+    /// from `patches` (one query per frame).
+    pub fn read(
+        &self,
+        patches: &Dinov2Patches<B>,
+        queries: Tensor<B, 2>,
+    ) -> Result<Tensor<B, 2>, FoveatedError> {
+        let connectors = &self.connectors;
+        let queries = connectors
+            .query_input_proj
+            .forward(queries)
+            .unsqueeze_dim(1);
+        let read = match self.config.readout {
+            Readout::Deep => self.dino.read(queries, patches)?,
+            Readout::Shallow => shallow_read(
+                queries,
+                patches.last_hidden_state.clone(),
+                self.config.shallow_heads,
+            ),
+        };
+        let [frames, _, width] = read.dims();
+        Ok(connectors
+            .output_proj
+            .forward(read.reshape([frames, width])))
+    }
+
+    /// The passes `mode` asks for over `batch`.
+    pub fn forward(
+        &self,
+        batch: &ClipBatch<B>,
+        mode: Mode,
+    ) -> Result<FoveatedOutput<B>, FoveatedError> {
+        self.check(batch)?;
+        let (clips, frames) = (batch.clips(), batch.frames());
+        let patches = self.encode_frames(batch.pixels.clone())?;
+        let text = self.embedded_text(batch);
+        let connectors = &self.connectors;
+        if mode == Mode::Autoregressive {
+            return self.autoregressive(&patches, &text, clips, frames);
+        }
+        let q_static = connectors
+            .q_static
+            .val()
+            .unsqueeze_dim::<2>(0)
+            .expand([clips * frames, self.config.query_dim]);
+        let coarse_tokens = self.read(&patches, q_static)?;
+        let coarse = self.lm_pass(
+            connectors.coarse_token.val(),
+            self.per_clip(coarse_tokens, clips),
+            &text,
+        )?;
+        if mode == Mode::CoarseOnly {
+            return Ok(FoveatedOutput {
+                coarse: Some(coarse),
+                fine: None,
+                queries: None,
+            });
+        }
+        // The query for frame t comes from the hidden state at frame t − 1's coarse token.
+        let from_coarse = connectors.llm_to_query.forward(coarse.at_frames());
+        let queries = Tensor::cat(
+            vec![
+                self.q_init(clips),
+                from_coarse.slice([0..clips, 0..frames - 1, 0..self.config.query_dim]),
+            ],
+            1,
+        );
+        let fine_tokens = self.read(
+            &patches,
+            queries
+                .clone()
+                .reshape([clips * frames, self.config.query_dim]),
+        )?;
+        let fine = self.lm_pass(
+            connectors.fine_token.val(),
+            self.per_clip(fine_tokens, clips),
+            &text,
+        )?;
+        Ok(FoveatedOutput {
+            coarse: Some(coarse),
+            fine: Some(fine),
+            queries: Some(queries),
+        })
+    }
+
+    /// `fine + λ·coarse` of the passes in `output`, each the target's cross-entropy plus the
+    /// per-frame head's (whichever the batch has targets for).
+    pub fn loss(
+        &self,
+        output: &FoveatedOutput<B>,
+        batch: &ClipBatch<B>,
+    ) -> Result<Losses<B>, FoveatedError> {
+        let pass_loss = |pass: &PassOutput<B>| self.pass_loss(pass, batch);
+        let coarse = output.coarse.as_ref().map(pass_loss).transpose()?;
+        let fine = output.fine.as_ref().map(pass_loss).transpose()?;
+        let total = match (&coarse, &fine) {
+            (Some(coarse), Some(fine)) => fine.clone() + coarse.clone() * self.config.lambda_coarse,
+            (Some(only), None) | (None, Some(only)) => only.clone(),
+            (None, None) => unreachable!("every mode runs a pass"),
+        };
+        Ok(Losses {
+            coarse,
+            fine,
+            total,
+        })
+    }
+
+    fn pass_loss(
+        &self,
+        pass: &PassOutput<B>,
+        batch: &ClipBatch<B>,
+    ) -> Result<Tensor<B, 1>, FoveatedError> {
+        let device = pass.hidden.device();
+        let mut parts = Vec::new();
+        if !batch.target.is_empty() {
+            let [clips, tokens, vocab] = pass.text_logits.dims();
+            let targets: Vec<i64> = batch.target.iter().flatten().map(|&id| id as i64).collect();
+            let logits = pass.text_logits.clone().reshape([clips * tokens, vocab]);
+            parts.extend(cross_entropy(logits, &targets, &device));
+        }
+        if let (Some(logits), false) = (&pass.frame_logits, batch.frame_targets.is_empty()) {
+            let [clips, frames, classes] = logits.dims();
+            let targets: Vec<i64> = batch.frame_targets.iter().flatten().copied().collect();
+            let logits = logits.clone().reshape([clips * frames, classes]);
+            parts.extend(cross_entropy(logits, &targets, &device));
+        }
+        parts.into_iter().reduce(|a, b| a + b).ok_or_else(|| {
+            FoveatedError::Input(
+                "nothing to learn from: the batch has no target text and no frame targets \
+                     (or the model no per-frame head)"
+                    .into(),
+            )
+        })
+    }
+
+    /// The fine pass alone, each frame's query from the fine pass's hidden state at the frame
+    /// before (one LM run per frame, over the tokens so far).
+    fn autoregressive(
+        &self,
+        patches: &Dinov2Patches<B>,
+        text: &Text<B>,
+        clips: usize,
+        frames: usize,
+    ) -> Result<FoveatedOutput<B>, FoveatedError> {
+        let connectors = &self.connectors;
+        let device = patches.last_hidden_state.device();
+        let query_dim = self.config.query_dim;
+        let mut query = self.q_init(clips).reshape([clips, query_dim]);
+        let (mut queries, mut tokens) = (Vec::new(), Vec::new());
+        for t in 0..frames {
+            let rows: Vec<i64> = (0..clips).map(|c| (c * frames + t) as i64).collect();
+            let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [clips]), &device);
+            let frame = select_frames(patches, rows);
+            queries.push(query.clone().unsqueeze_dim::<3>(1));
+            tokens.push(self.read(&frame, query.clone())?.unsqueeze_dim::<3>(1));
+            if t + 1 < frames {
+                let so_far = Text {
+                    prompt: text.prompt.clone(),
+                    target: None,
+                };
+                let pass = self.lm_pass(
+                    connectors.fine_token.val(),
+                    Tensor::cat(tokens.clone(), 1),
+                    &so_far,
+                )?;
+                let at_frames = pass.at_frames();
+                let width = at_frames.dims()[2];
+                let last = at_frames
+                    .slice([0..clips, t..t + 1, 0..width])
+                    .reshape([clips, width]);
+                query = connectors.llm_to_query.forward(last);
+            }
+        }
+        let fine = self.lm_pass(connectors.fine_token.val(), Tensor::cat(tokens, 1), text)?;
+        Ok(FoveatedOutput {
+            coarse: None,
+            fine: Some(fine),
+            queries: Some(Tensor::cat(queries, 1)),
+        })
+    }
+
+    /// The LM over `[prompt, mode token, visual tokens, target]`.
+    fn lm_pass(
+        &self,
+        mode_token: Tensor<B, 1>,
+        tokens: Tensor<B, 3>,
+        text: &Text<B>,
+    ) -> Result<PassOutput<B>, FoveatedError> {
+        let connectors = &self.connectors;
+        let [clips, frames, _] = tokens.dims();
+        let visual = connectors.dino_to_llm.forward(tokens.clone()) * self.config.visual_scale;
+        let width = visual.dims()[2];
+        let mode = mode_token.reshape([1, 1, width]).expand([clips, 1, width]);
+        let mut parts: Vec<Tensor<B, 3>> = text.prompt.iter().cloned().collect();
+        let first_visual = text.prompt.as_ref().map_or(0, |p| p.dims()[1]) + 1;
+        parts.extend([mode, visual]);
+        parts.extend(text.target.iter().cloned());
+        let output = self
+            .lm
+            .forward(TextInput::embeddings(Tensor::cat(parts, 1)))?;
+        let hidden = output.last_hidden_state;
+        // Target token i is predicted at the position before it: the last visual token, then
+        // the target's own tokens but its last.
+        let target = text.target.as_ref().map_or(0, |t| t.dims()[1]);
+        let start = first_visual + frames - 1;
+        let vocab = output.logits.dims()[2];
+        let text_logits = output
+            .logits
+            .slice([0..clips, start..start + target, 0..vocab]);
+        let mut pass = PassOutput {
+            tokens,
+            hidden,
+            text_logits,
+            frame_logits: None,
+            first_visual,
+        };
+        if let Some(head) = &connectors.frame_head {
+            pass.frame_logits = Some(head.forward(pass.at_frames()));
+        }
+        Ok(pass)
+    }
+
+    /// `q_init` for every clip, `[clips, 1, query_dim]`.
+    fn q_init(&self, clips: usize) -> Tensor<B, 3> {
+        let query_dim = self.config.query_dim;
+        self.connectors
+            .q_init
+            .val()
+            .reshape([1, 1, query_dim])
+            .expand([clips, 1, query_dim])
+    }
+
+    /// `[clips · frames, width]` → `[clips, frames, width]`.
+    fn per_clip(&self, tokens: Tensor<B, 2>, clips: usize) -> Tensor<B, 3> {
+        let [rows, width] = tokens.dims();
+        tokens.reshape([clips, rows / clips, width])
+    }
+
+    /// The prompt and target embedded (absent when the batch has none).
+    fn embedded_text(&self, batch: &ClipBatch<B>) -> Text<B> {
+        let device = batch.pixels.device();
+        let embed = |ids: &[Vec<u32>]| {
+            (!ids.is_empty() && !ids[0].is_empty()).then(|| {
+                let (rows, tokens) = (ids.len(), ids[0].len());
+                let flat: Vec<i64> = ids.iter().flatten().map(|&id| id as i64).collect();
+                let ids =
+                    Tensor::<B, 2, Int>::from_data(TensorData::new(flat, [rows, tokens]), &device);
+                self.lm.embed(ids)
+            })
+        };
+        Text {
+            prompt: embed(&batch.prompt),
+            target: embed(&batch.target),
+        }
+    }
+
+    /// Refuses a batch the model cannot take, naming the clip, frame or token (1-based).
+    fn check(&self, batch: &ClipBatch<B>) -> Result<(), FoveatedError> {
+        let (clips, frames) = (batch.clips(), batch.frames());
+        if clips == 0 || frames == 0 {
+            return Err(FoveatedError::Input(format!(
+                "a batch of {clips} clip(s) of {frames} frame(s): nothing to read"
+            )));
+        }
+        let vocab = self.lm.config().vocab_size;
+        for (name, ids) in [("prompt", &batch.prompt), ("target", &batch.target)] {
+            if ids.is_empty() {
+                continue;
+            }
+            if ids.len() != clips {
+                return Err(FoveatedError::Input(format!(
+                    "{} {name}(s) for {clips} clip(s)",
+                    ids.len()
+                )));
+            }
+            let length = ids[0].len();
+            for (c, ids) in ids.iter().enumerate() {
+                if ids.len() != length {
+                    return Err(FoveatedError::Input(format!(
+                        "clip {}: a {name} of {} token(s), clip 1's has {length}: pad them to one \
+                         length",
+                        c + 1,
+                        ids.len()
+                    )));
+                }
+                if let Some(at) = ids.iter().position(|&id| id as usize >= vocab) {
+                    return Err(FoveatedError::Input(format!(
+                        "clip {}, {name} token {}: id {} is not below the vocabulary size {vocab}",
+                        c + 1,
+                        at + 1,
+                        ids[at]
+                    )));
+                }
+            }
+        }
+        if !batch.frame_targets.is_empty() {
+            let FrameHead::Classes(classes) = self.config.frame_head else {
+                return Err(FoveatedError::Input(
+                    "frame targets for a model without a per-frame head".into(),
+                ));
+            };
+            if batch.frame_targets.len() != clips {
+                return Err(FoveatedError::Input(format!(
+                    "frame targets for {} clip(s), the batch has {clips}",
+                    batch.frame_targets.len()
+                )));
+            }
+            for (c, targets) in batch.frame_targets.iter().enumerate() {
+                if targets.len() != frames {
+                    return Err(FoveatedError::Input(format!(
+                        "clip {}: {} frame target(s) for {frames} frame(s)",
+                        c + 1,
+                        targets.len()
+                    )));
+                }
+                if let Some(t) = targets.iter().position(|&k| k >= classes as i64) {
+                    return Err(FoveatedError::Input(format!(
+                        "clip {}, frame {}: class {} is not below the head's {classes} classes",
+                        c + 1,
+                        t + 1,
+                        targets[t]
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The text around the visual tokens, embedded.
+struct Text<B: Backend> {
+    prompt: Option<Tensor<B, 3>>,
+    target: Option<Tensor<B, 3>>,
+}
+
+/// fVLM's shallow readout, multi-head: per head, `softmax(q·Pᵀ/√d)·P` of the queries `[frames,
+/// queries, width]` over the patch features `[frames, tokens, width]`, which serve as keys and
+/// values both (no projections).
+fn shallow_read<B: Backend>(
+    queries: Tensor<B, 3>,
+    patches: Tensor<B, 3>,
+    heads: usize,
+) -> Tensor<B, 3> {
+    let [frames, count, width] = queries.dims();
+    let split = |x: Tensor<B, 3>| {
+        let [frames, tokens, width] = x.dims();
+        x.reshape([frames, tokens, heads, width / heads])
+            .swap_dims(1, 2)
+    };
+    let (queries, patches) = (split(queries), split(patches));
+    let scale = ((width / heads) as f64).powf(-0.5);
+    let weights = softmax(queries.matmul(patches.clone().swap_dims(2, 3)) * scale, 3);
+    weights
+        .matmul(patches)
+        .swap_dims(1, 2)
+        .reshape([frames, count, width])
+}
+
+/// The rows `rows` of every tensor of `patches`.
+fn select_frames<B: Backend>(
+    patches: &Dinov2Patches<B>,
+    rows: Tensor<B, 1, Int>,
+) -> Dinov2Patches<B> {
+    let select = |x: &Tensor<B, 3>| x.clone().select(0, rows.clone());
+    Dinov2Patches {
+        last_hidden_state: select(&patches.last_hidden_state),
+        keys_values: patches
+            .keys_values
+            .iter()
+            .map(|kv| [select(&kv[0]), select(&kv[1])])
+            .collect(),
+    }
+}
+
+/// Mean cross-entropy of `logits` `[rows, classes]` against `targets` (one per row; negative:
+/// not counted); `None` when no row counts.
+fn cross_entropy<B: Backend>(
+    logits: Tensor<B, 2>,
+    targets: &[i64],
+    device: &B::Device,
+) -> Option<Tensor<B, 1>> {
+    let (rows, classes): (Vec<i64>, Vec<i64>) = targets
+        .iter()
+        .enumerate()
+        .filter(|&(_, &class)| class >= 0)
+        .map(|(row, &class)| (row as i64, class))
+        .unzip();
+    if rows.is_empty() {
+        return None;
+    }
+    let count = rows.len();
+    let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [count]), device);
+    let classes = Tensor::<B, 2, Int>::from_data(TensorData::new(classes, [count, 1]), device);
+    let log_probs = log_softmax(logits.select(0, rows), 1);
+    Some(log_probs.gather(1, classes).mean().neg())
+}

@@ -1,0 +1,299 @@
+//! The foveated model against a PyTorch implementation of fVLM's computation on tiny transformers
+//! checkpoints (scripts/fixtures/foveated.py): DINOv2's patch features and per-layer keys and
+//! values, the deep readout, and both passes of both readouts (visual tokens, queries, the LM's
+//! hidden states, the text and per-frame logits, the losses). Tolerance: max |Δ| / max
+//! |reference| ≤ 1e-4 in f32 on Flex.
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use kiln_foveated::{
+    ClipBatch, FoveatedConfig, FoveatedError, FoveatedModel, FrameHead, Mode, Readout,
+};
+use kiln_precision::Policy;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The PyTorch implementation's tensors.
+struct Reference(Vec<u8>);
+
+impl Reference {
+    fn open() -> Self {
+        Reference(std::fs::read(fixtures().join("foveated.safetensors")).unwrap())
+    }
+
+    fn bytes(&self, key: &str) -> (Vec<u8>, Vec<usize>) {
+        let tensors = safetensors::SafeTensors::deserialize(&self.0).unwrap();
+        let view = tensors.tensor(key).unwrap();
+        (view.data().to_vec(), view.shape().to_vec())
+    }
+
+    fn floats(&self, key: &str) -> (Vec<f32>, Vec<usize>) {
+        let (bytes, shape) = self.bytes(key);
+        let values = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        (values, shape)
+    }
+
+    fn tensor<B: Backend, const D: usize>(&self, key: &str) -> Tensor<B, D> {
+        let (values, shape) = self.floats(key);
+        Tensor::from_data(TensorData::new(values, shape), &Default::default())
+    }
+
+    /// An i64 table `[rows][columns]`.
+    fn table(&self, key: &str) -> Vec<Vec<i64>> {
+        let (bytes, shape) = self.bytes(key);
+        let values: Vec<i64> = bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        values.chunks(shape[1]).map(<[i64]>::to_vec).collect()
+    }
+
+    fn ids(&self, key: &str) -> Vec<Vec<u32>> {
+        let to_ids = |row: Vec<i64>| row.into_iter().map(|id| id as u32).collect();
+        self.table(key).into_iter().map(to_ids).collect()
+    }
+
+    /// The fixture's batch: 2 clips of 3 frames, a prompt, a target and per-frame classes.
+    fn batch<B: Backend>(&self) -> ClipBatch<B> {
+        let pixels: Tensor<B, 4> = self.tensor("pixel_values");
+        let [frames, channels, height, width] = pixels.dims();
+        ClipBatch::new(pixels.reshape([2, frames / 2, channels, height, width]))
+            .with_prompt(self.ids("prompt_ids"))
+            .with_target(self.ids("target_ids"))
+            .with_frame_targets(self.table("frame_targets"))
+    }
+}
+
+/// max |ours − theirs| / max |theirs|, after checking the shapes agree.
+fn relative_error<B: Backend, const D: usize>(
+    ours: Tensor<B, D>,
+    theirs: &Reference,
+    key: &str,
+) -> f32 {
+    let (reference, shape) = theirs.floats(key);
+    assert_eq!(ours.dims().to_vec(), shape, "{key}: shapes");
+    let ours = ours.into_data().convert::<f32>().to_vec::<f32>().unwrap();
+    let worst = ours
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    let scale = reference.iter().map(|x| x.abs()).fold(0f32, f32::max);
+    assert!(scale > 0.0, "{key}: an all-zero reference proves nothing");
+    worst / scale
+}
+
+fn assert_close<B: Backend, const D: usize>(ours: Tensor<B, D>, theirs: &Reference, key: &str) {
+    let error = relative_error(ours, theirs, key);
+    assert!(error <= 1e-4, "{key}: relative error {error:.2e}");
+}
+
+fn load<B: Backend>(readout: Readout) -> FoveatedModel<B> {
+    let dir = fixtures();
+    let mut config = FoveatedConfig::from_file(dir.join("connectors")).unwrap();
+    config.readout = readout;
+    FoveatedModel::<B>::from_dirs(
+        dir.join("dino"),
+        dir.join("lm"),
+        config,
+        &Default::default(),
+        &Policy::full(),
+    )
+    .unwrap()
+    .with_connectors_from(dir.join("connectors"))
+    .unwrap()
+}
+
+#[test]
+fn patches_keys_and_values_match_fvlm_encode_patches() {
+    let reference = Reference::open();
+    let model = load::<Flex>(Readout::Deep);
+    let patches = model
+        .dino
+        .encode_patches(reference.tensor("pixel_values"))
+        .unwrap();
+    assert_close(
+        patches.last_hidden_state.clone(),
+        &reference,
+        "patches.last_hidden_state",
+    );
+    assert_eq!(patches.keys_values.len(), 2);
+    for (layer, [key, value]) in patches.keys_values.iter().enumerate() {
+        assert_close(key.clone(), &reference, &format!("patches.key.{layer}"));
+        assert_close(value.clone(), &reference, &format!("patches.value.{layer}"));
+    }
+    let read = model
+        .dino
+        .read(reference.tensor("read.queries"), &patches)
+        .unwrap();
+    assert_close(read, &reference, "read.output");
+}
+
+fn check_both_passes(readout: Readout, name: &str) {
+    let reference = Reference::open();
+    let model = load::<Flex>(readout);
+    let batch = reference.batch();
+    let output = model.forward(&batch, Mode::CoarseFine).unwrap();
+    let (coarse, fine) = (output.coarse.clone().unwrap(), output.fine.clone().unwrap());
+    let key = |what: &str| format!("{name}.{what}");
+    assert_close(coarse.tokens.clone(), &reference, &key("coarse_tokens"));
+    assert_close(coarse.hidden.clone(), &reference, &key("coarse_hidden"));
+    assert_close(output.queries.clone().unwrap(), &reference, &key("queries"));
+    assert_close(fine.tokens.clone(), &reference, &key("fine_tokens"));
+    assert_close(fine.hidden.clone(), &reference, &key("fine_hidden"));
+    for (pass, output) in [("coarse", &coarse), ("fine", &fine)] {
+        let frames = output.frame_logits.clone().unwrap();
+        assert_close(frames, &reference, &key(&format!("{pass}_frame_logits")));
+        let text = output.text_logits.clone();
+        assert_close(text, &reference, &key(&format!("{pass}_text_logits")));
+    }
+    let losses = model.loss(&output, &batch).unwrap();
+    assert_close(losses.coarse.unwrap(), &reference, &key("coarse_loss"));
+    assert_close(losses.fine.unwrap(), &reference, &key("fine_loss"));
+    assert_close(losses.total, &reference, &key("loss"));
+}
+
+#[test]
+fn deep_readout_passes_match_the_reference() {
+    check_both_passes(Readout::Deep, "deep");
+}
+
+#[test]
+fn shallow_readout_passes_match_the_reference() {
+    check_both_passes(Readout::Shallow, "shallow");
+}
+
+/// The coarse-only mode is the coarse pass of both passes; autoregressive mode's first query is
+/// `q_init` (so its first token is the coarse-fine mode's), and each later query is
+/// `llm_to_query` of its own final pass's hidden state at the frame before: the step-by-step LM
+/// runs saw the same causal prefix as the final one.
+#[test]
+fn modes_agree_where_they_must() {
+    let reference = Reference::open();
+    let model = load::<Flex>(Readout::Deep);
+    let batch = reference.batch();
+    let coarse_only = model.forward(&batch, Mode::CoarseOnly).unwrap();
+    assert!(coarse_only.fine.is_none());
+    assert_close(
+        coarse_only.coarse.unwrap().hidden,
+        &reference,
+        "deep.coarse_hidden",
+    );
+
+    let both = model.forward(&batch, Mode::CoarseFine).unwrap();
+    let stepwise = model.forward(&batch, Mode::Autoregressive).unwrap();
+    assert!(stepwise.coarse.is_none());
+    let (fine, queries) = (stepwise.fine.unwrap(), stepwise.queries.unwrap());
+    let [clips, frames, width] = fine.tokens.dims();
+    let first = |x: Tensor<Flex, 3>| x.slice([0..clips, 0..1, 0..width]);
+    let gap = (first(fine.tokens.clone()) - first(both.fine.unwrap().tokens))
+        .abs()
+        .max()
+        .into_scalar();
+    assert!(gap < 1e-5, "first fine token differs by {gap}");
+
+    let from_own = model
+        .connectors
+        .llm_to_query
+        .forward(fine.at_frames())
+        .slice([0..clips, 0..frames - 1]);
+    let later = queries.clone().slice([0..clips, 1..frames]);
+    let gap = (from_own - later).abs().max().into_scalar();
+    assert!(
+        gap < 1e-4,
+        "autoregressive queries differ from the final pass's by {gap}"
+    );
+    // And they are not the coarse pass's: the modes really differ.
+    let from_coarse = both.queries.unwrap().slice([0..clips, 1..frames]);
+    let apart = (from_coarse - queries.slice([0..clips, 1..frames]))
+        .abs()
+        .max()
+        .into_scalar();
+    assert!(
+        apart > 1e-3,
+        "autoregressive queries equal the coarse pass's"
+    );
+}
+
+/// Both queries learn: `q_static` through the coarse pass, `q_init` through the fine pass's
+/// first frame, and the LM-to-query connector through the fine pass's later frames.
+#[test]
+fn gradients_reach_both_queries_and_the_connectors() {
+    type Ad = Autodiff<Flex>;
+    let reference = Reference::open();
+    let model = load::<Ad>(Readout::Deep);
+    let batch = reference.batch::<Ad>();
+    let output = model.forward(&batch, Mode::CoarseFine).unwrap();
+    let grads = model.loss(&output, &batch).unwrap().total.backward();
+    let connectors = &model.connectors;
+    let norm = |grad: Option<Tensor<Flex, 1>>| grad.expect("a gradient").abs().sum().into_scalar();
+    assert!(norm(connectors.q_static.grad(&grads)) > 0.0);
+    assert!(norm(connectors.q_init.grad(&grads)) > 0.0);
+    let llm_to_query = connectors
+        .llm_to_query
+        .weight
+        .grad(&grads)
+        .expect("a gradient");
+    assert!(llm_to_query.abs().sum().into_scalar() > 0.0);
+}
+
+fn error_of(result: Result<impl Sized, FoveatedError>) -> String {
+    match result {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_settings_and_inputs_are_named() {
+    let dir = fixtures();
+    let readout = error_of("glance".parse::<Readout>());
+    assert!(
+        readout.contains("'glance'") && readout.contains("deep"),
+        "{readout}"
+    );
+
+    let wrong_family = |dino: &Path, lm: &Path| {
+        error_of(FoveatedModel::<Flex>::from_dirs(
+            dino,
+            lm,
+            FoveatedConfig::fvlm(),
+            &Default::default(),
+            &Policy::full(),
+        ))
+    };
+    let swapped = wrong_family(&dir.join("lm"), &dir.join("lm"));
+    assert!(swapped.contains("llama"), "{swapped}");
+    let swapped = wrong_family(&dir.join("dino"), &dir.join("dino"));
+    assert!(swapped.contains("dinov2"), "{swapped}");
+
+    let reference = Reference::open();
+    let model = load::<Flex>(Readout::Deep);
+    let batch = reference.batch::<Flex>();
+    let mut long_target = batch.clone();
+    long_target.target[1].push(7);
+    let message = error_of(model.forward(&long_target, Mode::CoarseFine));
+    assert!(message.contains("clip 2"), "{message}");
+    let mut outside = batch.clone();
+    outside.prompt[0][1] = 50;
+    let message = error_of(model.forward(&outside, Mode::CoarseFine));
+    assert!(message.contains("clip 1, prompt token 2"), "{message}");
+    let mut class = batch.clone();
+    class.frame_targets[1][2] = 5;
+    let message = error_of(model.forward(&class, Mode::CoarseFine));
+    assert!(message.contains("clip 2, frame 3"), "{message}");
+
+    let config = FoveatedConfig {
+        frame_head: FrameHead::Classes(1),
+        ..FoveatedConfig::fvlm()
+    };
+    assert!(config.validate().is_err());
+}
