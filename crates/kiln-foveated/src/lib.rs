@@ -30,6 +30,8 @@
 mod config;
 mod connectors;
 mod model;
+pub mod synthetic;
+mod train;
 
 pub use config::{FoveatedConfig, FrameHead, Readout};
 pub use connectors::Connectors;

@@ -139,6 +139,8 @@ pub struct FoveatedModel<B: Backend> {
     pub connectors: Connectors<B>,
     #[module(skip)]
     config: FoveatedConfig,
+    #[module(skip)]
+    training: Mode,
 }
 
 impl<B: Backend> FoveatedModel<B> {
@@ -190,6 +192,7 @@ impl<B: Backend> FoveatedModel<B> {
             lm,
             connectors,
             config,
+            training: Mode::CoarseFine,
         })
     }
 
@@ -205,6 +208,18 @@ impl<B: Backend> FoveatedModel<B> {
     /// The settings.
     pub fn config(&self) -> &FoveatedConfig {
         &self.config
+    }
+
+    /// The mode kiln-train's steps run ([`Mode::CoarseFine`] unless set).
+    pub fn training_mode(&self) -> Mode {
+        self.training
+    }
+
+    /// The same model, trained and evaluated in `mode` (a static-only control trains
+    /// [`Mode::CoarseOnly`]).
+    pub fn with_training_mode(mut self, mode: Mode) -> Self {
+        self.training = mode;
+        self
     }
 
     /// Every frame of `pixels` `[clips, frames, 3, H, W]` through DINOv2 in one batch (frame
@@ -476,8 +491,10 @@ impl<B: Backend> FoveatedModel<B> {
         }
     }
 
-    /// Refuses a batch the model cannot take, naming the clip, frame or token (1-based).
-    fn check(&self, batch: &ClipBatch<B>) -> Result<(), FoveatedError> {
+    /// Refuses a batch the model cannot take, naming the clip, frame or token (1-based):
+    /// text of unequal lengths or outside the vocabulary, per-frame targets that do not fit.
+    /// [`FoveatedModel::forward`] checks; loaders for kiln-train check as they make batches.
+    pub fn check(&self, batch: &ClipBatch<B>) -> Result<(), FoveatedError> {
         let (clips, frames) = (batch.clips(), batch.frames());
         if clips == 0 || frames == 0 {
             return Err(FoveatedError::Input(format!(

@@ -1,0 +1,302 @@
+//! "Cue then read": seeded synthetic clips on which only a model that chooses where to look can
+//! answer (issue 25's proof task).
+//!
+//! A frame is a `grid × grid` board of cells. Frame 1 lights one cell (the cue; random per
+//! clip). Frames 2..T fill every cell with a glyph of one of `classes` classes, drawn afresh for
+//! every cell and frame; the target of frame t ≥ 2 is the class of the glyph in the cued cell.
+//! A query fixed in advance reads each frame alone and cannot know which cell matters; a query
+//! made from what the model saw in frame 1 can.
+
+use std::ops::Range;
+
+use burn::tensor::backend::Backend;
+use kiln_cache::{IMAGENET_MEAN, IMAGENET_STD, Normalize, Preprocess, normalize_on_device};
+use kiln_precision::Precision;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::ClipBatch;
+
+/// The task's shape and seed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CueThenRead {
+    /// Cells per side of the board.
+    pub grid: usize,
+    /// Pixels per side of a cell (a glyph fills it but for a one-pixel margin).
+    pub cell: usize,
+    /// Frames per clip, the cue frame included.
+    pub frames: usize,
+    /// Glyph classes.
+    pub classes: usize,
+    /// Seeds every clip (with its index) and the glyphs' shapes.
+    pub seed: u64,
+    glyphs: Vec<Vec<bool>>,
+}
+
+/// One clip of the task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyntheticClip {
+    /// 8-bit RGB frames `[frames, 3, H, W]`, `H = W = grid · cell`.
+    pub pixels: Vec<u8>,
+    /// The cued cell (row-major).
+    pub cue: usize,
+    /// Per frame, the glyph class in each cell (empty for the cue frame).
+    pub glyphs: Vec<Vec<usize>>,
+    /// Per frame, the class the model should give: the glyph in the cued cell; −1 (no target)
+    /// for the cue frame.
+    pub targets: Vec<i64>,
+}
+
+impl CueThenRead {
+    /// The task with `classes` glyph shapes drawn from `seed` (each a random pattern at least a
+    /// quarter of its pixels away from every other).
+    ///
+    /// # Errors
+    /// Shapes that leave no room: fewer than 2 cells, cells under 4 pixels, fewer than 2 frames
+    /// or 2 classes.
+    pub fn new(
+        grid: usize,
+        cell: usize,
+        frames: usize,
+        classes: usize,
+        seed: u64,
+    ) -> Result<Self, String> {
+        if grid * grid < 2 || cell < 4 || frames < 2 || classes < 2 {
+            return Err(format!(
+                "cue-then-read needs at least 2 cells, 4-pixel cells, 2 frames and 2 classes \
+                 (got a {grid}×{grid} grid of {cell}-pixel cells, {frames} frames, {classes} \
+                 classes)"
+            ));
+        }
+        let side = cell - 2;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6c79_7068_7321);
+        let mut glyphs: Vec<Vec<bool>> = Vec::with_capacity(classes);
+        let apart = side * side / 4;
+        for attempt in 0.. {
+            if glyphs.len() == classes {
+                break;
+            }
+            if attempt > 10_000 {
+                return Err(format!(
+                    "{classes} glyph classes do not fit {side}×{side}-pixel glyphs: use larger \
+                     cells"
+                ));
+            }
+            let glyph: Vec<bool> = (0..side * side).map(|_| rng.random_bool(0.5)).collect();
+            let distance =
+                |other: &Vec<bool>| glyph.iter().zip(other).filter(|(a, b)| a != b).count();
+            if glyphs.iter().all(|other| distance(other) >= apart) {
+                glyphs.push(glyph);
+            }
+        }
+        Ok(CueThenRead {
+            grid,
+            cell,
+            frames,
+            classes,
+            seed,
+            glyphs,
+        })
+    }
+
+    /// Height and width of a frame.
+    pub fn image_size(&self) -> usize {
+        self.grid * self.cell
+    }
+
+    /// The shape of class `class`'s glyph, `(cell − 2)²` pixels row-major.
+    pub fn glyph(&self, class: usize) -> &[bool] {
+        &self.glyphs[class]
+    }
+
+    /// Clip `index` (the same for the same seed and index, on every machine).
+    pub fn clip(&self, index: u64) -> SyntheticClip {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        rng.set_stream(index);
+        let cells = self.grid * self.grid;
+        let size = self.image_size();
+        let frame_len = 3 * size * size;
+        let mut pixels = vec![0u8; self.frames * frame_len];
+        let cue = rng.random_range(0..cells);
+        self.fill_cell(&mut pixels[..frame_len], cue, |_, _| Some([255, 64, 64]));
+        let mut glyphs = vec![Vec::new()];
+        let mut targets = vec![-1];
+        for t in 1..self.frames {
+            let classes: Vec<usize> = (0..cells)
+                .map(|_| rng.random_range(0..self.classes))
+                .collect();
+            let frame = &mut pixels[t * frame_len..(t + 1) * frame_len];
+            for (cell, &class) in classes.iter().enumerate() {
+                let glyph = &self.glyphs[class];
+                let side = self.cell - 2;
+                self.fill_cell(frame, cell, |y, x| {
+                    let inside = (1..=side).contains(&y) && (1..=side).contains(&x);
+                    (inside && glyph[(y - 1) * side + (x - 1)]).then_some([255, 255, 255])
+                });
+            }
+            targets.push(classes[cue] as i64);
+            glyphs.push(classes);
+        }
+        SyntheticClip {
+            pixels,
+            cue,
+            glyphs,
+            targets,
+        }
+    }
+
+    /// Clips `indices` as a batch on `device`: frames normalised there with ImageNet's mean and
+    /// std (as DINOv2's processor does), per-frame targets, no text.
+    pub fn batch<B: Backend>(&self, indices: Range<u64>, device: &B::Device) -> ClipBatch<B> {
+        let clips: Vec<SyntheticClip> = indices.map(|index| self.clip(index)).collect();
+        let size = self.image_size();
+        let frames = clips.len() * self.frames;
+        let pixels: Vec<u8> = clips
+            .iter()
+            .flat_map(|clip| clip.pixels.iter().copied())
+            .collect();
+        let preprocess = Preprocess {
+            resize: None,
+            center_crop: None,
+            normalize: Some(Normalize {
+                mean: IMAGENET_MEAN,
+                std: IMAGENET_STD,
+            }),
+            ..Preprocess::clip(size as u32)
+        };
+        let pixels = normalize_on_device::<B>(
+            &preprocess,
+            pixels,
+            [frames, 3, size, size],
+            device,
+            Precision::F32,
+        );
+        ClipBatch::new(pixels.reshape([clips.len(), self.frames, 3, size, size]))
+            .with_frame_targets(clips.into_iter().map(|clip| clip.targets).collect())
+    }
+
+    /// Paints the pixels of `cell` in a `[3, H, W]` frame that `colour(y, x)` (cell coordinates)
+    /// gives a colour.
+    fn fill_cell(
+        &self,
+        frame: &mut [u8],
+        cell: usize,
+        colour: impl Fn(usize, usize) -> Option<[u8; 3]>,
+    ) {
+        let size = self.image_size();
+        let (top, left) = (
+            (cell / self.grid) * self.cell,
+            (cell % self.grid) * self.cell,
+        );
+        for y in 0..self.cell {
+            for x in 0..self.cell {
+                if let Some(rgb) = colour(y, x) {
+                    for (channel, value) in rgb.into_iter().enumerate() {
+                        frame[(channel * size + top + y) * size + left + x] = value;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task() -> CueThenRead {
+        CueThenRead::new(3, 6, 4, 4, 11).unwrap()
+    }
+
+    /// The class whose glyph the pixels of `cell` in frame `t` show, read back from the pixels
+    /// (`None` when they match no glyph).
+    fn read_cell(task: &CueThenRead, clip: &SyntheticClip, t: usize, cell: usize) -> Option<usize> {
+        let size = task.image_size();
+        let frame = &clip.pixels[t * 3 * size * size..];
+        let (top, left) = (
+            (cell / task.grid) * task.cell,
+            (cell % task.grid) * task.cell,
+        );
+        let side = task.cell - 2;
+        let shown: Vec<bool> = (0..side * side)
+            .map(|i| frame[(top + 1 + i / side) * size + left + 1 + i % side] == 255)
+            .collect();
+        (0..task.classes).find(|&k| task.glyph(k) == shown.as_slice())
+    }
+
+    #[test]
+    fn clips_are_reproducible_and_differ() {
+        let task = task();
+        assert_eq!(task.clip(5), task.clip(5));
+        assert_eq!(
+            CueThenRead::new(3, 6, 4, 4, 11).unwrap().clip(5),
+            task.clip(5)
+        );
+        assert_ne!(task.clip(5).pixels, task.clip(6).pixels);
+        assert_ne!(
+            CueThenRead::new(3, 6, 4, 4, 12).unwrap().clip(5),
+            task.clip(5)
+        );
+    }
+
+    /// The pixels say what the clip's fields say: one lit cell in frame 1 (the cue), a readable
+    /// glyph in every cell after it, and each target the glyph in the cued cell.
+    #[test]
+    fn pixels_show_the_cue_and_the_targets() {
+        let task = task();
+        let size = task.image_size();
+        for index in 0..50 {
+            let clip = task.clip(index);
+            let lit: Vec<usize> = (0..task.grid * task.grid)
+                .filter(|&cell| {
+                    let (y, x) = (
+                        (cell / task.grid) * task.cell,
+                        (cell % task.grid) * task.cell,
+                    );
+                    clip.pixels[y * size + x] == 255
+                })
+                .collect();
+            assert_eq!(lit, [clip.cue]);
+            assert_eq!(clip.targets[0], -1);
+            for t in 1..task.frames {
+                for cell in 0..task.grid * task.grid {
+                    assert_eq!(read_cell(&task, &clip, t, cell), Some(clip.glyphs[t][cell]));
+                }
+                assert_eq!(
+                    clip.targets[t],
+                    read_cell(&task, &clip, t, clip.cue).unwrap() as i64
+                );
+            }
+        }
+    }
+
+    /// Cues and targets are uniform (counts within 4.5 standard deviations of their expectation
+    /// over 4 000 clips), so chance is 1/classes and nothing but the cue predicts a target.
+    #[test]
+    fn cues_and_targets_are_balanced() {
+        let task = task();
+        let clips = 4_000;
+        let mut cues = vec![0usize; 9];
+        let mut classes = vec![0usize; task.classes];
+        for index in 0..clips {
+            let clip = task.clip(index);
+            cues[clip.cue] += 1;
+            classes[clip.targets[1] as usize] += 1;
+        }
+        let within = |counts: &[usize]| {
+            let p = 1.0 / counts.len() as f64;
+            let (mean, sd) = (clips as f64 * p, (clips as f64 * p * (1.0 - p)).sqrt());
+            counts.iter().all(|&c| (c as f64 - mean).abs() < 4.5 * sd)
+        };
+        assert!(within(&cues), "{cues:?}");
+        assert!(within(&classes), "{classes:?}");
+    }
+
+    #[test]
+    fn impossible_shapes_are_refused() {
+        assert!(CueThenRead::new(1, 6, 4, 4, 0).is_err());
+        assert!(CueThenRead::new(3, 3, 4, 4, 0).is_err());
+        let crowded = CueThenRead::new(3, 4, 4, 64, 0).unwrap_err();
+        assert!(crowded.contains("larger cells"), "{crowded}");
+    }
+}

@@ -1,0 +1,93 @@
+//! The foveated model on kiln-train: a training step (the configured mode's `fine + λ·coarse`)
+//! and an evaluation step (losses and per-frame accuracy of each pass).
+
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Bool, Int, Tensor, TensorData};
+use kiln_train::{EvalOutput, EvalStep, StepContext, StepOutput, TrainStep};
+
+use crate::{ClipBatch, FoveatedModel, FoveatedOutput, PassOutput};
+
+impl<B: AutodiffBackend> TrainStep<B> for FoveatedModel<B> {
+    type Batch = ClipBatch<B>;
+
+    /// # Panics
+    /// On a batch [`FoveatedModel::check`] refuses: loaders check batches as they make them.
+    fn train_step(&self, batch: ClipBatch<B>, _: &StepContext) -> StepOutput<B> {
+        let output = self
+            .forward(&batch, self.training_mode())
+            .unwrap_or_else(|e| panic!("a training batch the loader should have refused: {e}"));
+        let losses = self
+            .loss(&output, &batch)
+            .unwrap_or_else(|e| panic!("a training batch the loader should have refused: {e}"));
+        let mut step = StepOutput::new(losses.total, batch.pixels.dims()[0]);
+        for (name, loss) in [("coarse_loss", losses.coarse), ("fine_loss", losses.fine)] {
+            if let Some(loss) = loss {
+                step = step.with_part(name, loss);
+            }
+        }
+        for (name, accuracy) in accuracies(&output, &batch) {
+            let (correct, count) = accuracy;
+            step = step.with_part(name, correct.div_scalar(count as f32));
+        }
+        step
+    }
+}
+
+impl<B: Backend> EvalStep<B> for FoveatedModel<B> {
+    type Batch = ClipBatch<B>;
+
+    /// # Panics
+    /// On a batch [`FoveatedModel::check`] refuses: loaders check batches as they make them.
+    fn eval_step(&self, batch: ClipBatch<B>) -> EvalOutput<B> {
+        let output = self
+            .forward(&batch, self.training_mode())
+            .unwrap_or_else(|e| panic!("an evaluation batch the loader should have refused: {e}"));
+        let losses = self
+            .loss(&output, &batch)
+            .unwrap_or_else(|e| panic!("an evaluation batch the loader should have refused: {e}"));
+        let clips = batch.pixels.dims()[0];
+        let mut eval =
+            EvalOutput::new(clips).with_sum("loss", losses.total.mul_scalar(clips as f32));
+        for (name, (correct, count)) in accuracies(&output, &batch) {
+            eval = eval.with_mean(name, correct, count);
+        }
+        eval
+    }
+}
+
+/// Per pass with a per-frame head and frame targets: the number of frames whose predicted class
+/// is right (`[1]`) and the number of frames with a target.
+fn accuracies<B: Backend>(
+    output: &FoveatedOutput<B>,
+    batch: &ClipBatch<B>,
+) -> Vec<(&'static str, (Tensor<B, 1>, usize))> {
+    [
+        ("coarse_accuracy", &output.coarse),
+        ("fine_accuracy", &output.fine),
+    ]
+    .into_iter()
+    .filter_map(|(name, pass)| Some((name, correct_frames(pass.as_ref()?, batch)?)))
+    .collect()
+}
+
+fn correct_frames<B: Backend>(
+    pass: &PassOutput<B>,
+    batch: &ClipBatch<B>,
+) -> Option<(Tensor<B, 1>, usize)> {
+    let logits = pass.frame_logits.clone()?;
+    let [clips, frames, _] = logits.dims();
+    let targets: Vec<i64> = batch.frame_targets.iter().flatten().copied().collect();
+    let count = targets.iter().filter(|&&t| t >= 0).count();
+    if count == 0 {
+        return None;
+    }
+    let device = logits.device();
+    let counted: Vec<bool> = targets.iter().map(|&t| t >= 0).collect();
+    let counted =
+        Tensor::<B, 2, Bool>::from_data(TensorData::new(counted, [clips, frames]), &device);
+    let targets =
+        Tensor::<B, 2, Int>::from_data(TensorData::new(targets, [clips, frames]), &device);
+    let predicted = logits.argmax(2).reshape([clips, frames]);
+    let right = predicted.equal(targets).bool_and(counted);
+    Some((right.float().sum(), count))
+}
