@@ -5,7 +5,7 @@ use std::path::Path;
 use burn::module::Module;
 use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use kiln_precision::Policy;
 use kiln_text::{CausalLm, TextInput};
 use kiln_transformer::checkpoint::load_checkpoint;
@@ -23,6 +23,12 @@ pub enum Mode {
     /// The fine pass only, each query from the fine pass's own hidden state at the previous
     /// frame, one frame at a time (inference).
     Autoregressive,
+    /// A control: both passes, the fine queries drawn from N(0, 1) afresh for every forward —
+    /// reading somewhere else, not where the model chose.
+    RandomQueries,
+    /// A control: no readout, the LM sees every token of every frame (in
+    /// [`FoveatedOutput::fine`]) — the upper bound with nothing compressed.
+    AllPatches,
 }
 
 /// A batch of clips: normalised frames and, optionally, text around them.
@@ -80,29 +86,35 @@ impl<B: Backend> ClipBatch<B> {
 /// One pass of the LM over `[prompt, mode token, visual tokens, target]`.
 #[derive(Debug, Clone)]
 pub struct PassOutput<B: Backend> {
-    /// The visual tokens the readout gave, `[clips, frames, vision hidden]` (before
-    /// `dino_to_llm`).
+    /// The visual tokens `[clips, frames · per_frame, vision hidden]` (before `dino_to_llm`):
+    /// the readout's, one per frame, or every token of every frame ([`Mode::AllPatches`]).
     pub tokens: Tensor<B, 3>,
+    /// Visual tokens per frame.
+    pub per_frame: usize,
     /// The LM's last hidden state over the whole sequence, `[clips, sequence, lm hidden]`.
     pub hidden: Tensor<B, 3>,
     /// The logits that predict the target's tokens, `[clips, target, vocab]` (empty without
     /// target).
     pub text_logits: Tensor<B, 3>,
-    /// The per-frame head's logits at the visual tokens, `[clips, frames, classes]`.
+    /// The per-frame head's logits at each frame's last visual token, `[clips, frames,
+    /// classes]`.
     pub frame_logits: Option<Tensor<B, 3>>,
     /// Where the visual tokens start in the sequence.
     pub first_visual: usize,
 }
 
 impl<B: Backend> PassOutput<B> {
-    /// The LM's hidden states at the visual tokens, `[clips, frames, lm hidden]`.
+    /// The LM's hidden states at each frame's last visual token, `[clips, frames, lm hidden]`.
     pub fn at_frames(&self) -> Tensor<B, 3> {
         let [clips, _, width] = self.hidden.dims();
-        let frames = self.tokens.dims()[1];
-        let start = self.first_visual;
+        let (visual, per_frame) = (self.tokens.dims()[1], self.per_frame);
+        let (start, frames) = (self.first_visual, visual / per_frame);
         self.hidden
             .clone()
-            .slice([0..clips, start..start + frames, 0..width])
+            .slice([0..clips, start..start + visual, 0..width])
+            .reshape([clips, frames, per_frame, width])
+            .slice([0..clips, 0..frames, per_frame - 1..per_frame, 0..width])
+            .reshape([clips, frames, width])
     }
 }
 
@@ -111,7 +123,8 @@ impl<B: Backend> PassOutput<B> {
 pub struct FoveatedOutput<B: Backend> {
     /// The coarse pass (all modes but [`Mode::Autoregressive`]).
     pub coarse: Option<PassOutput<B>>,
-    /// The fine pass (all modes but [`Mode::CoarseOnly`]).
+    /// The fine pass (all modes but [`Mode::CoarseOnly`]; for [`Mode::AllPatches`] its one
+    /// pass over every token).
     pub fine: Option<PassOutput<B>>,
     /// The fine pass's queries, `[clips, frames, query_dim]` (`q_init` first).
     pub queries: Option<Tensor<B, 3>>,
@@ -272,8 +285,21 @@ impl<B: Backend> FoveatedModel<B> {
         let patches = self.encode_frames(batch.pixels.clone())?;
         let text = self.embedded_text(batch);
         let connectors = &self.connectors;
-        if mode == Mode::Autoregressive {
-            return self.autoregressive(&patches, &text, clips, frames);
+        match mode {
+            Mode::Autoregressive => return self.autoregressive(&patches, &text, clips, frames),
+            Mode::AllPatches => {
+                let [_, per_frame, width] = patches.last_hidden_state.dims();
+                let every = patches
+                    .last_hidden_state
+                    .reshape([clips, frames * per_frame, width]);
+                let pass = self.lm_pass(connectors.fine_token.val(), every, per_frame, &text)?;
+                return Ok(FoveatedOutput {
+                    coarse: None,
+                    fine: Some(pass),
+                    queries: None,
+                });
+            }
+            _ => {}
         }
         let q_static = connectors
             .q_static
@@ -284,6 +310,7 @@ impl<B: Backend> FoveatedModel<B> {
         let coarse = self.lm_pass(
             connectors.coarse_token.val(),
             self.per_clip(coarse_tokens, clips),
+            1,
             &text,
         )?;
         if mode == Mode::CoarseOnly {
@@ -293,15 +320,21 @@ impl<B: Backend> FoveatedModel<B> {
                 queries: None,
             });
         }
-        // The query for frame t comes from the hidden state at frame t − 1's coarse token.
-        let from_coarse = connectors.llm_to_query.forward(coarse.at_frames());
-        let queries = Tensor::cat(
-            vec![
-                self.q_init(clips),
-                from_coarse.slice([0..clips, 0..frames - 1, 0..self.config.query_dim]),
-            ],
-            1,
-        );
+        let query_dim = self.config.query_dim;
+        let queries = if mode == Mode::RandomQueries {
+            let normal = Distribution::Normal(0.0, 1.0);
+            Tensor::random([clips, frames, query_dim], normal, &batch.pixels.device())
+        } else {
+            // The query for frame t comes from the hidden state at frame t − 1's coarse token.
+            let from_coarse = connectors.llm_to_query.forward(coarse.at_frames());
+            Tensor::cat(
+                vec![
+                    self.q_init(clips),
+                    from_coarse.slice([0..clips, 0..frames - 1, 0..query_dim]),
+                ],
+                1,
+            )
+        };
         let fine_tokens = self.read(
             &patches,
             queries
@@ -311,6 +344,7 @@ impl<B: Backend> FoveatedModel<B> {
         let fine = self.lm_pass(
             connectors.fine_token.val(),
             self.per_clip(fine_tokens, clips),
+            1,
             &text,
         )?;
         Ok(FoveatedOutput {
@@ -398,6 +432,7 @@ impl<B: Backend> FoveatedModel<B> {
                 let pass = self.lm_pass(
                     connectors.fine_token.val(),
                     Tensor::cat(tokens.clone(), 1),
+                    1,
                     &so_far,
                 )?;
                 let at_frames = pass.at_frames();
@@ -408,7 +443,7 @@ impl<B: Backend> FoveatedModel<B> {
                 query = connectors.llm_to_query.forward(last);
             }
         }
-        let fine = self.lm_pass(connectors.fine_token.val(), Tensor::cat(tokens, 1), text)?;
+        let fine = self.lm_pass(connectors.fine_token.val(), Tensor::cat(tokens, 1), 1, text)?;
         Ok(FoveatedOutput {
             coarse: None,
             fine: Some(fine),
@@ -416,15 +451,17 @@ impl<B: Backend> FoveatedModel<B> {
         })
     }
 
-    /// The LM over `[prompt, mode token, visual tokens, target]`.
+    /// The LM over `[prompt, mode token, visual tokens, target]`, `per_frame` visual tokens a
+    /// frame.
     fn lm_pass(
         &self,
         mode_token: Tensor<B, 1>,
         tokens: Tensor<B, 3>,
+        per_frame: usize,
         text: &Text<B>,
     ) -> Result<PassOutput<B>, FoveatedError> {
         let connectors = &self.connectors;
-        let [clips, frames, _] = tokens.dims();
+        let [clips, visual_tokens, _] = tokens.dims();
         let visual = connectors.dino_to_llm.forward(tokens.clone()) * self.config.visual_scale;
         let width = visual.dims()[2];
         let mode = mode_token.reshape([1, 1, width]).expand([clips, 1, width]);
@@ -439,13 +476,14 @@ impl<B: Backend> FoveatedModel<B> {
         // Target token i is predicted at the position before it: the last visual token, then
         // the target's own tokens but its last.
         let target = text.target.as_ref().map_or(0, |t| t.dims()[1]);
-        let start = first_visual + frames - 1;
+        let start = first_visual + visual_tokens - 1;
         let vocab = output.logits.dims()[2];
         let text_logits = output
             .logits
             .slice([0..clips, start..start + target, 0..vocab]);
         let mut pass = PassOutput {
             tokens,
+            per_frame,
             hidden,
             text_logits,
             frame_logits: None,

@@ -2,16 +2,22 @@
 //! answer (issue 25's proof task).
 //!
 //! A frame is a `grid × grid` board of cells. Frame 1 lights one cell (the cue; random per
-//! clip). Frames 2..T fill every cell with a glyph of one of `classes` classes, drawn afresh for
-//! every cell and frame; the target of frame t ≥ 2 is the class of the glyph in the cued cell.
+//! clip). Frames 2..T fill every cell with a glyph of one of `classes` classes, each class in
+//! equally many cells, shuffled afresh for every frame; the target of frame t ≥ 2 is the class of
+//! the glyph in the cued cell. Balanced boards keep a frame's glyph counts from hinting at the
+//! target: a model that summarises the frame instead of looking at the cued cell stays at chance.
+//! (When `classes` does not divide the cell count, the cells left over get distinct random
+//! classes, and the classes with an extra cell are slightly likelier targets in that frame.)
 //! A query fixed in advance reads each frame alone and cannot know which cell matters; a query
-//! made from what the model saw in frame 1 can.
+//! made from what the model saw in frame 1 can. [`SyntheticClips`] serves them to kiln-train.
 
 use std::ops::Range;
 
 use burn::tensor::backend::Backend;
+use kiln_cache::Order;
 use kiln_cache::{IMAGENET_MEAN, IMAGENET_STD, Normalize, Preprocess, normalize_on_device};
 use kiln_precision::Precision;
+use kiln_train::Loader;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -122,9 +128,18 @@ impl CueThenRead {
         let mut glyphs = vec![Vec::new()];
         let mut targets = vec![-1];
         for t in 1..self.frames {
-            let classes: Vec<usize> = (0..cells)
-                .map(|_| rng.random_range(0..self.classes))
-                .collect();
+            // A shuffled balanced board: every class in ⌊cells / K⌋ cells, the remaining cells
+            // distinct classes drawn at random.
+            let whole = cells - cells % self.classes;
+            let mut extra: Vec<usize> = (0..self.classes).collect();
+            for i in 0..cells % self.classes {
+                extra.swap(i, rng.random_range(i..self.classes));
+            }
+            let mut classes: Vec<usize> = (0..whole).map(|i| i % self.classes).collect();
+            classes.extend(&extra[..cells - whole]);
+            for i in (1..cells).rev() {
+                classes.swap(i, rng.random_range(0..=i));
+            }
             let frame = &mut pixels[t * frame_len..(t + 1) * frame_len];
             for (cell, &class) in classes.iter().enumerate() {
                 let glyph = &self.glyphs[class];
@@ -200,6 +215,59 @@ impl CueThenRead {
     }
 }
 
+/// Clips of a [`CueThenRead`] task in batches, for kiln-train: `clips` clips from index `first`
+/// per epoch, made as they are asked for. In shuffled order every epoch takes new clips (epoch
+/// `e` starts at `first + e · clips`: an endless stream, never the same clip twice); in
+/// sequential order (evaluation) the same ones.
+#[derive(Debug, Clone)]
+pub struct SyntheticClips<B: Backend> {
+    task: CueThenRead,
+    first: u64,
+    clips: usize,
+    batch: usize,
+    device: B::Device,
+}
+
+impl<B: Backend> SyntheticClips<B> {
+    /// `clips` clips from index `first` in batches of `batch` (at least 1; a last partial batch
+    /// is dropped).
+    pub fn new(
+        task: CueThenRead,
+        first: u64,
+        clips: usize,
+        batch: usize,
+        device: B::Device,
+    ) -> Self {
+        SyntheticClips {
+            task,
+            first,
+            clips,
+            batch: batch.max(1),
+            device,
+        }
+    }
+}
+
+impl<B: Backend> Loader for SyntheticClips<B> {
+    type Batch = ClipBatch<B>;
+
+    fn batches_per_epoch(&self) -> usize {
+        self.clips / self.batch
+    }
+
+    fn batches(&self, order: Order, first: usize) -> Box<dyn Iterator<Item = ClipBatch<B>> + '_> {
+        let start = match order {
+            Order::Sequential => self.first,
+            Order::Shuffled { epoch, .. } => self.first + epoch * self.clips as u64,
+        };
+        let batch = self.batch as u64;
+        Box::new((first..self.batches_per_epoch()).map(move |b| {
+            let from = start + b as u64 * batch;
+            self.task.batch(from..from + batch, &self.device)
+        }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,7 +339,8 @@ mod tests {
     }
 
     /// Cues and targets are uniform (counts within 4.5 standard deviations of their expectation
-    /// over 4 000 clips), so chance is 1/classes and nothing but the cue predicts a target.
+    /// over 4 000 clips), so chance is 1/classes, and every board holds each class equally
+    /// often, so nothing but the cue predicts a target.
     #[test]
     fn cues_and_targets_are_balanced() {
         let task = task();
@@ -282,6 +351,11 @@ mod tests {
             let clip = task.clip(index);
             cues[clip.cue] += 1;
             classes[clip.targets[1] as usize] += 1;
+            for board in &clip.glyphs[1..] {
+                let mut counts = vec![0; task.classes];
+                board.iter().for_each(|&k| counts[k] += 1);
+                assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1);
+            }
         }
         let within = |counts: &[usize]| {
             let p = 1.0 / counts.len() as f64;

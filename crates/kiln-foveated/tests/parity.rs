@@ -223,6 +223,65 @@ fn modes_agree_where_they_must() {
     );
 }
 
+/// The controls: all-patches runs one pass over every token of every frame, its frame logits at
+/// each frame's last token and no later frame's pixels reaching them; random queries change
+/// every forward and leave the coarse pass as it is.
+#[test]
+fn control_modes_see_what_they_should() {
+    let reference = Reference::open();
+    let model = load::<Flex>(Readout::Deep);
+    let batch = reference.batch::<Flex>();
+    let every = model.forward(&batch, Mode::AllPatches).unwrap();
+    assert!(every.coarse.is_none() && every.queries.is_none());
+    let pass = every.fine.unwrap();
+    assert_eq!(pass.per_frame, 17);
+    assert_close(
+        pass.tokens.clone().reshape([6, 17, 24]),
+        &reference,
+        "patches.last_hidden_state",
+    );
+    let logits = pass.frame_logits.unwrap();
+    // Another last frame leaves the earlier frames' logits as they were (the LM is causal).
+    let mut changed = batch.clone();
+    let [clips, frames, c, h, w] = changed.pixels.dims();
+    changed.pixels = changed.pixels.clone().slice_assign(
+        [0..clips, frames - 1..frames, 0..c, 0..h, 0..w],
+        Tensor::zeros([clips, 1, c, h, w], &Default::default()),
+    );
+    let again = model
+        .forward(&changed, Mode::AllPatches)
+        .unwrap()
+        .fine
+        .unwrap();
+    let again = again.frame_logits.unwrap();
+    let classes = 5;
+    let head =
+        |x: Tensor<Flex, 3>, range: std::ops::Range<usize>| x.slice([0..clips, range, 0..classes]);
+    let kept = (head(logits.clone(), 0..frames - 1) - head(again.clone(), 0..frames - 1))
+        .abs()
+        .max()
+        .into_scalar();
+    assert!(kept < 1e-5, "earlier frames moved by {kept}");
+    let moved = (head(logits, frames - 1..frames) - head(again, frames - 1..frames))
+        .abs()
+        .max()
+        .into_scalar();
+    assert!(moved > 1e-3, "the changed frame's logits did not move");
+
+    let first = model.forward(&batch, Mode::RandomQueries).unwrap();
+    let second = model.forward(&batch, Mode::RandomQueries).unwrap();
+    assert_close(
+        first.coarse.unwrap().hidden,
+        &reference,
+        "deep.coarse_hidden",
+    );
+    let apart = (first.queries.unwrap() - second.queries.unwrap())
+        .abs()
+        .max()
+        .into_scalar();
+    assert!(apart > 0.1, "random queries repeated");
+}
+
 /// Both queries learn: `q_static` through the coarse pass, `q_init` through the fine pass's
 /// first frame, and the LM-to-query connector through the fine pass's later frames.
 #[test]
@@ -296,4 +355,44 @@ fn bad_settings_and_inputs_are_named() {
         ..FoveatedConfig::fvlm()
     };
     assert!(config.validate().is_err());
+}
+
+/// The deep readout's gradient with respect to its queries (kiln's attention as one autodiff
+/// operation, queries and keys of different lengths) against central finite differences.
+#[test]
+fn deep_readout_gradient_matches_finite_differences() {
+    type Ad = Autodiff<Flex>;
+    let reference = Reference::open();
+    let model = load::<Ad>(Readout::Deep);
+    let patches = model
+        .dino
+        .encode_patches(reference.tensor("pixel_values"))
+        .unwrap();
+    let queries: Tensor<Ad, 3> = reference.tensor("read.queries");
+    let weights: Tensor<Ad, 3> = reference.tensor::<Ad, 3>("read.output").sin();
+    let objective =
+        |q: Tensor<Ad, 3>| (model.dino.read(q, &patches).unwrap() * weights.clone()).sum();
+    let q = queries.clone().require_grad();
+    let grads = objective(q.clone()).backward();
+    let analytic = q.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap();
+    let base = queries.clone().into_data().to_vec::<f32>().unwrap();
+    let dims = queries.dims();
+    let h = 1e-2f32;
+    let mut worst = 0f32;
+    let scale = analytic.iter().map(|g| g.abs()).fold(0f32, f32::max);
+    for index in (0..base.len()).step_by(7) {
+        let at = |delta: f32| {
+            let mut values = base.clone();
+            values[index] += delta;
+            let q = Tensor::<Ad, 3>::from_data(TensorData::new(values, dims), &Default::default());
+            objective(q).into_scalar()
+        };
+        let numeric = (at(h) - at(-h)) / (2.0 * h);
+        worst = worst.max((numeric - analytic[index]).abs());
+    }
+    assert!(scale > 0.0);
+    assert!(
+        worst / scale < 2e-3,
+        "worst gap {worst:.2e} against a largest gradient {scale:.2e}"
+    );
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Distribution, Tensor, TensorData};
 
 use crate::TowerSettings;
 use crate::VisionError;
@@ -472,6 +472,9 @@ impl<B: Backend> Dinov2Model<B> {
     }
 }
 
+/// transformers' initialisation of the CLS token and position table.
+const INIT: Distribution = Distribution::Normal(0.0, 0.02);
+
 impl Dinov2Config {
     /// A randomly initialised model of this shape (load a checkpoint into it with
     /// [`crate::load_hf_weights`]).
@@ -512,10 +515,13 @@ impl Dinov2Config {
             })
             .collect();
         Dinov2Model {
+            // N(0, 0.02²) as transformers initialises them (`initializer_range`): trained from
+            // scratch, zeros would give every patch the same position.
             embeddings: Dinov2Embeddings {
-                cls_token: Param::from_tensor(Tensor::zeros([1, 1, hidden], device)),
-                position_embeddings: Param::from_tensor(Tensor::zeros(
+                cls_token: Param::from_tensor(Tensor::random([1, 1, hidden], INIT, device)),
+                position_embeddings: Param::from_tensor(Tensor::random(
                     [1, 1 + grid * grid, hidden],
+                    INIT,
                     device,
                 )),
                 patch_embeddings: PatchEmbeddings {
@@ -555,20 +561,48 @@ mod tests {
     use burn::backend::{Autodiff, Flex};
     use burn::module::Module;
 
-    /// In training the resized table follows the weights (a kept one would be stale after the
-    /// first optimizer step) and passes gradients to them.
-    #[test]
-    fn resized_positions_follow_trained_weights() {
-        type Ad = Autodiff<Flex>;
-        let device = Default::default();
-        let config = Dinov2Config {
+    /// A one-layer tower of width 8 on 16 px images of 8 px patches.
+    fn tiny() -> Dinov2Config {
+        Dinov2Config {
             hidden_size: 8,
             num_hidden_layers: 1,
             num_attention_heads: 2,
             image_size: 16,
             patch_size: 8,
             ..Dinov2Config::default()
-        };
+        }
+    }
+
+    /// A tower trained from scratch starts with distinct positions, as transformers initialises
+    /// it (zeros would make every patch's position the same).
+    #[test]
+    fn a_new_tower_tells_positions_apart() {
+        let device = Default::default();
+        let config = tiny();
+        let table = config.init::<Flex>(&device).embeddings().positions(2, 2);
+        let [_, tokens, hidden] = table.dims();
+        let rows = |i: usize| table.clone().slice([0..1, i..i + 1, 0..hidden]);
+        for (a, b) in [(1, 2), (1, 3), (2, 4), (0, 1)] {
+            let apart = (rows(a) - rows(b)).abs().max().into_scalar();
+            assert!(
+                apart > 1e-3,
+                "positions {a} and {b} of {tokens} are the same"
+            );
+        }
+        let spread = table.clone().powf_scalar(2.0).mean().sqrt().into_scalar();
+        assert!(
+            (0.01..0.04).contains(&spread),
+            "std {spread}, transformers' is 0.02"
+        );
+    }
+
+    /// In training the resized table follows the weights (a kept one would be stale after the
+    /// first optimizer step) and passes gradients to them.
+    #[test]
+    fn resized_positions_follow_trained_weights() {
+        type Ad = Autodiff<Flex>;
+        let device = Default::default();
+        let config = tiny();
         let model = config.init::<Ad>(&device);
         let embeddings = model.embeddings();
         let before = embeddings.positions(3, 3);

@@ -1,0 +1,334 @@
+//! Where the foveated model looks matters: issue 25's proof on the "cue then read" task
+//! (`kiln::foveated::synthetic`). Frame 1 of a clip lights one cell of a grid; every later frame
+//! fills each cell with a random glyph; the answer for frame t is the glyph in the cued cell. A
+//! query fixed in advance cannot know where to look; a query made from frame 1 can.
+//!
+//! ```text
+//! cargo run --release --example foveated_synthetic -- --out runs/foveated [--steps N]
+//!     [--device D] [--readout shallow|deep]
+//! ```
+//!
+//! Trains four controls from scratch with the same budget, each through kiln-train in
+//! OUT/<control>/ (metrics.jsonl, loss.png, checkpoints: rerunning resumes):
+//! - `both`: coarse and fine passes trained together (λ = 1), scored in both modes;
+//! - `static_only`: the coarse pass alone (`q_static` for every frame);
+//! - `all_patches`: no readout, the LM sees every patch token (the upper bound);
+//! - `random_queries`: the fine pass reads with random queries.
+//!
+//! Then writes OUT/summary.json (per control, `coarse_accuracy` and `fine_accuracy` on held-out
+//! clips, null where a mode does not apply) and OUT/curves.png (held-out accuracy per control
+//! during training).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
+use clap::Parser;
+use kiln::burn;
+use kiln::foveated::synthetic::{CueThenRead, SyntheticClips};
+use kiln::foveated::{FoveatedConfig, FoveatedModel, FrameHead, Mode, Readout};
+use kiln::precision::{DeviceJob, DeviceSpec};
+use kiln::text::TextConfig;
+use kiln::train::{OptimizerConfig, RunOptions, Schedule, TrainConfig, Trainer, read_metrics};
+use kiln::vision::Dinov2Config;
+use serde_json::{Value, json};
+
+/// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Train the foveated model and its controls on cue-then-read clips.
+#[derive(Parser)]
+struct Args {
+    /// The run's directory (one subdirectory per control, summary.json, curves.png).
+    #[arg(long)]
+    out: PathBuf,
+    /// Optimizer steps per control.
+    #[arg(long, default_value_t = 600)]
+    steps: u64,
+    /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
+    /// How queries read frames: shallow or deep.
+    #[arg(long, default_value = "deep")]
+    readout: Readout,
+    /// Cells per side of the board.
+    #[arg(long, default_value_t = 3)]
+    grid: usize,
+    /// Pixels per side of a cell (one DINOv2 patch).
+    #[arg(long, default_value_t = 6)]
+    cell: usize,
+    /// Frames per clip, the cue frame included.
+    #[arg(long, default_value_t = 4)]
+    frames: usize,
+    /// Glyph classes (chance is 1/classes).
+    #[arg(long, default_value_t = 4)]
+    classes: usize,
+    /// Clips per batch.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 2e-3)]
+    lr: f64,
+    /// Held-out clips.
+    #[arg(long, default_value_t = 256)]
+    eval_clips: usize,
+    /// Evaluate every this many steps (and at the end).
+    #[arg(long, default_value_t = 100)]
+    eval_every: u64,
+    /// Seeds the glyphs, the clips and the initial weights.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Train only these controls (comma-separated; the summary and plot keep the others out).
+    #[arg(long, value_delimiter = ',', default_values_t = CONTROLS.map(|(name, _)| name.to_string()))]
+    controls: Vec<String>,
+}
+
+/// The controls, in the order they train.
+const CONTROLS: [(&str, Mode); 4] = [
+    ("both", Mode::CoarseFine),
+    ("static_only", Mode::CoarseOnly),
+    ("all_patches", Mode::AllPatches),
+    ("random_queries", Mode::RandomQueries),
+];
+
+/// Held-out clips come from indices far past any training clip.
+const EVAL_FIRST: u64 = 1 << 40;
+
+impl Args {
+    /// A small DINOv2 and LM from scratch: the visual token is narrow (16 wide, 2 heads), so one
+    /// static token cannot carry every cell's glyph.
+    fn model<B: Backend>(
+        &self,
+        task: &CueThenRead,
+        mode: Mode,
+        device: &B::Device,
+    ) -> Result<FoveatedModel<B>, String> {
+        B::seed(device, self.seed);
+        let dino = Dinov2Config {
+            hidden_size: 16,
+            num_hidden_layers: 2,
+            num_attention_heads: 2,
+            mlp_ratio: 4,
+            image_size: task.image_size(),
+            patch_size: self.cell,
+            ..Dinov2Config::default()
+        }
+        .init(device);
+        let lm = TextConfig {
+            vocab_size: 8,
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            max_position_embeddings: 1024,
+            ..TextConfig::smollm2_135m()
+        }
+        .init(device);
+        let config = FoveatedConfig {
+            query_dim: 16,
+            readout: self.readout,
+            frame_head: FrameHead::Classes(task.classes),
+            ..FoveatedConfig::fvlm()
+        };
+        Ok(FoveatedModel::new(dino, lm, config, device)
+            .map_err(|e| e.to_string())?
+            .with_training_mode(mode))
+    }
+
+    fn train_config(&self) -> Result<TrainConfig, String> {
+        let mut config = TrainConfig::new(self.steps, self.lr);
+        config.optimizer = OptimizerConfig::adamw(self.lr).with_weight_decay(0.01);
+        config.schedule = Schedule::warmup_cosine(self.steps / 20, 0.0, 0.1, self.steps);
+        config.max_grad_norm = Some(1.0);
+        config.eval_every = self.eval_every;
+        config.checkpoint_every = self.eval_every;
+        config.seed = self.seed;
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+impl DeviceJob for Args {
+    type Output = Result<(), String>;
+
+    fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+        let started = Instant::now();
+        let task = CueThenRead::new(self.grid, self.cell, self.frames, self.classes, self.seed)?;
+        let config = self.train_config()?;
+        let train_clips = self.batch * 64;
+        let train = SyntheticClips::<Autodiff<B>>::new(
+            task.clone(),
+            0,
+            train_clips,
+            self.batch,
+            device.clone(),
+        );
+        let eval = SyntheticClips::<B>::new(
+            task.clone(),
+            EVAL_FIRST,
+            self.eval_clips,
+            self.batch,
+            device.clone(),
+        );
+        let mut summary = serde_json::Map::new();
+        if let Some(unknown) = self
+            .controls
+            .iter()
+            .find(|c| !CONTROLS.iter().any(|(n, _)| n == c))
+        {
+            return Err(format!(
+                "--controls: no control named '{unknown}' (the controls: {})",
+                CONTROLS.map(|(name, _)| name).join(", ")
+            ));
+        }
+        for (name, mode) in CONTROLS
+            .into_iter()
+            .filter(|(n, _)| self.controls.iter().any(|c| c == n))
+        {
+            eprintln!("{name}: {} steps of {} clips", self.steps, self.batch);
+            let model = self.model::<Autodiff<B>>(&task, mode, device)?;
+            let options = RunOptions {
+                model_settings: json!({
+                    "control": name,
+                    "readout": format!("{:?}", self.readout),
+                    "task": format!("{task:?}"),
+                }),
+                ..RunOptions::new(self.out.join(name))
+            };
+            let outcome = Trainer::<Autodiff<B>>::new(config.clone(), options, device.clone())
+                .fit(model, &train, Some(&eval))
+                .map_err(|e| e.to_string())?;
+            let metric = |key: &str| outcome.eval.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
+            let (coarse, fine) = (metric("coarse_accuracy"), metric("fine_accuracy"));
+            eprintln!(
+                "{name}: held-out accuracy coarse {} fine {}",
+                shown(coarse),
+                shown(fine)
+            );
+            summary.insert(
+                name.into(),
+                json!({"coarse_accuracy": coarse, "fine_accuracy": fine}),
+            );
+        }
+        summary.insert(
+            "settings".into(),
+            json!({
+                "steps": self.steps,
+                "readout": format!("{:?}", self.readout).to_lowercase(),
+                "grid": self.grid,
+                "cell": self.cell,
+                "frames": self.frames,
+                "classes": self.classes,
+                "chance": 1.0 / self.classes as f64,
+                "batch": self.batch,
+                "eval_clips": self.eval_clips,
+                "device": self.device.to_string(),
+                "wall_seconds": started.elapsed().as_secs_f64(),
+            }),
+        );
+        let text = serde_json::to_string_pretty(&Value::Object(summary)).expect("JSON");
+        kiln::io::write_atomic(&self.out.join("summary.json"), text.as_bytes())
+            .map_err(|e| e.to_string())?;
+        plot(&self.out, &self.controls, 1.0 / self.classes as f64)?;
+        println!(
+            "{} and {}",
+            self.out.join("summary.json").display(),
+            self.out.join("curves.png").display()
+        );
+        Ok(())
+    }
+}
+
+fn shown(accuracy: Option<f64>) -> String {
+    accuracy.map_or("—".into(), |a| format!("{:.1}%", 100.0 * a))
+}
+
+/// OUT/curves.png: each control's held-out accuracy (fine solid, coarse dashed) against the
+/// step, with chance marked.
+fn plot(out: &Path, controls: &[String], chance: f64) -> Result<(), String> {
+    use plotters::prelude::*;
+
+    let path = out.join("curves.png");
+    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let mut series = Vec::new();
+    let mut last_step = 1u64;
+    for name in controls {
+        let lines = read_metrics(&out.join(name)).map_err(|e| e.to_string())?;
+        for key in ["fine_accuracy", "coarse_accuracy"] {
+            let points: Vec<(u64, f64)> = lines
+                .iter()
+                .filter_map(|line| {
+                    let step = line.get("step")?.as_u64()?;
+                    Some((step, line.get(format!("eval_{key}"))?.as_f64()?))
+                })
+                .collect();
+            if let Some(&(step, _)) = points.last() {
+                last_step = last_step.max(step);
+                series.push((format!("{name} ({})", &key[..key.len() - 9]), key, points));
+            }
+        }
+    }
+    plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
+        .map_err(|_| fail(&"the bundled font"))?;
+    let (width, height) = (1000u32, 600u32);
+    let mut buffer = vec![0u8; (width * height * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut buffer, (width, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| fail(&e))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("cue then read: held-out accuracy", ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(56)
+            .build_cartesian_2d(0u64..last_step, 0f64..1.0)
+            .map_err(|e| fail(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("optimizer step")
+            .y_desc("accuracy")
+            .draw()
+            .map_err(|e| fail(&e))?;
+        chart
+            .draw_series(LineSeries::new(
+                [(0, chance), (last_step, chance)],
+                BLACK.mix(0.4),
+            ))
+            .map_err(|e| fail(&e))?
+            .label("chance");
+        for (index, (label, key, points)) in series.into_iter().enumerate() {
+            let colour = Palette99::pick(index / 2).to_rgba();
+            let style =
+                ShapeStyle::from(colour).stroke_width(if key == "fine_accuracy" { 3 } else { 1 });
+            chart
+                .draw_series(LineSeries::new(points, style))
+                .map_err(|e| fail(&e))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()
+            .map_err(|e| fail(&e))?;
+        root.present().map_err(|e| fail(&e))?;
+    }
+    use image::ImageEncoder;
+    let mut png = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut png)
+        .write_image(&buffer, width, height, image::ExtendedColorType::Rgb8)
+        .map_err(|e| fail(&e))?;
+    kiln::io::write_atomic(&path, &png).map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    kiln::log_to_stderr();
+    let args = Args::parse();
+    let device = args.device;
+    kiln::exit_status(device.run(args).map_err(|e| e.to_string()).and_then(|r| r))
+}
