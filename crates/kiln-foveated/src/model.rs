@@ -326,20 +326,16 @@ impl<B: Backend> FoveatedModel<B> {
             Tensor::random([clips, frames, query_dim], normal, &batch.pixels.device())
         } else {
             // The query for frame t comes from the hidden state at frame t − 1's coarse token.
-            let from_coarse = connectors.llm_to_query.forward(coarse.at_frames());
-            Tensor::cat(
-                vec![
-                    self.q_init(clips),
-                    from_coarse.slice([0..clips, 0..frames - 1, 0..query_dim]),
-                ],
-                1,
-            )
+            let mut queries = vec![self.q_init(clips)];
+            if frames > 1 {
+                let before_last = coarse.at_frames().slice([0..clips, 0..frames - 1]);
+                queries.push(connectors.llm_to_query.forward(before_last));
+            }
+            Tensor::cat(queries, 1)
         };
         let fine_tokens = self.read(
             &patches,
-            queries
-                .clone()
-                .reshape([clips * frames, self.config.query_dim]),
+            queries.clone().reshape([clips * frames, query_dim]),
         )?;
         let fine = self.lm_pass(
             connectors.fine_token.val(),

@@ -5,7 +5,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 use kiln_train::{EvalOutput, EvalStep, StepContext, StepOutput, TrainStep};
 
-use crate::{ClipBatch, FoveatedModel, FoveatedOutput, PassOutput};
+use crate::{ClipBatch, FoveatedModel, FoveatedOutput, Losses, PassOutput};
 
 impl<B: AutodiffBackend> TrainStep<B> for FoveatedModel<B> {
     type Batch = ClipBatch<B>;
@@ -13,12 +13,7 @@ impl<B: AutodiffBackend> TrainStep<B> for FoveatedModel<B> {
     /// # Panics
     /// On a batch [`FoveatedModel::check`] refuses: loaders check batches as they make them.
     fn train_step(&self, batch: ClipBatch<B>, _: &StepContext) -> StepOutput<B> {
-        let output = self
-            .forward(&batch, self.training_mode())
-            .unwrap_or_else(|e| panic!("a training batch the loader should have refused: {e}"));
-        let losses = self
-            .loss(&output, &batch)
-            .unwrap_or_else(|e| panic!("a training batch the loader should have refused: {e}"));
+        let (output, losses) = scored(self, &batch);
         let mut step = StepOutput::new(losses.total, batch.pixels.dims()[0]);
         for (name, loss) in [("coarse_loss", losses.coarse), ("fine_loss", losses.fine)] {
             if let Some(loss) = loss {
@@ -39,12 +34,7 @@ impl<B: Backend> EvalStep<B> for FoveatedModel<B> {
     /// # Panics
     /// On a batch [`FoveatedModel::check`] refuses: loaders check batches as they make them.
     fn eval_step(&self, batch: ClipBatch<B>) -> EvalOutput<B> {
-        let output = self
-            .forward(&batch, self.training_mode())
-            .unwrap_or_else(|e| panic!("an evaluation batch the loader should have refused: {e}"));
-        let losses = self
-            .loss(&output, &batch)
-            .unwrap_or_else(|e| panic!("an evaluation batch the loader should have refused: {e}"));
+        let (output, losses) = scored(self, &batch);
         let clips = batch.pixels.dims()[0];
         let mut eval =
             EvalOutput::new(clips).with_sum("loss", losses.total.mul_scalar(clips as f32));
@@ -52,6 +42,20 @@ impl<B: Backend> EvalStep<B> for FoveatedModel<B> {
             eval = eval.with_mean(name, correct, count);
         }
         eval
+    }
+}
+
+/// The model's training-mode forward over `batch` and its losses.
+fn scored<B: Backend>(
+    model: &FoveatedModel<B>,
+    batch: &ClipBatch<B>,
+) -> (FoveatedOutput<B>, Losses<B>) {
+    let scored = model
+        .forward(batch, model.training_mode())
+        .and_then(|output| Ok((model.loss(&output, batch)?, output)));
+    match scored {
+        Ok((losses, output)) => (output, losses),
+        Err(e) => panic!("a batch the loader should have refused: {e}"),
     }
 }
 

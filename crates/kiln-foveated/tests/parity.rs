@@ -211,6 +211,24 @@ fn modes_agree_where_they_must() {
         gap < 1e-4,
         "autoregressive queries differ from the final pass's by {gap}"
     );
+    // A clip of one frame has only q_init for its fine pass.
+    let mut single = batch.clone();
+    let [clips, _, c, h, w] = single.pixels.dims();
+    single.pixels = single
+        .pixels
+        .clone()
+        .slice([0..clips, 0..1, 0..c, 0..h, 0..w]);
+    single.frame_targets = vec![vec![-100]; clips];
+    let one = model.forward(&single, Mode::CoarseFine).unwrap();
+    assert_eq!(one.queries.as_ref().unwrap().dims(), [clips, 1, 12]);
+    assert!(
+        model
+            .loss(&one, &single)
+            .unwrap()
+            .total
+            .into_scalar()
+            .is_finite()
+    );
     // And they are not the coarse pass's: the modes really differ.
     let from_coarse = both.queries.unwrap().slice([0..clips, 1..frames]);
     let apart = (from_coarse - queries.slice([0..clips, 1..frames]))

@@ -246,8 +246,8 @@ impl HashedMask {
         }
     }
 
-    // Read by the device mask kernel (features `cuda`, `wgpu`).
     /// Each batch row's multiplier and offset.
+    // These three are read by the device mask kernel (features `cuda`, `wgpu`).
     #[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
     pub(crate) fn words(&self) -> &[(u32, u32)] {
         &self.words

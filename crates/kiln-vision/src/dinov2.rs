@@ -265,23 +265,22 @@ impl<B: Backend> Dinov2Layer<B> {
         let x = self
             .attention
             .forward(normed, self.layer_scale1.onto(x), pass);
+        self.feed_forward(x, pass)
+    }
+
+    /// `x + ls2·mlp(norm2 x)`: the second half of every form of the layer.
+    fn feed_forward(&self, x: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
         let normed = pass.norm(&self.norm2, x.clone());
         self.mlp.forward(normed, self.layer_scale2.onto(x), pass)
     }
-}
 
-impl<B: Backend> Dinov2Layer<B> {
     /// `forward`, also returning the layer's keys and values.
     fn forward_keeping(&self, x: Tensor<B, 3>, pass: &Pass) -> (Tensor<B, 3>, [Tensor<B, 3>; 2]) {
         let normed = pass.norm(&self.norm1, x.clone());
         let (x, keys_values) =
             self.attention
                 .forward_keeping(normed, self.layer_scale1.onto(x), pass);
-        let normed = pass.norm(&self.norm2, x.clone());
-        (
-            self.mlp.forward(normed, self.layer_scale2.onto(x), pass),
-            keys_values,
-        )
+        (self.feed_forward(x, pass), keys_values)
     }
 
     /// The layer applied to `queries` that attend to `keys_values` (another sequence's) instead
@@ -299,8 +298,7 @@ impl<B: Backend> Dinov2Layer<B> {
             self.layer_scale1.onto(queries),
             pass,
         );
-        let normed = pass.norm(&self.norm2, x.clone());
-        self.mlp.forward(normed, self.layer_scale2.onto(x), pass)
+        self.feed_forward(x, pass)
     }
 }
 
