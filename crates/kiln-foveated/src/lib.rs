@@ -29,13 +29,14 @@
 
 mod config;
 mod connectors;
+mod diagnostics;
 mod model;
 pub mod synthetic;
 mod train;
 
 pub use config::{FoveatedConfig, FrameHead, Readout};
 pub use connectors::Connectors;
-pub use model::{ClipBatch, FoveatedModel, FoveatedOutput, Losses, Mode, PassOutput};
+pub use model::{ClipBatch, FoveatedModel, FoveatedOutput, Glimpse, Losses, Mode, PassOutput};
 
 /// Why the foveated model could not be built or run.
 #[derive(Debug, thiserror::Error)]

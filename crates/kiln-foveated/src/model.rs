@@ -101,6 +101,9 @@ pub struct PassOutput<B: Backend> {
     pub frame_logits: Option<Tensor<B, 3>>,
     /// Where the visual tokens start in the sequence.
     pub first_visual: usize,
+    /// Where the readout looked: attention probabilities `[clips · frames, layers · heads,
+    /// tokens]` (the deep readout's every layer; none in [`Mode::AllPatches`]).
+    pub attention: Option<Tensor<B, 3>>,
 }
 
 impl<B: Backend> PassOutput<B> {
@@ -116,6 +119,16 @@ impl<B: Backend> PassOutput<B> {
             .slice([0..clips, 0..frames, per_frame - 1..per_frame, 0..width])
             .reshape([clips, frames, width])
     }
+}
+
+/// What a readout gives for a batch of frames, one query each.
+#[derive(Debug, Clone)]
+pub struct Glimpse<B: Backend> {
+    /// The visual tokens `[frames, vision hidden]` (after `output_proj`).
+    pub tokens: Tensor<B, 2>,
+    /// The attention probabilities over each frame's tokens, `[frames, layers · heads,
+    /// tokens]` (one layer for the shallow readout).
+    pub attention: Tensor<B, 3>,
 }
 
 /// What [`FoveatedModel::forward`] gives.
@@ -248,20 +261,22 @@ impl<B: Backend> FoveatedModel<B> {
         })
     }
 
-    /// The visual tokens `[frames, vision hidden]` that `queries` `[frames, query_dim]` read
-    /// from `patches` (one query per frame).
+    /// What `queries` `[frames, query_dim]` read from `patches` (one query per frame).
     pub fn read(
         &self,
         patches: &Dinov2Patches<B>,
         queries: Tensor<B, 2>,
-    ) -> Result<Tensor<B, 2>, FoveatedError> {
+    ) -> Result<Glimpse<B>, FoveatedError> {
         let connectors = &self.connectors;
         let queries = connectors
             .query_input_proj
             .forward(queries)
             .unsqueeze_dim(1);
-        let read = match self.config.readout {
-            Readout::Deep => self.dino.read(queries, patches)?,
+        let (read, attention) = match self.config.readout {
+            Readout::Deep => {
+                let reading = self.dino.read_with_attention(queries, patches)?;
+                (reading.output, Tensor::cat(reading.attention, 1))
+            }
             Readout::Shallow => shallow_read(
                 queries,
                 patches.last_hidden_state.clone(),
@@ -269,9 +284,14 @@ impl<B: Backend> FoveatedModel<B> {
             ),
         };
         let [frames, _, width] = read.dims();
-        Ok(connectors
+        let tokens = connectors
             .output_proj
-            .forward(read.reshape([frames, width])))
+            .forward(read.reshape([frames, width]));
+        let [_, weights, _, patch_tokens] = attention.dims();
+        Ok(Glimpse {
+            tokens,
+            attention: attention.reshape([frames, weights, patch_tokens]),
+        })
     }
 
     /// The passes `mode` asks for over `batch`.
@@ -306,13 +326,14 @@ impl<B: Backend> FoveatedModel<B> {
             .val()
             .unsqueeze_dim::<2>(0)
             .expand([clips * frames, self.config.query_dim]);
-        let coarse_tokens = self.read(&patches, q_static)?;
-        let coarse = self.lm_pass(
+        let coarse_glimpse = self.read(&patches, q_static)?;
+        let mut coarse = self.lm_pass(
             connectors.coarse_token.val(),
-            self.per_clip(coarse_tokens, clips),
+            self.per_clip(coarse_glimpse.tokens, clips),
             1,
             &text,
         )?;
+        coarse.attention = Some(coarse_glimpse.attention);
         if mode == Mode::CoarseOnly {
             return Ok(FoveatedOutput {
                 coarse: Some(coarse),
@@ -333,16 +354,17 @@ impl<B: Backend> FoveatedModel<B> {
             }
             Tensor::cat(queries, 1)
         };
-        let fine_tokens = self.read(
+        let fine_glimpse = self.read(
             &patches,
             queries.clone().reshape([clips * frames, query_dim]),
         )?;
-        let fine = self.lm_pass(
+        let mut fine = self.lm_pass(
             connectors.fine_token.val(),
-            self.per_clip(fine_tokens, clips),
+            self.per_clip(fine_glimpse.tokens, clips),
             1,
             &text,
         )?;
+        fine.attention = Some(fine_glimpse.attention);
         Ok(FoveatedOutput {
             coarse: Some(coarse),
             fine: Some(fine),
@@ -413,13 +435,15 @@ impl<B: Backend> FoveatedModel<B> {
         let device = patches.last_hidden_state.device();
         let query_dim = self.config.query_dim;
         let mut query = self.q_init(clips).reshape([clips, query_dim]);
-        let (mut queries, mut tokens) = (Vec::new(), Vec::new());
+        let (mut queries, mut tokens, mut attention) = (Vec::new(), Vec::new(), Vec::new());
         for t in 0..frames {
             let rows: Vec<i64> = (0..clips).map(|c| (c * frames + t) as i64).collect();
             let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [clips]), &device);
             let frame = select_frames(patches, rows);
             queries.push(query.clone().unsqueeze_dim::<3>(1));
-            tokens.push(self.read(&frame, query.clone())?.unsqueeze_dim::<3>(1));
+            let glimpse = self.read(&frame, query.clone())?;
+            tokens.push(glimpse.tokens.unsqueeze_dim::<3>(1));
+            attention.push(glimpse.attention.unsqueeze_dim::<4>(1));
             if t + 1 < frames {
                 let so_far = Text {
                     prompt: text.prompt.clone(),
@@ -439,7 +463,11 @@ impl<B: Backend> FoveatedModel<B> {
                 query = connectors.llm_to_query.forward(last);
             }
         }
-        let fine = self.lm_pass(connectors.fine_token.val(), Tensor::cat(tokens, 1), 1, text)?;
+        let mut fine =
+            self.lm_pass(connectors.fine_token.val(), Tensor::cat(tokens, 1), 1, text)?;
+        let attention = Tensor::cat(attention, 1);
+        let [_, _, weights, patch_tokens] = attention.dims();
+        fine.attention = Some(attention.reshape([clips * frames, weights, patch_tokens]));
         Ok(FoveatedOutput {
             coarse: None,
             fine: Some(fine),
@@ -484,6 +512,7 @@ impl<B: Backend> FoveatedModel<B> {
             text_logits,
             frame_logits: None,
             first_visual,
+            attention: None,
         };
         if let Some(head) = &connectors.frame_head {
             pass.frame_logits = Some(head.forward(pass.at_frames()));
@@ -608,12 +637,12 @@ struct Text<B: Backend> {
 
 /// fVLM's shallow readout, multi-head: per head, `softmax(q·Pᵀ/√d)·P` of the queries `[frames,
 /// queries, width]` over the patch features `[frames, tokens, width]`, which serve as keys and
-/// values both (no projections).
+/// values both (no projections). Also gives the probabilities `[frames, heads, queries, tokens]`.
 fn shallow_read<B: Backend>(
     queries: Tensor<B, 3>,
     patches: Tensor<B, 3>,
     heads: usize,
-) -> Tensor<B, 3> {
+) -> (Tensor<B, 3>, Tensor<B, 4>) {
     let [frames, count, width] = queries.dims();
     let split = |x: Tensor<B, 3>| {
         let [frames, tokens, width] = x.dims();
@@ -623,10 +652,12 @@ fn shallow_read<B: Backend>(
     let (queries, patches) = (split(queries), split(patches));
     let scale = ((width / heads) as f64).powf(-0.5);
     let weights = softmax(queries.matmul(patches.clone().swap_dims(2, 3)) * scale, 3);
-    weights
+    let read = weights
+        .clone()
         .matmul(patches)
         .swap_dims(1, 2)
-        .reshape([frames, count, width])
+        .reshape([frames, count, width]);
+    (read, weights)
 }
 
 /// The rows `rows` of every tensor of `patches`.

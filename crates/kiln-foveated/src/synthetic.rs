@@ -9,7 +9,11 @@
 //! (When `classes` does not divide the cell count, the cells left over get distinct random
 //! classes, and the classes with an extra cell are slightly likelier targets in that frame.)
 //! A query fixed in advance reads each frame alone and cannot know which cell matters; a query
-//! made from what the model saw in frame 1 can. [`SyntheticClips`] serves them to kiln-train.
+//! made from what the model saw in frame 1 can. Each clip's caption is one token, the cued
+//! cell's index: its loss teaches the LM where the cue is (without it, a first-frame token read
+//! by a fixed query carries the cue's position at a few per cent of its norm, and no query made
+//! from it points anywhere within any budget tried: docs/FOVEATED.md). [`SyntheticClips`] serves
+//! the clips to kiln-train.
 
 use std::ops::Range;
 
@@ -161,7 +165,8 @@ impl CueThenRead {
     }
 
     /// Clips `indices` as a batch on `device`: frames normalised there with ImageNet's mean and
-    /// std (as DINOv2's processor does), per-frame targets, no text.
+    /// std (as DINOv2's processor does), per-frame targets, and the caption: one target token,
+    /// the cued cell (so the LM's vocabulary needs `grid²` tokens at least).
     pub fn batch<B: Backend>(&self, indices: Range<u64>, device: &B::Device) -> ClipBatch<B> {
         let clips: Vec<SyntheticClip> = indices.map(|index| self.clip(index)).collect();
         let size = self.image_size();
@@ -186,7 +191,9 @@ impl CueThenRead {
             device,
             Precision::F32,
         );
+        let captions = clips.iter().map(|clip| vec![clip.cue as u32]).collect();
         ClipBatch::new(pixels.reshape([clips.len(), self.frames, 3, size, size]))
+            .with_target(captions)
             .with_frame_targets(clips.into_iter().map(|clip| clip.targets).collect())
     }
 
@@ -336,6 +343,22 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A batch carries each clip's frames in order, its targets and its caption (the cue).
+    #[test]
+    fn batches_hold_the_clips_targets_and_captions() {
+        let task = task();
+        let device = Default::default();
+        let batch = task.batch::<burn::backend::Flex>(7..10, &device);
+        let size = task.image_size();
+        assert_eq!(batch.pixels.dims(), [3, task.frames, 3, size, size]);
+        for (row, index) in (7..10).enumerate() {
+            let clip = task.clip(index);
+            assert_eq!(batch.target[row], [clip.cue as u32]);
+            assert_eq!(batch.frame_targets[row], clip.targets);
+        }
+        assert!(batch.prompt.is_empty());
     }
 
     /// Cues and targets are uniform (counts within 4.5 standard deviations of their expectation

@@ -1,5 +1,6 @@
 //! The foveated model on kiln-train: a training step (the configured mode's `fine + λ·coarse`)
-//! and an evaluation step (losses and per-frame accuracy of each pass).
+//! and an evaluation step (losses and per-frame accuracy of each pass), both logging
+//! [`FoveatedOutput::diagnostics`].
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Int, Tensor, TensorData};
@@ -24,6 +25,9 @@ impl<B: AutodiffBackend> TrainStep<B> for FoveatedModel<B> {
             let (correct, count) = accuracy;
             step = step.with_part(name, correct.div_scalar(count as f32));
         }
+        for (name, figure) in output.diagnostics() {
+            step = step.with_part(name, figure.detach());
+        }
         step
     }
 }
@@ -40,6 +44,9 @@ impl<B: Backend> EvalStep<B> for FoveatedModel<B> {
             EvalOutput::new(clips).with_sum("loss", losses.total.mul_scalar(clips as f32));
         for (name, (correct, count)) in accuracies(&output, &batch) {
             eval = eval.with_mean(name, correct, count);
+        }
+        for (name, figure) in output.diagnostics() {
+            eval = eval.with_mean(name, figure.mul_scalar(clips as f32), clips);
         }
         eval
     }

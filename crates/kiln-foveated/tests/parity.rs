@@ -10,7 +10,8 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use kiln_foveated::{
-    ClipBatch, FoveatedConfig, FoveatedError, FoveatedModel, FrameHead, Mode, Readout,
+    ClipBatch, FoveatedConfig, FoveatedError, FoveatedModel, FoveatedOutput, FrameHead, Mode,
+    Readout,
 };
 use kiln_precision::Policy;
 
@@ -130,11 +131,15 @@ fn patches_keys_and_values_match_fvlm_encode_patches() {
         assert_close(key.clone(), &reference, &format!("patches.key.{layer}"));
         assert_close(value.clone(), &reference, &format!("patches.value.{layer}"));
     }
-    let read = model
-        .dino
-        .read(reference.tensor("read.queries"), &patches)
-        .unwrap();
+    let queries: Tensor<Flex, 3> = reference.tensor("read.queries");
+    let read = model.dino.read(queries.clone(), &patches).unwrap();
     assert_close(read, &reference, "read.output");
+    let reading = model.dino.read_with_attention(queries, &patches).unwrap();
+    assert_close(reading.output, &reference, "read.output");
+    assert_eq!(reading.attention.len(), 2);
+    for (layer, weights) in reading.attention.into_iter().enumerate() {
+        assert_close(weights, &reference, &format!("read.attention.{layer}"));
+    }
 }
 
 fn check_both_passes(readout: Readout, name: &str) {
@@ -413,4 +418,62 @@ fn deep_readout_gradient_matches_finite_differences() {
         worst / scale < 2e-3,
         "worst gap {worst:.2e} against a largest gradient {scale:.2e}"
     );
+}
+
+/// Each mode logs the figures that apply to it, each in its range; the readout's attention is a
+/// distribution over every token of a frame (CLS and 16 patches), one per layer and head.
+#[test]
+fn diagnostics_name_what_each_mode_has() {
+    let reference = Reference::open();
+    let batch = reference.batch::<Flex>();
+    let names = |output: &FoveatedOutput<Flex>| -> Vec<&str> {
+        output.diagnostics().into_iter().map(|(n, _)| n).collect()
+    };
+    for readout in [Readout::Deep, Readout::Shallow] {
+        let model = load::<Flex>(readout);
+        let both = model.forward(&batch, Mode::CoarseFine).unwrap();
+        let attention = both.fine.as_ref().unwrap().attention.clone().unwrap();
+        let per_frame = if readout == Readout::Deep { 2 * 3 } else { 2 };
+        assert_eq!(attention.dims(), [6, per_frame, 17]);
+        let sums = attention.sum_dim(2);
+        let off = (sums - 1.0).abs().max().into_scalar();
+        assert!(off < 1e-5, "{readout:?}: probabilities sum to 1 ± {off}");
+        assert_eq!(
+            names(&both),
+            [
+                "coarse_attention_entropy",
+                "coarse_attention_max",
+                "fine_attention_entropy",
+                "fine_attention_max",
+                "coarse_fine_cosine",
+                "query_similarity"
+            ]
+        );
+        for (name, figure) in both.diagnostics() {
+            let value = figure.into_scalar();
+            let range = if name.ends_with("cosine") || name == "query_similarity" {
+                -1.0..=1.0
+            } else {
+                0.0..=1.0
+            };
+            assert!(range.contains(&value), "{readout:?} {name} = {value}");
+        }
+        let coarse = model.forward(&batch, Mode::CoarseOnly).unwrap();
+        assert_eq!(
+            names(&coarse),
+            ["coarse_attention_entropy", "coarse_attention_max"]
+        );
+    }
+    let model = load::<Flex>(Readout::Deep);
+    let stepwise = model.forward(&batch, Mode::Autoregressive).unwrap();
+    assert_eq!(
+        names(&stepwise),
+        [
+            "fine_attention_entropy",
+            "fine_attention_max",
+            "query_similarity"
+        ]
+    );
+    let every = model.forward(&batch, Mode::AllPatches).unwrap();
+    assert!(names(&every).is_empty());
 }

@@ -541,7 +541,6 @@ impl Pass {
         heads: usize,
     ) -> Tensor<B, 3> {
         let [batch, tokens, width] = query.dims();
-        let scale = ((width / heads) as f64).powf(-0.5);
         if host::serves(&query) {
             let device = query.device();
             let [query, key, value] = [query, key, value].map(Tensor::into_data);
@@ -557,27 +556,35 @@ impl Pass {
                 head_dim: width / heads,
                 q_tokens: tokens,
                 kv_tokens,
-                scale: scale as f32,
+                scale: ((width / heads) as f32).powf(-0.5),
                 mask: mask.map(|m| m.to_vec::<f32>().expect("dropout masks are f32").into()),
             };
             return host_op(op, [&query, &key, &value], [batch, tokens, width])
                 .expect("host operations serve these tensors");
         }
-        let split = |x: Tensor<B, 3>| {
-            let [batch, tokens, width] = x.dims();
-            x.reshape([batch, tokens, heads, width / heads])
-                .swap_dims(1, 2)
-        };
-        let dropped = self.drops(Site::AttentionProbs);
-        let (query, key, value) = (split(query), split(key), split(value));
-        let attended = if dropped {
-            let scores = query.matmul(key.swap_dims(2, 3)) * scale;
-            let probs = self.policy.keep_f32(scores, |s| softmax(s, 3));
-            self.drop(Site::AttentionProbs, probs).matmul(value)
+        let attended = if self.drops(Site::AttentionProbs) {
+            let probs = self.attention_weights(query, key, heads);
+            self.drop(Site::AttentionProbs, probs)
+                .matmul(split_heads(value, heads))
         } else {
+            let [query, key, value] = [query, key, value].map(|x| split_heads(x, heads));
             attention(query, key, value, None, None, Default::default())
         };
         attended.swap_dims(1, 2).reshape([batch, tokens, width])
+    }
+
+    /// The probabilities `softmax(q kᵀ / √head_dim)` of `heads` heads, `[batch, heads,
+    /// q_tokens, kv_tokens]`, formed explicitly (softmax in f32 under the policy), without
+    /// dropout: where the queries look.
+    pub fn attention_weights<B: Backend>(
+        &self,
+        query: Tensor<B, 3>,
+        key: Tensor<B, 3>,
+        heads: usize,
+    ) -> Tensor<B, 4> {
+        let scale = ((query.dims()[2] / heads) as f64).powf(-0.5);
+        let scores = split_heads(query, heads).matmul(split_heads(key, heads).swap_dims(2, 3));
+        self.policy.keep_f32(scores * scale, |s| softmax(s, 3))
     }
 
     /// Self-attention on a host backend over the f32 data `qkv` `[batch, tokens, 3 · width]`:
@@ -629,6 +636,13 @@ impl Pass {
         let out = host::attention(query, key, value, batch, shape, scale, mask);
         Tensor::from_data(TensorData::new(out, [batch, query.tokens, width]), device)
     }
+}
+
+/// `[batch, tokens, heads · head_dim]` → `[batch, heads, tokens, head_dim]`.
+fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
+    let [batch, tokens, width] = x.dims();
+    x.reshape([batch, tokens, heads, width / heads])
+        .swap_dims(1, 2)
 }
 
 /// The values of a dropout mask over a `[batch, ..]` tensor: 0 where dropped, `1 / (1 − p)`

@@ -194,6 +194,9 @@ pub struct Dinov2Config {
     pub qkv_bias: bool,
     /// SwiGLU MLPs (DINOv2 giant), which kiln does not implement.
     pub use_swiglu_ffn: bool,
+    /// Std of the CLS token and position table at initialisation (a model trained from
+    /// scratch; the linear layers take burn's defaults).
+    pub initializer_range: f64,
 }
 
 impl Default for Dinov2Config {
@@ -212,6 +215,7 @@ impl Default for Dinov2Config {
             hidden_act: Activation::Gelu,
             qkv_bias: true,
             use_swiglu_ffn: false,
+            initializer_range: 0.02,
         }
     }
 }

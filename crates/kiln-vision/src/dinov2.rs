@@ -219,14 +219,19 @@ impl<B: Backend> Dinov2Attention<B> {
 
     /// `then(output(attention))` of `queries` over given keys and values: the queries attend to
     /// them only, not to themselves.
+    /// With `weights`, the attention probabilities are pushed onto it too.
     fn forward_reading(
         &self,
         queries: Tensor<B, 3>,
         [key, value]: [Tensor<B, 3>; 2],
         then: Then<B, 3>,
         pass: &Pass,
+        weights: Option<&mut Vec<Tensor<B, 4>>>,
     ) -> Tensor<B, 3> {
         let query = project(&self.attention.query, queries, Then::Nothing, pass);
+        if let Some(weights) = weights {
+            weights.push(pass.attention_weights(query.clone(), key.clone(), self.heads));
+        }
         let attended = pass.attention(query, key, value, self.heads);
         self.output(attended, then, pass)
     }
@@ -290,6 +295,7 @@ impl<B: Backend> Dinov2Layer<B> {
         queries: Tensor<B, 3>,
         keys_values: [Tensor<B, 3>; 2],
         pass: &Pass,
+        weights: Option<&mut Vec<Tensor<B, 4>>>,
     ) -> Tensor<B, 3> {
         let normed = pass.norm(&self.norm1, queries.clone());
         let x = self.attention.forward_reading(
@@ -297,6 +303,7 @@ impl<B: Backend> Dinov2Layer<B> {
             keys_values,
             self.layer_scale1.onto(queries),
             pass,
+            weights,
         );
         self.feed_forward(x, pass)
     }
@@ -413,6 +420,16 @@ impl<B: Backend> Dinov2Patches<B> {
     }
 }
 
+/// What [`Dinov2Model::read_with_attention`] gives.
+#[derive(Debug, Clone)]
+pub struct Reading<B: Backend> {
+    /// The queries after the last layer and the final LayerNorm, `[frames, queries, hidden]`.
+    pub output: Tensor<B, 3>,
+    /// Per layer, the queries' attention probabilities over the tokens, `[frames, heads,
+    /// queries, tokens]`.
+    pub attention: Vec<Tensor<B, 4>>,
+}
+
 impl<B: Backend> Dinov2Model<B> {
     /// Normalised `pixels` `[frames, 3, H, W]` through the tower (deterministic), keeping each
     /// layer's keys and values for [`Dinov2Model::read`]. The tokens are the forward's.
@@ -444,6 +461,27 @@ impl<B: Backend> Dinov2Model<B> {
         queries: Tensor<B, 3>,
         patches: &Dinov2Patches<B>,
     ) -> Result<Tensor<B, 3>, VisionError> {
+        self.reading(queries, patches, false)
+            .map(|reading| reading.output)
+    }
+
+    /// [`Dinov2Model::read`], keeping where the queries looked: each layer's attention
+    /// probabilities `[frames, heads, queries, tokens]` (formed explicitly besides the
+    /// attention itself: cheap for a few queries).
+    pub fn read_with_attention(
+        &self,
+        queries: Tensor<B, 3>,
+        patches: &Dinov2Patches<B>,
+    ) -> Result<Reading<B>, VisionError> {
+        self.reading(queries, patches, true)
+    }
+
+    fn reading(
+        &self,
+        queries: Tensor<B, 3>,
+        patches: &Dinov2Patches<B>,
+        keep_attention: bool,
+    ) -> Result<Reading<B>, VisionError> {
         let [frames, _, hidden] = queries.dims();
         let layers = self.encoder.layer.len();
         if frames != patches.frames() || patches.keys_values.len() != layers {
@@ -463,15 +501,17 @@ impl<B: Backend> Dinov2Model<B> {
         let model = in_compute_dtype(self);
         let pass = Pass::new(&model.settings, &model.prepared, None);
         let mut x = pass.input(queries);
+        let mut attention = Vec::new();
         for (layer, kv) in model.encoder.layer.iter().zip(&patches.keys_values) {
-            x = layer.forward_reading(x, kv.clone(), &pass);
+            let weights = keep_attention.then_some(&mut attention);
+            x = layer.forward_reading(x, kv.clone(), &pass, weights);
         }
-        Ok(pass.output(pass.norm(&model.layernorm, x)))
+        Ok(Reading {
+            output: pass.output(pass.norm(&model.layernorm, x)),
+            attention: attention.into_iter().map(|w| pass.output(w)).collect(),
+        })
     }
 }
-
-/// transformers' initialisation of the CLS token and position table.
-const INIT: Distribution = Distribution::Normal(0.0, 0.02);
 
 impl Dinov2Config {
     /// A randomly initialised model of this shape (load a checkpoint into it with
@@ -479,6 +519,7 @@ impl Dinov2Config {
     pub fn init<B: Backend>(&self, device: &B::Device) -> Dinov2Model<B> {
         let hidden = self.hidden_size;
         let grid = self.image_size / self.patch_size;
+        let init = Distribution::Normal(0.0, self.initializer_range);
         let norm = || {
             LayerNormConfig::new(hidden)
                 .with_epsilon(self.layer_norm_eps)
@@ -513,13 +554,13 @@ impl Dinov2Config {
             })
             .collect();
         Dinov2Model {
-            // N(0, 0.02²) as transformers initialises them (`initializer_range`): trained from
-            // scratch, zeros would give every patch the same position.
+            // N(0, initializer_range²) as transformers initialises them: trained from scratch,
+            // zeros would give every patch the same position.
             embeddings: Dinov2Embeddings {
-                cls_token: Param::from_tensor(Tensor::random([1, 1, hidden], INIT, device)),
+                cls_token: Param::from_tensor(Tensor::random([1, 1, hidden], init, device)),
                 position_embeddings: Param::from_tensor(Tensor::random(
                     [1, 1 + grid * grid, hidden],
-                    INIT,
+                    init,
                     device,
                 )),
                 patch_embeddings: PatchEmbeddings {

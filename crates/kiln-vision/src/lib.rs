@@ -43,7 +43,7 @@ pub use clip::{ClipEmbeddings, ClipOutput, ClipVisionModel, ClipVisionTransforme
 pub use config::{ClipVisionConfig, Dinov2Config, MODEL_TYPES, SiglipVisionConfig, VisionConfig};
 pub use dinov2::{
     AttentionOutput, Dinov2Attention, Dinov2Embeddings, Dinov2Encoder, Dinov2Layer, Dinov2Model,
-    Dinov2Output, Dinov2Patches, LayerScale, PatchEmbeddings, QueryKeyValue,
+    Dinov2Output, Dinov2Patches, LayerScale, PatchEmbeddings, QueryKeyValue, Reading,
 };
 pub use encoder::{Encoder, EncoderLayer, Mlp, SelfAttention};
 #[cfg(feature = "hub")]
