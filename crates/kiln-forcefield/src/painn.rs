@@ -12,8 +12,10 @@ use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
-use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
-use kiln_precision::{Precision, cast_module, check_checkpoint, is_host_backend, scatter_add};
+use burn_store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
+use kiln_precision::{
+    Precision, cast_module, check_checkpoint, is_host_backend, save_checkpoint, scatter_add,
+};
 
 use crate::ForceFieldError;
 use crate::batch::Graph;
@@ -256,20 +258,9 @@ impl<B: Backend> Painn<B> {
     /// dtype of a `NeuralNetworkPotential`'s, so `load_state_dict` takes it as it is.
     pub fn save(&self, dir: impl AsRef<Path>) -> Result<(), ForceFieldError> {
         let dir = dir.as_ref();
-        let fail =
-            |e: &dyn std::fmt::Display| ForceFieldError::Weights(format!("{}: {e}", dir.display()));
-        std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
-        let config = serde_json::to_string_pretty(&self.config).map_err(|e| fail(&e))?;
-        let written = |e: kiln_io::FileError| ForceFieldError::Weights(e.to_string());
-        kiln_io::write_atomic(&dir.join("config.json"), (config + "\n").as_bytes())
-            .map_err(written)?;
-        kiln_io::write_atomic_at(&dir.join("model.safetensors"), |temporary| {
-            let mut store = SafetensorsStore::from_file(temporary)
-                .with_to_adapter(BurnToPyTorchAdapter)
-                .overwrite(true);
-            cast_module(self.clone(), Precision::F32).save_into(&mut store)
-        })
-        .map_err(written)
+        let config = serde_json::to_string_pretty(&self.config)
+            .map_err(|e| ForceFieldError::Weights(format!("{}: {e}", dir.display())))?;
+        save_checkpoint(self, &config, dir).map_err(ForceFieldError::Weights)
     }
 
     /// The model's hyper-parameters.

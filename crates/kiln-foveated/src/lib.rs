@@ -31,6 +31,7 @@ mod config;
 mod connectors;
 mod diagnostics;
 mod model;
+mod saved;
 pub mod synthetic;
 mod train;
 

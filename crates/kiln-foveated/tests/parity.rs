@@ -477,3 +477,44 @@ fn diagnostics_name_what_each_mode_has() {
     let every = model.forward(&batch, Mode::AllPatches).unwrap();
     assert!(names(&every).is_empty());
 }
+
+/// Saved and loaded back, the model gives the same passes to the last bit; the directory holds
+/// kiln's one `config.json` and one `model.safetensors`; a backbone directory or a missing one is
+/// refused by name.
+#[test]
+fn a_saved_model_loads_back_the_same() {
+    let reference = Reference::open();
+    let batch = reference.batch::<Flex>();
+    let model = load::<Flex>(Readout::Deep);
+    let dir = tempfile::tempdir().unwrap();
+    let saved = dir.path().join("model");
+    model.save(&saved).unwrap();
+    let loaded = FoveatedModel::<Flex>::load(&saved, &Default::default(), &Policy::full()).unwrap();
+    assert_eq!(loaded.config(), model.config());
+    let (ours, theirs) = (
+        model.forward(&batch, Mode::CoarseFine).unwrap(),
+        loaded.forward(&batch, Mode::CoarseFine).unwrap(),
+    );
+    for (a, b) in [
+        (ours.coarse.unwrap().hidden, theirs.coarse.unwrap().hidden),
+        (ours.fine.unwrap().hidden, theirs.fine.unwrap().hidden),
+    ] {
+        assert_eq!(a.into_data(), b.into_data());
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&saved)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["config.json", "model.safetensors"]);
+
+    let backbone =
+        FoveatedModel::<Flex>::load(fixtures().join("lm"), &Default::default(), &Policy::full());
+    assert!(error_of(backbone).contains("not a saved foveated model"));
+    let missing = FoveatedModel::<Flex>::load(
+        dir.path().join("absent"),
+        &Default::default(),
+        &Policy::full(),
+    );
+    assert!(error_of(missing).contains("absent"));
+}

@@ -253,3 +253,24 @@ mod tests {
         assert!(!fit.unwrap_err().contains("norm.weight"));
     }
 }
+
+/// Writes `config` (JSON text) as `dir/config.json` and `module`'s parameters, in f32 and
+/// PyTorch's layouts, as `dir/model.safetensors`, creating `dir`: kiln's own saved models. Each
+/// file is replaced whole or not at all; the error names the path.
+pub fn save_checkpoint<B: Backend, M: Module<B>>(
+    module: &M,
+    config: &str,
+    dir: &Path,
+) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let config = format!("{}\n", config.trim_end());
+    kiln_io::write_atomic(&dir.join("config.json"), config.as_bytes())
+        .map_err(|e| e.to_string())?;
+    kiln_io::write_atomic_at(&dir.join("model.safetensors"), |temporary| {
+        let mut store = SafetensorsStore::from_file(temporary)
+            .with_to_adapter(BurnToPyTorchAdapter)
+            .overwrite(true);
+        crate::cast_module(module.clone(), crate::Precision::F32).save_into(&mut store)
+    })
+    .map_err(|e| e.to_string())
+}

@@ -31,7 +31,7 @@ mod policy;
 mod threads;
 
 pub use activation::gelu;
-pub use checkpoint::{CheckpointFit, check_checkpoint};
+pub use checkpoint::{CheckpointFit, check_checkpoint, save_checkpoint};
 pub use device::{
     BackendKind, DEVICE_NAMES, DeviceError, DeviceJob, DeviceReport, DeviceSpec, GraphicsApi,
     Hardware, is_host_backend,

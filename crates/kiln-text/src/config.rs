@@ -19,13 +19,13 @@
 use std::path::Path;
 
 use kiln_transformer::checkpoint::read_config;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::TextError;
 
 /// Which transformers class a checkpoint is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Family {
     /// `LlamaForCausalLM` (SmolLM2, TinyLlama).
     Llama,
@@ -37,7 +37,7 @@ pub enum Family {
 pub const MODEL_TYPES: [&str; 2] = ["llama", "qwen2"];
 
 /// How rotary embeddings stretch positions (transformers' `rope_type`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum RopeScaling {
     /// Positions as they are (`rope_scaling: null`, `rope_type: "default"`).
     None,
@@ -48,8 +48,9 @@ pub enum RopeScaling {
     },
 }
 
-/// A decoder-only language model's shape (transformers `LlamaConfig` / `Qwen2Config`).
-#[derive(Debug, Clone, PartialEq)]
+/// A decoder-only language model's shape (transformers `LlamaConfig` / `Qwen2Config`; in
+/// kiln's own saved models, these fields as they are).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TextConfig {
     /// The model class.
     pub family: Family,

@@ -3,10 +3,10 @@
 use burn::tensor::Tensor;
 use burn::tensor::activation::{gelu_approximate, sigmoid};
 use burn::tensor::backend::Backend;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// An MLP activation (transformers' `hidden_act`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 pub enum Activation {
     /// `x · σ(1.702 x)` (OpenAI CLIP).
     #[serde(rename = "quick_gelu")]

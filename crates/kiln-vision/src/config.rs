@@ -17,8 +17,8 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::VisionError;
@@ -167,7 +167,7 @@ impl SiglipVisionConfig {
 }
 
 /// DINOv2 (transformers `Dinov2Config`).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default)]
 pub struct Dinov2Config {
     /// Token width.

@@ -334,6 +334,8 @@ pub struct Dinov2Model<B: Backend> {
     encoder: Dinov2Encoder<B>,
     layernorm: LayerNorm<B>,
     #[module(skip)]
+    config: Dinov2Config,
+    #[module(skip)]
     settings: TowerSettings,
     #[module(skip)]
     prepared: PreparedWeights,
@@ -575,6 +577,7 @@ impl Dinov2Config {
             },
             encoder: Dinov2Encoder { layer },
             layernorm: norm(),
+            config: self.clone(),
             settings: TowerSettings::default(),
             prepared: PreparedWeights::default(),
         }
@@ -585,6 +588,11 @@ impl<B: Backend> Dinov2Model<B> {
     /// The width of its tokens (`hidden_size`).
     pub fn hidden_size(&self) -> usize {
         self.layernorm.gamma.dims()[0]
+    }
+
+    /// The shape it was made with.
+    pub fn config(&self) -> &Dinov2Config {
+        &self.config
     }
 
     /// The embedding module (its [`Dinov2Embeddings::positions`] gives the position table for
