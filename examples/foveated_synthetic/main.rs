@@ -68,6 +68,9 @@ struct Args {
     /// all different, so no class is likelier than another).
     #[arg(long, default_value_t = 16)]
     classes: usize,
+    /// Width of DINOv2, so of each visual token (the bottleneck; 2 heads).
+    #[arg(long, default_value_t = 8)]
+    token_width: usize,
     /// Clips per batch.
     #[arg(long, default_value_t = 16)]
     batch: usize,
@@ -100,9 +103,9 @@ const CONTROLS: [(&str, Mode); 4] = [
 const EVAL_FIRST: u64 = 1 << 40;
 
 impl Args {
-    /// A small DINOv2 and LM from scratch: the visual token is narrow (8 wide, 2 heads), so one
-    /// static token cannot carry every cell's glyph (16 wide, it learned to carry part of the
-    /// board: docs/FOVEATED.md). The position table starts at std 1, not
+    /// A small DINOv2 and LM from scratch: the visual token is narrow (`--token-width`, 8 by
+    /// default, 2 heads), so one static token cannot carry every cell's glyph (16 wide, it learned
+    /// to carry part of the board: docs/FOVEATED.md). The position table starts at std 1, not
     /// transformers' 0.02: a trained tower's positions are plain to see, and a from-scratch one's
     /// at 0.02 are not, so no query could point at a cell (docs/FOVEATED.md).
     fn model<B: Backend>(
@@ -113,7 +116,7 @@ impl Args {
     ) -> Result<FoveatedModel<B>, String> {
         B::seed(device, self.seed);
         let dino = Dinov2Config {
-            hidden_size: 8,
+            hidden_size: self.token_width,
             num_hidden_layers: 2,
             num_attention_heads: 2,
             mlp_ratio: 4,
@@ -237,6 +240,7 @@ impl DeviceJob for Args {
                 "cell": self.cell,
                 "frames": self.frames,
                 "classes": self.classes,
+                "token_width": self.token_width,
                 "chance": 1.0 / self.classes as f64,
                 "batch": self.batch,
                 "eval_clips": self.eval_clips,

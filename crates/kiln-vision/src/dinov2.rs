@@ -587,7 +587,7 @@ impl Dinov2Config {
 impl<B: Backend> Dinov2Model<B> {
     /// The width of its tokens (`hidden_size`).
     pub fn hidden_size(&self) -> usize {
-        self.layernorm.gamma.dims()[0]
+        self.config.hidden_size
     }
 
     /// The shape it was made with.
