@@ -289,35 +289,39 @@ impl Suite for Forcefield {
                 calls: Cell::new(0),
             };
             runner.batch_scaling(&format!("painn/{label}"), &batch_sizes(MOLECULES), make)?;
-            let labels = match train_labels.take() {
-                Some(labels) => labels,
-                None => labels(&model, &train_batch, &device, &out)?,
-            };
-            let student = PainnConfig {
-                readout_n_layers: 3,
-                ..config.clone()
-            };
-            Autodiff::<B>::seed(&device, 11);
-            let student_model = student.init::<Autodiff<B>>(&device);
-            student_model
-                .save(out.join(format!("{label}-train")))
-                .map_err(|e| BenchError::Io(e.to_string()))?;
-            let recipe = Recipe::default();
-            let train_config = recipe
-                .train_config(1_000_000)
-                .map_err(|e| BenchError::Io(e.to_string()))?;
-            let optimization = Optimization::fresh(&train_config, &student_model, &device);
-            runner.bench(&TrainingStep {
-                name: format!("painn-train/{label}/b={TRAIN_BATCH}"),
-                state: RefCell::new(Some((student_model, optimization))),
-                batch: ForceBatch {
-                    structures: train_batch.clone(),
-                    labels: labels.clone(),
-                    weights: recipe.weights,
-                },
-                step: Cell::new(0),
-            })?;
-            train_labels = Some(labels);
+            let train_name = format!("painn-train/{label}/b={TRAIN_BATCH}");
+            // The labels cost a call at the training batch size: only for a training run.
+            if runner.selects(&train_name) {
+                let labels = match train_labels.take() {
+                    Some(labels) => labels,
+                    None => labels(&model, &train_batch, &device, &out)?,
+                };
+                let student = PainnConfig {
+                    readout_n_layers: 3,
+                    ..config.clone()
+                };
+                Autodiff::<B>::seed(&device, 11);
+                let student_model = student.init::<Autodiff<B>>(&device);
+                student_model
+                    .save(out.join(format!("{label}-train")))
+                    .map_err(|e| BenchError::Io(e.to_string()))?;
+                let recipe = Recipe::default();
+                let train_config = recipe
+                    .train_config(1_000_000)
+                    .map_err(|e| BenchError::Io(e.to_string()))?;
+                let optimization = Optimization::fresh(&train_config, &student_model, &device);
+                runner.bench(&TrainingStep {
+                    name: train_name,
+                    state: RefCell::new(Some((student_model, optimization))),
+                    batch: ForceBatch {
+                        structures: train_batch.clone(),
+                        labels: labels.clone(),
+                        weights: recipe.weights,
+                    },
+                    step: Cell::new(0),
+                })?;
+                train_labels = Some(labels);
+            }
             if label == "tiny" {
                 let water = Structure::molecule(
                     vec![8, 1, 1],

@@ -92,6 +92,11 @@ impl Suite for Vision {
     fn run<B: Backend>(&self, runner: &mut Runner<'_, B>) -> Result<(), BenchError> {
         let (device, policy) = (runner.device(), runner.policy());
         for (name, config, size) in towers() {
+            let plain = format!("{name}/{size}px,b={BATCH}");
+            let sampled = format!("{plain}/mc");
+            if !runner.selects(&plain) && !runner.selects(&sampled) {
+                continue; // not even initialised: on a GPU that compiles kernels
+            }
             let model = match &config {
                 VisionConfig::Clip(c) => {
                     VisionModel::Clip(Box::new(c.init(device).with_policy(&policy)))
@@ -105,14 +110,14 @@ impl Suite for Vision {
             };
             let flops_per_image = config.forward_flops(size, size);
             runner.bench(&Forward {
-                name: format!("{name}/{size}px,b={BATCH}"),
+                name: plain,
                 model: model.clone(),
                 size,
                 flops_per_image,
                 sampled: false,
             })?;
             runner.bench(&Forward {
-                name: format!("{name}/{size}px,b={BATCH}/mc"),
+                name: sampled,
                 model: model
                     .with_dropout(DropoutSites::all(0.1))
                     .expect("0.1 is a rate"),

@@ -17,6 +17,9 @@
 #
 #   scripts/bench/cuda_session.sh [BUDGET_SECONDS] [GROUP...]   # logs into $OUT (default /tmp/out)
 #
+# The kernels compiled there come back as $OUT/kernels.tar.xz; copied into BIN, the next
+# session starts with them cached (first calls in seconds instead of a minute per shape).
+#
 # Each step gets what is left of the budget; a step that runs out is cut and logged as such.
 # GROUPs, run in the order given (default: all, in this order):
 #  masks   The dropout masks made on the device equal the host's bit for bit, in any batch
@@ -32,7 +35,8 @@
 #  text    kiln-text's SmolLM2-135M prefill and decode (the `text` bench) against
 #          scripts/bench/text_torch.py, f32/TF32 then bf16.
 #  painn   PaiNN energies and forces at batch 1 … 256 (the `forcefield` bench, seed size)
-#          against scripts/bench/painn_torch.py (schnetpack) on the same GPU.
+#          against scripts/bench/painn_torch.py (schnetpack) on the same GPU. Each new batch
+#          size compiles for tens of seconds: PAINN_FILTER=painn/seed/b=64 times one size alone.
 set -u
 BIN=${BIN:-.gpu}
 
@@ -92,6 +96,12 @@ step() {
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/steps.log"
 export KILN_KERNEL_CACHE=${KILN_KERNEL_CACHE:-$HOME/.cache/kiln/kernels}
+# A kernel cache brought back from an earlier session (same cubecl, same chip family) spares
+# the compiles its kernels cost; this session's cache goes back in $OUT/kernels.tar.xz.
+if [ -f "$BIN/kernels.tar.xz" ]; then
+    mkdir -p "$KILN_KERNEL_CACHE" && tar -xJf "$BIN/kernels.tar.xz" -C "$KILN_KERNEL_CACHE"
+    echo "kernel cache carried in: $(du -sh "$KILN_KERNEL_CACHE" | cut -f1)" | tee -a "$OUT/steps.log"
+fi
 
 masks() {
     step masks 60 env KILN_REQUIRE_CUDA=1 "$BIN/mc_backends" --exact masks::cuda
@@ -145,7 +155,7 @@ text() {
 
 painn() {
     step painn_kiln 200 "$BIN/forcefield" --device cuda --quick --no-calibration \
-        --filter painn/seed
+        --filter "${PAINN_FILTER:-painn/seed}"
     if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1
@@ -162,3 +172,4 @@ for group in "${GROUPS_TO_RUN[@]}"; do
     "$group"
 done
 echo "total $(($(date +%s) - START)) s" | tee -a "$OUT/steps.log"
+[ -d "$KILN_KERNEL_CACHE" ] && tar -cf - -C "$KILN_KERNEL_CACHE" . | xz -T0 -6 >"$OUT/kernels.tar.xz"

@@ -94,7 +94,9 @@ impl<'d, B: Backend> Runner<'d, B> {
         self.policy
     }
 
-    fn selected(&self, name: &str) -> bool {
+    /// Whether the filter lets the benchmark called `name` run (for work a suite would only do
+    /// for it, such as computing its labels).
+    pub fn selects(&self, name: &str) -> bool {
         self.filter
             .as_ref()
             .is_none_or(|f| name.contains(f.as_str()))
@@ -123,7 +125,7 @@ impl<'d, B: Backend> Runner<'d, B> {
 
     /// Measures `bench` unless the filter excludes it.
     pub fn bench<X: Benchmark<B>>(&mut self, bench: &X) -> Result<(), BenchError> {
-        if self.selected(&bench.name()) {
+        if self.selects(&bench.name()) {
             let result = self.measure(bench)?;
             self.results.push(result);
         }
@@ -131,16 +133,20 @@ impl<'d, B: Backend> Runner<'d, B> {
     }
 
     /// Measures the benchmark `make(batch)` at each of `batches` (see
-    /// [`batch_sizes`](crate::scaling::batch_sizes)) unless the filter excludes `name`, prints the
+    /// [`batch_sizes`](crate::scaling::batch_sizes)) when the filter selects `name`, prints the
     /// per-item costs and fails when batching makes items more expensive (see
-    /// [`BatchScaling::check`]).
+    /// [`BatchScaling::check`]). A filter that selects only some sizes' benchmarks (say
+    /// `painn/seed/b=64`) measures those as plain benchmarks, with no scaling check.
     pub fn batch_scaling<X: Benchmark<B>>(
         &mut self,
         name: &str,
         batches: &[usize],
         make: impl Fn(usize) -> X,
     ) -> Result<(), BenchError> {
-        if !self.selected(name) {
+        if !self.selects(name) {
+            for &batch in batches {
+                self.bench(&make(batch))?;
+            }
             return Ok(());
         }
         let points = batches

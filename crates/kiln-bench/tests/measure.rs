@@ -108,3 +108,21 @@ fn results_carry_throughput_statistics_and_setting() {
     assert!(result.summary.count >= 10 && result.samples_s.len() == result.summary.count);
     assert_eq!(run.environment.burn_version, "0.21.0");
 }
+
+#[test]
+fn a_filter_naming_one_batch_size_measures_that_size_alone() {
+    let device = Default::default();
+    let sizes = [16, 32, 64];
+    let scaled = |filter: &str| {
+        let mut runner = Runner::<Flex>::new(&device, "cpu", Policy::full(), Config::quick())
+            .with_filter(Some(filter.into()));
+        runner
+            .batch_scaling("gemm", &sizes, |n| Gemm::new(n, Policy::full()))
+            .unwrap();
+        let (run, failures) = runner.finish();
+        assert!(failures.is_empty(), "{failures:?}");
+        run.results.into_iter().map(|r| r.name).collect::<Vec<_>>()
+    };
+    assert_eq!(scaled("gemm/n=32"), ["gemm/n=32"]);
+    assert!(scaled("conv").is_empty());
+}
