@@ -1,9 +1,16 @@
-//! The `foveated_synthetic` example from outside, as its contract says: its flags, its outputs
-//! (`summary.json` with every control's `coarse_accuracy` and `fine_accuracy`, null where a mode
-//! does not apply; `curves.png`; one kiln-train run directory per control), and bad flags refused
-//! before any work. A short run: the accuracies it reaches are the documented long run's concern.
+//! The foveated examples from outside, as their contracts say.
+//!
+//! `foveated_synthetic`: its flags, its outputs (`summary.json` with every control's
+//! `coarse_accuracy` and `fine_accuracy`, null where a mode does not apply; `curves.png`; one
+//! kiln-train run directory per control), and bad flags refused before any work. A short run: the
+//! accuracies it reaches are the documented long run's concern.
+//!
+//! `foveated_train`: captioned frame folders and tiny random checkpoints (kiln-foveated's DINOv2,
+//! kiln-text's Llama with its tokenizer) train, stop, resume and save a model that loads back;
+//! bad inputs (short clips, captions that do not match, checkpoints of the wrong family, an
+//! unknown readout) are refused by name with nothing written.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -77,5 +84,181 @@ fn bad_flags_are_refused_before_any_work() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(needle), "{flags:?}: {stderr}");
         assert!(!out.join("summary.json").exists());
+    }
+}
+
+/// `count` captioned clips of `frames` 20×20 frames each (frame folders): a colour per clip that
+/// its caption names.
+fn captioned_clips(dir: &Path, count: usize, frames: usize) -> (PathBuf, PathBuf) {
+    let clips = dir.join("clips");
+    let colours = [
+        ("red", [220, 30, 30]),
+        ("green", [30, 200, 40]),
+        ("blue", [20, 40, 230]),
+    ];
+    let mut captions = String::new();
+    for clip in 0..count {
+        let (word, rgb) = colours[clip % colours.len()];
+        let folder = clips.join(format!("clip{clip}"));
+        std::fs::create_dir_all(&folder).unwrap();
+        for t in 0..frames {
+            let shade = |c: u8| c.saturating_sub(20 * t as u8);
+            let frame = image::RgbImage::from_pixel(20, 20, image::Rgb(rgb.map(shade)));
+            frame.save(folder.join(format!("{t:03}.png"))).unwrap();
+        }
+        captions.push_str(&format!(
+            "{{\"video\": \"clip{clip}\", \"caption\": \"a {word} square\"}}\n"
+        ));
+    }
+    let file = dir.join("captions.jsonl");
+    std::fs::write(&file, captions).unwrap();
+    (clips, file)
+}
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs foveated_train on `clips`/`captions` with the tiny checkpoints, then `extra` flags
+/// (later flags of the same name are refused by clap, so `extra` only adds).
+fn train(out: &Path, clips: &Path, captions: &Path, dino: &Path, extra: &[&str]) -> Output {
+    Command::new(common::example("foveated_train"))
+        .arg("--clips")
+        .arg(clips)
+        .arg("--captions")
+        .arg(captions)
+        .arg("--dino")
+        .arg(dino)
+        .arg("--lm")
+        .arg(root().join("crates/kiln-text/tests/fixtures/llama"))
+        .arg("--out")
+        .arg(out)
+        .args(["--query-dim", "12", "--batch", "3", "--device", "cpu"])
+        .args(extra)
+        .output()
+        .expect("the foveated_train example is built with the tests")
+}
+
+fn tiny_dino() -> PathBuf {
+    root().join("crates/kiln-foveated/tests/fixtures/dino")
+}
+
+#[test]
+fn foveated_train_learns_captions_resumes_and_saves_a_model_that_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clips, captions) = captioned_clips(dir.path(), 6, 4);
+    let out = dir.path().join("run");
+    let flags = [
+        "--frames",
+        "4",
+        "--steps",
+        "30",
+        "--eval-every",
+        "10",
+        "--connector-lr",
+        "1e-2",
+        "--backbone-lr",
+        "1e-2",
+        "--readout",
+        "shallow",
+        "--eval-clips",
+        clips.to_str().unwrap(),
+        "--eval-captions",
+        captions.to_str().unwrap(),
+    ];
+    let first = train(
+        &out,
+        &clips,
+        &captions,
+        &tiny_dino(),
+        &[&flags[..], &["--max-steps-now", "10"]].concat(),
+    );
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(!out.join("summary.json").exists());
+    let rest = train(&out, &clips, &captions, &tiny_dino(), &flags);
+    let stderr = String::from_utf8_lossy(&rest.stderr);
+    assert!(rest.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("(Hit)"),
+        "the clips are decoded once: {stderr}"
+    );
+
+    let lines = kiln::train::read_metrics(&out).unwrap();
+    let steps: Vec<u64> = lines.iter().map(|l| l["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, (1..=30).collect::<Vec<_>>());
+    let eval_loss: Vec<f64> = lines
+        .iter()
+        .filter_map(|l| l.get("eval_loss")?.as_f64())
+        .collect();
+    assert_eq!(eval_loss.len(), 3, "{eval_loss:?}");
+    // Three captions of four tokens, seen 15 times each: the held-out (here: the same) loss
+    // falls well below the untrained model's.
+    assert!(eval_loss[2] < 0.5 * eval_loss[0], "{eval_loss:?}");
+
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 30);
+    assert_eq!(summary["train_clips"], 6);
+    assert_eq!(
+        summary["held_out"]["loss"].as_f64(),
+        eval_loss.last().copied()
+    );
+    let device = Default::default();
+    let model = kiln::foveated::FoveatedModel::<kiln::burn::backend::Flex>::load(
+        out.join("model"),
+        &device,
+        &kiln::precision::Policy::full(),
+    )
+    .unwrap();
+    assert_eq!(model.config().readout, kiln::foveated::Readout::Shallow);
+}
+
+#[test]
+fn foveated_train_names_bad_inputs_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clips, captions) = captioned_clips(dir.path(), 3, 4);
+    let fewer = dir.path().join("fewer.jsonl");
+    let all = std::fs::read_to_string(&captions).unwrap();
+    std::fs::write(&fewer, all.lines().take(2).collect::<Vec<_>>().join("\n")).unwrap();
+    let clip_tower = common::fixtures().join("clip_vision");
+    let lm = root().join("crates/kiln-text/tests/fixtures/llama");
+    let cases: [(&Path, &Path, &[&str], &str); 5] = [
+        (
+            &captions,
+            &tiny_dino(),
+            &["--frames", "5"],
+            "clip0: 4 frames, fewer than the 5 a clip takes",
+        ),
+        (
+            &fewer,
+            &tiny_dino(),
+            &["--frames", "4"],
+            "no caption for the clip 'clip2'",
+        ),
+        (
+            &captions,
+            &clip_tower,
+            &["--frames", "4"],
+            "a CLIP vision tower; the foveated model reads frames with DINOv2",
+        ),
+        (&captions, &lm, &[], "model_type `llama` is not supported"),
+        (
+            &captions,
+            &tiny_dino(),
+            &["--readout", "glance"],
+            "no readout named 'glance'",
+        ),
+    ];
+    for (captions, dino, flags, needle) in cases {
+        let out = dir.path().join("bad");
+        let output = train(&out, &clips, captions, dino, flags);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{flags:?} succeeded");
+        assert!(stderr.contains(needle), "{needle}: {stderr}");
+        assert!(!out.join("summary.json").exists() && !out.join("model").exists());
     }
 }

@@ -21,7 +21,7 @@ use crate::store::{
     self, BuildLock, CachedSource, FORMAT_VERSION, Invalid, Manifest, Shard, Skipped, Stored,
 };
 use crate::upload::{HostBatch, normalise_bytes, normalises_on_host, to_chw};
-use crate::video::{ClipSpec, VideoSource};
+use crate::video::{ClipSpec, ShortVideos, VideoSource};
 
 /// Default bytes of pixels per shard file (512 MiB).
 pub const DEFAULT_SHARD_BYTES: usize = 512 << 20;
@@ -121,7 +121,8 @@ impl ImageCache {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let sources = names_and_hashes(files.iter().map(|f| f.name.clone()), hashes);
-        self.load_entry("images", preprocess, size, 1, sources, |i| {
+        let one_frame = (1, ShortVideos::Repeat);
+        self.load_entry("images", preprocess, size, one_frame, sources, |i| {
             let image = decode(&files[i].path, self.max_pixels)?;
             Ok(to_chw(&preprocess.resize_and_crop(&image)?))
         })
@@ -151,24 +152,25 @@ impl ImageCache {
             .map(|video| video.hash())
             .collect::<Result<Vec<_>, _>>()?;
         let sources = names_and_hashes(videos.iter().map(|v| v.source.name.clone()), hashes);
-        self.load_entry("clips", &spec.preprocess, size, spec.frames, sources, |i| {
+        let frames = (spec.frames, spec.short_videos);
+        self.load_entry("clips", &spec.preprocess, size, frames, sources, |i| {
             videos[i].clip(spec, self.max_pixels)
         })
     }
 
     /// The entry of `sources` (in order) after `preprocess` (giving frames of `height × width`),
-    /// `frames` frames an item: opened when valid, else built with `produce(i)`, the 8-bit
-    /// `[frames, 3, H, W]` pixels of item `i`.
+    /// `frames` frames an item (videos shorter than that as `short_videos` says): opened when
+    /// valid, else built with `produce(i)`, the 8-bit `[frames, 3, H, W]` pixels of item `i`.
     fn load_entry(
         &self,
         what: &str,
         preprocess: &Preprocess,
         (height, width): (u32, u32),
-        frames: u32,
+        (frames, short_videos): (u32, ShortVideos),
         sources: Vec<CachedSource>,
         produce: impl Fn(usize) -> Result<Vec<u8>, CacheError> + Sync,
     ) -> Result<CachedImages, CacheError> {
-        let key = cache_key(preprocess, frames, self.stored, &sources);
+        let key = cache_key(preprocess, frames, short_videos, self.stored, &sources);
         let root = self.entries();
         let dir = root.join(&key);
 
@@ -356,6 +358,7 @@ fn progress_bar(what: &str, len: usize) -> ProgressBar {
 fn cache_key(
     preprocess: &Preprocess,
     frames: u32,
+    short_videos: ShortVideos,
     stored: Stored,
     sources: &[CachedSource],
 ) -> String {
@@ -364,13 +367,21 @@ fn cache_key(
         format: u32,
         preprocess: &'a Preprocess,
         frames: u32,
+        // Refusing short videos skips some that repeating keeps; left out when repeating, so
+        // the entries built before the setting existed keep their keys.
+        #[serde(skip_serializing_if = "repeats")]
+        short_videos: ShortVideos,
         stored: Stored,
         sources: &'a [CachedSource],
+    }
+    fn repeats(short_videos: &ShortVideos) -> bool {
+        *short_videos == ShortVideos::Repeat
     }
     let key = Key {
         format: FORMAT_VERSION,
         preprocess,
         frames,
+        short_videos,
         stored,
         sources,
     };

@@ -14,13 +14,13 @@ use openh264::decoder::{DecodedYUV, Decoder};
 use openh264::formats::YUVSource;
 
 use crate::decode::check_budget;
-use crate::video::sample_frames;
+use crate::video::ClipSpec;
 
-/// Frames `sample_frames(count, frames)` of `path`'s first H.264 track, as RGB; a track
+/// The frames `spec` samples from `path`'s first H.264 track, as RGB; a track
 /// declaring frames of more than `max_pixels` pixels is refused before decoding.
 pub(crate) fn sampled_frames(
     path: &Path,
-    frames: u32,
+    spec: &ClipSpec,
     max_pixels: u64,
 ) -> Result<Vec<RgbImage>, String> {
     let file = File::open(path).map_err(|e| e.to_string())?;
@@ -47,7 +47,7 @@ pub(crate) fn sampled_frames(
         return Err("a video track without frames".into());
     }
     let mut annex_b = AnnexB::for_track(track)?;
-    let wanted = sample_frames(count, frames);
+    let wanted = spec.sampled(count)?;
     let last = wanted[wanted.len() - 1];
     let mut decoder = Decoder::new().map_err(|e| format!("OpenH264: {e}"))?;
     let mut decoded = 0;

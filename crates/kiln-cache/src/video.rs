@@ -26,17 +26,53 @@ pub const MP4_EXTENSIONS: [&str; 3] = ["mp4", "m4v", "mov"];
 /// How clips are made from videos: `frames` sampled uniformly, each preprocessed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClipSpec {
-    /// Frames per clip (T). A video with fewer frames repeats some.
+    /// Frames per clip (T).
     pub frames: u32,
     /// What happens to each frame; it must give every frame one size (an exact resize or a
     /// crop).
     pub preprocess: Preprocess,
+    /// What a video with fewer than `frames` frames gives.
+    #[serde(default)]
+    pub short_videos: ShortVideos,
+}
+
+/// What a video with fewer frames than a clip takes gives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ShortVideos {
+    /// A clip that repeats some of its frames ([`sample_frames`]).
+    #[default]
+    Repeat,
+    /// No clip: the video is refused as bad, naming its frame count (skipped, and listed, with
+    /// [`ImageCache::skip_bad`](crate::ImageCache::skip_bad)).
+    Refuse,
 }
 
 impl ClipSpec {
-    /// `frames` frames per clip, each through `preprocess`.
+    /// `frames` frames per clip, each through `preprocess`; short videos repeat frames.
     pub fn new(frames: u32, preprocess: Preprocess) -> Self {
-        ClipSpec { frames, preprocess }
+        ClipSpec {
+            frames,
+            preprocess,
+            short_videos: ShortVideos::Repeat,
+        }
+    }
+
+    /// The same clips, but a video shorter than a clip is refused instead of repeating frames
+    /// (for models that need T distinct frames).
+    pub fn refusing_short_videos(mut self) -> Self {
+        self.short_videos = ShortVideos::Refuse;
+        self
+    }
+
+    /// Which frames of a video of `count` frames the clip takes, or why it takes none.
+    pub(crate) fn sampled(&self, count: usize) -> Result<Vec<usize>, String> {
+        if self.short_videos == ShortVideos::Refuse && count < self.frames as usize {
+            return Err(format!(
+                "{count} frames, fewer than the {} a clip takes",
+                self.frames
+            ));
+        }
+        Ok(sample_frames(count, self.frames))
     }
 }
 
@@ -194,17 +230,16 @@ impl Video {
                 if paths.is_empty() {
                     return Err(self.bad("a folder without frame images"));
                 }
-                sample_frames(paths.len(), spec.frames)
+                spec.sampled(paths.len())
+                    .map_err(|e| self.bad(e))?
                     .into_iter()
                     .map(|i| decode(&paths[i], max_pixels))
                     .collect::<Result<Vec<_>, _>>()?
             }
-            Container::Gif => self.gif_frames(spec.frames, max_pixels)?,
+            Container::Gif => self.gif_frames(spec, max_pixels)?,
             #[cfg(feature = "video")]
-            Container::Mp4 => {
-                crate::mp4::sampled_frames(&self.source.path, spec.frames, max_pixels)
-                    .map_err(|e| self.bad(e))?
-            }
+            Container::Mp4 => crate::mp4::sampled_frames(&self.source.path, spec, max_pixels)
+                .map_err(|e| self.bad(e))?,
         };
         let mut clip = Vec::new();
         for frame in &frames {
@@ -222,7 +257,7 @@ impl Video {
 
     /// The sampled frames of a GIF, composited as browsers show them. Two passes (count, then
     /// keep the sampled frames) hold two frames in memory instead of the whole animation.
-    fn gif_frames(&self, frames: u32, max_pixels: u64) -> Result<Vec<RgbImage>, CacheError> {
+    fn gif_frames(&self, spec: &ClipSpec, max_pixels: u64) -> Result<Vec<RgbImage>, CacheError> {
         let open = || -> Result<_, CacheError> {
             let path = &self.source.path;
             let file = File::open(path).map_err(|e| CacheError::io(path, e))?;
@@ -239,7 +274,7 @@ impl Video {
         if count == 0 {
             return Err(self.bad("a GIF without frames"));
         }
-        let wanted = sample_frames(count, frames);
+        let wanted = spec.sampled(count).map_err(|e| self.bad(e))?;
         let mut kept = Vec::with_capacity(wanted.len());
         for (index, frame) in open()?.enumerate().take(wanted[wanted.len() - 1] + 1) {
             let frame = frame.map_err(|e| self.bad(e))?;

@@ -331,3 +331,46 @@ fn mp4_clips_decode_as_ffmpeg_does() {
         }
     }
 }
+
+/// A clip that must not repeat frames refuses a video shorter than it, naming the video and its
+/// frame count (or skips and lists it); one long enough caches the same pixels either way.
+#[test]
+fn short_videos_are_refused_when_asked() {
+    let videos = tempfile::tempdir().unwrap();
+    for (name, count) in [("long", 4), ("short", 3)] {
+        let dir = videos.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        for i in 0..count {
+            let frame = image::RgbImage::from_pixel(8, 8, image::Rgb([40 * i as u8, 7, 200]));
+            frame.save(dir.join(format!("{i:03}.png"))).unwrap();
+        }
+    }
+    let cache_dir = tempfile::tempdir().unwrap();
+    let source = VideoSource::Folder(videos.path().into());
+    let repeat = ClipSpec::new(4, Preprocess::siglip(8));
+    let refuse = repeat.clone().refusing_short_videos();
+    let err = ImageCache::new(cache_dir.path())
+        .load_clips(&source, &refuse)
+        .unwrap_err();
+    assert!(
+        matches!(&err, CacheError::BadImage { path, .. } if path.ends_with("short")),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("3 frames, fewer than the 4 a clip takes"),
+        "{err}"
+    );
+    let refused = ImageCache::new(cache_dir.path())
+        .skip_bad(true)
+        .load_clips(&source, &refuse)
+        .unwrap();
+    let skipped: Vec<&str> = refused.skipped().iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(skipped, ["short"]);
+    // Repeating keeps the short video: a different entry, not the refusing one's.
+    let repeated = ImageCache::new(cache_dir.path())
+        .load_clips(&source, &repeat)
+        .unwrap();
+    assert_eq!((refused.len(), repeated.len()), (1, 2));
+    assert_eq!(refused.item(0), repeated.item(0));
+}

@@ -27,6 +27,7 @@
 //! # Ok(()) }
 //! ```
 
+mod captions;
 mod config;
 mod connectors;
 mod diagnostics;
@@ -35,6 +36,7 @@ mod saved;
 pub mod synthetic;
 mod train;
 
+pub use captions::{Caption, CaptionedClips, match_captions, read_captions};
 pub use config::{FoveatedConfig, FrameHead, Readout};
 pub use connectors::Connectors;
 pub use model::{ClipBatch, FoveatedModel, FoveatedOutput, Glimpse, Losses, Mode, PassOutput};
@@ -51,6 +53,10 @@ pub enum FoveatedError {
     /// Inputs the model cannot take; the message names the clip, frame or token (1-based).
     #[error("{0}")]
     Input(String),
+    /// A dataset that cannot be used: a captions file that does not match the clips, a line
+    /// that is not a caption (1-based line numbers).
+    #[error("{0}")]
+    Data(String),
     /// From the vision tower.
     #[error(transparent)]
     Vision(#[from] kiln_vision::VisionError),

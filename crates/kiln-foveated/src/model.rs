@@ -41,6 +41,9 @@ pub struct ClipBatch<B: Backend> {
     /// Token ids after them (captions, answers), the same number per clip; the text loss
     /// predicts each from the position before it.
     pub target: Vec<Vec<u32>>,
+    /// Per clip, how many of its target tokens the text loss counts (the rest are padding);
+    /// empty: all of them.
+    pub target_lengths: Vec<usize>,
     /// Per clip and frame, the class the per-frame head should give (negative: none).
     pub frame_targets: Vec<Vec<i64>>,
 }
@@ -52,6 +55,7 @@ impl<B: Backend> ClipBatch<B> {
             pixels,
             prompt: Vec::new(),
             target: Vec::new(),
+            target_lengths: Vec::new(),
             frame_targets: Vec::new(),
         }
     }
@@ -65,6 +69,21 @@ impl<B: Backend> ClipBatch<B> {
     /// With target token ids after the visual tokens.
     pub fn with_target(mut self, target: Vec<Vec<u32>>) -> Self {
         self.target = target;
+        self
+    }
+
+    /// With target texts of any lengths (captions), padded with `pad` to the longest; the
+    /// padding is outside the text loss.
+    pub fn with_captions(mut self, captions: Vec<Vec<u32>>, pad: u32) -> Self {
+        let longest = captions.iter().map(Vec::len).max().unwrap_or(0);
+        self.target_lengths = captions.iter().map(Vec::len).collect();
+        self.target = captions
+            .into_iter()
+            .map(|mut ids| {
+                ids.resize(longest, pad);
+                ids
+            })
+            .collect();
         self
     }
 
@@ -403,7 +422,14 @@ impl<B: Backend> FoveatedModel<B> {
         let mut parts = Vec::new();
         if !batch.target.is_empty() {
             let [clips, tokens, vocab] = pass.text_logits.dims();
-            let targets: Vec<i64> = batch.target.iter().flatten().map(|&id| id as i64).collect();
+            let counted = |clip: usize| batch.target_lengths.get(clip).copied();
+            let targets: Vec<i64> = (batch.target.iter().enumerate())
+                .flat_map(|(clip, ids)| {
+                    let counted = counted(clip).unwrap_or(ids.len());
+                    (ids.iter().enumerate())
+                        .map(move |(at, &id)| if at < counted { id as i64 } else { -1 })
+                })
+                .collect();
             let logits = pass.text_logits.clone().reshape([clips * tokens, vocab]);
             parts.extend(cross_entropy(logits, &targets, &device));
         }
@@ -593,6 +619,22 @@ impl<B: Backend> FoveatedModel<B> {
                         ids[at]
                     )));
                 }
+            }
+        }
+        if !batch.target_lengths.is_empty() {
+            let length = batch.target.first().map_or(0, Vec::len);
+            if batch.target_lengths.len() != clips {
+                return Err(FoveatedError::Input(format!(
+                    "target lengths for {} clip(s), the batch has {clips}",
+                    batch.target_lengths.len()
+                )));
+            }
+            if let Some(c) = batch.target_lengths.iter().position(|&n| n > length) {
+                return Err(FoveatedError::Input(format!(
+                    "clip {}: {} target token(s) counted of {length}",
+                    c + 1,
+                    batch.target_lengths[c]
+                )));
             }
         }
         if !batch.frame_targets.is_empty() {

@@ -518,3 +518,50 @@ fn a_saved_model_loads_back_the_same() {
     );
     assert!(error_of(missing).contains("absent"));
 }
+
+/// Captions of different lengths: padded to the longest, the padding outside the text loss —
+/// the loss is the mean of −log p over the counted tokens alone, whatever the padding id.
+#[test]
+fn caption_padding_is_outside_the_loss() {
+    let reference = Reference::open();
+    let model = load::<Flex>(Readout::Shallow);
+    let full = reference.batch::<Flex>();
+    let mut captions = full.target.clone();
+    captions[1].truncate(2);
+    let batch = |pad| {
+        ClipBatch::new(full.pixels.clone())
+            .with_prompt(full.prompt.clone())
+            .with_captions(captions.clone(), pad)
+    };
+    let losses: Vec<f32> = [0, 7]
+        .map(|pad| {
+            let batch = batch(pad);
+            let output = model.forward(&batch, Mode::CoarseOnly).unwrap();
+            model.loss(&output, &batch).unwrap().total.into_scalar()
+        })
+        .into();
+    assert_eq!(losses[0], losses[1]);
+
+    let output = model.forward(&batch(0), Mode::CoarseOnly).unwrap();
+    let logits = output.coarse.unwrap().text_logits;
+    let [_, tokens, vocab] = logits.dims();
+    let logits = logits.into_data().to_vec::<f32>().unwrap();
+    let mut total = 0.0;
+    let mut counted = 0;
+    for (clip, ids) in captions.iter().enumerate() {
+        for (at, &id) in ids.iter().enumerate() {
+            let row = &logits[(clip * tokens + at) * vocab..][..vocab];
+            let peak = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let log_sum = peak + row.iter().map(|&l| (l - peak).exp()).sum::<f32>().ln();
+            total += log_sum - row[id as usize];
+            counted += 1;
+        }
+    }
+    assert_eq!(counted, 5);
+    let expected = total / counted as f32;
+    assert!(
+        (losses[0] - expected).abs() <= 1e-5 * expected.abs(),
+        "{} vs {expected}",
+        losses[0]
+    );
+}

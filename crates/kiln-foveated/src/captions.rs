@@ -1,0 +1,245 @@
+//! Clips with captions, for training on real data: a captions file matched to a kiln-cache clip
+//! feed (decoded once, normalised on the device), the text tokenised once, batches for
+//! kiln-train.
+//!
+//! A captions file is JSON Lines, one clip per line, named as the clip cache names it (a frame
+//! folder's or a video file's name below the clips folder):
+//!
+//! ```text
+//! {"video": "dog_runs.gif", "caption": "A dog runs across a field."}
+//! {"video": "kettle", "caption": "Steam rises from a kettle."}
+//! ```
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use burn::tensor::backend::Backend;
+use kiln_cache::{DeviceImages, Order};
+use kiln_train::Loader;
+use serde::Deserialize;
+
+use crate::{ClipBatch, FoveatedError};
+
+/// One line of a captions file.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Caption {
+    /// The clip, as the clip cache names it.
+    pub video: String,
+    /// What the model should say about it.
+    pub caption: String,
+}
+
+/// The captions of a JSON Lines file (blank lines skipped), refusing a line that is not a
+/// caption or names a video an earlier line named, by its 1-based number.
+pub fn read_captions(path: impl AsRef<Path>) -> Result<Vec<Caption>, FoveatedError> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| FoveatedError::Data(format!("{}: {e}", path.display())))?;
+    let mut seen = HashMap::new();
+    let mut captions = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let number = index + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let caption: Caption = serde_json::from_str(line).map_err(|e| {
+            FoveatedError::Data(format!(
+                "{}, line {number}: not a caption ({e}); each line is \
+                 {{\"video\": NAME, \"caption\": TEXT}}",
+                path.display()
+            ))
+        })?;
+        if let Some(first) = seen.insert(caption.video.clone(), number) {
+            return Err(FoveatedError::Data(format!(
+                "{}, line {number}: a second caption for '{}' (the first is on line {first})",
+                path.display(),
+                caption.video
+            )));
+        }
+        captions.push(caption);
+    }
+    Ok(captions)
+}
+
+/// The caption of each clip in `names` (the clip cache's order), from `captions` (read from
+/// `file`): every clip needs one, and every caption needs its clip.
+pub fn match_captions<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    captions: &[Caption],
+    file: &Path,
+) -> Result<Vec<String>, FoveatedError> {
+    let mut by_video: HashMap<&str, &str> = captions
+        .iter()
+        .map(|c| (c.video.as_str(), c.caption.as_str()))
+        .collect();
+    let matched = names
+        .into_iter()
+        .map(|name| {
+            by_video.remove(name).map(str::to_string).ok_or_else(|| {
+                FoveatedError::Data(format!(
+                    "{}: no caption for the clip '{name}'",
+                    file.display()
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(orphan) = captions
+        .iter()
+        .find(|c| by_video.contains_key(c.video.as_str()))
+    {
+        return Err(FoveatedError::Data(format!(
+            "{}: a caption for '{}', which is not among the clips (or was skipped as bad)",
+            file.display(),
+            orphan.video
+        )));
+    }
+    Ok(matched)
+}
+
+/// Cached clips with their captions' token ids, in batches of a fixed size: frames
+/// `[n, T, 3, H, W]` from the feed (resident on the device or prefetched), the same prompt for
+/// every clip and the captions padded to the batch's longest (the padding outside the loss).
+#[derive(Debug)]
+pub struct CaptionedClips<B: Backend> {
+    feed: DeviceImages<B>,
+    prompt: Vec<u32>,
+    captions: Vec<Vec<u32>>,
+    pad: u32,
+    batch_size: usize,
+}
+
+impl<B: Backend> CaptionedClips<B> {
+    /// `captions[i]` (token ids, tokenised once) is the caption of the feed's clip `i`; `pad`
+    /// fills shorter captions.
+    pub fn new(
+        feed: DeviceImages<B>,
+        prompt: Vec<u32>,
+        captions: Vec<Vec<u32>>,
+        pad: u32,
+        batch_size: usize,
+    ) -> Result<Self, FoveatedError> {
+        let clips = feed.images().len();
+        if captions.len() != clips {
+            return Err(FoveatedError::Data(format!(
+                "{} captions for {clips} clips",
+                captions.len()
+            )));
+        }
+        if let Some(empty) = captions.iter().position(Vec::is_empty) {
+            return Err(FoveatedError::Data(format!(
+                "clip {}: an empty caption (nothing to learn)",
+                empty + 1
+            )));
+        }
+        if batch_size == 0 {
+            return Err(FoveatedError::Config(
+                "the batch size must be at least 1".into(),
+            ));
+        }
+        Ok(CaptionedClips {
+            feed,
+            prompt,
+            captions,
+            pad,
+            batch_size,
+        })
+    }
+
+    /// Clips in the dataset.
+    pub fn len(&self) -> usize {
+        self.captions.len()
+    }
+
+    /// Whether the dataset is empty.
+    pub fn is_empty(&self) -> bool {
+        self.captions.is_empty()
+    }
+}
+
+impl<B: Backend> Loader for CaptionedClips<B> {
+    type Batch = ClipBatch<B>;
+
+    fn batches_per_epoch(&self) -> usize {
+        self.captions.len().div_ceil(self.batch_size)
+    }
+
+    fn batches(&self, order: Order, first: usize) -> Box<dyn Iterator<Item = ClipBatch<B>> + '_> {
+        let images = self.feed.images();
+        let frames = images.frames() as usize;
+        let (height, width) = images.size();
+        Box::new(
+            self.feed
+                .batches_from(self.batch_size, order, first)
+                .map(move |batch| {
+                    let clips = batch.indices.len();
+                    let pixels =
+                        batch
+                            .pixels
+                            .reshape([clips, frames, 3, height as usize, width as usize]);
+                    let captions = batch
+                        .indices
+                        .iter()
+                        .map(|&i| self.captions[i].clone())
+                        .collect();
+                    ClipBatch::new(pixels)
+                        .with_prompt(vec![self.prompt.clone(); clips])
+                        .with_captions(captions, self.pad)
+                }),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("captions.jsonl");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn captions_are_read_and_matched_in_clip_order() {
+        let (_dir, path) = file(
+            "{\"video\": \"b.gif\", \"caption\": \"two\"}\n\n{\"video\": \"a\", \"caption\": \"one\"}\n",
+        );
+        let captions = read_captions(&path).unwrap();
+        assert_eq!(captions.len(), 2);
+        assert_eq!(
+            match_captions(["a", "b.gif"], &captions, &path).unwrap(),
+            ["one", "two"]
+        );
+    }
+
+    #[test]
+    fn bad_lines_and_mismatches_are_named() {
+        let (_dir, path) = file("{\"video\": \"a\", \"caption\": \"one\"}\n{\"video\": \"a\"}\n");
+        let err = read_captions(&path).unwrap_err().to_string();
+        assert!(err.contains("line 2: not a caption"), "{err}");
+        let (_dir, path) = file(
+            "{\"video\": \"a\", \"caption\": \"one\"}\n{\"video\": \"a\", \"caption\": \"1\"}\n",
+        );
+        let err = read_captions(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("line 2: a second caption for 'a' (the first is on line 1)"),
+            "{err}"
+        );
+
+        let (_dir, path) = file("{\"video\": \"a\", \"caption\": \"one\"}\n");
+        let captions = read_captions(&path).unwrap();
+        let err = match_captions(["a", "b"], &captions, &path)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no caption for the clip 'b'"), "{err}");
+        let err = match_captions(std::iter::empty(), &captions, &path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("a caption for 'a', which is not among the clips"),
+            "{err}"
+        );
+    }
+}

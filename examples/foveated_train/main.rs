@@ -1,0 +1,326 @@
+//! Train the foveated model (`kiln::foveated`) on any folder of clips with captions.
+//!
+//! ```text
+//! cargo run --release --example foveated_train -- --clips DIR --captions FILE --dino DIR \
+//!     --lm DIR --out DIR [--frames T] [--steps N] [--batch B] [--accumulate K]
+//!     [--readout deep|shallow] [--lambda L] [--connector-lr X] [--backbone-lr Y]
+//!     [--policy full|mixed-bf16] [--device D] [--eval-clips DIR --eval-captions FILE]
+//! ```
+//!
+//! - `--clips`: videos directly below a folder — frame folders, GIFs, MP4 (H.264, with the
+//!   `video` feature). Each is decoded once into kiln-cache (`OUT/cache`, or `--cache DIR`) as
+//!   T frames sampled uniformly, preprocessed as the DINOv2 directory's processor says; a video
+//!   with fewer than T frames is refused by name.
+//! - `--captions`: JSON Lines, `{"video": NAME, "caption": TEXT}` per clip, NAME as below the
+//!   clips folder; every clip needs a caption and every caption its clip. Captions are
+//!   tokenised once (the LM directory's tokenizer), followed by its end-of-sequence token.
+//! - `--dino`, `--lm`: Hugging Face directories (a DINOv2 `Dinov2Model`; a Llama-family causal
+//!   LM with its tokenizer). The connectors start newly initialised.
+//!
+//! Trains through kiln-train — AdamW with fVLM's parameter groups (connectors at
+//! `--connector-lr`, both backbones at `--backbone-lr`), warm-up and cosine decay, clipping at
+//! 1.0, accumulation — into OUT: `metrics.jsonl`, `loss.png`, `checkpoints/` (rerunning the same
+//! command resumes), `model/` (the trained model: `FoveatedModel::load`) and `summary.json`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
+use clap::Parser;
+use kiln::burn;
+use kiln::cache::{ClipSpec, ImageCache, Preprocess, Residency, VideoSource};
+use kiln::foveated::{
+    CaptionedClips, FoveatedConfig, FoveatedModel, Readout, match_captions, read_captions,
+};
+use kiln::precision::{DeviceJob, DeviceSpec, Policy, PolicySpec, Precision};
+use kiln::text::TextTokenizer;
+use kiln::train::{LossScaling, OptimizerConfig, RunOptions, Schedule, TrainConfig, Trainer};
+use serde_json::json;
+
+/// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Train the foveated video-language model on captioned clips.
+#[derive(Parser)]
+struct Args {
+    /// Folder of training videos (frame folders, GIFs, MP4 with the `video` feature).
+    #[arg(long)]
+    clips: PathBuf,
+    /// JSON Lines captions of the training videos.
+    #[arg(long)]
+    captions: PathBuf,
+    /// Hugging Face DINOv2 directory.
+    #[arg(long)]
+    dino: PathBuf,
+    /// Hugging Face causal-LM directory, with its tokenizer.
+    #[arg(long)]
+    lm: PathBuf,
+    /// The run's directory (metrics, plot, checkpoints, model, summary).
+    #[arg(long)]
+    out: PathBuf,
+    /// Held-out videos, evaluated every `--eval-every` steps (with `--eval-captions`).
+    #[arg(long, requires = "eval_captions")]
+    eval_clips: Option<PathBuf>,
+    /// JSON Lines captions of the held-out videos.
+    #[arg(long, requires = "eval_clips")]
+    eval_captions: Option<PathBuf>,
+    /// Where decoded clips are cached (default OUT/cache).
+    #[arg(long)]
+    cache: Option<PathBuf>,
+    /// Frames per clip (T).
+    #[arg(long, default_value_t = 8)]
+    frames: u32,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 1000)]
+    steps: u64,
+    /// Clips per micro-batch.
+    #[arg(long, default_value_t = 2)]
+    batch: usize,
+    /// Micro-batches per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    accumulate: usize,
+    /// How queries read frames: deep (fVLM's released model) or shallow.
+    #[arg(long, default_value = "deep")]
+    readout: Readout,
+    /// Width of the queries (fVLM's: 384).
+    #[arg(long, default_value_t = 384)]
+    query_dim: usize,
+    /// Weight of the coarse pass's loss (`fine + λ·coarse`).
+    #[arg(long, default_value_t = 1.0)]
+    lambda: f64,
+    /// Peak learning rate of the connectors (queries, projections, mode tokens).
+    #[arg(long, default_value_t = 1e-3)]
+    connector_lr: f64,
+    /// Peak learning rate of DINOv2 and the LM.
+    #[arg(long, default_value_t = 1e-5)]
+    backbone_lr: f64,
+    /// Text before the visual tokens of every clip.
+    #[arg(long, default_value = "Describe the video.")]
+    prompt: String,
+    /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
+    /// Precision policy: full, mixed-bf16, mixed-f16 (dynamic loss scaling), or p=..,c=...
+    #[arg(long, default_value = "full")]
+    policy: PolicySpec,
+    /// Evaluate (and checkpoint) every this many steps.
+    #[arg(long, default_value_t = 100)]
+    eval_every: u64,
+    /// Seeds the connectors' initial weights and the order of the clips.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop this process after this many optimizer steps (rerun to go on).
+    #[arg(long)]
+    max_steps_now: Option<u64>,
+}
+
+/// The connectors' parameters sit under this field of [`FoveatedModel`]; everything else is a
+/// backbone.
+const CONNECTORS: &str = "connectors";
+
+impl Args {
+    /// fVLM's recipe: AdamW with the connectors in their own group, warm-up over the first 5%
+    /// of steps, cosine decay to a tenth, clipping at 1.0.
+    fn train_config(&self, policy: &Policy) -> Result<TrainConfig, String> {
+        let mut config = TrainConfig::new(self.steps, self.backbone_lr);
+        config.accumulate = self.accumulate;
+        config.optimizer = OptimizerConfig::adamw(self.backbone_lr)
+            .with_weight_decay(0.01)
+            .with_group("connector", &[CONNECTORS], self.connector_lr, 0.01)
+            .without_decay_on_biases_and_norms();
+        config.schedule = Schedule::warmup_cosine((self.steps / 20).max(1), 0.0, 0.1, self.steps);
+        config.max_grad_norm = Some(1.0);
+        config.loss_scaling = match policy.compute {
+            Precision::F16 => LossScaling::Dynamic,
+            _ => LossScaling::Off,
+        };
+        config.eval_every = self.eval_every;
+        config.checkpoint_every = self.eval_every;
+        config.seed = self.seed;
+        config.validate()?;
+        if self.batch == 0 {
+            return Err("--batch must be at least 1".into());
+        }
+        if self.frames == 0 {
+            return Err("--frames must be at least 1".into());
+        }
+        Ok(config)
+    }
+
+    /// How frames are resized and normalised: the DINOv2 directory's processor, else an exact
+    /// resize to the tower's image size with ImageNet's mean and std.
+    fn preprocess(&self, image_size: usize) -> Result<Preprocess, String> {
+        let processor = self.dino.join("preprocessor_config.json");
+        if processor.is_file() {
+            Preprocess::from_hf_config(&processor).map_err(|e| e.to_string())
+        } else {
+            Ok(Preprocess::dinov2(image_size as u32, image_size as u32))
+        }
+    }
+}
+
+/// How a split of captioned clips is read: the cache, the clips' frames, the text, the batch.
+struct Splits {
+    cache: ImageCache,
+    spec: ClipSpec,
+    text: Text,
+    batch: usize,
+    precision: Precision,
+}
+
+impl Splits {
+    /// The captioned clips of `clips` on `device`: decoded once into the cache, captions
+    /// matched and tokenised once.
+    fn load<B: Backend>(
+        &self,
+        clips: &Path,
+        captions: &Path,
+        device: &B::Device,
+    ) -> Result<CaptionedClips<B>, String> {
+        let lines = read_captions(captions).map_err(|e| e.to_string())?;
+        let videos = self
+            .cache
+            .load_clips(&VideoSource::Folder(clips.into()), &self.spec)
+            .map_err(|e| e.to_string())?;
+        let matched =
+            match_captions(videos.names(), &lines, captions).map_err(|e| e.to_string())?;
+        let ids = matched
+            .iter()
+            .map(|caption| self.text.caption(caption))
+            .collect::<Result<Vec<_>, _>>()?;
+        eprintln!(
+            "{}: {} clips of {} frames ({:?})",
+            clips.display(),
+            videos.len(),
+            videos.frames(),
+            videos.outcome()
+        );
+        let feed = videos.to_device::<B>(device, self.precision, Residency::Host);
+        let (prompt, end) = (self.text.prompt.clone(), self.text.end);
+        CaptionedClips::new(feed, prompt, ids, end, self.batch).map_err(|e| e.to_string())
+    }
+}
+
+/// The LM's tokenizer, the prompt's ids and the end-of-sequence token closing every caption.
+struct Text {
+    tokenizer: TextTokenizer,
+    prompt: Vec<u32>,
+    end: u32,
+}
+
+impl Text {
+    fn new(lm: &Path, prompt: &str) -> Result<Self, String> {
+        let tokenizer = TextTokenizer::from_hf_dir(lm).map_err(|e| e.to_string())?;
+        let end = tokenizer
+            .special("eos_token")
+            .and_then(|token| tokenizer.token_id(token))
+            .ok_or_else(|| {
+                format!(
+                    "{}: the tokenizer names no end-of-sequence token (eos_token) to end captions",
+                    lm.display()
+                )
+            })?;
+        let prompt = tokenizer.encode(prompt).map_err(|e| e.to_string())?;
+        Ok(Text {
+            tokenizer,
+            prompt,
+            end,
+        })
+    }
+
+    fn caption(&self, caption: &str) -> Result<Vec<u32>, String> {
+        let mut ids = self.tokenizer.encode(caption).map_err(|e| e.to_string())?;
+        ids.push(self.end);
+        Ok(ids)
+    }
+}
+
+impl DeviceJob for Args {
+    type Output = Result<(), String>;
+
+    fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+        let started = Instant::now();
+        let policy = self
+            .policy
+            .resolve::<B>(device)
+            .map_err(|e| e.to_string())?;
+        let config = self.train_config(&policy)?;
+        <Autodiff<B> as Backend>::seed(device, self.seed);
+        let foveated = FoveatedConfig {
+            query_dim: self.query_dim,
+            readout: self.readout,
+            lambda_coarse: self.lambda,
+            ..FoveatedConfig::fvlm()
+        };
+        let model = FoveatedModel::<Autodiff<B>>::from_dirs(
+            &self.dino, &self.lm, foveated, device, &policy,
+        )
+        .map_err(|e| e.to_string())?;
+        let preprocess = self.preprocess(model.dino.config().image_size)?;
+        let splits = Splits {
+            cache: ImageCache::new(self.cache.clone().unwrap_or(self.out.join("cache"))),
+            spec: ClipSpec::new(self.frames, preprocess).refusing_short_videos(),
+            text: Text::new(&self.lm, &self.prompt)?,
+            batch: self.batch,
+            precision: policy.compute,
+        };
+        let train = splits.load::<Autodiff<B>>(&self.clips, &self.captions, device)?;
+        let eval = match (&self.eval_clips, &self.eval_captions) {
+            (Some(clips), Some(captions)) => Some(splits.load::<B>(clips, captions, device)?),
+            _ => None,
+        };
+        let options = RunOptions {
+            max_steps_now: self.max_steps_now,
+            model_settings: json!({
+                "dino": self.dino,
+                "lm": self.lm,
+                "readout": format!("{:?}", self.readout).to_lowercase(),
+                "frames": self.frames,
+                "lambda": self.lambda,
+                "policy": policy.to_string(),
+            }),
+            ..RunOptions::new(&self.out)
+        };
+        let outcome = Trainer::<Autodiff<B>>::new(config, options, device.clone())
+            .fit(model, &train, eval.as_ref())
+            .map_err(|e| e.to_string())?;
+        if !outcome.finished {
+            eprintln!(
+                "stopped at step {} of {}: rerun the same command to go on",
+                outcome.step, self.steps
+            );
+            return Ok(());
+        }
+        let model_dir = self.out.join("model");
+        outcome.model.save(&model_dir).map_err(|e| e.to_string())?;
+        let summary = json!({
+            "steps": outcome.step,
+            "train_clips": train.len(),
+            "eval_clips": eval.as_ref().map(CaptionedClips::len),
+            "held_out": outcome
+                .eval
+                .iter()
+                .map(|(key, value)| (key.clone(), json!(value)))
+                .collect::<serde_json::Map<_, _>>(),
+            "skipped_steps": outcome.skipped_steps,
+            "device": self.device.to_string(),
+            "policy": policy.to_string(),
+            "wall_seconds": started.elapsed().as_secs_f64(),
+        });
+        let summary_path = self.out.join("summary.json");
+        let text = serde_json::to_string_pretty(&summary).expect("JSON");
+        kiln::io::write_atomic(&summary_path, text.as_bytes()).map_err(|e| e.to_string())?;
+        println!("{} and {}", model_dir.display(), summary_path.display());
+        Ok(())
+    }
+}
+
+fn main() -> ExitCode {
+    kiln::log_to_stderr();
+    let args = Args::parse();
+    let device = args.device;
+    kiln::exit_status(device.run(args).map_err(|e| e.to_string()).and_then(|r| r))
+}
