@@ -34,10 +34,9 @@ use kiln::forcefield::{
 };
 use kiln::train::Optimization;
 
-/// mimalloc keeps freed tensor buffers for reuse; glibc's allocator hands large ones back to the
-/// kernel, which zeroes them again on the next call (docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "../examples/shared/allocator.rs"]
+mod allocator;
 
 /// Molecules in the pool; batch b evaluates the first b.
 const MOLECULES: usize = 256;
@@ -340,5 +339,6 @@ impl Suite for Forcefield {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     cli::main(Forcefield)
 }

@@ -20,9 +20,9 @@ use kiln::burn::tensor::Tensor;
 use kiln::burn::tensor::backend::Backend;
 use kiln::text::{CausalLm, KvCache, TextConfig, TextInput};
 
-/// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "../examples/shared/allocator.rs"]
+mod allocator;
 
 const PROMPT: usize = 512;
 const DECODE_PROMPT: usize = 128;
@@ -140,5 +140,6 @@ impl Suite for Text {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     cli::main(Text)
 }

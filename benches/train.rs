@@ -29,9 +29,9 @@ use kiln::train::Optimization;
 use kiln::vision::VisionConfig;
 use model::{Classifier, IMAGE_SIZE, backbone_config, recipe};
 
-/// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "../examples/shared/allocator.rs"]
+mod allocator;
 
 const BATCH: usize = 32;
 const CLASSES: usize = 4;
@@ -236,5 +236,6 @@ impl Suite for Train {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     cli::main(Train)
 }

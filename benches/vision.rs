@@ -24,10 +24,9 @@ use kiln::vision::{
     VisionModel,
 };
 
-/// mimalloc keeps freed tensor buffers for reuse; glibc's allocator hands large ones back to the
-/// kernel, which zeroes them again on the next call (docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "../examples/shared/allocator.rs"]
+mod allocator;
 
 const BATCH: usize = 32;
 
@@ -131,5 +130,6 @@ impl Suite for Vision {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     cli::main(Vision)
 }

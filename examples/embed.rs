@@ -27,10 +27,9 @@ use kiln::cache::{DeviceImages, ImageCache, ImageSource, Order, Preprocess, Resi
 use kiln::precision::{DeviceJob, DeviceSpec, PolicySpec, Precision};
 use kiln::vision::{VisionModel, checkpoint_dir};
 
-/// mimalloc keeps freed tensor buffers for reuse; glibc's allocator hands large ones back to the
-/// kernel, which zeroes them again on the next call (docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "shared/allocator.rs"]
+mod allocator;
 
 /// Embed images with a vision checkpoint.
 #[derive(Parser)]
@@ -231,6 +230,7 @@ fn check_output(args: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     kiln::log_to_stderr();
     let mut args = Args::parse();
     let device = args.device;

@@ -25,10 +25,9 @@ use kiln::burn;
 use kiln::forcefield::{ForceFieldError, Frame, Painn, Predictions, read_extxyz, write_extxyz};
 use kiln::precision::{DeviceJob, DeviceSpec};
 
-/// mimalloc keeps freed tensor buffers for reuse; glibc's allocator hands large ones back to the
-/// kernel, which zeroes them again on the next call (docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "shared/allocator.rs"]
+mod allocator;
 
 /// Energies and forces of extxyz structures with a PaiNN potential.
 #[derive(Parser)]
@@ -155,6 +154,7 @@ fn store(frames: &mut [Frame], indices: &[usize], results: Predictions) {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     kiln::log_to_stderr();
     let args = Args::parse();
     let device = args.device;

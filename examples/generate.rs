@@ -28,9 +28,9 @@ use kiln::text::{
     CausalLm, GenerationConfig, Message, Sampling, TextInput, TextTokenizer, generate,
 };
 
-/// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "shared/allocator.rs"]
+mod allocator;
 
 /// Continue a prompt with a language model.
 #[derive(Parser)]
@@ -200,6 +200,7 @@ fn write_logits<B: Backend>(model: &CausalLm<B>, ids: &[u32], path: &Path) -> Re
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     kiln::log_to_stderr();
     let args = Args::parse();
     let device = args.device;

@@ -24,10 +24,9 @@ use kiln::burn;
 use kiln::forcefield::{Frame, MdState, NveConfig, Painn, read_extxyz, run_nve, write_extxyz};
 use kiln::precision::{DeviceJob, DeviceSpec};
 
-/// mimalloc keeps the force kernel's freed buffers for reuse; glibc's allocator hands large ones
-/// back to the kernel, which zeroes them again on the next step (docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "shared/allocator.rs"]
+mod allocator;
 
 /// NVE molecular dynamics with a PaiNN potential.
 #[derive(Parser)]
@@ -174,6 +173,7 @@ fn frame(state: &MdState) -> Frame {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     kiln::log_to_stderr();
     let args = Args::parse();
     let device = args.device;

@@ -50,10 +50,9 @@ use serde_json::json;
 use models::{Loaded, load_models, model_specs, weights_seed};
 use report::{Bars, Clock, report_timings, write_results};
 
-/// mimalloc keeps freed tensor buffers for reuse; glibc's allocator hands large ones back to the
-/// kernel, which zeroes them again on the next call (docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "../shared/allocator.rs"]
+mod allocator;
 
 /// Nested Monte-Carlo over vision encoders (Exp 0).
 #[derive(Parser, Clone)]
@@ -325,6 +324,7 @@ fn merge(args: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     kiln::log_to_stderr();
     let args = Args::parse();
     let result = if args.merge.is_empty() {

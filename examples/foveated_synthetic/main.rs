@@ -28,16 +28,16 @@ use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
 use kiln::foveated::synthetic::{CueThenRead, SyntheticClips};
-use kiln::foveated::{FoveatedConfig, FoveatedModel, FrameHead, Mode, Readout};
+use kiln::foveated::{FoveatedModel, Mode, Readout};
 use kiln::precision::{DeviceJob, DeviceSpec};
-use kiln::text::TextConfig;
-use kiln::train::{OptimizerConfig, RunOptions, Schedule, TrainConfig, Trainer, read_metrics};
-use kiln::vision::Dinov2Config;
+use kiln::train::{RunOptions, TrainConfig, Trainer, read_metrics};
 use serde_json::{Value, json};
 
-/// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+mod model;
+
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "../shared/allocator.rs"]
+mod allocator;
 
 /// Train the foveated model and its controls on cue-then-read clips.
 #[derive(Parser)]
@@ -103,11 +103,6 @@ const CONTROLS: [(&str, Mode); 4] = [
 const EVAL_FIRST: u64 = 1 << 40;
 
 impl Args {
-    /// A small DINOv2 and LM from scratch: the visual token is narrow (`--token-width`, 8 by
-    /// default, 2 heads), so one static token cannot carry every cell's glyph (16 wide, it learned
-    /// to carry part of the board: docs/FOVEATED.md). The position table starts at std 1, not
-    /// transformers' 0.02: a trained tower's positions are plain to see, and a from-scratch one's
-    /// at 0.02 are not, so no query could point at a cell (docs/FOVEATED.md).
     fn model<B: Backend>(
         &self,
         task: &CueThenRead,
@@ -115,45 +110,11 @@ impl Args {
         device: &B::Device,
     ) -> Result<FoveatedModel<B>, String> {
         B::seed(device, self.seed);
-        let dino = Dinov2Config {
-            hidden_size: self.token_width,
-            num_hidden_layers: 2,
-            num_attention_heads: 2,
-            mlp_ratio: 4,
-            image_size: task.image_size(),
-            patch_size: self.cell,
-            initializer_range: 1.0,
-            ..Dinov2Config::default()
-        }
-        .init(device);
-        let lm = TextConfig {
-            // The captions name the cued cell.
-            vocab_size: task.grid * task.grid,
-            hidden_size: 64,
-            intermediate_size: 128,
-            num_hidden_layers: 2,
-            num_attention_heads: 4,
-            num_key_value_heads: 2,
-            max_position_embeddings: 1024,
-            ..TextConfig::smollm2_135m()
-        }
-        .init(device);
-        let config = FoveatedConfig {
-            query_dim: 16,
-            readout: self.readout,
-            frame_head: FrameHead::Classes(task.classes),
-            ..FoveatedConfig::fvlm()
-        };
-        Ok(FoveatedModel::new(dino, lm, config, device)
-            .map_err(|e| e.to_string())?
-            .with_training_mode(mode))
+        model::synthetic_model(task, self.token_width, self.readout, mode, device)
     }
 
     fn train_config(&self) -> Result<TrainConfig, String> {
-        let mut config = TrainConfig::new(self.steps, self.lr);
-        config.optimizer = OptimizerConfig::adamw(self.lr).with_weight_decay(0.01);
-        config.schedule = Schedule::warmup_cosine(self.steps / 20, 0.0, 0.1, self.steps);
-        config.max_grad_norm = Some(1.0);
+        let mut config = model::recipe(self.steps, self.lr);
         config.eval_every = self.eval_every;
         config.checkpoint_every = self.eval_every;
         config.seed = self.seed;
@@ -347,6 +308,7 @@ fn plot(out: &Path, controls: &[String], chance: f64) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     kiln::log_to_stderr();
     let args = Args::parse();
     let device = args.device;

@@ -32,16 +32,17 @@ use clap::Parser;
 use kiln::burn;
 use kiln::cache::{ClipSpec, ImageCache, Preprocess, Residency, VideoSource};
 use kiln::foveated::{
-    CaptionedClips, FoveatedConfig, FoveatedModel, Readout, match_captions, read_captions,
+    CaptionedClips, FoveatedConfig, FoveatedModel, Readout, fvlm_recipe, match_captions,
+    read_captions,
 };
 use kiln::precision::{DeviceJob, DeviceSpec, Policy, PolicySpec, Precision};
 use kiln::text::TextTokenizer;
-use kiln::train::{LossScaling, OptimizerConfig, RunOptions, Schedule, TrainConfig, Trainer};
+use kiln::train::{LossScaling, RunOptions, TrainConfig, Trainer};
 use serde_json::json;
 
-/// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "../shared/allocator.rs"]
+mod allocator;
 
 /// Train the foveated video-language model on captioned clips.
 #[derive(Parser)]
@@ -117,22 +118,11 @@ struct Args {
     max_steps_now: Option<u64>,
 }
 
-/// The connectors' parameters sit under this field of [`FoveatedModel`]; everything else is a
-/// backbone.
-const CONNECTORS: &str = "connectors";
-
 impl Args {
-    /// fVLM's recipe: AdamW with the connectors in their own group, warm-up over the first 5%
-    /// of steps, cosine decay to a tenth, clipping at 1.0.
+    /// fVLM's recipe ([`fvlm_recipe`]) with this run's steps, rates and accumulation.
     fn train_config(&self, policy: &Policy) -> Result<TrainConfig, String> {
-        let mut config = TrainConfig::new(self.steps, self.backbone_lr);
+        let mut config = fvlm_recipe(self.steps, self.connector_lr, self.backbone_lr);
         config.accumulate = self.accumulate;
-        config.optimizer = OptimizerConfig::adamw(self.backbone_lr)
-            .with_weight_decay(0.01)
-            .with_group("connector", &[CONNECTORS], self.connector_lr, 0.01)
-            .without_decay_on_biases_and_norms();
-        config.schedule = Schedule::warmup_cosine((self.steps / 20).max(1), 0.0, 0.1, self.steps);
-        config.max_grad_norm = Some(1.0);
         config.loss_scaling = match policy.compute {
             Precision::F16 => LossScaling::Dynamic,
             _ => LossScaling::Off,
@@ -319,6 +309,7 @@ impl DeviceJob for Args {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     kiln::log_to_stderr();
     let args = Args::parse();
     let device = args.device;

@@ -37,9 +37,9 @@ use kiln::train::{
 use model::{Classifier, backbone_config, recipe};
 use serde_json::json;
 
-/// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "../shared/allocator.rs"]
+mod allocator;
 
 /// Train a tiny ViT on generated stripe orientations.
 #[derive(Parser)]
@@ -221,6 +221,7 @@ fn write_summary(out: &Path, summary: &serde_json::Value) -> Result<(), String> 
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     kiln::log_to_stderr();
     let args = Args::parse();
     let device = args.device;

@@ -36,9 +36,9 @@ use kiln::precision::{DeviceJob, DeviceSpec};
 use kiln::train::{Checkpoints, RunOptions, Trainer, evaluate};
 use serde_json::json;
 
-/// mimalloc keeps freed tensor buffers for reuse (docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "../shared/allocator.rs"]
+mod allocator;
 
 /// Train a PaiNN potential on reference energies and forces.
 #[derive(Parser)]
@@ -296,6 +296,7 @@ impl DeviceJob for Args {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     kiln::log_to_stderr();
     let args = Args::parse();
     let device = args.device;

@@ -40,6 +40,7 @@ pub use captions::{Caption, CaptionedClips, match_captions, read_captions};
 pub use config::{FoveatedConfig, FrameHead, Readout};
 pub use connectors::Connectors;
 pub use model::{ClipBatch, FoveatedModel, FoveatedOutput, Glimpse, Losses, Mode, PassOutput};
+pub use train::fvlm_recipe;
 
 /// Why the foveated model could not be built or run.
 #[derive(Debug, thiserror::Error)]

@@ -519,18 +519,15 @@ impl<B: Backend> FoveatedModel<B> {
         let first_visual = text.prompt.as_ref().map_or(0, |p| p.dims()[1]) + 1;
         parts.extend([mode, visual]);
         parts.extend(text.target.iter().cloned());
-        let output = self
-            .lm
-            .forward(TextInput::embeddings(Tensor::cat(parts, 1)))?;
-        let hidden = output.last_hidden_state;
         // Target token i is predicted at the position before it: the last visual token, then
-        // the target's own tokens but its last.
+        // the target's own tokens but its last. Only those positions (and the last) get logits.
         let target = text.target.as_ref().map_or(0, |t| t.dims()[1]);
         let start = first_visual + visual_tokens - 1;
+        let input = TextInput::embeddings(Tensor::cat(parts, 1)).with_logits_from(start);
+        let output = self.lm.forward(input)?;
+        let hidden = output.last_hidden_state;
         let vocab = output.logits.dims()[2];
-        let text_logits = output
-            .logits
-            .slice([0..clips, start..start + target, 0..vocab]);
+        let text_logits = output.logits.slice([0..clips, 0..target, 0..vocab]);
         let mut pass = PassOutput {
             tokens,
             per_frame,

@@ -4,9 +4,32 @@
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Int, Tensor, TensorData};
-use kiln_train::{EvalOutput, EvalStep, StepContext, StepOutput, TrainStep};
+use kiln_train::{
+    EvalOutput, EvalStep, OptimizerConfig, Schedule, StepContext, StepOutput, TrainConfig,
+    TrainStep,
+};
 
 use crate::{ClipBatch, FoveatedModel, FoveatedOutput, Losses, PassOutput};
+
+/// fVLM's optimisation for `steps` optimizer steps: AdamW with its parameter groups — the
+/// connectors (every parameter fVLM adds) at peak `connector_lr`, DINOv2 and the LM at
+/// `backbone_lr` — weight decay 0.01 except on biases and norms, linear warm-up over the first
+/// 5% of steps, cosine decay to 0.1×, gradients clipped to norm 1.0.
+///
+/// ```
+/// let config = kiln_foveated::fvlm_recipe(1_000, 1e-3, 1e-5);
+/// assert_eq!(config.max_grad_norm, Some(1.0));
+/// ```
+pub fn fvlm_recipe(steps: u64, connector_lr: f64, backbone_lr: f64) -> TrainConfig {
+    let mut config = TrainConfig::new(steps, backbone_lr);
+    config.optimizer = OptimizerConfig::adamw(backbone_lr)
+        .with_weight_decay(0.01)
+        .with_group("connector", &["connectors"], connector_lr, 0.01)
+        .without_decay_on_biases_and_norms();
+    config.schedule = Schedule::warmup_cosine((steps / 20).max(1), 0.0, 0.1, steps);
+    config.max_grad_norm = Some(1.0);
+    config
+}
 
 impl<B: AutodiffBackend> TrainStep<B> for FoveatedModel<B> {
     type Batch = ClipBatch<B>;

@@ -48,8 +48,21 @@ pub struct TextInput<B: Backend> {
     pub position_ids: Option<Vec<Vec<usize>>>,
     /// Whether to return every hidden state.
     pub hidden_states: bool,
-    /// Whether to compute the logits of the last token only (generation).
-    pub last_logits_only: bool,
+    /// Which tokens get logits.
+    pub logits: Logits,
+}
+
+/// Which tokens of a forward pass get next-token logits (the vocabulary projection is often the
+/// largest product of a small model's pass).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Logits {
+    /// Every token.
+    #[default]
+    All,
+    /// The last token only (generation).
+    Last,
+    /// The tokens from this position on (scoring a continuation: training on a caption).
+    From(usize),
 }
 
 impl<B: Backend> TextInput<B> {
@@ -83,7 +96,7 @@ impl<B: Backend> TextInput<B> {
             attention_mask: None,
             position_ids: None,
             hidden_states: false,
-            last_logits_only: false,
+            logits: Logits::All,
         }
     }
 
@@ -107,7 +120,13 @@ impl<B: Backend> TextInput<B> {
 
     /// Computing the last token's logits only.
     pub fn with_last_logits_only(mut self) -> Self {
-        self.last_logits_only = true;
+        self.logits = Logits::Last;
+        self
+    }
+
+    /// Computing the logits of the tokens from `position` (0-based) on only.
+    pub fn with_logits_from(mut self, position: usize) -> Self {
+        self.logits = Logits::From(position);
         self
     }
 }

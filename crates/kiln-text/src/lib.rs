@@ -32,7 +32,7 @@ mod tokenizer;
 pub use cache::KvCache;
 pub use config::{Family, MODEL_TYPES, RopeScaling, TextConfig};
 pub use generate::{GenerationConfig, Sampling, generate};
-pub use input::{TextInput, Tokens};
+pub use input::{Logits, TextInput, Tokens};
 pub use llama::{Attention, CausalLm, CausalLmOutput, DecoderLayer, LlamaModel, Mlp};
 pub use tokenizer::{Message, TextTokenizer, TokenCache};
 

@@ -18,7 +18,7 @@ use kiln_transformer::{Pass, PreparedWeights, Settings, in_compute_dtype, run_la
 use crate::TextError;
 use crate::cache::{KvCache, LayerCache};
 use crate::config::TextConfig;
-use crate::input::{TextInput, Tokens};
+use crate::input::{Logits, TextInput, Tokens};
 use crate::rope::Rope;
 
 /// Grouped-query self-attention (`model.layers.N.self_attn`).
@@ -362,8 +362,9 @@ pub struct LlamaModel<B: Backend> {
 /// What a forward pass gives, in the policy's output dtype.
 #[derive(Debug, Clone)]
 pub struct CausalLmOutput<B: Backend> {
-    /// Next-token logits `[batch, tokens, vocab]` (only the last token's with
-    /// [`TextInput::last_logits_only`]: `[batch, 1, vocab]`).
+    /// Next-token logits `[batch, tokens, vocab]`, or of the tokens [`TextInput::logits`] names
+    /// (the last: `[batch, 1, vocab]`; from position p: `[batch, tokens − p, vocab]`, at least
+    /// the last token's).
     pub logits: Tensor<B, 3>,
     /// The final norm's output `[batch, tokens, hidden]`.
     pub last_hidden_state: Tensor<B, 3>,
@@ -525,11 +526,16 @@ impl<B: Backend> CausalLm<B> {
         if let Some(last) = hidden_states.last_mut() {
             *last = pass.output(last_hidden_state.clone());
         }
-        let head_input = if input.last_logits_only {
+        let first = match input.logits {
+            Logits::All => 0,
+            Logits::Last => tokens - 1,
+            Logits::From(position) => position.min(tokens - 1),
+        };
+        let head_input = if first > 0 {
             let hidden = last_hidden_state.dims()[2];
             last_hidden_state
                 .clone()
-                .slice([0..batch, tokens - 1..tokens, 0..hidden])
+                .slice([0..batch, first..tokens, 0..hidden])
         } else {
             last_hidden_state.clone()
         };

@@ -442,3 +442,30 @@ fn float16_checkpoint() {
     assert!(error <= 1e-2, "{error}");
     assert!(error > 1e-6, "{error}: the weights were not rounded to f16");
 }
+
+/// Logits of the tokens from a position on (and of the last alone) are those rows of the full
+/// pass's logits, on the host path and through burn's operations.
+#[test]
+fn partial_logits_are_rows_of_the_full_ones() {
+    partial_logits::<Flex>();
+    partial_logits::<Autodiff<Flex>>();
+}
+
+fn partial_logits<B: Backend>() {
+    let model = load_on::<B>("llama", &Policy::full());
+    let reference = Reference::open("llama");
+    let input = || TextInput::ids(reference.ids()).with_attention_mask(reference.mask());
+    let full = model.forward(input()).unwrap().logits;
+    let [batch, tokens, vocab] = full.dims();
+    for (first, partial) in [
+        (3, input().with_logits_from(3)),
+        (tokens - 1, input().with_last_logits_only()),
+        (tokens - 1, input().with_logits_from(tokens + 5)),
+    ] {
+        let partial = model.forward(partial).unwrap().logits;
+        assert_eq!(partial.dims(), [batch, tokens - first, vocab]);
+        let rows = full.clone().slice([0..batch, first..tokens, 0..vocab]);
+        let gap = (partial - rows).abs().max().into_scalar().elem::<f32>();
+        assert!(gap <= 1e-5, "from {first}: {gap}");
+    }
+}

@@ -1,0 +1,233 @@
+//! Training throughput of the foveated model (kiln-foveated) under kiln-bench: one timed run is
+//! one optimizer step of kiln-train (both passes, backward, clipping, AdamW, the loss read back),
+//! as the examples' loops run it. PyTorch's figure for the same model, shapes and optimizer comes
+//! from `scripts/bench/foveated_torch.py`; both are in docs/FOVEATED.md.
+//!
+//! - `foveated_step/synthetic,b=16`: the `foveated_synthetic` example's default model (DINOv2 8
+//!   wide, an LM 64 wide, shallow readout, 16-class per-frame head) on 16 cue-then-read clips
+//!   of 4 frames.
+//! - `foveated_step/fvlm,b=2,T=8`: fVLM's shapes — DINOv2-S at 224 px, SmolLM2-135M, deep
+//!   readout, 384-wide queries, 2 clips of 8 frames, a 16-token prompt and a 32-token caption —
+//!   random weights, fVLM's parameter groups (`fvlm_recipe`).
+//! - `dinov2_frames/224px`: DINOv2-S's patch features and keys/values (`encode_patches`, what
+//!   the model runs once over every frame of a batch) for 1 … 16 frames at once: the per-frame
+//!   cost should fall as B·T grows.
+//!
+//! ```text
+//! cargo bench --bench foveated -- --quick
+//! cargo bench --bench foveated -- --filter synthetic --save main    # then `--compare main`
+//! ```
+
+#[path = "../examples/foveated_synthetic/model.rs"]
+mod model;
+
+use std::cell::{Cell, RefCell};
+use std::process::ExitCode;
+
+use kiln::bench::{BenchError, Benchmark, Runner, Suite, Work, batch_sizes, cli};
+use kiln::burn::backend::Autodiff;
+use kiln::burn::tensor::backend::Backend;
+use kiln::burn::tensor::{Distribution, Tensor};
+use kiln::foveated::synthetic::CueThenRead;
+use kiln::foveated::{ClipBatch, FoveatedConfig, FoveatedModel, Mode, Readout, fvlm_recipe};
+use kiln::text::TextConfig;
+use kiln::train::{Optimization, TrainConfig};
+use kiln::vision::{Dinov2Config, Dinov2Model};
+
+/// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
+#[path = "../examples/shared/allocator.rs"]
+mod allocator;
+
+type Trained<B> = FoveatedModel<Autodiff<B>>;
+
+/// The model in training and its optimizer.
+type Training<B> = (Trained<B>, Optimization<Autodiff<B>, Trained<B>>);
+
+/// Which batches a training step takes.
+enum Workload {
+    /// The example's cue-then-read clips: 3×3 boards, 4 frames, 16 classes.
+    Synthetic(CueThenRead),
+    /// Random frames and token ids of fVLM's shapes.
+    Fvlm,
+}
+
+const SYNTHETIC_CLIPS: usize = 16;
+const FVLM: (usize, usize, usize, usize) = (2, 8, 16, 32); // clips, frames, prompt, caption
+const FVLM_SIZE: usize = 224;
+
+/// One optimizer step of the foveated model; the model and optimizer carry over from run to
+/// run, as in training.
+struct TrainingStep<B: Backend> {
+    name: String,
+    workload: Workload,
+    state: RefCell<Option<Training<B>>>,
+    step: Cell<u64>,
+}
+
+impl<B: Backend> TrainingStep<B> {
+    fn new(
+        name: &str,
+        workload: Workload,
+        model: Trained<B>,
+        config: &TrainConfig,
+        device: &B::Device,
+    ) -> Self {
+        let optimization = Optimization::fresh(config, &model, device);
+        TrainingStep {
+            name: name.into(),
+            workload,
+            state: RefCell::new(Some((model, optimization))),
+            step: Cell::new(0),
+        }
+    }
+
+    fn clips(&self) -> usize {
+        match self.workload {
+            Workload::Synthetic(_) => SYNTHETIC_CLIPS,
+            Workload::Fvlm => FVLM.0,
+        }
+    }
+}
+
+impl<B: Backend> Benchmark<B> for TrainingStep<B> {
+    type Input = ClipBatch<Autodiff<B>>;
+    type Output = f64;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn work(&self) -> Work {
+        Work::items(self.clips() as u64)
+    }
+
+    fn prepare(&self, device: &B::Device, variant: usize) -> Self::Input {
+        match &self.workload {
+            Workload::Synthetic(task) => {
+                let first = (variant * SYNTHETIC_CLIPS) as u64;
+                task.batch(first..first + SYNTHETIC_CLIPS as u64, device)
+            }
+            Workload::Fvlm => {
+                let (clips, frames, prompt, caption) = FVLM;
+                let shape = [clips, frames, 3, FVLM_SIZE, FVLM_SIZE];
+                let ids = |count: usize, salt: usize| {
+                    let vocab = TextConfig::smollm2_135m().vocab_size;
+                    let id = |i: usize| ((i * 7919 + salt * 104_729 + variant) % vocab) as u32;
+                    (0..clips)
+                        .map(|c| (0..count).map(|i| id(c * count + i)).collect())
+                        .collect()
+                };
+                ClipBatch::new(Tensor::random(
+                    shape,
+                    Distribution::Normal(0.0, 1.0),
+                    device,
+                ))
+                .with_prompt(ids(prompt, 1))
+                .with_target(ids(caption, 2))
+            }
+        }
+    }
+
+    fn run(&self, batch: &Self::Input) -> f64 {
+        let (model, mut optimization) = self.state.borrow_mut().take().expect("a model");
+        let (model, report) = optimization
+            .step(model, self.step.get(), || batch.clone())
+            .expect("a step without data-parallel peers");
+        self.step.set(self.step.get() + 1);
+        *self.state.borrow_mut() = Some((model, optimization));
+        report.loss
+    }
+}
+
+/// DINOv2's pass over `frames` frames at once (`encode_patches`).
+struct Frames<B: Backend> {
+    dino: Dinov2Model<B>,
+    frames: usize,
+}
+
+impl<B: Backend> Benchmark<B> for Frames<B> {
+    type Input = Tensor<B, 4>;
+    type Output = Tensor<B, 3>;
+
+    fn name(&self) -> String {
+        format!("dinov2_frames/{FVLM_SIZE}px/b·t={}", self.frames)
+    }
+
+    fn work(&self) -> Work {
+        Work::items(self.frames as u64)
+    }
+
+    fn prepare(&self, device: &B::Device, _variant: usize) -> Self::Input {
+        let shape = [self.frames, 3, FVLM_SIZE, FVLM_SIZE];
+        Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
+    }
+
+    fn run(&self, pixels: &Self::Input) -> Self::Output {
+        self.dino
+            .encode_patches(pixels.clone())
+            .expect("frames of the tower's size")
+            .last_hidden_state
+    }
+}
+
+/// DINOv2-S at 224 px (its position table made for that size).
+fn dinov2_s() -> Dinov2Config {
+    Dinov2Config {
+        image_size: FVLM_SIZE,
+        ..Dinov2Config::small()
+    }
+}
+
+struct Foveated;
+
+impl Suite for Foveated {
+    fn run<B: Backend>(&self, runner: &mut Runner<'_, B>) -> Result<(), BenchError> {
+        let device = runner.device().clone();
+        let synthetic = format!("foveated_step/synthetic,b={SYNTHETIC_CLIPS}");
+        if runner.selects(&synthetic) {
+            let task = CueThenRead::new(3, 6, 4, 16, 0).map_err(BenchError::Io)?;
+            <Autodiff<B> as Backend>::seed(&device, 0);
+            let model =
+                model::synthetic_model(&task, 8, Readout::Shallow, Mode::CoarseFine, &device)
+                    .map_err(BenchError::Io)?;
+            let config = model::recipe(4000, 2e-3);
+            let workload = Workload::Synthetic(task);
+            runner.bench(&TrainingStep::new(
+                &synthetic, workload, model, &config, &device,
+            ))?;
+        }
+        let fvlm = format!("foveated_step/fvlm,b={},T={}", FVLM.0, FVLM.1);
+        if runner.selects(&fvlm) {
+            <Autodiff<B> as Backend>::seed(&device, 0);
+            let model = FoveatedModel::new(
+                dinov2_s().init(&device),
+                TextConfig::smollm2_135m().init(&device),
+                FoveatedConfig::fvlm(),
+                &device,
+            )
+            .map_err(|e| BenchError::Io(e.to_string()))?;
+            let config = fvlm_recipe(1000, 1e-3, 1e-5);
+            runner.bench(&TrainingStep::new(
+                &fvlm,
+                Workload::Fvlm,
+                model,
+                &config,
+                &device,
+            ))?;
+        }
+        let dino = dinov2_s().init::<B>(&device);
+        runner.batch_scaling(
+            &format!("dinov2_frames/{FVLM_SIZE}px"),
+            &batch_sizes(16),
+            |frames| Frames {
+                dino: dino.clone(),
+                frames,
+            },
+        )
+    }
+}
+
+fn main() -> ExitCode {
+    allocator::keep_freed_memory();
+    cli::main(Foveated)
+}
