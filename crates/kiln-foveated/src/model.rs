@@ -7,7 +7,7 @@ use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use kiln_precision::Policy;
-use kiln_text::{CausalLm, TextInput};
+use kiln_text::{CausalLm, KvCache, TextInput};
 use kiln_transformer::checkpoint::load_checkpoint;
 use kiln_vision::{Dinov2Model, Dinov2Patches, VisionModel};
 
@@ -449,7 +449,8 @@ impl<B: Backend> FoveatedModel<B> {
     }
 
     /// The fine pass alone, each frame's query from the fine pass's hidden state at the frame
-    /// before (one LM run per frame, over the tokens so far).
+    /// before: the LM runs one token a frame over `[prompt, fine token, z_1 … z_t]`, keeping its
+    /// keys and values, then once over the whole sequence with the target for the outputs.
     fn autoregressive(
         &self,
         patches: &Dinov2Patches<B>,
@@ -462,31 +463,33 @@ impl<B: Backend> FoveatedModel<B> {
         let query_dim = self.config.query_dim;
         let mut query = self.q_init(clips).reshape([clips, query_dim]);
         let (mut queries, mut tokens, mut attention) = (Vec::new(), Vec::new(), Vec::new());
+        let mut cache = KvCache::new();
         for t in 0..frames {
             let rows: Vec<i64> = (0..clips).map(|c| (c * frames + t) as i64).collect();
             let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [clips]), &device);
             let frame = select_frames(patches, rows);
             queries.push(query.clone().unsqueeze_dim::<3>(1));
             let glimpse = self.read(&frame, query.clone())?;
-            tokens.push(glimpse.tokens.unsqueeze_dim::<3>(1));
+            let token = glimpse.tokens.unsqueeze_dim::<3>(1);
+            tokens.push(token.clone());
             attention.push(glimpse.attention.unsqueeze_dim::<4>(1));
             if t + 1 < frames {
-                let so_far = Text {
-                    prompt: text.prompt.clone(),
-                    target: None,
+                let visual = self.visual_embeddings(token);
+                let new = if t == 0 {
+                    let mode = mode_embedding(connectors.fine_token.val(), clips);
+                    let mut parts: Vec<Tensor<B, 3>> = text.prompt.iter().cloned().collect();
+                    parts.extend([mode, visual]);
+                    Tensor::cat(parts, 1)
+                } else {
+                    visual
                 };
-                let pass = self.lm_pass(
-                    connectors.fine_token.val(),
-                    Tensor::cat(tokens.clone(), 1),
-                    1,
-                    &so_far,
-                )?;
-                let at_frames = pass.at_frames();
-                let width = at_frames.dims()[2];
-                let last = at_frames
-                    .slice([0..clips, t..t + 1, 0..width])
-                    .reshape([clips, width]);
-                query = connectors.llm_to_query.forward(last);
+                let input = TextInput::embeddings(new).with_last_logits_only();
+                let state = self.lm.forward_cached(input, &mut cache)?.last_hidden_state;
+                let [_, length, width] = state.dims();
+                let last = state.slice([0..clips, length - 1..length, 0..width]);
+                query = connectors
+                    .llm_to_query
+                    .forward(last.reshape([clips, width]));
             }
         }
         let mut fine =
@@ -501,6 +504,12 @@ impl<B: Backend> FoveatedModel<B> {
         })
     }
 
+    /// Visual tokens `[clips, n, D]` as LM input embeddings: `dino_to_llm`, scaled to sit among
+    /// the LM's embeddings.
+    fn visual_embeddings(&self, tokens: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.connectors.dino_to_llm.forward(tokens) * self.config.visual_scale
+    }
+
     /// The LM over `[prompt, mode token, visual tokens, target]`, `per_frame` visual tokens a
     /// frame.
     fn lm_pass(
@@ -512,9 +521,8 @@ impl<B: Backend> FoveatedModel<B> {
     ) -> Result<PassOutput<B>, FoveatedError> {
         let connectors = &self.connectors;
         let [clips, visual_tokens, _] = tokens.dims();
-        let visual = connectors.dino_to_llm.forward(tokens.clone()) * self.config.visual_scale;
-        let width = visual.dims()[2];
-        let mode = mode_token.reshape([1, 1, width]).expand([clips, 1, width]);
+        let visual = self.visual_embeddings(tokens.clone());
+        let mode = mode_embedding(mode_token, clips);
         let mut parts: Vec<Tensor<B, 3>> = text.prompt.iter().cloned().collect();
         let first_visual = text.prompt.as_ref().map_or(0, |p| p.dims()[1]) + 1;
         parts.extend([mode, visual]);
@@ -669,6 +677,12 @@ impl<B: Backend> FoveatedModel<B> {
 }
 
 /// The text around the visual tokens, embedded.
+/// A mode token `[W]` as one input embedding per clip, `[clips, 1, W]`.
+fn mode_embedding<B: Backend>(mode_token: Tensor<B, 1>, clips: usize) -> Tensor<B, 3> {
+    let width = mode_token.dims()[0];
+    mode_token.reshape([1, 1, width]).expand([clips, 1, width])
+}
+
 struct Text<B: Backend> {
     prompt: Option<Tensor<B, 3>>,
     target: Option<Tensor<B, 3>>,
