@@ -313,13 +313,14 @@ mod tests {
         let moov = bytes.windows(4).position(|w| w == b"moov").unwrap() - 4;
         let dir = tempfile::tempdir().unwrap();
         let damaged = dir.path().join("damaged.mp4");
+        let spec = crate::ClipSpec::new(2, crate::Preprocess::siglip(8));
         let mut errors = 0;
         for i in (0..moov).step_by(29).chain(moov..bytes.len()) {
             for flip in [0xFF, 0x80, 0x01] {
                 let mut copy = bytes.clone();
                 copy[i] ^= flip;
                 std::fs::write(&damaged, &copy).unwrap();
-                errors += usize::from(super::sampled_frames(&damaged, 2, 1 << 28).is_err());
+                errors += usize::from(super::sampled_frames(&damaged, &spec, 1 << 28).is_err());
             }
         }
         assert!(errors > 0, "no flip was noticed");
@@ -327,7 +328,7 @@ mod tests {
         let mut copy = bytes.clone();
         copy[moov + 11] ^= 0x80;
         std::fs::write(&damaged, &copy).unwrap();
-        let err = super::sampled_frames(&damaged, 2, 1 << 28).unwrap_err();
+        let err = super::sampled_frames(&damaged, &spec, 1 << 28).unwrap_err();
         assert!(err.contains("in circles"), "{err}");
     }
 }
