@@ -6,7 +6,8 @@
 # .gpu/, listed in .git/info/exclude). Build only what the groups you will run need:
 #
 #   cargo build --release --features cuda --example exp0_mc                  # exp0
-#   cargo bench --no-run --features cuda --bench vision --bench text --bench forcefield
+#   cargo bench --no-run --features cuda --bench vision --bench text --bench forcefield \
+#       --bench foveated
 #   cargo test --release --features cuda --no-run --test mc_backends         # masks
 #   scripts/bench/cuda_session.sh --collect        # .gpu/binaries.tar.xz
 #
@@ -34,6 +35,9 @@
 #  siglip2 SigLIP2-B/16 as `towers`, f32 and bf16.
 #  text    kiln-text's SmolLM2-135M prefill and decode (the `text` bench) against
 #          scripts/bench/text_torch.py, f32/TF32 then bf16.
+#  foveated  The foveated model's training steps (the `foveated` bench: the synthetic default and
+#          fVLM's shapes, then DINOv2-S's per-frame cost) against scripts/bench/foveated_torch.py,
+#          TF32 on both sides.
 #  painn   PaiNN energies and forces at batch 1 … 256 (the `forcefield` bench, seed size)
 #          against scripts/bench/painn_torch.py (schnetpack) on the same GPU. Each new batch
 #          size compiles for tens of seconds: PAINN_FILTER=painn/seed/b=64 times one size alone.
@@ -45,7 +49,7 @@ if [ "${1:-}" = "--collect" ]; then
     # binaries last), and exp0_mc.
     mkdir -p "$BIN"
     names=()
-    for name in vision text forcefield train mc_backends; do
+    for name in vision text forcefield foveated train mc_backends; do
         newest=$(ls -t target/release/deps/"$name"-* 2>/dev/null | grep -v '\.d$' | head -1)
         [ -n "$newest" ] && cp "$newest" "$BIN/$name" && names+=("$name")
     done
@@ -64,7 +68,7 @@ if [[ "${1:-}" =~ ^[0-9]+$ ]]; then
     shift
 fi
 GROUPS_TO_RUN=("$@")
-[ ${#GROUPS_TO_RUN[@]} -eq 0 ] && GROUPS_TO_RUN=(masks exp0 towers towers-bf16 siglip2 text painn)
+[ ${#GROUPS_TO_RUN[@]} -eq 0 ] && GROUPS_TO_RUN=(masks exp0 towers towers-bf16 siglip2 text foveated painn)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 START=$(date +%s)
@@ -151,6 +155,14 @@ text() {
     step text_torch_f32 60 python3 scripts/bench/text_torch.py --device cuda --tf32
     step text_bf16 120 "$BIN/text" --device cuda --quick --no-calibration --policy mixed-bf16
     step text_torch_bf16 60 python3 scripts/bench/text_torch.py --device cuda --dtype bf16
+}
+
+foveated() {
+    step foveated_kiln 240 "$BIN/foveated" --device cuda --quick --no-calibration
+    step foveated_torch_synthetic 60 python3 scripts/bench/foveated_torch.py --device cuda \
+        --tf32 --workload synthetic
+    step foveated_torch_fvlm 90 python3 scripts/bench/foveated_torch.py --device cuda --tf32 \
+        --workload fvlm --warmup 2 --rounds 5 --steps-per-round 3
 }
 
 painn() {

@@ -23,11 +23,13 @@ loss read back as a Python float (as kiln's trainer reads it for metrics.jsonl).
   and LayerScale).
 
 `--warmup` steps run untimed, then `--rounds` rounds of `--steps-per-round` steps are timed;
-prints ms per step per round, their median, and a final JSON line (also `--json PATH`).
+prints ms per step per round, their median, and a final JSON line (also `--json PATH`). Each
+step's `.item()` waits for the device, so the clock covers the work on a GPU too.
 
     /work/venvs/hf/bin/python scripts/bench/foveated_torch.py --threads 2 --workload synthetic
     /work/venvs/hf/bin/python scripts/bench/foveated_torch.py --threads 2 --workload fvlm \
         --warmup 1 --rounds 3 --steps-per-round 1
+    python3 scripts/bench/foveated_torch.py --device cuda --tf32 --workload fvlm   # on a GPU
 
 Requirements: scripts/fixtures/requirements-hf.txt (torch, transformers).
 """
@@ -105,22 +107,28 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps-per-round", type=int, default=20)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--tf32", action="store_true", help="TF32 products on a GPU")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
     torch.manual_seed(0)
+    device = torch.device(args.device)
 
     w, dino, lm, connectors = build(args.workload)
+    dino, lm, connectors = dino.to(device), lm.to(device), connectors.to(device)
     params = [*dino.parameters(), *lm.parameters(), *connectors.parameters()]
     adamw = optimizer(w, dino, lm, connectors)
     clips, frames = w["clips"], w["frames"]
     side = w["dino"]["image_size"]
     vocab = w["lm"]["vocab_size"]
-    pixels = torch.randn(clips * frames, 3, side, side)
-    prompt = torch.randint(0, vocab, (clips, w["prompt"]))
-    caption = torch.randint(0, vocab, (clips, w["caption"]))
+    pixels = torch.randn(clips * frames, 3, side, side, device=device)
+    prompt = torch.randint(0, vocab, (clips, w["prompt"]), device=device)
+    caption = torch.randint(0, vocab, (clips, w["caption"]), device=device)
     frame_targets = None
     if w["classes"]:
-        frame_targets = torch.randint(0, w["classes"], (clips, frames))
+        frame_targets = torch.randint(0, w["classes"], (clips, frames), device=device)
         frame_targets[:, 0] = -100
 
     def step():
@@ -146,6 +154,8 @@ def main():
     result = {
         "workload": args.workload,
         "threads": args.threads,
+        "device": args.device,
+        "tf32": args.tf32,
         "torch": torch.__version__,
         "ms_per_step_rounds": rounds,
         "median_ms_per_step": statistics.median(rounds),
