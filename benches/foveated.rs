@@ -4,8 +4,8 @@
 //! from `scripts/bench/foveated_torch.py`; both are in docs/FOVEATED.md.
 //!
 //! - `foveated_step/synthetic,b=16`: the `foveated_synthetic` example's default model (DINOv2 8
-//!   wide, an LM 64 wide, shallow readout, 16-class per-frame head) on 16 cue-then-read clips
-//!   of 4 frames.
+//!   wide, an LM 64 wide with 16 tokens, shallow readout, 16-class per-frame head) on 16
+//!   cue-then-read clips of 4 frames, 3×3 boards (its starting stage).
 //! - `foveated_step/fvlm,b=2,T=8`: fVLM's shapes — DINOv2-S at 224 px, SmolLM2-135M, deep
 //!   readout, 384-wide queries, 2 clips of 8 frames, a 16-token prompt and a 32-token caption —
 //!   random weights, fVLM's parameter groups (`fvlm_recipe`).
@@ -187,9 +187,9 @@ impl Suite for Foveated {
         if runner.selects(&synthetic) {
             let task = CueThenRead::new(3, 6, 4, 16, 0).map_err(BenchError::Io)?;
             <Autodiff<B> as Backend>::seed(&device, 0);
-            let model =
-                model::synthetic_model(&task, 8, Readout::Shallow, Mode::CoarseFine, &device)
-                    .map_err(BenchError::Io)?;
+            let model = model::synthetic_model(&task, 8, 16, Readout::Shallow, &device)
+                .map_err(BenchError::Io)?
+                .with_training_mode(Mode::CoarseFine);
             let config = model::recipe(4000, 2e-3);
             let workload = Workload::Synthetic(task);
             runner.bench(&TrainingStep::new(

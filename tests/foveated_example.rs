@@ -2,7 +2,8 @@
 //!
 //! `foveated_synthetic`: its flags, its outputs (`summary.json` with every control's
 //! `coarse_accuracy` and `fine_accuracy`, null where a mode does not apply; `curves.png`; one
-//! kiln-train run directory per control), and bad flags refused before any work. A short run: the
+//! kiln-train run directory per control and stage, and its saved model), and bad flags refused
+//! before any work. A short run: the
 //! accuracies it reaches are the documented long run's concern.
 //!
 //! `foveated_train`: captioned frame folders and tiny random checkpoints (kiln-foveated's DINOv2,
@@ -39,6 +40,8 @@ fn a_short_run_writes_every_control_and_the_plot() {
         "32",
         "--batch",
         "4",
+        "--start-steps",
+        "2",
     ];
     let output = run(
         &out,
@@ -67,7 +70,21 @@ fn a_short_run_writes_every_control_and_the_plot() {
     for control in ["both", "static_only", "all_patches", "random_queries"] {
         let lines = kiln::train::read_metrics(&out.join(control)).unwrap();
         assert_eq!(lines.len(), 4, "{control}");
+        // The 3×3 boards first, then the 4×4 ones; the model trained on both is saved.
+        let start = kiln::train::read_metrics(&out.join(control).join("start")).unwrap();
+        assert_eq!(start.len(), 2, "{control}");
+        assert!(
+            out.join(control).join("model/config.json").is_file(),
+            "{control}"
+        );
     }
+    assert_eq!(
+        (
+            &summary["settings"]["grid"],
+            &summary["settings"]["start_grid"]
+        ),
+        (&4.into(), &3.into())
+    );
 }
 
 #[test]

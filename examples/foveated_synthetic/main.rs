@@ -8,8 +8,11 @@
 //!     [--device D] [--readout shallow|deep]
 //! ```
 //!
-//! Trains four controls from scratch with the same budget, each through kiln-train in
-//! OUT/<control>/ (metrics.jsonl, loss.png, checkpoints: rerunning resumes):
+//! Trains four controls from scratch with the same budget — `--start-steps` (2 000) on 3×3
+//! boards, then `--steps` (4 000) on the 4×4 boards they are scored on (from scratch, no readout
+//! learns to point on 4×4 boards; having learned on 3×3 ones, it keeps pointing as the board
+//! grows) — each through kiln-train in OUT/<control>/start/ and OUT/<control>/ (metrics.jsonl,
+//! loss.png, checkpoints: rerunning resumes), the trained model in OUT/<control>/model/:
 //! - `both`: coarse and fine passes trained together (λ = 1), scored in both modes;
 //! - `static_only`: the coarse pass alone (`q_static` for every frame);
 //! - `all_patches`: no readout, the LM sees every patch token (the upper bound);
@@ -30,7 +33,7 @@ use kiln::burn;
 use kiln::foveated::synthetic::{CueThenRead, SyntheticClips};
 use kiln::foveated::{FoveatedModel, Mode, Readout};
 use kiln::precision::{DeviceJob, DeviceSpec};
-use kiln::train::{RunOptions, TrainConfig, Trainer, read_metrics};
+use kiln::train::{Outcome, RunOptions, TrainConfig, Trainer, read_metrics};
 use serde_json::{Value, json};
 
 mod model;
@@ -45,7 +48,7 @@ struct Args {
     /// The run's directory (one subdirectory per control, summary.json, curves.png).
     #[arg(long)]
     out: PathBuf,
-    /// Optimizer steps per control.
+    /// Optimizer steps per control on the final boards (after the `--start-steps`).
     #[arg(long, default_value_t = 4000)]
     steps: u64,
     /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
@@ -55,9 +58,17 @@ struct Args {
     /// point more slowly: docs/FOVEATED.md).
     #[arg(long, default_value = "shallow")]
     readout: Readout,
-    /// Cells per side of the board.
-    #[arg(long, default_value_t = 3)]
+    /// Cells per side of the board (the task the controls are scored on).
+    #[arg(long, default_value_t = 4)]
     grid: usize,
+    /// Cells per side of the boards each control starts on (a curriculum: from scratch, no
+    /// readout learns to point on 4×4 boards; on 3×3 ones it does, and keeps pointing when the
+    /// board grows: docs/FOVEATED.md).
+    #[arg(long, default_value_t = 3)]
+    start_grid: usize,
+    /// Optimizer steps on the starting boards (0: start on the final boards).
+    #[arg(long, default_value_t = 2000)]
+    start_steps: u64,
     /// Pixels per side of a cell (one DINOv2 patch).
     #[arg(long, default_value_t = 6)]
     cell: usize,
@@ -102,19 +113,98 @@ const CONTROLS: [(&str, Mode); 4] = [
 /// Held-out clips come from indices far past any training clip.
 const EVAL_FIRST: u64 = 1 << 40;
 
+/// One stage of a control's training: `steps` steps on the boards of `task`, in kiln-train's
+/// run directory `dir`.
+struct Stage {
+    task: CueThenRead,
+    steps: u64,
+    dir: PathBuf,
+}
+
 impl Args {
+    /// The control's stages: the starting boards (when they differ), then the final ones.
+    fn stages(&self, control: &str) -> Result<Vec<Stage>, String> {
+        let task = |grid| CueThenRead::new(grid, self.cell, self.frames, self.classes, self.seed);
+        let dir = self.out.join(control);
+        let mut stages = Vec::new();
+        if self.start_steps > 0 && self.start_grid != self.grid {
+            stages.push(Stage {
+                task: task(self.start_grid)?,
+                steps: self.start_steps,
+                dir: dir.join("start"),
+            });
+        }
+        stages.push(Stage {
+            task: task(self.grid)?,
+            steps: self.steps,
+            dir,
+        });
+        Ok(stages)
+    }
+
+    /// The control's model from scratch (seeded); its LM names every cell of either board.
     fn model<B: Backend>(
         &self,
-        task: &CueThenRead,
+        stages: &[Stage],
         mode: Mode,
         device: &B::Device,
     ) -> Result<FoveatedModel<B>, String> {
         B::seed(device, self.seed);
-        model::synthetic_model(task, self.token_width, self.readout, mode, device)
+        let cells = stages.iter().map(|s| s.task.grid * s.task.grid).max();
+        let first = &stages[0].task;
+        let model = model::synthetic_model(
+            first,
+            self.token_width,
+            cells.unwrap_or(0),
+            self.readout,
+            device,
+        )?;
+        Ok(model.with_training_mode(mode))
     }
 
-    fn train_config(&self) -> Result<TrainConfig, String> {
-        let mut config = model::recipe(self.steps, self.lr);
+    /// Trains `model` through one stage: fresh clips of its boards (64 batches an epoch, a new
+    /// set every epoch), held-out ones far past them.
+    fn train<B: Backend>(
+        &self,
+        control: &str,
+        stage: &Stage,
+        model: FoveatedModel<Autodiff<B>>,
+        device: &B::Device,
+    ) -> Result<Outcome<FoveatedModel<Autodiff<B>>>, String> {
+        let train = SyntheticClips::<Autodiff<B>>::new(
+            stage.task.clone(),
+            0,
+            self.batch * 64,
+            self.batch,
+            device.clone(),
+        );
+        let eval = SyntheticClips::<B>::new(
+            stage.task.clone(),
+            EVAL_FIRST,
+            self.eval_clips,
+            self.batch,
+            device.clone(),
+        );
+        let (grid, task) = (stage.task.grid, &stage.task);
+        eprintln!(
+            "{control}: {} steps of {} clips on {grid}×{grid} boards",
+            stage.steps, self.batch
+        );
+        let options = RunOptions {
+            model_settings: json!({
+                "control": control,
+                "readout": format!("{:?}", self.readout),
+                "task": format!("{task:?}"),
+            }),
+            ..RunOptions::new(&stage.dir)
+        };
+        Trainer::<Autodiff<B>>::new(self.train_config(stage.steps)?, options, device.clone())
+            .fit(model, &train, Some(&eval))
+            .map_err(|e| e.to_string())
+    }
+
+    fn train_config(&self, steps: u64) -> Result<TrainConfig, String> {
+        let mut config = model::recipe(steps, self.lr);
         config.eval_every = self.eval_every;
         config.checkpoint_every = self.eval_every;
         config.seed = self.seed;
@@ -128,23 +218,7 @@ impl DeviceJob for Args {
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
         let started = Instant::now();
-        let task = CueThenRead::new(self.grid, self.cell, self.frames, self.classes, self.seed)?;
-        let config = self.train_config()?;
-        let train_clips = self.batch * 64;
-        let train = SyntheticClips::<Autodiff<B>>::new(
-            task.clone(),
-            0,
-            train_clips,
-            self.batch,
-            device.clone(),
-        );
-        let eval = SyntheticClips::<B>::new(
-            task.clone(),
-            EVAL_FIRST,
-            self.eval_clips,
-            self.batch,
-            device.clone(),
-        );
+        self.train_config(self.steps)?;
         let mut summary = serde_json::Map::new();
         if let Some(unknown) = self
             .controls
@@ -160,18 +234,17 @@ impl DeviceJob for Args {
             .into_iter()
             .filter(|(n, _)| self.controls.iter().any(|c| c == n))
         {
-            eprintln!("{name}: {} steps of {} clips", self.steps, self.batch);
-            let model = self.model::<Autodiff<B>>(&task, mode, device)?;
-            let options = RunOptions {
-                model_settings: json!({
-                    "control": name,
-                    "readout": format!("{:?}", self.readout),
-                    "task": format!("{task:?}"),
-                }),
-                ..RunOptions::new(self.out.join(name))
-            };
-            let outcome = Trainer::<Autodiff<B>>::new(config.clone(), options, device.clone())
-                .fit(model, &train, Some(&eval))
+            let stages = self.stages(name)?;
+            let mut model = self.model::<Autodiff<B>>(&stages, mode, device)?;
+            let mut outcome = None;
+            for stage in &stages {
+                let done = self.train::<B>(name, stage, model, device)?;
+                model = done.model.clone();
+                outcome = Some(done);
+            }
+            let outcome = outcome.expect("a control has a final stage");
+            model
+                .save(self.out.join(name).join("model"))
                 .map_err(|e| e.to_string())?;
             let metric = |key: &str| outcome.eval.iter().find(|(k, _)| k == key).map(|(_, v)| *v);
             let (coarse, fine) = (metric("coarse_accuracy"), metric("fine_accuracy"));
@@ -198,6 +271,8 @@ impl DeviceJob for Args {
                 "steps": self.steps,
                 "readout": format!("{:?}", self.readout).to_lowercase(),
                 "grid": self.grid,
+                "start_grid": self.start_grid,
+                "start_steps": self.start_steps,
                 "cell": self.cell,
                 "frames": self.frames,
                 "classes": self.classes,

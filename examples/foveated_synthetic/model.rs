@@ -2,7 +2,7 @@
 
 use kiln::burn::tensor::backend::Backend;
 use kiln::foveated::synthetic::CueThenRead;
-use kiln::foveated::{FoveatedConfig, FoveatedModel, FrameHead, Mode, Readout};
+use kiln::foveated::{FoveatedConfig, FoveatedModel, FrameHead, Readout};
 use kiln::text::TextConfig;
 use kiln::train::{OptimizerConfig, Schedule, TrainConfig};
 use kiln::vision::Dinov2Config;
@@ -16,8 +16,8 @@ use kiln::vision::Dinov2Config;
 pub fn synthetic_model<B: Backend>(
     task: &CueThenRead,
     token_width: usize,
+    vocab: usize,
     readout: Readout,
-    mode: Mode,
     device: &B::Device,
 ) -> Result<FoveatedModel<B>, String> {
     let dino = Dinov2Config {
@@ -32,8 +32,8 @@ pub fn synthetic_model<B: Backend>(
     }
     .init(device);
     let lm = TextConfig {
-        // The captions name the cued cell.
-        vocab_size: task.grid * task.grid,
+        // The captions name the cued cell: at least the board's cells.
+        vocab_size: vocab.max(task.grid * task.grid),
         hidden_size: 64,
         intermediate_size: 128,
         num_hidden_layers: 2,
@@ -49,9 +49,7 @@ pub fn synthetic_model<B: Backend>(
         frame_head: FrameHead::Classes(task.classes),
         ..FoveatedConfig::fvlm()
     };
-    Ok(FoveatedModel::new(dino, lm, config, device)
-        .map_err(|e| e.to_string())?
-        .with_training_mode(mode))
+    FoveatedModel::new(dino, lm, config, device).map_err(|e| e.to_string())
 }
 
 /// AdamW at peak `lr` (weight decay 0.01), warm-up over the first 5% of `steps`, cosine to 0.1×,

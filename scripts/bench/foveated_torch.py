@@ -12,9 +12,9 @@ Each step: forward of both passes, backward, `clip_grad_norm_(…, 1.0)`, AdamW,
 loss read back as a Python float (as kiln's trainer reads it for metrics.jsonl). Workloads (the
 `foveated` bench's, same shapes and optimizer):
 
-- `synthetic`: the `foveated_synthetic` example's default model and batch — DINOv2 8 wide, 2
-  layers, 2 heads, 18 px frames in 6 px patches (a 3×3 board); an LM 64 wide, 2 layers, 4 query
-  and 2 key-value heads, MLP 128, vocabulary 9; 16-wide queries, shallow readout, a 16-class
+- `synthetic`: the `foveated_synthetic` example's default model and batch on its starting 3×3
+  boards — DINOv2 8 wide, 2 layers, 2 heads, 18 px frames in 6 px patches; an LM 64 wide, 2
+  layers, 4 query and 2 key-value heads, MLP 128, vocabulary 16; 16-wide queries, shallow readout, a 16-class
   per-frame head; 16 clips of 4 frames, a one-token caption; AdamW lr 2e-3, weight decay 0.01 on
   every parameter.
 - `fvlm`: fVLM's shapes — DINOv2-S at 224 px, SmolLM2-135M, 384-wide queries, deep readout,
@@ -51,7 +51,7 @@ WORKLOADS = {
     "synthetic": {
         "dino": dict(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, image_size=18,
                      patch_size=6),
-        "lm": dict(vocab_size=9, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        "lm": dict(vocab_size=16, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2),
         "query_dim": 16, "readout": "shallow", "classes": 16,
         "clips": 16, "frames": 4, "prompt": 0, "caption": 1,
