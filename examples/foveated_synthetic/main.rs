@@ -15,7 +15,8 @@
 //! loss.png, checkpoints: rerunning resumes), the trained model in OUT/<control>/model/:
 //! - `both`: coarse and fine passes trained together (λ = 1), scored in both modes;
 //! - `static_only`: the coarse pass alone (`q_static` for every frame);
-//! - `all_patches`: no readout, the LM sees every patch token (the upper bound);
+//! - `all_patches`: no readout, the LM sees every patch token (the upper bound; trained at its
+//!   own peak learning rate, `--all-patches-lr`);
 //! - `random_queries`: the fine pass reads with random queries.
 //!
 //! Then writes OUT/summary.json (per control, `coarse_accuracy` and `fine_accuracy` on held-out
@@ -85,9 +86,13 @@ struct Args {
     /// Clips per batch.
     #[arg(long, default_value_t = 16)]
     batch: usize,
-    /// Peak learning rate.
+    /// Peak learning rate of the controls with a readout.
     #[arg(long, default_value_t = 2e-3)]
     lr: f64,
+    /// Peak learning rate of `all_patches` (its LM attends over every patch of every frame, 17×
+    /// the tokens: at 2e-3 its lookup can stall, docs/FOVEATED.md).
+    #[arg(long, default_value_t = 1e-3)]
+    all_patches_lr: f64,
     /// Held-out clips.
     #[arg(long, default_value_t = 256)]
     eval_clips: usize,
@@ -198,13 +203,18 @@ impl Args {
             }),
             ..RunOptions::new(&stage.dir)
         };
-        Trainer::<Autodiff<B>>::new(self.train_config(stage.steps)?, options, device.clone())
+        let lr = if control == "all_patches" {
+            self.all_patches_lr
+        } else {
+            self.lr
+        };
+        Trainer::<Autodiff<B>>::new(self.train_config(stage.steps, lr)?, options, device.clone())
             .fit(model, &train, Some(&eval))
             .map_err(|e| e.to_string())
     }
 
-    fn train_config(&self, steps: u64) -> Result<TrainConfig, String> {
-        let mut config = model::recipe(steps, self.lr);
+    fn train_config(&self, steps: u64, lr: f64) -> Result<TrainConfig, String> {
+        let mut config = model::recipe(steps, lr);
         config.eval_every = self.eval_every;
         config.checkpoint_every = self.eval_every;
         config.seed = self.seed;
@@ -218,7 +228,9 @@ impl DeviceJob for Args {
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
         let started = Instant::now();
-        self.train_config(self.steps)?;
+        for lr in [self.lr, self.all_patches_lr] {
+            self.train_config(self.steps, lr)?;
+        }
         let mut summary = serde_json::Map::new();
         if let Some(unknown) = self
             .controls
@@ -279,6 +291,8 @@ impl DeviceJob for Args {
                 "token_width": self.token_width,
                 "chance": 1.0 / self.classes as f64,
                 "batch": self.batch,
+                "lr": self.lr,
+                "all_patches_lr": self.all_patches_lr,
                 "eval_clips": self.eval_clips,
                 "device": self.device.to_string(),
                 "wall_seconds": started.elapsed().as_secs_f64(),

@@ -53,7 +53,7 @@ pub use preprocess::{
 pub use residency::{DEVICE_MEMORY_SHARE, DeviceMemory, Residency, ResidencyPlan};
 pub use sources::{ImageSource, SourceFile};
 pub use store::{CachedSource, FORMAT_VERSION, Manifest, ShardInfo, Skipped, Stored};
-pub use upload::{normalize_on_device, to_chw};
+pub use upload::{PreparedPixels, normalize_on_device, to_chw};
 pub use video::{ClipSpec, MP4_EXTENSIONS, ShortVideos, VideoSource, sample_frames};
 
 /// Why images could not be cached or read.

@@ -26,16 +26,55 @@ pub fn normalize_on_device<B: Backend>(
     device: &B::Device,
     precision: Precision,
 ) -> Tensor<B, 4> {
-    assert_eq!(pixels.len(), shape.iter().product::<usize>(), "{shape:?}");
-    let affine = preprocess.affine();
-    let batch = HostBatch::prepare(
-        affine,
-        Stored::U8,
-        pixels,
-        shape,
-        normalises_on_host::<B>(device),
-    );
-    batch.upload(affine, device, precision)
+    PreparedPixels::new::<B>(preprocess, pixels, shape, device).upload(device, precision)
+}
+
+/// [`normalize_on_device`] in two halves: the host's part (for host backends the whole
+/// normalisation) in [`PreparedPixels::new`], which a background thread can run while the
+/// device computes, then [`PreparedPixels::upload`].
+///
+/// ```
+/// use burn::backend::Flex;
+/// use kiln_cache::{PreparedPixels, Preprocess};
+/// use kiln_precision::Precision;
+///
+/// let device = Default::default();
+/// let preprocess = Preprocess::clip(2);
+/// let prepared = PreparedPixels::new::<Flex>(&preprocess, vec![255; 12], [1, 3, 2, 2], &device);
+/// let pixels = std::thread::spawn(move || prepared).join().unwrap();
+/// assert_eq!(pixels.upload::<Flex>(&device, Precision::F32).dims(), [1, 3, 2, 2]);
+/// ```
+#[derive(Debug)]
+pub struct PreparedPixels {
+    batch: HostBatch,
+    affine: ([f32; 3], [f32; 3]),
+}
+
+impl PreparedPixels {
+    /// 8-bit `[n, 3, H, W]` `pixels` made ready for `device` with `preprocess`'s rescale and
+    /// normalisation.
+    ///
+    /// # Panics
+    /// If `pixels` does not hold `shape`'s elements.
+    pub fn new<B: Backend>(
+        preprocess: &Preprocess,
+        pixels: Vec<u8>,
+        shape: [usize; 4],
+        device: &B::Device,
+    ) -> Self {
+        assert_eq!(pixels.len(), shape.iter().product::<usize>(), "{shape:?}");
+        let affine = preprocess.affine();
+        let on_host = normalises_on_host::<B>(device);
+        PreparedPixels {
+            batch: HostBatch::prepare(affine, Stored::U8, pixels, shape, on_host),
+            affine,
+        }
+    }
+
+    /// The pixels on `device` in `precision` (the device given to [`PreparedPixels::new`]).
+    pub fn upload<B: Backend>(self, device: &B::Device, precision: Precision) -> Tensor<B, 4> {
+        self.batch.upload(self.affine, device, precision)
+    }
 }
 
 /// Whether batches for `device` are normalised on the host (through the lookup table) rather
@@ -46,6 +85,7 @@ pub(crate) fn normalises_on_host<B: Backend>(device: &B::Device) -> bool {
 
 /// A batch made ready on the host (gathered, and normalised where that happens on the host), so
 /// that a background thread can do this part while the device computes.
+#[derive(Debug)]
 pub(crate) enum HostBatch {
     /// Normalised values, f32.
     Values(Vec<f32>, [usize; 4]),

@@ -16,10 +16,12 @@
 //! the clips to kiln-train.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
-use kiln_cache::Order;
-use kiln_cache::{IMAGENET_MEAN, IMAGENET_STD, Normalize, Preprocess, normalize_on_device};
+use kiln_cache::{
+    IMAGENET_MEAN, IMAGENET_STD, Normalize, Order, Prefetch, PreparedPixels, Preprocess,
+};
 use kiln_precision::Precision;
 use kiln_train::Loader;
 use rand::{Rng, SeedableRng};
@@ -55,6 +57,24 @@ pub struct SyntheticClip {
     /// Per frame, the class the model should give: the glyph in the cued cell; −1 (no target)
     /// for the cue frame.
     pub targets: Vec<i64>,
+}
+
+/// A batch of clips made on the host, pixels ready for the device.
+struct HostClips {
+    pixels: PreparedPixels,
+    shape: [usize; 5],
+    captions: Vec<Vec<u32>>,
+    frame_targets: Vec<Vec<i64>>,
+}
+
+impl HostClips {
+    /// The batch on `device`.
+    fn upload<B: Backend>(self, device: &B::Device) -> ClipBatch<B> {
+        let pixels = self.pixels.upload::<B>(device, Precision::F32);
+        ClipBatch::new(pixels.reshape(self.shape))
+            .with_target(self.captions)
+            .with_frame_targets(self.frame_targets)
+    }
 }
 
 impl CueThenRead {
@@ -168,9 +188,14 @@ impl CueThenRead {
     /// std (as DINOv2's processor does), per-frame targets, and the caption: one target token,
     /// the cued cell (so the LM's vocabulary needs `grid²` tokens at least).
     pub fn batch<B: Backend>(&self, indices: Range<u64>, device: &B::Device) -> ClipBatch<B> {
+        self.prepare::<B>(indices, device).upload(device)
+    }
+
+    /// The host's part of [`CueThenRead::batch`] (a background thread's, in [`SyntheticClips`]):
+    /// the clips drawn and their pixels made ready for `device`.
+    fn prepare<B: Backend>(&self, indices: Range<u64>, device: &B::Device) -> HostClips {
         let clips: Vec<SyntheticClip> = indices.map(|index| self.clip(index)).collect();
         let size = self.image_size();
-        let frames = clips.len() * self.frames;
         let pixels: Vec<u8> = clips
             .iter()
             .flat_map(|clip| clip.pixels.iter().copied())
@@ -184,17 +209,13 @@ impl CueThenRead {
             }),
             ..Preprocess::clip(size as u32)
         };
-        let pixels = normalize_on_device::<B>(
-            &preprocess,
-            pixels,
-            [frames, 3, size, size],
-            device,
-            Precision::F32,
-        );
-        let captions = clips.iter().map(|clip| vec![clip.cue as u32]).collect();
-        ClipBatch::new(pixels.reshape([clips.len(), self.frames, 3, size, size]))
-            .with_target(captions)
-            .with_frame_targets(clips.into_iter().map(|clip| clip.targets).collect())
+        let shape = [clips.len() * self.frames, 3, size, size];
+        HostClips {
+            pixels: PreparedPixels::new::<B>(&preprocess, pixels, shape, device),
+            shape: [clips.len(), self.frames, 3, size, size],
+            captions: clips.iter().map(|clip| vec![clip.cue as u32]).collect(),
+            frame_targets: clips.into_iter().map(|clip| clip.targets).collect(),
+        }
     }
 
     /// Paints the pixels of `cell` in a `[3, H, W]` frame that `colour(y, x)` (cell coordinates)
@@ -223,9 +244,10 @@ impl CueThenRead {
 }
 
 /// Clips of a [`CueThenRead`] task in batches, for kiln-train: `clips` clips from index `first`
-/// per epoch, made as they are asked for. In shuffled order every epoch takes new clips (epoch
-/// `e` starts at `first + e · clips`: an endless stream, never the same clip twice); in
-/// sequential order (evaluation) the same ones.
+/// per epoch, each batch's clips drawn and normalised on a background thread up to two batches
+/// ahead (the caller only uploads them). In shuffled order every epoch takes new clips (epoch `e` starts at
+/// `first + e · clips`: an endless stream, never the same clip twice); in sequential order
+/// (evaluation) the same ones.
 #[derive(Debug, Clone)]
 pub struct SyntheticClips<B: Backend> {
     task: CueThenRead,
@@ -267,11 +289,13 @@ impl<B: Backend> Loader for SyntheticClips<B> {
             Order::Sequential => self.first,
             Order::Shuffled { epoch, .. } => self.first + epoch * self.clips as u64,
         };
-        let batch = self.batch as u64;
-        Box::new((first..self.batches_per_epoch()).map(move |b| {
-            let from = start + b as u64 * batch;
-            self.task.batch(from..from + batch, &self.device)
-        }))
+        let order = Arc::new((0..self.batches_per_epoch()).collect());
+        let (task, device, batch) = (self.task.clone(), self.device.clone(), self.batch as u64);
+        let prepared = Prefetch::start(order, 1, first, 1, 2, move |chunk: &[usize]| {
+            let from = start + chunk[0] as u64 * batch;
+            task.prepare::<B>(from..from + batch, &device)
+        });
+        Box::new(prepared.map(|clips| clips.upload(&self.device)))
     }
 }
 
@@ -359,6 +383,36 @@ mod tests {
             assert_eq!(batch.frame_targets[row], clip.targets);
         }
         assert!(batch.prompt.is_empty());
+    }
+
+    /// The loader (its clips painted on a background thread) serves the batches `batch` makes:
+    /// in evaluation the same clips every pass, in training new ones every epoch, from any batch
+    /// on (a resumed run), the last partial batch dropped.
+    #[test]
+    fn the_loader_serves_each_epochs_clips_in_order() {
+        type B = burn::backend::Flex;
+        let task = task();
+        let device = Default::default();
+        let clips = SyntheticClips::<B>::new(task.clone(), 100, 7, 3, device);
+        assert_eq!(clips.batches_per_epoch(), 2);
+        let served = |order, first| -> Vec<Vec<i64>> {
+            clips
+                .batches(order, first)
+                .flat_map(|batch| batch.frame_targets)
+                .collect()
+        };
+        let made = |indices: Range<u64>| -> Vec<Vec<i64>> {
+            task.batch::<B>(indices, &device).frame_targets
+        };
+        assert_eq!(served(Order::Sequential, 0), made(100..106));
+        assert_eq!(served(Order::Sequential, 1), made(103..106));
+        let epoch = |epoch| Order::Shuffled { seed: 5, epoch };
+        assert_eq!(served(epoch(2), 0), made(114..120));
+        assert_eq!(served(epoch(2), 1), made(117..120));
+        assert!(served(epoch(2), 2).is_empty());
+        let pixels = |batch: ClipBatch<B>| batch.pixels.into_data().to_vec::<f32>().unwrap();
+        let first = clips.batches(epoch(3), 0).next().unwrap();
+        assert_eq!(pixels(first), pixels(task.batch::<B>(121..124, &device)));
     }
 
     /// Cues and targets are uniform (counts within 4.5 standard deviations of their expectation
