@@ -245,9 +245,9 @@ impl CueThenRead {
 
 /// Clips of a [`CueThenRead`] task in batches, for kiln-train: `clips` clips from index `first`
 /// per epoch, each batch's clips drawn and normalised on a background thread up to two batches
-/// ahead (the caller only uploads them). In shuffled order every epoch takes new clips (epoch `e` starts at
-/// `first + e · clips`: an endless stream, never the same clip twice); in sequential order
-/// (evaluation) the same ones.
+/// ahead (the caller only uploads them). In shuffled order every epoch takes new clips (epoch
+/// `e` starts at `first + e · clips`: an endless stream, never the same clip twice); in
+/// sequential order (evaluation) the same ones.
 #[derive(Debug, Clone)]
 pub struct SyntheticClips<B: Backend> {
     task: CueThenRead,
@@ -385,7 +385,7 @@ mod tests {
         assert!(batch.prompt.is_empty());
     }
 
-    /// The loader (its clips painted on a background thread) serves the batches `batch` makes:
+    /// The loader (its clips drawn on a background thread) serves the batches `batch` makes:
     /// in evaluation the same clips every pass, in training new ones every epoch, from any batch
     /// on (a resumed run), the last partial batch dropped.
     #[test]
