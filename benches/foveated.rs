@@ -5,7 +5,7 @@
 //!
 //! - `foveated_step/synthetic,b=16`: the `foveated_synthetic` example's default model (DINOv2 8
 //!   wide, an LM 64 wide with 16 tokens, shallow readout, 16-class per-frame head) on 16
-//!   cue-then-read clips of 4 frames, 3×3 boards (its starting stage).
+//!   cue-then-read clips of 4 frames on 3×3 boards (between its 2×2 start and 4×4 boards).
 //! - `foveated_step/fvlm,b=2,T=8`: fVLM's shapes — DINOv2-S at 224 px, SmolLM2-135M, deep
 //!   readout, 384-wide queries, 2 clips of 8 frames, a 16-token prompt and a 32-token caption —
 //!   random weights, fVLM's parameter groups (`fvlm_recipe`).

@@ -8,15 +8,15 @@
 //!     [--device D] [--readout shallow|deep]
 //! ```
 //!
-//! Trains four controls from scratch with the same budget — `--start-steps` (2 000) on 3×3
+//! Trains four controls from scratch with the same budget — `--start-steps` (500) on 2×2
 //! boards, then `--steps` (4 000) on the 4×4 boards they are scored on (from scratch, no readout
-//! learns to point on 4×4 boards; having learned on 3×3 ones, it keeps pointing as the board
+//! learns to point on 4×4 boards; having learned on 2×2 ones, it keeps pointing as the board
 //! grows) — each through kiln-train in OUT/<control>/start/ and OUT/<control>/ (metrics.jsonl,
 //! loss.png, checkpoints: rerunning resumes), the trained model in OUT/<control>/model/:
 //! - `both`: coarse and fine passes trained together (λ = 1), scored in both modes;
 //! - `static_only`: the coarse pass alone (`q_static` for every frame);
-//! - `all_patches`: no readout, the LM sees every patch token (the upper bound; trained at its
-//!   own peak learning rate, `--all-patches-lr`);
+//! - `all_patches`: no readout, the LM sees every patch token (the upper bound; its peak
+//!   learning rate can be set apart, `--all-patches-lr`);
 //! - `random_queries`: the fine pass reads with random queries.
 //!
 //! Then writes OUT/summary.json (per control, `coarse_accuracy` and `fine_accuracy` on held-out
@@ -63,12 +63,13 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     grid: usize,
     /// Cells per side of the boards each control starts on (a curriculum: from scratch, no
-    /// readout learns to point on 4×4 boards; on 3×3 ones it does, and keeps pointing when the
-    /// board grows: docs/FOVEATED.md).
-    #[arg(long, default_value_t = 3)]
+    /// readout learns to point on 4×4 boards; on 2×2 ones it does within a few hundred steps,
+    /// and keeps pointing when the board grows: docs/FOVEATED.md).
+    #[arg(long, default_value_t = 2)]
     start_grid: usize,
-    /// Optimizer steps on the starting boards (0: start on the final boards).
-    #[arg(long, default_value_t = 2000)]
+    /// Optimizer steps on the starting boards (0: start on the final boards; longer, a token
+    /// learns to pack the small board, and the passes that cannot look creep up later).
+    #[arg(long, default_value_t = 500)]
     start_steps: u64,
     /// Pixels per side of a cell (one DINOv2 patch).
     #[arg(long, default_value_t = 6)]
@@ -90,9 +91,10 @@ struct Args {
     #[arg(long, default_value_t = 2e-3)]
     lr: f64,
     /// Peak learning rate of `all_patches` (its LM attends over every patch of every frame, 17×
-    /// the tokens: at 2e-3 its lookup can stall, docs/FOVEATED.md).
-    #[arg(long, default_value_t = 1e-3)]
-    all_patches_lr: f64,
+    /// the tokens, and its best rate depends on the curriculum: docs/FOVEATED.md); `--lr` when
+    /// not given.
+    #[arg(long)]
+    all_patches_lr: Option<f64>,
     /// Held-out clips.
     #[arg(long, default_value_t = 256)]
     eval_clips: usize,
@@ -204,13 +206,17 @@ impl Args {
             ..RunOptions::new(&stage.dir)
         };
         let lr = if control == "all_patches" {
-            self.all_patches_lr
+            self.all_patches_lr()
         } else {
             self.lr
         };
         Trainer::<Autodiff<B>>::new(self.train_config(stage.steps, lr)?, options, device.clone())
             .fit(model, &train, Some(&eval))
             .map_err(|e| e.to_string())
+    }
+
+    fn all_patches_lr(&self) -> f64 {
+        self.all_patches_lr.unwrap_or(self.lr)
     }
 
     fn train_config(&self, steps: u64, lr: f64) -> Result<TrainConfig, String> {
@@ -228,7 +234,7 @@ impl DeviceJob for Args {
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
         let started = Instant::now();
-        for lr in [self.lr, self.all_patches_lr] {
+        for lr in [self.lr, self.all_patches_lr()] {
             self.train_config(self.steps, lr)?;
         }
         let mut summary = serde_json::Map::new();
@@ -292,7 +298,7 @@ impl DeviceJob for Args {
                 "chance": 1.0 / self.classes as f64,
                 "batch": self.batch,
                 "lr": self.lr,
-                "all_patches_lr": self.all_patches_lr,
+                "all_patches_lr": self.all_patches_lr(),
                 "eval_clips": self.eval_clips,
                 "device": self.device.to_string(),
                 "wall_seconds": started.elapsed().as_secs_f64(),
