@@ -9,6 +9,8 @@
 //! - `foveated_step/fvlm,b=2,T=8`: fVLM's shapes — DINOv2-S at 224 px, SmolLM2-135M, deep
 //!   readout, 384-wide queries, 2 clips of 8 frames, a 16-token prompt and a 32-token caption —
 //!   random weights, fVLM's parameter groups (`fvlm_recipe`).
+//! - `adamw/dinov2_s+smollm2_135m`: kiln-train's AdamW alone (fVLM's parameter groups) over the same model's
+//!   156 M values, gradients given: what the optimizer takes of a step.
 //! - `dinov2_frames/224px`: DINOv2-S's patch features and keys/values (`encode_patches`, what
 //!   the model runs once over every frame of a batch) for 1 … 16 frames at once: the per-frame
 //!   cost should fall as B·T grows.
@@ -22,16 +24,19 @@
 mod model;
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::process::ExitCode;
 
 use kiln::bench::{BenchError, Benchmark, Runner, Suite, Work, batch_sizes, cli};
 use kiln::burn::backend::Autodiff;
+use kiln::burn::module::{Module, ModuleVisitor, Param, ParamId};
+use kiln::burn::optim::GradientsParams;
 use kiln::burn::tensor::backend::Backend;
 use kiln::burn::tensor::{Distribution, Tensor};
 use kiln::foveated::synthetic::CueThenRead;
 use kiln::foveated::{ClipBatch, FoveatedConfig, FoveatedModel, Mode, Readout, fvlm_recipe};
 use kiln::text::TextConfig;
-use kiln::train::{Optimization, TrainConfig};
+use kiln::train::{GroupedAdamW, Optimization, TrainConfig, parameters};
 use kiln::vision::{Dinov2Config, Dinov2Model};
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
@@ -54,6 +59,8 @@ enum Workload {
 const SYNTHETIC_CLIPS: usize = 16;
 const FVLM: (usize, usize, usize, usize) = (2, 8, 16, 32); // clips, frames, prompt, caption
 const FVLM_SIZE: usize = 224;
+/// The optimizer row: fVLM's model without the batch (not selected by `--filter fvlm`).
+const ADAMW: &str = "adamw/dinov2_s+smollm2_135m";
 
 /// One optimizer step of the foveated model; the model and optimizer carry over from run to
 /// run, as in training.
@@ -139,6 +146,90 @@ impl<B: Backend> Benchmark<B> for TrainingStep<B> {
     }
 }
 
+/// One step of kiln-train's AdamW over a model's parameters, each given a gradient (flat, by
+/// parameter); the model and the moments carry over from run to run.
+struct OptimizerStep<B: Backend> {
+    name: String,
+    state: RefCell<Option<Optimizing<B>>>,
+    lrs: Vec<f64>,
+}
+
+/// The model and its optimizer alone.
+type Optimizing<B> = (Trained<B>, GroupedAdamW<Autodiff<B>, Trained<B>>);
+
+/// A gradient per parameter, flattened.
+type FlatGradients<B> = HashMap<ParamId, Tensor<B, 1>>;
+
+impl<B: Backend> OptimizerStep<B> {
+    fn new(name: &str, model: Trained<B>, config: &TrainConfig) -> Self {
+        let optimizer = GroupedAdamW::new(&config.optimizer, &parameters(&model));
+        OptimizerStep {
+            name: name.into(),
+            state: RefCell::new(Some((model, optimizer))),
+            lrs: config.optimizer.group_lrs(),
+        }
+    }
+
+    fn values(&self) -> usize {
+        let state = self.state.borrow();
+        let (model, _) = state.as_ref().expect("a model");
+        model.num_params()
+    }
+}
+
+/// Registers each parameter's flat gradient in its shape.
+struct Register<'a, B: Backend> {
+    flat: &'a FlatGradients<B>,
+    grads: GradientsParams,
+}
+
+impl<B: Backend> ModuleVisitor<Autodiff<B>> for Register<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Autodiff<B>, D>>) {
+        if let Some(grad) = self.flat.get(&param.id) {
+            let shape: [usize; D] = param.val().dims();
+            self.grads
+                .register::<B, D>(param.id, grad.clone().reshape(shape));
+        }
+    }
+}
+
+impl<B: Backend> Benchmark<B> for OptimizerStep<B> {
+    type Input = FlatGradients<B>;
+    type Output = ();
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn work(&self) -> Work {
+        Work::items(self.values() as u64)
+    }
+
+    fn prepare(&self, device: &B::Device, _variant: usize) -> Self::Input {
+        let state = self.state.borrow();
+        let (model, _) = state.as_ref().expect("a model");
+        parameters(model)
+            .into_iter()
+            .filter_map(|param| {
+                let values = param.shape.iter().product::<usize>();
+                let normal = Distribution::Normal(0.0, 1e-3);
+                Some((param.id?, Tensor::random([values], normal, device)))
+            })
+            .collect()
+    }
+
+    fn run(&self, flat: &Self::Input) {
+        let (model, mut optimizer) = self.state.borrow_mut().take().expect("a model");
+        let mut register = Register {
+            flat,
+            grads: GradientsParams::new(),
+        };
+        model.visit(&mut register);
+        let model = optimizer.step(&self.lrs, model, register.grads);
+        *self.state.borrow_mut() = Some((model, optimizer));
+    }
+}
+
 /// DINOv2's pass over `frames` frames at once (`encode_patches`).
 struct Frames<B: Backend> {
     dino: Dinov2Model<B>,
@@ -196,24 +287,29 @@ impl Suite for Foveated {
                 &synthetic, workload, model, &config, &device,
             ))?;
         }
-        let fvlm = format!("foveated_step/fvlm,b={},T={}", FVLM.0, FVLM.1);
-        if runner.selects(&fvlm) {
+        let fvlm_model = || {
             <Autodiff<B> as Backend>::seed(&device, 0);
-            let model = FoveatedModel::new(
+            FoveatedModel::new(
                 dinov2_s().init(&device),
                 TextConfig::smollm2_135m().init(&device),
                 FoveatedConfig::fvlm(),
                 &device,
             )
-            .map_err(|e| BenchError::Io(e.to_string()))?;
-            let config = fvlm_recipe(1000, 1e-3, 1e-5);
+            .map_err(|e| BenchError::Io(e.to_string()))
+        };
+        let fvlm_config = fvlm_recipe(1000, 1e-3, 1e-5);
+        let fvlm = format!("foveated_step/fvlm,b={},T={}", FVLM.0, FVLM.1);
+        if runner.selects(&fvlm) {
             runner.bench(&TrainingStep::new(
                 &fvlm,
                 Workload::Fvlm,
-                model,
-                &config,
+                fvlm_model()?,
+                &fvlm_config,
                 &device,
             ))?;
+        }
+        if runner.selects(ADAMW) {
+            runner.bench(&OptimizerStep::new(ADAMW, fvlm_model()?, &fvlm_config))?;
         }
         let dino = dinov2_s().init::<B>(&device);
         runner.batch_scaling(

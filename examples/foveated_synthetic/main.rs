@@ -20,8 +20,8 @@
 //! - `random_queries`: the fine pass reads with random queries.
 //!
 //! Then writes OUT/summary.json (per control, `coarse_accuracy` and `fine_accuracy` on held-out
-//! clips, null where a mode does not apply, and under `held_out` the loss and the readouts'
-//! attention figures) and OUT/curves.png (held-out accuracy per control during training).
+//! clips, null where a mode does not apply, and under `held_out` the loss, each pass's accuracy
+//! frame by frame and the readouts' attention figures) and OUT/curves.png (held-out accuracy per control during training).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -271,8 +271,8 @@ impl DeviceJob for Args {
                 shown(coarse),
                 shown(fine)
             );
-            // Beside the contract's two accuracies, every held-out figure (loss, where the
-            // readouts look: FoveatedOutput::diagnostics).
+            // Beside the contract's two accuracies, every held-out figure (loss, accuracy per
+            // frame, where the readouts look: FoveatedOutput::diagnostics).
             let held_out: serde_json::Map<String, Value> = outcome
                 .eval
                 .iter()

@@ -22,6 +22,9 @@ loss read back as a Python float (as kiln's trainer reads it for metrics.jsonl).
   fVLM's groups (connectors lr 1e-3, backbones 1e-5; weight decay 0.01 except on biases, norms
   and LayerScale).
 
+With `--optimizer-only`, a step is `AdamW.step()` alone over the workload's parameters, each
+given a fixed random gradient (kiln's `adamw/dinov2_s+smollm2_135m` row for `fvlm`).
+
 `--warmup` steps run untimed, then `--rounds` rounds of `--steps-per-round` steps are timed;
 prints ms per step per round, their median, and a final JSON line (also `--json PATH`). Each
 step's `.item()` waits for the device, so the clock covers the work on a GPU too.
@@ -29,6 +32,8 @@ step's `.item()` waits for the device, so the clock covers the work on a GPU too
     /work/venvs/hf/bin/python scripts/bench/foveated_torch.py --threads 2 --workload synthetic
     /work/venvs/hf/bin/python scripts/bench/foveated_torch.py --threads 2 --workload fvlm \
         --warmup 1 --rounds 3 --steps-per-round 1
+    /work/venvs/hf/bin/python scripts/bench/foveated_torch.py --threads 2 --workload fvlm \
+        --optimizer-only --warmup 2 --rounds 5 --steps-per-round 2
     python3 scripts/bench/foveated_torch.py --device cuda --tf32 --workload fvlm   # on a GPU
 
 Requirements: scripts/fixtures/requirements-hf.txt (torch, transformers).
@@ -109,6 +114,8 @@ def main():
     parser.add_argument("--json", type=Path)
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--tf32", action="store_true", help="TF32 products on a GPU")
+    parser.add_argument("--optimizer-only", action="store_true",
+                        help="time AdamW.step() alone, with fixed gradients")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
@@ -141,6 +148,14 @@ def main():
         adamw.zero_grad(set_to_none=True)
         return loss.item()
 
+    if args.optimizer_only:
+        for p in params:
+            p.grad = torch.randn_like(p) * 1e-3
+
+        def step():  # noqa: F811
+            adamw.step()
+            return 0.0
+
     for _ in range(args.warmup):
         step()
     rounds = []
@@ -156,6 +171,7 @@ def main():
         "threads": args.threads,
         "device": args.device,
         "tf32": args.tf32,
+        "optimizer_only": args.optimizer_only,
         "torch": torch.__version__,
         "ms_per_step_rounds": rounds,
         "median_ms_per_step": statistics.median(rounds),

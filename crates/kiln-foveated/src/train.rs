@@ -1,5 +1,6 @@
 //! The foveated model on kiln-train: a training step (the configured mode's `fine + λ·coarse`)
-//! and an evaluation step (losses and per-frame accuracy of each pass), both logging
+//! and an evaluation step (losses and per-frame accuracy of each pass, overall and frame by
+//! frame), both logging
 //! [`FoveatedOutput::diagnostics`].
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -44,8 +45,8 @@ impl<B: AutodiffBackend> TrainStep<B> for FoveatedModel<B> {
                 step = step.with_part(name, loss);
             }
         }
-        for (name, accuracy) in accuracies(&output, &batch) {
-            let (correct, count) = accuracy;
+        for (name, scores) in accuracies(&output, &batch) {
+            let (correct, count) = scores.total();
             step = step.with_part(name, correct.div_scalar(count as f32));
         }
         for (name, figure) in output.diagnostics() {
@@ -65,8 +66,13 @@ impl<B: Backend> EvalStep<B> for FoveatedModel<B> {
         let clips = batch.pixels.dims()[0];
         let mut eval =
             EvalOutput::new(clips).with_sum("loss", losses.total.mul_scalar(clips as f32));
-        for (name, (correct, count)) in accuracies(&output, &batch) {
+        for (name, scores) in accuracies(&output, &batch) {
+            let (correct, count) = scores.total();
             eval = eval.with_mean(name, correct, count);
+            // Per frame too: where a pass fails, it often fails on some frames only.
+            for (frame, correct, count) in scores.by_frame() {
+                eval = eval.with_mean(&format!("{name}_frame{frame}"), correct, count);
+            }
         }
         for (name, figure) in output.diagnostics() {
             eval = eval.with_mean(name, figure.mul_scalar(clips as f32), clips);
@@ -89,39 +95,67 @@ fn scored<B: Backend>(
     }
 }
 
-/// Per pass with a per-frame head and frame targets: the number of frames whose predicted class
-/// is right (`[1]`) and the number of frames with a target.
+/// Per pass with a per-frame head and frame targets, its [`FrameScores`].
 fn accuracies<B: Backend>(
     output: &FoveatedOutput<B>,
     batch: &ClipBatch<B>,
-) -> Vec<(&'static str, (Tensor<B, 1>, usize))> {
+) -> Vec<(&'static str, FrameScores<B>)> {
     [
         ("coarse_accuracy", &output.coarse),
         ("fine_accuracy", &output.fine),
     ]
     .into_iter()
-    .filter_map(|(name, pass)| Some((name, correct_frames(pass.as_ref()?, batch)?)))
+    .filter_map(|(name, pass)| Some((name, FrameScores::of(pass.as_ref()?, batch)?)))
     .collect()
 }
 
-fn correct_frames<B: Backend>(
-    pass: &PassOutput<B>,
-    batch: &ClipBatch<B>,
-) -> Option<(Tensor<B, 1>, usize)> {
-    let logits = pass.frame_logits.clone()?;
-    let [clips, frames, _] = logits.dims();
-    let targets: Vec<i64> = batch.frame_targets.iter().flatten().copied().collect();
-    let count = targets.iter().filter(|&&t| t >= 0).count();
-    if count == 0 {
-        return None;
+/// Which frames a pass's per-frame head got right.
+struct FrameScores<B: Backend> {
+    /// 1 where the predicted class is the target, else 0 (and 0 without a target),
+    /// `[clips, frames]`.
+    right: Tensor<B, 2>,
+    /// Per frame, the clips with a target there.
+    counts: Vec<usize>,
+}
+
+impl<B: Backend> FrameScores<B> {
+    fn of(pass: &PassOutput<B>, batch: &ClipBatch<B>) -> Option<Self> {
+        let logits = pass.frame_logits.clone()?;
+        let [clips, frames, _] = logits.dims();
+        let targets: Vec<i64> = batch.frame_targets.iter().flatten().copied().collect();
+        if targets.iter().all(|&t| t < 0) {
+            return None;
+        }
+        let counts = (0..frames)
+            .map(|f| (0..clips).filter(|c| targets[c * frames + f] >= 0).count())
+            .collect();
+        let device = logits.device();
+        let counted: Vec<bool> = targets.iter().map(|&t| t >= 0).collect();
+        let counted =
+            Tensor::<B, 2, Bool>::from_data(TensorData::new(counted, [clips, frames]), &device);
+        let targets =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(targets, [clips, frames]), &device);
+        let predicted = logits.argmax(2).reshape([clips, frames]);
+        let right = predicted.equal(targets).bool_and(counted).float();
+        Some(FrameScores { right, counts })
     }
-    let device = logits.device();
-    let counted: Vec<bool> = targets.iter().map(|&t| t >= 0).collect();
-    let counted =
-        Tensor::<B, 2, Bool>::from_data(TensorData::new(counted, [clips, frames]), &device);
-    let targets =
-        Tensor::<B, 2, Int>::from_data(TensorData::new(targets, [clips, frames]), &device);
-    let predicted = logits.argmax(2).reshape([clips, frames]);
-    let right = predicted.equal(targets).bool_and(counted);
-    Some((right.float().sum(), count))
+
+    /// The frames right (`[1]`) and the frames with a target.
+    fn total(&self) -> (Tensor<B, 1>, usize) {
+        (self.right.clone().sum(), self.counts.iter().sum())
+    }
+
+    /// Per frame with targets, its 1-based number, the clips right there (`[1]`) and the clips
+    /// with a target there.
+    fn by_frame(&self) -> impl Iterator<Item = (usize, Tensor<B, 1>, usize)> + '_ {
+        let [clips, _] = self.right.dims();
+        self.counts
+            .iter()
+            .enumerate()
+            .filter(|(_, count)| **count > 0)
+            .map(move |(f, &count)| {
+                let right = self.right.clone().slice([0..clips, f..f + 1]).sum();
+                (f + 1, right, count)
+            })
+    }
 }

@@ -125,9 +125,27 @@ fn evaluation_counts_right_frames() {
                 .zip(&targets)
                 .filter(|(p, t)| **t >= 0 && p == t)
                 .count();
-            let metric = eval.sums.iter().find(|s| s.name == name).unwrap();
-            assert_eq!(metric.count, Some(6 * 2), "{name}: frames with a target");
-            assert_eq!(metric.sum.clone().into_scalar(), right as f32, "{name}");
+            let metric = |name: &str| eval.sums.iter().find(|s| s.name == name).unwrap();
+            assert_eq!(
+                metric(name).count,
+                Some(6 * 2),
+                "{name}: frames with a target"
+            );
+            assert_eq!(
+                metric(name).sum.clone().into_scalar(),
+                right as f32,
+                "{name}"
+            );
+            // Frame by frame (1-based; the cue frame has no target, so no figure).
+            assert!(!eval.sums.iter().any(|s| s.name == format!("{name}_frame1")));
+            for frame in [2, 3] {
+                let right = (0..6)
+                    .filter(|c| predicted[c * 3 + frame - 1] == targets[c * 3 + frame - 1])
+                    .count();
+                let metric = metric(&format!("{name}_frame{frame}"));
+                assert_eq!(metric.count, Some(6), "{name}, frame {frame}");
+                assert_eq!(metric.sum.clone().into_scalar(), right as f32);
+            }
         }
     }
     // The inner model of a trained one evaluates the same way.

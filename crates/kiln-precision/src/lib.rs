@@ -18,6 +18,7 @@
 //!   user's cache directory; `KILN_KERNEL_CACHE` moves it or turns it off).
 
 mod activation;
+mod adamw;
 mod checkpoint;
 mod device;
 mod dtype;
@@ -31,6 +32,7 @@ mod policy;
 mod threads;
 
 pub use activation::gelu;
+pub use adamw::{AdamWInputs, AdamWStep, adamw_on_host};
 pub use checkpoint::{CheckpointFit, check_checkpoint, save_checkpoint};
 pub use device::{
     BackendKind, DEVICE_NAMES, DeviceError, DeviceJob, DeviceReport, DeviceSpec, GraphicsApi,

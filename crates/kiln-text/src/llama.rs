@@ -549,7 +549,9 @@ impl<B: Backend> CausalLm<B> {
                 let shape = [batch, tokens, weight.columns()];
                 Tensor::from_data(TensorData::new(logits, shape), &device)
             }
-            None => head_input.matmul(embedding.val().transpose().unsqueeze()),
+            // Unsqueezed, then transposed: a view the product reads by strides (the other way
+            // round, burn copies the whole table each call).
+            None => head_input.matmul(embedding.val().unsqueeze().transpose()),
         };
         Ok(CausalLmOutput {
             logits: pass.output(logits),

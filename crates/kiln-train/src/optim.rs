@@ -9,9 +9,13 @@ use std::collections::HashMap;
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::{
+    AdamW, AdamWConfig, AdamWState, AdaptiveMomentumState, GradientsParams, LearningRate,
+    Optimizer, SimpleOptimizer,
+};
 use burn::tensor::Tensor;
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use kiln_precision::{AdamWStep, adamw_on_host};
 use serde::{Deserialize, Serialize};
 
 /// Parameters selected by path, with their own learning rate and weight decay.
@@ -187,11 +191,79 @@ pub struct GroupedAdamW<B: AutodiffBackend, M: AutodiffModule<B>> {
 struct Slot<B: AutodiffBackend, M: AutodiffModule<B>> {
     group: usize,
     weight_decay: f64,
-    optimizer: OptimizerAdaptor<AdamW, M, B>,
+    optimizer: OptimizerAdaptor<OnePassAdamW, M, B>,
 }
 
-/// The moments of every slot, in slot order (what a checkpoint stores).
-pub type GroupedAdamWRecord<B, M> = Vec<<OptimizerAdaptor<AdamW, M, B> as Optimizer<M, B>>::Record>;
+/// The moments of every slot, in slot order (what a checkpoint stores: burn-optim's AdamW
+/// states).
+pub type GroupedAdamWRecord<B, M> =
+    Vec<<OptimizerAdaptor<OnePassAdamW, M, B> as Optimizer<M, B>>::Record>;
+
+/// burn-optim's AdamW, each step of an f32 parameter on Flex computed in one pass over memory
+/// (`kiln_precision::adamw_on_host`: the same arithmetic, on every core); burn-optim's own step
+/// elsewhere. Its state is burn-optim's, so checkpoints are the same either way.
+#[derive(Clone)]
+pub struct OnePassAdamW {
+    adamw: AdamW,
+    /// `AdamWStep` but for the rate and the step number.
+    constants: AdamWStep,
+}
+
+impl OnePassAdamW {
+    fn new(betas: (f32, f32), epsilon: f32, weight_decay: f64) -> Self {
+        OnePassAdamW {
+            adamw: AdamWConfig::new()
+                .with_beta_1(betas.0)
+                .with_beta_2(betas.1)
+                .with_epsilon(epsilon)
+                .with_weight_decay(weight_decay as f32)
+                .build(),
+            constants: AdamWStep {
+                beta_1: betas.0,
+                beta_2: betas.1,
+                epsilon,
+                weight_decay: weight_decay as f32 as f64,
+                lr: 0.0,
+                time: 0,
+            },
+        }
+    }
+}
+
+impl<B: Backend> SimpleOptimizer<B> for OnePassAdamW {
+    type State<const D: usize> = AdamWState<B, D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<B, D>,
+        grad: Tensor<B, D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<B, D>, Option<Self::State<D>>) {
+        let step = AdamWStep {
+            lr,
+            time: state.as_ref().map_or(1, |s| s.momentum.time + 1),
+            ..self.constants
+        };
+        let moments = state.map(|s| [s.momentum.moment_1, s.momentum.moment_2]);
+        let state = |time, [moment_1, moment_2]: [Tensor<B, D>; 2]| {
+            AdamWState::new(AdaptiveMomentumState::new(time, moment_1, moment_2))
+        };
+        match adamw_on_host(&step, (tensor, grad, moments)) {
+            Ok([tensor, moment_1, moment_2]) => {
+                (tensor, Some(state(step.time, [moment_1, moment_2])))
+            }
+            Err((tensor, grad, moments)) => {
+                let before = moments.map(|m| state(step.time - 1, m));
+                self.adamw.step(lr, tensor, grad, before)
+            }
+        }
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &B::Device) -> Self::State<D> {
+        <AdamW as SimpleOptimizer<B>>::to_device(state, device)
+    }
+}
 
 impl<B: AutodiffBackend, M: AutodiffModule<B>> GroupedAdamW<B, M> {
     /// The optimizers for `params` (from [`parameters`]) under `config`.
@@ -215,12 +287,11 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> GroupedAdamW<B, M> {
                 slots.push(Slot {
                     group,
                     weight_decay,
-                    optimizer: AdamWConfig::new()
-                        .with_beta_1(config.betas.0)
-                        .with_beta_2(config.betas.1)
-                        .with_epsilon(config.eps)
-                        .with_weight_decay(weight_decay as f32)
-                        .init(),
+                    optimizer: OptimizerAdaptor::from(OnePassAdamW::new(
+                        config.betas,
+                        config.eps,
+                        weight_decay,
+                    )),
                 });
                 slots.len() - 1
             });
@@ -350,5 +421,55 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("`head`"), "{e}");
         assert!(OptimizerConfig::adamw(f64::NAN).validate().is_err());
+    }
+
+    /// Several steps of [`OnePassAdamW`] against burn-optim's AdamW on the same values, bit for
+    /// bit: on Flex (one pass, a parameter that is a view) and on a backend it leaves to
+    /// burn-optim.
+    #[test]
+    fn one_pass_adamw_steps_as_burn_optim_does() {
+        use burn::backend::{Autodiff, Flex};
+        use burn::tensor::Distribution;
+
+        fn check<B: Backend>(dims: [usize; 2]) {
+            let device = Default::default();
+            let ours = OnePassAdamW::new((0.9, 0.95), 1e-6, 0.05);
+            let theirs = AdamWConfig::new()
+                .with_beta_1(0.9)
+                .with_beta_2(0.95)
+                .with_epsilon(1e-6)
+                .with_weight_decay(0.05)
+                .build();
+            let wide = Tensor::<B, 2>::random(dims, Distribution::Default, &device);
+            // A transposed view: not in row-major order.
+            let param = wide.transpose();
+            let (mut p_ours, mut p_theirs) = (param.clone(), param);
+            let (mut s_ours, mut s_theirs) = (None, None);
+            for (step, lr) in [1e-2, 5e-3, 2e-2].into_iter().enumerate() {
+                let grad =
+                    Tensor::<B, 2>::random(p_ours.dims(), Distribution::Normal(0.0, 0.1), &device);
+                (p_ours, s_ours) =
+                    SimpleOptimizer::<B>::step(&ours, lr, p_ours, grad.clone(), s_ours);
+                (p_theirs, s_theirs) = theirs.step(lr, p_theirs, grad, s_theirs);
+                let (a, b) = (s_ours.as_ref().unwrap(), s_theirs.as_ref().unwrap());
+                assert_eq!(a.momentum.time, step + 1);
+                assert_eq!(a.momentum.time, b.momentum.time);
+                let pairs = [
+                    (p_ours.clone(), p_theirs.clone()),
+                    (a.momentum.moment_1.clone(), b.momentum.moment_1.clone()),
+                    (a.momentum.moment_2.clone(), b.momentum.moment_2.clone()),
+                ];
+                for (x, y) in pairs {
+                    // The same operations in the same order: the same bits.
+                    let values = |t: Tensor<B, 2>| t.into_data().to_vec::<f32>().unwrap();
+                    assert!(values(x) == values(y), "step {}", step + 1);
+                }
+            }
+        }
+        // More values than one task takes, then fewer (updated without the pool).
+        for dims in [[37, 2001], [3, 5]] {
+            check::<Flex>(dims);
+            check::<Autodiff<Flex>>(dims);
+        }
     }
 }
