@@ -549,9 +549,10 @@ impl<B: Backend> CausalLm<B> {
                 let shape = [batch, tokens, weight.columns()];
                 Tensor::from_data(TensorData::new(logits, shape), &device)
             }
-            // Unsqueezed, then transposed: a view the product reads by strides (the other way
-            // round, burn copies the whole table each call).
-            None => head_input.matmul(embedding.val().unsqueeze().transpose()),
+            // burn copies the transposed table to unsqueeze it; unsqueezing first avoids the
+            // copy but changes the sum's order, and the foveated proof's fragile bound with it
+            // (docs/FOVEATED.md, "Where fVLM's step goes").
+            None => head_input.matmul(embedding.val().transpose().unsqueeze()),
         };
         Ok(CausalLmOutput {
             logits: pass.output(logits),
