@@ -9,8 +9,8 @@
 //! - `foveated_step/fvlm,b=2,T=8`: fVLM's shapes — DINOv2-S at 224 px, SmolLM2-135M, deep
 //!   readout, 384-wide queries, 2 clips of 8 frames, a 16-token prompt and a 32-token caption —
 //!   random weights, fVLM's parameter groups (`fvlm_recipe`).
-//! - `adamw/dinov2_s+smollm2_135m`: kiln-train's AdamW alone (fVLM's parameter groups) over the same model's
-//!   156 M values, gradients given: what the optimizer takes of a step.
+//! - `adamw/dinov2_s+smollm2_135m`: kiln-train's AdamW alone (fVLM's parameter groups) over the
+//!   same model's 156.9 M values, gradients given: what the optimizer takes of a step.
 //! - `dinov2_frames/224px`: DINOv2-S's patch features and keys/values (`encode_patches`, what
 //!   the model runs once over every frame of a batch) for 1 … 16 frames at once: the per-frame
 //!   cost should fall as B·T grows.

@@ -222,6 +222,7 @@ impl OnePassAdamW {
                 beta_1: betas.0,
                 beta_2: betas.1,
                 epsilon,
+                // burn-optim keeps the decay in f32.
                 weight_decay: weight_decay as f32 as f64,
                 lr: 0.0,
                 time: 0,
