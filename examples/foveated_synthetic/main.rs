@@ -21,7 +21,8 @@
 //!
 //! Then writes OUT/summary.json (per control, `coarse_accuracy` and `fine_accuracy` on held-out
 //! clips, null where a mode does not apply, and under `held_out` the loss, each pass's accuracy
-//! frame by frame and the readouts' attention figures) and OUT/curves.png (held-out accuracy per control during training).
+//! frame by frame and the readouts' attention figures) and OUT/curves.png (held-out accuracy
+//! per control during training).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

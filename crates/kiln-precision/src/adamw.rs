@@ -67,10 +67,11 @@ mod flex {
     use burn::backend::Flex;
     use burn::backend::flex::FlexTensor;
     use burn::tensor::backend::Backend;
-    use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+    use burn::tensor::{DType, Tensor, TensorPrimitive};
     use rayon::prelude::*;
 
     use super::{AdamWInputs, AdamWStep};
+    use crate::HostValues;
 
     /// Values a task updates at once.
     const CHUNK: usize = 1 << 15;
@@ -90,8 +91,7 @@ mod flex {
         let (param, grad, moments) = inputs;
         let shape = param.shape();
         let mut param = writable(flex(param));
-        let grad = flex(grad);
-        let grad = readable(&grad);
+        let grad = HostValues::of(&grad);
         let [mut moment_1, mut moment_2] = match moments {
             Some(moments) => moments.map(|m| writable(flex(m))),
             None => [(); 2].map(|_| FlexTensor::zeros(shape.clone(), DType::F32)),
@@ -99,7 +99,7 @@ mod flex {
         update(
             step,
             param.storage_mut(),
-            &grad,
+            grad.values(),
             moment_1.storage_mut(),
             moment_2.storage_mut(),
         );
@@ -125,16 +125,6 @@ mod flex {
             x
         } else {
             FlexTensor::from_data(x.into_data())
-        }
-    }
-
-    /// `x`'s values in order (copied where it is a view).
-    fn readable(x: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
-        match x.as_slice::<f32>() {
-            Some(values) => values.into(),
-            None => TensorData::to_vec::<f32>(&x.clone().into_data())
-                .expect("f32")
-                .into(),
         }
     }
 
