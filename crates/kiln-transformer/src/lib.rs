@@ -4,7 +4,8 @@
 //! language models), so that every model gets the same CPU speed without a copy:
 //!
 //! - [`projection`]: `x W + b` with what follows it fused in (bias, activation, LayerScale and the
-//!   residual add), and self-attention's q, k and v as one product;
+//!   residual add), and self-attention's q, k and v as one product; in training on Flex one
+//!   autodiff operation with its gradients as products per block of rows;
 //! - [`host`]: f32 kernels for the host backends (vectorised activations and softmax, the
 //!   attention kernel and its backward);
 //! - [`matmul`]: strided products on host slices through the `gemm` crate;
@@ -37,6 +38,7 @@ pub mod checkpoint;
 mod device_mask;
 pub mod host;
 mod layers;
+mod linear_op;
 pub mod matmul;
 mod pass;
 pub mod prepared;

@@ -11,6 +11,7 @@ use burn::tensor::{Tensor, TensorData};
 
 use crate::Activation;
 use crate::host;
+use crate::linear_op::trained_linear;
 use crate::matmul::{Threads, View, Write, matmul};
 use crate::pass::{Pass, Site};
 use crate::prepared::{HostWeight, Operand};
@@ -32,7 +33,9 @@ pub enum Then<B: Backend, const D: usize> {
 }
 
 /// `then(x W + b)` with every leading dimension of `x` flattened into the rows of one product
-/// (burn 0.21 multiplies a `[batch, tokens, in]` input by the weight image by image).
+/// (burn 0.21 multiplies a `[batch, tokens, in]` input by the weight image by image). On host
+/// backends the product runs on kiln's kernels with `then` fused in; in training on Flex the
+/// product is one autodiff operation of kiln's (`then` through burn's operations).
 pub fn project<B: Backend, const D: usize>(
     linear: &Linear<B>,
     x: Tensor<B, D>,
@@ -48,7 +51,8 @@ pub fn project<B: Backend, const D: usize>(
     }
     let mut dims = x.dims();
     let rows = dims[..D - 1].iter().product();
-    let y = linear.forward(x.reshape([rows, dims[D - 1]]));
+    let x = x.reshape([rows, dims[D - 1]]);
+    let y = trained_linear(linear, &x).unwrap_or_else(|| linear.forward(x));
     dims[D - 1] = y.dims()[1];
     finish(y.reshape(dims), then)
 }
