@@ -281,7 +281,7 @@ impl Suite for Foveated {
             let model = model::synthetic_model(&task, 8, 16, Readout::Shallow, &device)
                 .map_err(BenchError::Io)?
                 .with_training_mode(Mode::CoarseFine);
-            let config = model::recipe(4000, 2e-3);
+            let config = model::recipe(4000, 2e-3, 0.0);
             let workload = Workload::Synthetic(task);
             runner.bench(&TrainingStep::new(
                 &synthetic, workload, model, &config, &device,

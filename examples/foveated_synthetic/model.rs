@@ -52,12 +52,12 @@ pub fn synthetic_model<B: Backend>(
     FoveatedModel::new(dino, lm, config, device).map_err(|e| e.to_string())
 }
 
-/// AdamW at peak `lr` (weight decay 0.01), warm-up over the first 5% of `steps`, cosine to 0.1×,
-/// clipping at 1.0.
-pub fn recipe(steps: u64, lr: f64) -> TrainConfig {
+/// AdamW at peak `lr` (weight decay 0.01), warm-up over the first 5% of `steps`, cosine to
+/// `end` × `lr`, clipping at 1.0.
+pub fn recipe(steps: u64, lr: f64, end: f64) -> TrainConfig {
     let mut config = TrainConfig::new(steps, lr);
     config.optimizer = OptimizerConfig::adamw(lr).with_weight_decay(0.01);
-    config.schedule = Schedule::warmup_cosine(steps / 20, 0.0, 0.1, steps);
+    config.schedule = Schedule::warmup_cosine(steps / 20, 0.0, end, steps);
     config.max_grad_norm = Some(1.0);
     config
 }

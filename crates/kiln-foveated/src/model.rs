@@ -3,10 +3,10 @@
 use std::path::Path;
 
 use burn::module::Module;
-use burn::tensor::activation::{log_softmax, softmax};
+use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
-use kiln_precision::Policy;
+use kiln_precision::{Policy, cross_entropy};
 use kiln_text::{CausalLm, KvCache, TextInput};
 use kiln_transformer::checkpoint::load_checkpoint;
 use kiln_vision::{Dinov2Model, Dinov2Patches, VisionModel};
@@ -418,7 +418,6 @@ impl<B: Backend> FoveatedModel<B> {
         pass: &PassOutput<B>,
         batch: &ClipBatch<B>,
     ) -> Result<Tensor<B, 1>, FoveatedError> {
-        let device = pass.hidden.device();
         let mut parts = Vec::new();
         if !batch.target.is_empty() {
             let [clips, tokens, vocab] = pass.text_logits.dims();
@@ -431,13 +430,13 @@ impl<B: Backend> FoveatedModel<B> {
                 })
                 .collect();
             let logits = pass.text_logits.clone().reshape([clips * tokens, vocab]);
-            parts.extend(cross_entropy(logits, &targets, &device));
+            parts.extend(cross_entropy(logits, &targets));
         }
         if let (Some(logits), false) = (&pass.frame_logits, batch.frame_targets.is_empty()) {
             let [clips, frames, classes] = logits.dims();
             let targets: Vec<i64> = batch.frame_targets.iter().flatten().copied().collect();
             let logits = logits.clone().reshape([clips * frames, classes]);
-            parts.extend(cross_entropy(logits, &targets, &device));
+            parts.extend(cross_entropy(logits, &targets));
         }
         parts.into_iter().reduce(|a, b| a + b).ok_or_else(|| {
             FoveatedError::Input(
@@ -727,27 +726,4 @@ fn select_frames<B: Backend>(
             .map(|kv| [select(&kv[0]), select(&kv[1])])
             .collect(),
     }
-}
-
-/// Mean cross-entropy of `logits` `[rows, classes]` against `targets` (one per row; negative:
-/// not counted); `None` when no row counts.
-fn cross_entropy<B: Backend>(
-    logits: Tensor<B, 2>,
-    targets: &[i64],
-    device: &B::Device,
-) -> Option<Tensor<B, 1>> {
-    let (rows, classes): (Vec<i64>, Vec<i64>) = targets
-        .iter()
-        .enumerate()
-        .filter(|&(_, &class)| class >= 0)
-        .map(|(row, &class)| (row as i64, class))
-        .unzip();
-    if rows.is_empty() {
-        return None;
-    }
-    let count = rows.len();
-    let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [count]), device);
-    let classes = Tensor::<B, 2, Int>::from_data(TensorData::new(classes, [count, 1]), device);
-    let log_probs = log_softmax(logits.select(0, rows), 1);
-    Some(log_probs.gather(1, classes).mean().neg())
 }

@@ -8,6 +8,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use rayon::prelude::*;
 
+use crate::host::zeros;
 use crate::host_op::{HostOp, host_op};
 use crate::math;
 
@@ -35,7 +36,7 @@ const CHUNK: usize = 1 << 14;
 
 impl HostOp<1> for Gelu {
     fn forward(&self, [x]: [&[f32]; 1]) -> Vec<f32> {
-        let mut y = vec![0f32; x.len()];
+        let mut y = zeros(x.len());
         y.par_chunks_mut(CHUNK)
             .zip(x.par_chunks(CHUNK))
             .for_each(|(y, x)| y.iter_mut().zip(x).for_each(|(y, &x)| *y = math::gelu(x)));
@@ -43,13 +44,12 @@ impl HostOp<1> for Gelu {
     }
 
     fn backward(&self, grad: &[f32], [x]: [&[f32]; 1]) -> [Vec<f32>; 1] {
-        let mut dx = grad.to_vec();
-        dx.par_chunks_mut(CHUNK)
+        let mut dx = zeros(x.len());
+        (dx.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK)))
             .zip(x.par_chunks(CHUNK))
-            .for_each(|(dx, x)| {
-                dx.iter_mut()
-                    .zip(x)
-                    .for_each(|(g, &x)| *g *= math::gelu_derivative(x))
+            .for_each(|((dx, grad), x)| {
+                (dx.iter_mut().zip(grad).zip(x))
+                    .for_each(|((dx, g), &x)| *dx = g * math::gelu_derivative(x))
             });
         [dx]
     }

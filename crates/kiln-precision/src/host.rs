@@ -87,6 +87,38 @@ impl std::fmt::Debug for HostValues {
     }
 }
 
+/// `len` f32 zeros written by every rayon thread, for host kernels that then fill them in
+/// parallel: a single thread's memset of each output was 1–2% of a training step on Flex
+/// (docs/PERFORMANCE.md).
+///
+/// ```
+/// assert_eq!(kiln_precision::zeros(3), [0.0; 3]);
+/// ```
+pub fn zeros(len: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    let mut out = Vec::new();
+    (0..len)
+        .into_par_iter()
+        .with_min_len(1 << 16)
+        .map(|_| 0.0)
+        .collect_into_vec(&mut out);
+    out
+}
+
+/// `Σ x²` of host values, in f64, over every rayon thread (a gradient's norm: burn-flex squares
+/// and sums a tensor on one thread, into a temporary as large as it).
+///
+/// ```
+/// assert_eq!(kiln_precision::sum_of_squares(&[3.0, -4.0]), 25.0);
+/// ```
+pub fn sum_of_squares(values: &[f32]) -> f64 {
+    use rayon::prelude::*;
+    values
+        .par_chunks(1 << 14)
+        .map(|chunk| chunk.iter().map(|&x| f64::from(x * x)).sum::<f64>())
+        .sum()
+}
+
 #[cfg(all(test, feature = "flex"))]
 mod tests {
     use super::*;

@@ -25,6 +25,7 @@ mod dtype;
 mod host;
 mod host_op;
 mod kernel_cache;
+mod loss;
 mod loss_scale;
 pub mod math;
 mod ops;
@@ -39,9 +40,10 @@ pub use device::{
     Hardware, is_host_backend,
 };
 pub use dtype::{DtypeSpec, Precision};
-pub use host::HostValues;
+pub use host::{HostValues, sum_of_squares, zeros};
 pub use host_op::{HostOp, host_op, host_ops_serve};
 pub use kernel_cache::{KERNEL_CACHE_ENV, enable_kernel_cache, kernel_cache_dir};
+pub use loss::cross_entropy;
 pub use loss_scale::{DynamicLossScale, LossScale, StepDecision};
 pub use ops::scatter_add;
 pub use policy::{

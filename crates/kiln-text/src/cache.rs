@@ -193,6 +193,11 @@ impl<B: Backend> KvCache<B> {
         }
     }
 
+    /// Whether the cache keeps the keys and values of its forwards.
+    pub(crate) fn keeps(&self) -> bool {
+        self.keeps
+    }
+
     /// Tokens held per sequence.
     pub fn len(&self) -> usize {
         self.mask.first().map_or(0, Vec::len)

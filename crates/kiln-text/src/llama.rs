@@ -5,14 +5,19 @@
 //! Qwen2 is Llama with biases on the q, k and v projections. Field names mirror the checkpoint's
 //! keys (`model.layers.N.self_attn.q_proj`, `model.layers.N.mlp.gate_proj`, `lm_head`, ...).
 
+use std::sync::Arc;
+
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use kiln_precision::{HostValues, Policy};
-use kiln_transformer::host::{self, Heads, Rows};
-use kiln_transformer::projection::{Then, add_product, product_rows_into, product_then, project};
+use kiln_precision::{HostValues, Policy, host_op, host_ops_serve};
+use kiln_transformer::host::{self, AttentionOp, Heads, RotaryAngles, Rows};
+use kiln_transformer::projection::{
+    Then, add_product, product_rows_into, product_then, project, project_by_table,
+};
+use kiln_transformer::rotary::{self, Angles, Turn};
 use kiln_transformer::{Pass, PreparedWeights, Settings, in_compute_dtype, run_layers};
 
 use crate::TextError;
@@ -39,6 +44,13 @@ pub struct Attention<B: Backend> {
 enum Context<B: Backend> {
     /// f32 on Flex or NdArray.
     Host(HostContext),
+    /// Training on Flex in f32 (`Autodiff<Flex>`), whole sequences: burn's operations, but
+    /// attention (the rotation, grouped heads, causal and padding masks) as one autodiff
+    /// operation ([`AttentionOp`]).
+    Trained {
+        rotary: RotaryAngles,
+        real_keys: Option<Arc<[bool]>>,
+    },
     /// `cos` and `sin` `[batch, 1, new, head_dim]` and the additive mask `[batch, 1, new, past
     /// + new]` (0 where a query may look, the most negative f32 where it may not).
     Tensors {
@@ -100,6 +112,36 @@ impl<B: Backend> Attention<B> {
         project(&self.o_proj, attended, then, pass)
     }
 
+    /// `residual + o_proj(attention(x))` in training on Flex: the projections and
+    /// [`AttentionOp`] each one autodiff operation, the heads never split or merged by copies.
+    fn forward_trained(
+        &self,
+        x: Tensor<B, 3>,
+        residual: Tensor<B, 3>,
+        (rotary, real_keys): (&RotaryAngles, &Option<Arc<[bool]>>),
+        pass: &Pass,
+    ) -> Tensor<B, 3> {
+        let [batch, tokens, _] = x.dims();
+        let [query, key, value] = [&self.q_proj, &self.k_proj, &self.v_proj]
+            .map(|linear| project(linear, x.clone(), Then::Nothing, pass));
+        let width = query.dims()[2];
+        let head_dim = width / self.heads;
+        let op = AttentionOp {
+            kv_heads: self.kv_heads,
+            causal: true,
+            real_keys: real_keys.clone(),
+            rotary: Some(rotary.clone()),
+            ..AttentionOp::new(batch, self.heads, head_dim, tokens, tokens)
+        };
+        let attended = host_op(op, [&query, &key, &value], [batch, tokens, width])
+            .expect("host operations serve training on Flex in f32");
+        let then = Then::AddTo {
+            residual,
+            scale: None,
+        };
+        project(&self.o_proj, attended, then, pass)
+    }
+
     /// Attention through burn's operations; the heads merged, before `o_proj`.
     fn attend(
         &self,
@@ -154,7 +196,15 @@ impl<B: Backend> Attention<B> {
         product_rows_into(qkv, &buffers.normed, hidden, &weight, |v| v);
         let head_dim = cos.len() / rows.max(1);
         let (q_width, kv_width) = (self.heads * head_dim, self.kv_heads * head_dim);
-        Rope::rotate_rows(qkv, columns, 0, self.heads + self.kv_heads, cos, sin);
+        let angles = Angles { cos, sin };
+        rotary::rotate_rows(
+            qkv,
+            columns,
+            0,
+            self.heads + self.kv_heads,
+            angles,
+            Turn::Forward,
+        );
         let kept = cache.append_host(
             qkv,
             columns,
@@ -311,6 +361,12 @@ impl<B: Backend> DecoderLayer<B> {
                 let residual = data.as_mut_slice::<f32>().expect("host tensors are f32");
                 self.forward_on_host(residual, dims, context, cache, pass, buffers);
                 Tensor::from_data(data, &device)
+            }
+            Context::Trained { rotary, real_keys } => {
+                let normed = pass.rms_norm(&self.input_layernorm, x.clone());
+                let x = (self.self_attn).forward_trained(normed, x, (rotary, real_keys), pass);
+                let normed = pass.rms_norm(&self.post_attention_layernorm, x.clone());
+                self.mlp.forward(normed, x, pass)
             }
             Context::Tensors { cos, sin, bias } => {
                 let normed = pass.rms_norm(&self.input_layernorm, x.clone());
@@ -502,6 +558,15 @@ impl<B: Backend> CausalLm<B> {
                 real_keys: positions.real_keys(),
                 past: positions.past,
             })
+        } else if host_ops_serve(&x) && !cache.keeps() {
+            let (cos, sin) = rope.table(&positions.ids);
+            Context::Trained {
+                rotary: RotaryAngles {
+                    cos: cos.into(),
+                    sin: sin.into(),
+                },
+                real_keys: positions.real_keys().map(Into::into),
+            }
         } else {
             let (cos, sin) = rope.angles::<B>(&positions.ids, &device);
             Context::Tensors {
@@ -549,9 +614,7 @@ impl<B: Backend> CausalLm<B> {
                 let shape = [batch, tokens, weight.columns()];
                 Tensor::from_data(TensorData::new(logits, shape), &device)
             }
-            // Unsqueezed before the transpose: the other order makes burn copy the whole
-            // transposed table on every pass (113 MB for SmolLM2-135M: docs/FOVEATED.md).
-            None => head_input.matmul(embedding.val().unsqueeze::<3>().transpose()),
+            None => project_by_table(head_input, embedding.val()),
         };
         Ok(CausalLmOutput {
             logits: pass.output(logits),

@@ -61,35 +61,6 @@ impl Rope {
         (tensor(cos), tensor(sin))
     }
 
-    /// Rotates, in place, the `heads` heads of `head_dim` columns from `column` in each of the
-    /// rows (`row_stride` apart) of `values`, row `r` by the angles of `cos[r]`, `sin[r]`
-    /// ([`Self::table`]'s rows).
-    pub fn rotate_rows(
-        values: &mut [f32],
-        row_stride: usize,
-        column: usize,
-        heads: usize,
-        cos: &[f32],
-        sin: &[f32],
-    ) {
-        let head_dim = cos.len() / (values.len() / row_stride).max(1);
-        let half = head_dim / 2;
-        for ((row, cos), sin) in values
-            .chunks_exact_mut(row_stride)
-            .zip(cos.chunks_exact(head_dim))
-            .zip(sin.chunks_exact(head_dim))
-        {
-            for head in row[column..column + heads * head_dim].chunks_exact_mut(head_dim) {
-                let (first, second) = head.split_at_mut(half);
-                for i in 0..half {
-                    let (x1, x2) = (first[i], second[i]);
-                    first[i] = x1 * cos[i] - x2 * sin[i];
-                    second[i] = x2 * cos[half + i] + x1 * sin[half + i];
-                }
-            }
-        }
-    }
-
     /// `x cos + rotate_half(x) sin` for `x` `[batch, heads, tokens, head_dim]`.
     pub fn apply<B: Backend>(
         x: Tensor<B, 4>,
@@ -109,6 +80,7 @@ impl Rope {
 mod tests {
     use super::*;
     use burn::backend::Flex;
+    use kiln_transformer::rotary::{Angles, Turn, rotate_rows};
 
     /// Rotating keeps each pair's length, and the score of a query and a key rotated to
     /// positions m and n depends on m − n only (RoPE's defining property).
@@ -146,7 +118,11 @@ mod tests {
         // The host rotation of rows is the tensor one.
         let mut rows: Vec<f32> = q.clone().into_data().to_vec().unwrap();
         let (cos_rows, sin_rows) = rope.table(&[vec![17]]);
-        Rope::rotate_rows(&mut rows, 8, 0, 1, &cos_rows, &sin_rows);
+        let angles = Angles {
+            cos: &cos_rows,
+            sin: &sin_rows,
+        };
+        rotate_rows(&mut rows, 8, 0, 1, angles, Turn::Forward);
         let tensor: Vec<f32> = Rope::apply(q, &cos, &sin).into_data().to_vec().unwrap();
         assert!(rows.iter().zip(&tensor).all(|(a, b)| (a - b).abs() < 1e-6));
     }

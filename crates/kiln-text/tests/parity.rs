@@ -3,13 +3,21 @@
 //! continuations, and incremental decoding through the cache against full recomputation.
 //! Tolerance: max |Δ| / max |reference| ≤ 1e-4 in f32 on Flex, over the real (unpadded) tokens.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::backend::Backend;
-use burn::tensor::{ElementConversion, FloatDType, Tensor};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, FloatDType, Tensor, TensorData};
 use kiln_precision::{Policy, PolicySpec};
 use kiln_text::{CausalLm, GenerationConfig, KvCache, TextInput, generate};
+
+/// burn's tensor operations under autodiff (what the GPU backends run): kiln's host
+/// operations, which training on Flex uses (`Autodiff<Flex>`), serve only burn's default
+/// autodiff, so another checkpointing strategy keeps them aside.
+type BurnOps = Autodiff<Flex, BalancedCheckpointing>;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -114,13 +122,92 @@ fn check_forward(name: &str) {
     check_forward_on::<Flex>(name, &Policy::full(), 1e-4);
 }
 
-/// The same through burn's tensor operations (what GPU backends run): the host kernels stand
-/// aside under autodiff.
+/// The same through burn's tensor operations (what GPU backends run), and in training on Flex
+/// (the projections and attention as kiln's autodiff operations).
 #[test]
-fn burn_operations_path_matches_transformers() {
+fn burn_operations_and_training_paths_match_transformers() {
     for name in ["llama", "qwen2", "llama_bf16"] {
+        check_forward_on::<BurnOps>(name, &Policy::full(), 1e-4);
         check_forward_on::<Autodiff<Flex>>(name, &Policy::full(), 1e-4);
     }
+}
+
+/// Training on Flex differentiates as burn's operations do: every parameter's gradient of a
+/// weighted sum of the real tokens' logits of the left-padded batch, with grouped-query
+/// attention and tied embeddings (llama) and with biases and linear rotary scaling (qwen2).
+#[test]
+fn training_gradients_equal_burn_operations() {
+    for name in ["llama", "qwen2"] {
+        let (ours, burns) = (
+            gradients::<Autodiff<Flex>>(name),
+            gradients::<BurnOps>(name),
+        );
+        assert_eq!(
+            ours.keys().collect::<Vec<_>>(),
+            burns.keys().collect::<Vec<_>>()
+        );
+        for (key, theirs) in &burns {
+            let largest = theirs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = (ours[key].iter().zip(theirs)).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(largest > 0.0, "{name} {key}: no gradient");
+            assert!(
+                worst <= 1e-4 * largest,
+                "{name} {key}: {worst} of {largest}"
+            );
+        }
+    }
+}
+
+/// Each parameter's gradient by its path, for [`gradients`].
+struct Collect<'a, B: AutodiffBackend> {
+    gradients: &'a B::Gradients,
+    path: Vec<String>,
+    found: BTreeMap<String, Vec<f32>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<'_, B> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let gradient = param
+            .val()
+            .grad(self.gradients)
+            .expect("every weight is used");
+        let values = gradient.into_data().to_vec().unwrap();
+        self.found.insert(self.path.join("."), values);
+    }
+}
+
+/// The gradients of `Σ w ⊙ logits` over the real tokens of the fixture's batch, `w` a fixed
+/// pattern in [−0.5, 0.5).
+fn gradients<B: AutodiffBackend>(name: &str) -> BTreeMap<String, Vec<f32>> {
+    let model = load_on::<B>(name, &Policy::full());
+    let reference = Reference::open(name);
+    let real = reference.mask().concat();
+    let input = TextInput::ids(reference.ids()).with_attention_mask(reference.mask());
+    let logits = model.forward(input).unwrap().logits;
+    let [batch, tokens, vocab] = logits.dims();
+    let weights: Vec<f32> = (0..batch * tokens * vocab)
+        .map(|i| match real[i / vocab] {
+            true => ((i * 7919) % 13) as f32 / 13.0 - 0.5,
+            false => 0.0,
+        })
+        .collect();
+    let weights = TensorData::new(weights, [batch, tokens, vocab]);
+    let loss = (logits * Tensor::from_data(weights, &Default::default())).sum();
+    let mut collect = Collect {
+        gradients: &loss.backward(),
+        path: Vec::new(),
+        found: BTreeMap::new(),
+    };
+    model.visit(&mut collect);
+    collect.found
 }
 
 /// Half-precision compute (f32 norms and softmax) stays as near the f32 reference as
@@ -186,6 +273,8 @@ fn sharded_bf16_checkpoint() {
 #[test]
 fn cached_decoding_equals_full_recomputation() {
     cached_equals_full::<Flex>();
+    cached_equals_full::<BurnOps>();
+    // The cache's steps through burn's operations, the full passes on training's path.
     cached_equals_full::<Autodiff<Flex>>();
 }
 
@@ -273,8 +362,8 @@ fn input_embeddings_equal_token_ids() {
     assert_eq!(diff, 0.0);
 }
 
-/// The host kernels (Flex) equal burn's operations (`Autodiff<Flex>`) on a batch of more rows
-/// than one block of the host MLP (5 × 60 = 300 > 256), left padding included.
+/// The host kernels (Flex) equal burn's operations and training's path on a batch of more
+/// rows than one block of the host MLP (5 × 60 = 300 > 256), left padding included.
 #[test]
 fn host_kernels_equal_burn_operations_on_many_rows() {
     let (batch, tokens) = (5, 60);
@@ -293,19 +382,27 @@ fn host_kernels_equal_burn_operations_on_many_rows() {
             .with_attention_mask(mask.to_vec())
             .with_hidden_states()
     }
+    fn outputs<B>(ids: &[Vec<u32>], mask: &[Vec<bool>]) -> Vec<Tensor<Flex, 3>>
+    where
+        B: AutodiffBackend<InnerBackend = Flex>,
+    {
+        let out = load_on::<B>("llama", &Policy::full())
+            .forward(input(ids, mask))
+            .unwrap();
+        let all = std::iter::once(out.logits).chain(out.hidden_states);
+        all.map(|t| t.inner()).collect()
+    }
     let host = load("llama").forward(input(&ids, &mask)).unwrap();
-    let burns = load_on::<Autodiff<Flex>>("llama", &Policy::full())
-        .forward(input(&ids, &mask))
-        .unwrap();
+    let host = std::iter::once(host.logits).chain(host.hidden_states);
+    let burns = outputs::<BurnOps>(&ids, &mask);
+    let trained = outputs::<Autodiff<Flex>>(&ids, &mask);
     let values = |t: Tensor<Flex, 3>| t.into_data().to_vec::<f32>().unwrap();
-    let pairs = std::iter::once((host.logits, burns.logits.inner())).chain(
-        host.hidden_states
-            .into_iter()
-            .zip(burns.hidden_states.into_iter().map(|t| t.inner())),
-    );
-    for (i, (ours, theirs)) in pairs.enumerate() {
-        let (worst, size) = worst_on_real_tokens(&values(ours), &values(theirs), &mask.concat());
-        assert!(worst <= 1e-5 * size, "output {i}: {worst} of {size}");
+    for (i, ((host, burns), trained)) in host.zip(burns).zip(trained).enumerate() {
+        let theirs = values(burns);
+        for (path, ours) in [("host", host), ("training", trained)] {
+            let (worst, size) = worst_on_real_tokens(&values(ours), &theirs, &mask.concat());
+            assert!(worst <= 1e-5 * size, "{path} output {i}: {worst} of {size}");
+        }
     }
 }
 
@@ -334,9 +431,12 @@ fn explicit_position_ids() {
         .collect();
     let error = error_on_real_tokens(run::<Flex>(name, &theirs), &reference, "logits");
     assert!(error <= 1e-4, "host kernels: {error}");
-    let on_burn = run::<Autodiff<Flex>>(name, &theirs).inner();
+    let on_burn = run::<BurnOps>(name, &theirs).inner();
     let error = error_on_real_tokens(on_burn, &reference, "logits");
     assert!(error <= 1e-4, "burn's operations: {error}");
+    let trained = run::<Autodiff<Flex>>(name, &theirs).inner();
+    let error = error_on_real_tokens(trained, &reference, "logits");
+    assert!(error <= 1e-4, "training's path: {error}");
 
     let shifted: Vec<Vec<usize>> = theirs
         .iter()
@@ -448,6 +548,7 @@ fn float16_checkpoint() {
 #[test]
 fn partial_logits_are_rows_of_the_full_ones() {
     partial_logits::<Flex>();
+    partial_logits::<BurnOps>();
     partial_logits::<Autodiff<Flex>>();
 }
 

@@ -6,8 +6,10 @@ use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor};
+use kiln_precision::{HostValues, is_host_backend, sum_of_squares};
 
-/// Σ g² over every gradient of `module`, on the device as f32 (`None` without gradients).
+/// Σ g² over every gradient of `module`, on the device as f32 (`None` without gradients); each
+/// tensor's sum on every thread in f64 on host backends.
 pub fn squared_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     grads: &GradientsParams,
@@ -19,7 +21,14 @@ pub fn squared_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     impl<B: AutodiffBackend> ModuleVisitor<B> for Sum<'_, B> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             if let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) {
-                let squares = grad.cast(DType::F32).square().sum();
+                let device = grad.device();
+                let squares =
+                    if grad.dtype() == DType::F32 && is_host_backend::<B::InnerBackend>(&device) {
+                        let squares = sum_of_squares(HostValues::of(&grad).values()) as f32;
+                        Tensor::from_floats([squares], &device)
+                    } else {
+                        grad.cast(DType::F32).square().sum()
+                    };
                 self.total = Some(match self.total.take() {
                     Some(total) => total + squares,
                     None => squares,

@@ -13,11 +13,12 @@ use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
-use kiln_precision::{HostOp, is_host_backend};
+use kiln_precision::{HostOp, is_host_backend, zeros};
 use rayon::prelude::*;
 
 use crate::matmul::{Threads, View, Write, matmul};
 use crate::pass::{HashedMask, RowMask};
+use crate::rotary;
 
 /// Whether `x` is an f32 tensor of a host backend without autodiff, which these kernels serve
 /// (they read and write the values directly, which would cut a gradient's path).
@@ -101,20 +102,6 @@ struct SoftmaxRows<'a> {
     causal: Option<usize>,
     /// The keys any row may see (`false`: padding).
     real: Option<&'a [bool]>,
-}
-
-impl SoftmaxRows<'_> {
-    /// Every element of every row seen, no dropout.
-    fn plain(rows: &mut [f32], width: usize, scale: f32) -> SoftmaxRows<'_> {
-        SoftmaxRows {
-            rows,
-            width,
-            scale,
-            dropout: None,
-            causal: None,
-            real: None,
-        }
-    }
 }
 
 impl pulp::WithSimd for SoftmaxRows<'_> {
@@ -470,7 +457,7 @@ pub fn attention(
     scale: f32,
     mask: Option<ProbsDropout<'_>>,
 ) -> Vec<f32> {
-    let mut out = vec![0f32; batch * query.tokens * shape.heads * shape.head_dim];
+    let mut out = zeros(batch * query.tokens * shape.heads * shape.head_dim);
     attention_into(&mut out, query, key, value, batch, shape, scale, mask);
     out
 }
@@ -595,16 +582,21 @@ pub fn attention_into(
         });
 }
 
-/// [`attention`] and its backward as one differentiable operation over q, k and v
-/// `[batch, tokens, heads · head_dim]` (row-major, the heads side by side in each row): training
-/// on Flex runs these kernels in place of burn's head split, batched products, softmax and merge,
-/// each with a backward of its own and the split and merge as strided copies.
+/// [`attention`] and its backward as one differentiable operation over q `[batch, q_tokens,
+/// heads · head_dim]` and k, v `[batch, kv_tokens, kv_heads · head_dim]` (row-major, the heads
+/// side by side in each row): training on Flex runs these kernels in place of burn's head split,
+/// batched products, softmax and merge, each with a backward of its own and the split and merge
+/// as strided copies. Grouped-query, causal and padded attention as [`Heads`] describes them;
+/// with [`Self::rotary`], q and k are turned by their rows' rotary angles first (a language
+/// model's self-attention: the rotation's backward is in the operation too).
 #[derive(Debug, Clone)]
 pub struct AttentionOp {
     /// Images.
     pub batch: usize,
-    /// Heads.
+    /// Query heads.
     pub heads: usize,
+    /// Key and value heads, a divisor of `heads`.
+    pub kv_heads: usize,
     /// Columns per head.
     pub head_dim: usize,
     /// Query tokens per image.
@@ -613,64 +605,179 @@ pub struct AttentionOp {
     pub kv_tokens: usize,
     /// The scores' factor, usually `1 / √head_dim`.
     pub scale: f32,
-    /// Dropout's multipliers of the probabilities, `[batch, heads, q_tokens, kv_tokens]`.
+    /// Query `t` sees the keys up to `t` (self-attention: as many queries as keys).
+    pub causal: bool,
+    /// Each image's real keys, `[batch · kv_tokens]` (`false`: padding, which no query sees).
+    pub real_keys: Option<Arc<[bool]>>,
+    /// Rotary angles of each query and key row, `[batch · tokens, head_dim]` each
+    /// (self-attention).
+    pub rotary: Option<RotaryAngles>,
+    /// Dropout's multipliers of the probabilities, `[batch, heads, q_tokens, kv_tokens]` (not
+    /// with causal attention).
     pub mask: Option<Arc<[f32]>>,
 }
 
+/// The cosines and sines of [`AttentionOp::rotary`]'s angles ([`rotary::Angles`], kept).
+#[derive(Debug, Clone)]
+pub struct RotaryAngles {
+    /// `cos`, `[rows, head_dim]`.
+    pub cos: Arc<[f32]>,
+    /// `sin`, `[rows, head_dim]`.
+    pub sin: Arc<[f32]>,
+}
+
 impl AttentionOp {
-    fn rows<'a>(&self, data: &'a [f32], tokens: usize) -> Rows<'a> {
-        Rows::new(data, self.heads * self.head_dim, tokens)
+    /// `heads` heads of `head_dim` columns, every query seeing every key, scaled by
+    /// `1 / √head_dim`; no rotation, no dropout.
+    pub fn new(
+        batch: usize,
+        heads: usize,
+        head_dim: usize,
+        q_tokens: usize,
+        kv_tokens: usize,
+    ) -> Self {
+        AttentionOp {
+            batch,
+            heads,
+            kv_heads: heads,
+            head_dim,
+            q_tokens,
+            kv_tokens,
+            scale: (head_dim as f32).powf(-0.5),
+            causal: false,
+            real_keys: None,
+            rotary: None,
+            mask: None,
+        }
+    }
+
+    fn shape(&self) -> Heads<'_> {
+        Heads {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            causal_past: self.causal.then_some(0),
+            real_keys: self.real_keys.as_deref(),
+        }
+    }
+
+    /// q and k turned by [`Self::rotary`]'s angles (`None` without them).
+    fn rotated(&self, query: &[f32], key: &[f32]) -> Option<(Vec<f32>, Vec<f32>)> {
+        let angles = self.rotary.as_ref()?;
+        let angles = rotary::Angles {
+            cos: &angles.cos,
+            sin: &angles.sin,
+        };
+        let turn = |x: &[f32], heads: usize| {
+            let mut x = x.to_vec();
+            let width = heads * self.head_dim;
+            rotary::rotate_rows(&mut x, width, 0, heads, angles, rotary::Turn::Forward);
+            x
+        };
+        Some((turn(query, self.heads), turn(key, self.kv_heads)))
+    }
+
+    /// `grad`, a gradient of rotated rows of `heads` heads, carried back through the rotation.
+    fn turned_back(&self, mut grad: Vec<f32>, heads: usize) -> Vec<f32> {
+        if let Some(angles) = &self.rotary {
+            let angles = rotary::Angles {
+                cos: &angles.cos,
+                sin: &angles.sin,
+            };
+            let width = heads * self.head_dim;
+            rotary::rotate_rows(&mut grad, width, 0, heads, angles, rotary::Turn::Back);
+        }
+        grad
     }
 }
 
 impl HostOp<3> for AttentionOp {
     fn forward(&self, [query, key, value]: [&[f32]; 3]) -> Vec<f32> {
+        let rotated = self.rotated(query, key);
+        let (query, key) = match &rotated {
+            Some((query, key)) => (query.as_slice(), key.as_slice()),
+            None => (query, key),
+        };
+        let (q_width, kv_width) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
         attention(
-            self.rows(query, self.q_tokens),
-            self.rows(key, self.kv_tokens),
-            self.rows(value, self.kv_tokens),
+            Rows::new(query, q_width, self.q_tokens),
+            Rows::new(key, kv_width, self.kv_tokens),
+            Rows::new(value, kv_width, self.kv_tokens),
             self.batch,
-            Heads::all(self.heads, self.head_dim),
+            self.shape(),
             self.scale,
             self.mask.as_deref().map(ProbsDropout::Multipliers),
         )
     }
 
+    /// Per image (in parallel) and head: the probabilities recomputed, then `dV = Pᵀ dO`,
+    /// `dP = dO Vᵀ`, the softmax's backward `dS = scale · P ⊙ (dP − Σⱼ dP ⊙ P)`, `dQ = dS K`
+    /// and `dK = dSᵀ Q`; a key/value head sums the gradients of the query heads it serves.
+    /// Keys a query does not see have probability 0, so they receive nothing from it.
     fn backward(&self, grad: &[f32], [query, key, value]: [&[f32]; 3]) -> [Vec<f32>; 3] {
+        let rotated = self.rotated(query, key);
+        let (query, key) = match &rotated {
+            Some((query, key)) => (query.as_slice(), key.as_slice()),
+            None => (query, key),
+        };
         let (q_tokens, kv_tokens) = (self.q_tokens, self.kv_tokens);
-        let (grad, query) = (self.rows(grad, q_tokens), self.rows(query, q_tokens));
-        let (key, value) = (self.rows(key, kv_tokens), self.rows(value, kv_tokens));
         let (heads, head_dim) = (self.heads, self.head_dim);
-        let width = heads * head_dim;
-        let mut dq = vec![0f32; self.batch * q_tokens * width];
-        let mut dk = vec![0f32; self.batch * kv_tokens * width];
-        let mut dv = vec![0f32; self.batch * kv_tokens * width];
+        let (q_width, kv_width) = (heads * head_dim, self.kv_heads * head_dim);
+        let group = heads / self.kv_heads;
+        let (grad, query) = (
+            Rows::new(grad, q_width, q_tokens),
+            Rows::new(query, q_width, q_tokens),
+        );
+        let (key, value) = (
+            Rows::new(key, kv_width, kv_tokens),
+            Rows::new(value, kv_width, kv_tokens),
+        );
+        let mut dq = zeros(self.batch * q_tokens * q_width);
+        let mut dk = zeros(self.batch * kv_tokens * kv_width);
+        let mut dv = zeros(self.batch * kv_tokens * kv_width);
         let scores = View::rows(0, q_tokens, kv_tokens, kv_tokens);
-        dq.par_chunks_mut((q_tokens * width).max(1))
-            .zip(dk.par_chunks_mut((kv_tokens * width).max(1)))
-            .zip(dv.par_chunks_mut((kv_tokens * width).max(1)))
+        dq.par_chunks_mut((q_tokens * q_width).max(1))
+            .zip(dk.par_chunks_mut((kv_tokens * kv_width).max(1)))
+            .zip(dv.par_chunks_mut((kv_tokens * kv_width).max(1)))
             .enumerate()
             .for_each(|(image, ((dq, dk), dv))| {
+                let real =
+                    (self.real_keys.as_deref()).map(|real| &real[image * kv_tokens..][..kv_tokens]);
                 let mut probs = vec![0f32; q_tokens * kv_tokens];
                 let mut dprobs = vec![0f32; q_tokens * kv_tokens];
                 let mut kept = vec![0f32; if self.mask.is_some() { probs.len() } else { 0 }];
                 for head in 0..heads {
-                    let column = head * head_dim;
-                    let at = |rows: &Rows, tokens| rows.view(image, 0, tokens, column, head_dim);
-                    let into = |tokens| View::rows(column, tokens, head_dim, width);
-                    // P = softmax(scale · q kᵀ), recomputed.
+                    let (column, kv_column) = (head * head_dim, head / group * head_dim);
+                    // The first query head of a group writes its key/value head's gradients,
+                    // the others add theirs.
+                    let kv_write = if head % group == 0 {
+                        Write::Overwrite
+                    } else {
+                        Write::Add
+                    };
+                    let q_at = |rows: &Rows| rows.view(image, 0, q_tokens, column, head_dim);
+                    let kv_at = |rows: &Rows| rows.view(image, 0, kv_tokens, kv_column, head_dim);
+                    let q_into = View::rows(column, q_tokens, head_dim, q_width);
+                    let kv_into = View::rows(kv_column, kv_tokens, head_dim, kv_width);
+                    // P = softmax(scale · q kᵀ) over the keys each query sees, recomputed.
                     matmul(
                         &mut probs,
                         scores,
                         query.data,
-                        at(&query, q_tokens),
+                        q_at(&query),
                         key.data,
-                        at(&key, kv_tokens).transposed(),
+                        kv_at(&key).transposed(),
                         Write::Overwrite,
                         Threads::One,
                     );
-                    pulp::Arch::new()
-                        .dispatch(SoftmaxRows::plain(&mut probs, kv_tokens, self.scale));
+                    pulp::Arch::new().dispatch(SoftmaxRows {
+                        rows: &mut probs,
+                        width: kv_tokens,
+                        scale: self.scale,
+                        dropout: None,
+                        causal: self.causal.then_some(1),
+                        real,
+                    });
                     let mask = self.mask.as_deref().map(|mask| {
                         let start = (image * heads + head) * q_tokens * kv_tokens;
                         &mask[start..start + q_tokens * kv_tokens]
@@ -687,12 +794,12 @@ impl HostOp<3> for AttentionOp {
                     // dV = Pᵀ dO (P as dropout left it).
                     matmul(
                         dv,
-                        into(kv_tokens),
+                        kv_into,
                         used,
                         scores.transposed(),
                         grad.data,
-                        at(&grad, q_tokens),
-                        Write::Overwrite,
+                        q_at(&grad),
+                        kv_write,
                         Threads::One,
                     );
                     // dP = dO vᵀ (through dropout's multipliers).
@@ -700,9 +807,9 @@ impl HostOp<3> for AttentionOp {
                         &mut dprobs,
                         scores,
                         grad.data,
-                        at(&grad, q_tokens),
+                        q_at(&grad),
                         value.data,
-                        at(&value, kv_tokens).transposed(),
+                        kv_at(&value).transposed(),
                         Write::Overwrite,
                         Threads::One,
                     );
@@ -722,27 +829,31 @@ impl HostOp<3> for AttentionOp {
                     // dQ = dS k, dK = dSᵀ q.
                     matmul(
                         dq,
-                        into(q_tokens),
+                        q_into,
                         &dprobs,
                         scores,
                         key.data,
-                        at(&key, kv_tokens),
+                        kv_at(&key),
                         Write::Overwrite,
                         Threads::One,
                     );
                     matmul(
                         dk,
-                        into(kv_tokens),
+                        kv_into,
                         &dprobs,
                         scores.transposed(),
                         query.data,
-                        at(&query, q_tokens),
-                        Write::Overwrite,
+                        q_at(&query),
+                        kv_write,
                         Threads::One,
                     );
                 }
             });
-        [dq, dk, dv]
+        [
+            self.turned_back(dq, self.heads),
+            self.turned_back(dk, self.kv_heads),
+            dv,
+        ]
     }
 }
 
@@ -817,13 +928,9 @@ mod tests {
             .collect();
         for mask in [None, Some(drops)] {
             let op = AttentionOp {
-                batch,
-                heads,
-                head_dim,
-                q_tokens,
-                kv_tokens,
                 scale,
                 mask: mask.clone().map(Into::into),
+                ..AttentionOp::new(batch, heads, head_dim, q_tokens, kv_tokens)
             };
             let ours =
                 kiln_precision::host_op(op, [&query, &key, &value], [batch, q_tokens, width])
@@ -844,23 +951,141 @@ mod tests {
                 .matmul(split(value.clone()))
                 .swap_dims(1, 2)
                 .reshape([batch, q_tokens, width]);
-            let max = |t: Tensor<Flex, 3>| t.abs().max().into_scalar();
-            let close = |ours: Tensor<Flex, 3>, burns: Tensor<Flex, 3>, what: &str| {
-                let diff = max(ours - burns.clone());
-                assert!(diff <= 1e-5 * max(burns), "{what}: {diff}");
+            let rows = Tensor::ones([batch, q_tokens, 1], &device);
+            same_values_and_gradients([ours, burns], &weights, &rows, [&query, &key, &value]);
+        }
+    }
+
+    /// The operation with grouped-query heads, causal masking, left padding and rotary angles
+    /// against burn's autodiff through the same attention written as tensor operations (the
+    /// rotation by `rotate_half`, the key/value heads repeated, an additive mask): values on
+    /// the rows that see a key, and the q, k and v gradients of a loss on those rows.
+    #[test]
+    fn causal_grouped_rotary_attention_differentiates_as_burn_does() {
+        use burn::backend::{Autodiff, Flex};
+        use burn::tensor::Distribution;
+        use burn::tensor::activation::softmax;
+        type Ad = Autodiff<Flex>;
+
+        let device = Default::default();
+        let (batch, heads, kv_heads, head_dim, tokens) = (2, 6, 2, 4, 11);
+        let (width, half, padding) = (heads * head_dim, head_dim / 2, 3);
+        let scale = 0.45;
+        let normal = |heads: usize| {
+            let shape = [batch, tokens, heads * head_dim];
+            Tensor::<Ad, 3>::random(shape, Distribution::Normal(0.0, 1.0), &device).require_grad()
+        };
+        let (query, key, value) = (normal(heads), normal(kv_heads), normal(kv_heads));
+        // Image 0's first `padding` tokens are padding; its first queries see no key.
+        let real: Vec<bool> = (0..batch * tokens).map(|i| i >= padding).collect();
+        let angles: Vec<f32> = (0..batch * tokens * half)
+            .map(|i| (i as f32 * 0.9).sin() * 2.0)
+            .collect();
+        let table = |f: fn(f32) -> f32| -> Vec<f32> {
+            (angles.chunks(half))
+                .flat_map(|row| row.iter().chain(row).map(|&a| f(a)))
+                .collect()
+        };
+        let (cos, sin) = (table(f32::cos), table(f32::sin));
+        let op = AttentionOp {
+            kv_heads,
+            scale,
+            causal: true,
+            real_keys: Some(real.clone().into()),
+            rotary: Some(RotaryAngles {
+                cos: cos.clone().into(),
+                sin: sin.clone().into(),
+            }),
+            ..AttentionOp::new(batch, heads, head_dim, tokens, tokens)
+        };
+        let ours = kiln_precision::host_op(op, [&query, &key, &value], [batch, tokens, width])
+            .expect("served on Autodiff<Flex>");
+
+        let tensor = |values: Vec<f32>, shape: [usize; 4]| {
+            Tensor::<Ad, 4>::from_data(TensorData::new(values, shape), &device)
+        };
+        let (cos, sin) = (
+            tensor(cos, [batch, tokens, 1, head_dim]),
+            tensor(sin, [batch, tokens, 1, head_dim]),
+        );
+        // [batch, tokens, heads · head_dim] → [batch, heads, tokens, head_dim], rotated or not.
+        let split = |x: Tensor<Ad, 3>, heads: usize, rotate: bool| {
+            let x = x.reshape([batch, tokens, heads, head_dim]);
+            let x = if rotate {
+                let first = x.clone().slice([0..batch, 0..tokens, 0..heads, 0..half]);
+                let second = x
+                    .clone()
+                    .slice([0..batch, 0..tokens, 0..heads, half..head_dim]);
+                let turned = Tensor::cat(vec![second.neg(), first], 3);
+                x * cos.clone() + turned * sin.clone()
+            } else {
+                x
             };
-            close(ours.clone().inner(), burns.clone().inner(), "values");
-            let grads = |y: Tensor<Ad, 3>| {
-                let grads = (y * weights.clone()).sum().backward();
-                [&query, &key, &value].map(|x| x.grad(&grads).expect("a gradient"))
-            };
-            for ((ours, burns), name) in grads(ours)
-                .into_iter()
-                .zip(grads(burns))
-                .zip(["q", "k", "v"])
-            {
-                close(ours, burns, name);
+            x.swap_dims(1, 2)
+        };
+        let repeat = |x: Tensor<Ad, 4>| {
+            x.unsqueeze_dim::<5>(2)
+                .repeat_dim(2, heads / kv_heads)
+                .reshape([batch, heads, tokens, head_dim])
+        };
+        let mut bias = Vec::new();
+        for image in 0..batch {
+            for query in 0..tokens {
+                bias.extend((0..tokens).map(|key| {
+                    let seen = real[image * tokens + key] && key <= query;
+                    if seen { 0.0 } else { f32::MIN }
+                }));
             }
+        }
+        let bias = tensor(bias, [batch, 1, tokens, tokens]);
+        let scores = split(query.clone(), heads, true)
+            .matmul(repeat(split(key.clone(), kv_heads, true)).swap_dims(2, 3));
+        let burns = softmax(scores * scale + bias, 3)
+            .matmul(repeat(split(value.clone(), kv_heads, false)))
+            .swap_dims(1, 2)
+            .reshape([batch, tokens, width]);
+
+        // The rows that see a key: all but image 0's padding queries.
+        let seeing: Vec<f32> = (0..batch * tokens)
+            .map(|i| if real[i] { 1.0 } else { 0.0 })
+            .collect();
+        let seeing =
+            Tensor::<Ad, 3>::from_data(TensorData::new(seeing, [batch, tokens, 1]), &device);
+        let weights =
+            Tensor::<Ad, 3>::random([batch, tokens, width], Distribution::Default, &device);
+        let padded_rows = ours.clone().inner().slice([0..1, 0..padding, 0..width]);
+        assert_eq!(padded_rows.abs().max().into_scalar(), 0.0);
+        same_values_and_gradients([ours, burns], &weights, &seeing, [&query, &key, &value]);
+    }
+
+    type Trained = burn::backend::Autodiff<burn::backend::Flex>;
+
+    /// `ours` and `burns` agree on the rows `rows` marks (`[batch, tokens, 1]`, 0 or 1), within
+    /// 1e-5 of the largest value, and so do the q, k and v gradients of `Σ rows ⊙ weights ⊙ y`.
+    fn same_values_and_gradients(
+        [ours, burns]: [Tensor<Trained, 3>; 2],
+        weights: &Tensor<Trained, 3>,
+        rows: &Tensor<Trained, 3>,
+        inputs: [&Tensor<Trained, 3>; 3],
+    ) {
+        use burn::backend::Flex;
+        let max = |t: Tensor<Flex, 3>| t.abs().max().into_scalar();
+        let close = |ours: Tensor<Flex, 3>, burns: Tensor<Flex, 3>, what: &str| {
+            let diff = max(ours - burns.clone());
+            assert!(diff <= 1e-5 * max(burns), "{what}: {diff}");
+        };
+        let on_rows = |x: &Tensor<Trained, 3>| (x.clone() * rows.clone()).inner();
+        close(on_rows(&ours), on_rows(&burns), "values");
+        let grads = |y: Tensor<Trained, 3>| {
+            let grads = (y * weights.clone() * rows.clone()).sum().backward();
+            inputs.map(|x| x.grad(&grads).expect("a gradient"))
+        };
+        for ((ours, burns), name) in grads(ours)
+            .into_iter()
+            .zip(grads(burns))
+            .zip(["q", "k", "v"])
+        {
+            close(ours, burns, name);
         }
     }
 

@@ -8,6 +8,7 @@
 //!   autodiff operation with its gradients as products per block of rows;
 //! - [`host`]: f32 kernels for the host backends (vectorised activations and softmax, the
 //!   attention kernel and its backward);
+//! - [`rotary`]: rotary position embeddings' rotation of rows and its transpose;
 //! - [`matmul`]: strided products on host slices through the `gemm` crate;
 //! - [`checkpoint`]: Hugging Face safetensors checkpoints (single or sharded, f32/f16/bf16),
 //!   checked against the model before loading, every missing or mis-shaped tensor named;
@@ -43,6 +44,7 @@ pub mod matmul;
 mod pass;
 pub mod prepared;
 pub mod projection;
+pub mod rotary;
 
 pub use activation::Activation;
 pub use device_mask::host_mask_uploads;

@@ -5,7 +5,7 @@
 use burn::nn::Linear;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_precision::{HostOp, host_op, host_ops_serve};
+use kiln_precision::{HostOp, host_op, host_ops_serve, zeros};
 use rayon::prelude::*;
 
 use crate::matmul::{Threads, View, Write, matmul};
@@ -21,26 +21,62 @@ pub(crate) fn trained_linear<B: Backend>(
     }
     let [rows, inputs] = x.dims();
     let weight = linear.weight.val();
-    let outputs = weight.dims()[1];
-    let bias = match &linear.bias {
-        Some(bias) => bias.val().reshape([1, outputs]),
-        None => Tensor::zeros([1, outputs], &x.device()),
+    let product = Product {
+        rows,
+        inputs,
+        outputs: weight.dims()[1],
+        layout: Layout::InputsByOutputs,
     };
-    let op = LinearOp {
+    match &linear.bias {
+        Some(bias) => {
+            let bias = bias.val().reshape([1, product.outputs]);
+            host_op(
+                Biased(product.clone()),
+                [x, &weight, &bias],
+                [rows, product.outputs],
+            )
+        }
+        None => host_op(product.clone(), [x, &weight], [rows, product.outputs]),
+    }
+}
+
+/// `x Eᵀ` of `x` `[rows, in]` and a table `E` `[out, in]` as one autodiff operation, when `B`
+/// is `Autodiff<Flex>` and both are f32; `None` otherwise.
+pub(crate) fn trained_product_by_table<B: Backend>(
+    x: &Tensor<B, 2>,
+    table: &Tensor<B, 2>,
+) -> Option<Tensor<B, 2>> {
+    let ([rows, inputs], [outputs, _]) = (x.dims(), table.dims());
+    let product = Product {
         rows,
         inputs,
         outputs,
+        layout: Layout::OutputsByInputs,
     };
-    host_op(op, [x, &weight, &bias], [rows, outputs])
+    host_op(product, [x, table], [rows, outputs])
 }
 
-/// `[x, W, b]` (`[rows, inputs]`, `[inputs, outputs]`, `[1, outputs]`) → `x W + b`.
+/// How a weight holds its values.
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    /// `[inputs, outputs]`, as burn's `Linear`.
+    InputsByOutputs,
+    /// `[outputs, inputs]`, as an embedding table read as a language model's head.
+    OutputsByInputs,
+}
+
+/// `[x, W]` (`[rows, inputs]` and the weight) → `x W`.
 #[derive(Debug, Clone)]
-struct LinearOp {
+struct Product {
     rows: usize,
     inputs: usize,
     outputs: usize,
+    layout: Layout,
 }
+
+/// `[x, W, b]` (`b` `[1, outputs]`) → `x W + b`.
+#[derive(Debug, Clone)]
+struct Biased(Product);
 
 /// A `[rows, width]` matrix made by `product(first, block, len)` per block of rows, one block per
 /// thread; `block` holds rows `first..first + len`.
@@ -49,7 +85,7 @@ fn per_thread_blocks(
     width: usize,
     product: impl Fn(usize, &mut [f32], usize) + Sync,
 ) -> Vec<f32> {
-    let mut out = vec![0f32; rows * width];
+    let mut out = zeros(rows * width);
     let per = rows.div_ceil(rayon::current_num_threads().max(1)).max(1);
     let width = width.max(1);
     out.par_chunks_mut(per * width)
@@ -58,32 +94,47 @@ fn per_thread_blocks(
     out
 }
 
-impl HostOp<3> for LinearOp {
-    fn forward(&self, [x, weight, bias]: [&[f32]; 3]) -> Vec<f32> {
+impl Product {
+    /// The weight seen as `[inputs, outputs]`.
+    fn weight(&self) -> View {
+        let (inputs, outputs) = (self.inputs, self.outputs);
+        match self.layout {
+            Layout::InputsByOutputs => View::rows(0, inputs, outputs, outputs),
+            Layout::OutputsByInputs => View::rows(0, outputs, inputs, inputs).transposed(),
+        }
+    }
+
+    /// `x W (+ b)`: each row starts as `b` (or 0) and gets its product added.
+    fn forward_with(&self, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
         let (inputs, outputs) = (self.inputs, self.outputs);
         per_thread_blocks(self.rows, outputs, |first, y, rows| {
-            for row in y.chunks_exact_mut(outputs) {
-                row.copy_from_slice(bias);
+            if let Some(bias) = bias {
+                for row in y.chunks_exact_mut(outputs) {
+                    row.copy_from_slice(bias);
+                }
             }
-            let (x_rows, w) = (
-                View::rows(first * inputs, rows, inputs, inputs),
-                View::rows(0, inputs, outputs, outputs),
-            );
+            let x_rows = View::rows(first * inputs, rows, inputs, inputs);
             let y_rows = View::rows(0, rows, outputs, outputs);
-            matmul(y, y_rows, x, x_rows, weight, w, Write::Add, Threads::One);
+            matmul(
+                y,
+                y_rows,
+                x,
+                x_rows,
+                weight,
+                self.weight(),
+                Write::Add,
+                Threads::One,
+            );
         })
     }
 
-    /// `dx = dy Wᵀ` per block of rows, `dW = xᵀ dy` per block of input features, `db` the
-    /// column sums of `dy`.
-    fn backward(&self, dy: &[f32], [x, weight, _]: [&[f32]; 3]) -> [Vec<f32>; 3] {
+    /// `dx = dy Wᵀ` per block of rows, and `dW` per block of the weight's rows.
+    fn input_and_weight_grads(&self, dy: &[f32], x: &[f32], weight: &[f32]) -> [Vec<f32>; 2] {
         let (rows, inputs, outputs) = (self.rows, self.inputs, self.outputs);
         let dx = per_thread_blocks(rows, inputs, |first, dx, n| {
-            let (dy_rows, w_t) = (
-                View::rows(first * outputs, n, outputs, outputs),
-                View::rows(0, inputs, outputs, outputs).transposed(),
-            );
+            let dy_rows = View::rows(first * outputs, n, outputs, outputs);
             let dx_rows = View::rows(0, n, inputs, inputs);
+            let w_t = self.weight().transposed();
             matmul(
                 dx,
                 dx_rows,
@@ -95,27 +146,56 @@ impl HostOp<3> for LinearOp {
                 Threads::One,
             );
         });
-        let dw = per_thread_blocks(inputs, outputs, |first, dw, n| {
-            let (x_t, dy_all) = (
-                View::rows(first, rows, n, inputs).transposed(),
-                View::rows(0, rows, outputs, outputs),
-            );
-            let dw_rows = View::rows(0, n, outputs, outputs);
+        // dW's rows follow the weight's first axis, each block `aᵀ b` over all the rows: `xᵀ dy`
+        // per block of inputs (`[inputs, outputs]`), `dyᵀ x` per block of outputs.
+        let (a, a_width, b, b_width) = match self.layout {
+            Layout::InputsByOutputs => (x, inputs, dy, outputs),
+            Layout::OutputsByInputs => (dy, outputs, x, inputs),
+        };
+        let dw = per_thread_blocks(a_width, b_width, |first, dw, n| {
+            let a_t = View::rows(first, rows, n, a_width).transposed();
+            let b_all = View::rows(0, rows, b_width, b_width);
+            let dw_rows = View::rows(0, n, b_width, b_width);
             matmul(
                 dw,
                 dw_rows,
-                x,
-                x_t,
-                dy,
-                dy_all,
+                a,
+                a_t,
+                b,
+                b_all,
                 Write::Overwrite,
                 Threads::One,
             );
         });
-        let mut db = vec![0f32; outputs];
-        for row in dy.chunks_exact(outputs) {
-            db.iter_mut().zip(row).for_each(|(s, v)| *s += v);
-        }
+        [dx, dw]
+    }
+}
+
+impl HostOp<2> for Product {
+    fn forward(&self, [x, weight]: [&[f32]; 2]) -> Vec<f32> {
+        self.forward_with(x, weight, None)
+    }
+
+    fn backward(&self, dy: &[f32], [x, weight]: [&[f32]; 2]) -> [Vec<f32>; 2] {
+        self.input_and_weight_grads(dy, x, weight)
+    }
+}
+
+impl HostOp<3> for Biased {
+    fn forward(&self, [x, weight, bias]: [&[f32]; 3]) -> Vec<f32> {
+        self.0.forward_with(x, weight, Some(bias))
+    }
+
+    /// [`Product`]'s gradients, and `db` the column sums of `dy`, each thread summing its own
+    /// block of columns over the rows in order.
+    fn backward(&self, dy: &[f32], [x, weight, _]: [&[f32]; 3]) -> [Vec<f32>; 3] {
+        let [dx, dw] = self.0.input_and_weight_grads(dy, x, weight);
+        let outputs = self.0.outputs;
+        let db = per_thread_blocks(outputs, 1, |first, db, n| {
+            for row in dy.chunks_exact(outputs) {
+                (db.iter_mut().zip(&row[first..first + n])).for_each(|(s, v)| *s += v);
+            }
+        });
         [dx, dw, db]
     }
 }
@@ -138,32 +218,69 @@ mod tests {
     }
 
     /// The one-operation projection's values and its x, weight and bias gradients against burn's
-    /// `Linear` differentiated by burn-autodiff, on more rows than threads and an odd width.
+    /// `Linear` differentiated by burn-autodiff, on more rows than threads and an odd width, with
+    /// and without a bias.
     #[test]
     fn the_projection_differentiates_as_burns_does() {
         let device = Default::default();
         let normal = Distribution::Normal(0.0, 1.0);
-        let linear = LinearConfig::new(37, 53).init::<Trained>(&device);
         let x = Tensor::<Trained, 2>::random([101, 37], normal, &device);
         let weights = Tensor::<Trained, 2>::random([101, 53], normal, &device);
         assert!(host_ops_serve(&x));
+        for bias in [true, false] {
+            let linear = LinearConfig::new(37, 53)
+                .with_bias(bias)
+                .init::<Trained>(&device);
+            let run = |ours: bool| {
+                let x = x.clone().detach().require_grad();
+                let y = if ours {
+                    trained_linear(&linear, &x).expect("served on Autodiff<Flex>")
+                } else {
+                    linear.forward(x.clone())
+                };
+                let grads = (y.clone() * weights.clone()).sum().backward();
+                let dw = linear.weight.val().grad(&grads).unwrap();
+                let db = (linear.bias.as_ref()).map(|b| b.val().grad(&grads).unwrap());
+                (y.inner(), x.grad(&grads).unwrap(), dw, db)
+            };
+            let (y, dx, dw, db) = run(true);
+            let (want_y, want_dx, want_dw, want_db) = run(false);
+            assert!(gap(y, want_y) < 1e-4);
+            assert!(gap(dx, want_dx) < 1e-4);
+            assert!(gap(dw, want_dw) < 1e-3);
+            if let (Some(db), Some(want_db)) = (db, want_db) {
+                assert!(gap(db.unsqueeze(), want_db.unsqueeze()) < 1e-3);
+            }
+        }
+    }
+
+    /// `x Eᵀ` by the table's rows against burn's product with the table transposed: values and
+    /// both gradients.
+    #[test]
+    fn the_product_by_a_table_differentiates_as_burns_does() {
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let x = Tensor::<Trained, 2>::random([13, 37], normal, &device);
+        let table = Tensor::<Trained, 2>::random([211, 37], normal, &device);
+        let weights = Tensor::<Trained, 2>::random([13, 211], normal, &device);
         let run = |ours: bool| {
-            let x = x.clone().detach().require_grad();
+            let (x, table) = (x.clone().require_grad(), table.clone().require_grad());
             let y = if ours {
-                trained_linear(&linear, &x).expect("served on Autodiff<Flex>")
+                trained_product_by_table(&x, &table).expect("served on Autodiff<Flex>")
             } else {
-                linear.forward(x.clone())
+                x.clone().matmul(table.clone().transpose())
             };
             let grads = (y.clone() * weights.clone()).sum().backward();
-            let dw = linear.weight.val().grad(&grads).unwrap();
-            let db = linear.bias.as_ref().unwrap().val().grad(&grads).unwrap();
-            (y.inner(), x.grad(&grads).unwrap(), dw, db.unsqueeze::<2>())
+            (
+                y.inner(),
+                x.grad(&grads).unwrap(),
+                table.grad(&grads).unwrap(),
+            )
         };
-        let (y, dx, dw, db) = run(true);
-        let (want_y, want_dx, want_dw, want_db) = run(false);
+        let (y, dx, dtable) = run(true);
+        let (want_y, want_dx, want_dtable) = run(false);
         assert!(gap(y, want_y) < 1e-4);
         assert!(gap(dx, want_dx) < 1e-4);
-        assert!(gap(dw, want_dw) < 1e-3);
-        assert!(gap(db, want_db) < 1e-3);
+        assert!(gap(dtable, want_dtable) < 1e-4);
     }
 }

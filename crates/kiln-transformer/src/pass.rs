@@ -551,13 +551,8 @@ impl Pass {
             let kv_tokens = key.dims()[1];
             let mask = self.mask(Site::AttentionProbs, [batch, heads, tokens, kv_tokens]);
             let op = host::AttentionOp {
-                batch,
-                heads,
-                head_dim: width / heads,
-                q_tokens: tokens,
-                kv_tokens,
-                scale: ((width / heads) as f32).powf(-0.5),
                 mask: mask.map(|m| m.to_vec::<f32>().expect("dropout masks are f32").into()),
+                ..host::AttentionOp::new(batch, heads, width / heads, tokens, kv_tokens)
             };
             return host_op(op, [&query, &key, &value], [batch, tokens, width])
                 .expect("host operations serve these tensors");

@@ -11,7 +11,7 @@ use burn::tensor::{Tensor, TensorData};
 
 use crate::Activation;
 use crate::host;
-use crate::linear_op::trained_linear;
+use crate::linear_op::{trained_linear, trained_product_by_table};
 use crate::matmul::{Threads, View, Write, matmul};
 use crate::pass::{Pass, Site};
 use crate::prepared::{HostWeight, Operand};
@@ -55,6 +55,21 @@ pub fn project<B: Backend, const D: usize>(
     let y = trained_linear(linear, &x).unwrap_or_else(|| linear.forward(x));
     dims[D - 1] = y.dims()[1];
     finish(y.reshape(dims), then)
+}
+
+/// `x Eᵀ` of `x` `[batch, tokens, in]` and a table `E` `[out, in]` (a language model's head
+/// tied to its token embeddings), never copying the transposed table: in training on Flex one
+/// autodiff operation of kiln's (as [`project`]; burn's backward of the strided view copied the
+/// 113 MB table of SmolLM2-135M each pass), elsewhere burn's product reading `E` by strides.
+pub fn project_by_table<B: Backend>(x: Tensor<B, 3>, table: Tensor<B, 2>) -> Tensor<B, 3> {
+    let [batch, tokens, inputs] = x.dims();
+    let rows = x.clone().reshape([batch * tokens, inputs]);
+    match trained_product_by_table(&rows, &table) {
+        Some(y) => y.reshape([batch, tokens, table.dims()[0]]),
+        // Unsqueezed before the transpose: the other order makes burn copy the whole transposed
+        // table (docs/FOVEATED.md).
+        None => x.matmul(table.unsqueeze::<3>().transpose()),
+    }
 }
 
 /// `then(drop(site, x W + b))`: when the pass drops activations at `site`, the dropout comes
