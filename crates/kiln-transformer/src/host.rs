@@ -661,33 +661,24 @@ impl AttentionOp {
         }
     }
 
-    /// q and k turned by [`Self::rotary`]'s angles (`None` without them).
-    fn rotated(&self, query: &[f32], key: &[f32]) -> Option<(Vec<f32>, Vec<f32>)> {
-        let angles = self.rotary.as_ref()?;
-        let angles = rotary::Angles {
-            cos: &angles.cos,
-            sin: &angles.sin,
-        };
-        let turn = |x: &[f32], heads: usize| {
-            let mut x = x.to_vec();
-            let width = heads * self.head_dim;
-            rotary::rotate_rows(&mut x, width, 0, heads, angles, rotary::Turn::Forward);
-            x
-        };
-        Some((turn(query, self.heads), turn(key, self.kv_heads)))
+    /// Turns `values`, rows of `heads` heads, by [`Self::rotary`]'s angles (nothing without
+    /// them).
+    fn turn(&self, values: &mut [f32], heads: usize, turn: rotary::Turn) {
+        if let Some(RotaryAngles { cos, sin }) = &self.rotary {
+            let angles = rotary::Angles { cos, sin };
+            rotary::rotate_rows(values, heads * self.head_dim, 0, heads, angles, turn);
+        }
     }
 
-    /// `grad`, a gradient of rotated rows of `heads` heads, carried back through the rotation.
-    fn turned_back(&self, mut grad: Vec<f32>, heads: usize) -> Vec<f32> {
-        if let Some(angles) = &self.rotary {
-            let angles = rotary::Angles {
-                cos: &angles.cos,
-                sin: &angles.sin,
-            };
-            let width = heads * self.head_dim;
-            rotary::rotate_rows(&mut grad, width, 0, heads, angles, rotary::Turn::Back);
-        }
-        grad
+    /// q and k turned by [`Self::rotary`]'s angles (`None` without them).
+    fn rotated(&self, query: &[f32], key: &[f32]) -> Option<(Vec<f32>, Vec<f32>)> {
+        self.rotary.as_ref()?;
+        let turned = |x: &[f32], heads: usize| {
+            let mut x = x.to_vec();
+            self.turn(&mut x, heads, rotary::Turn::Forward);
+            x
+        };
+        Some((turned(query, self.heads), turned(key, self.kv_heads)))
     }
 }
 
@@ -849,11 +840,10 @@ impl HostOp<3> for AttentionOp {
                     );
                 }
             });
-        [
-            self.turned_back(dq, self.heads),
-            self.turned_back(dk, self.kv_heads),
-            dv,
-        ]
+        // Carried back through the rotation (its transpose).
+        self.turn(&mut dq, heads, rotary::Turn::Back);
+        self.turn(&mut dk, self.kv_heads, rotary::Turn::Back);
+        [dq, dk, dv]
     }
 }
 
