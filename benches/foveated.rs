@@ -3,9 +3,10 @@
 //! as the examples' loops run it. PyTorch's figure for the same model, shapes and optimizer comes
 //! from `scripts/bench/foveated_torch.py`; both are in docs/FOVEATED.md.
 //!
-//! - `foveated_step/synthetic,b=16`: the `foveated_synthetic` example's default model (DINOv2 8
-//!   wide, an LM 64 wide with 16 tokens, shallow readout, 16-class per-frame head) on 16
-//!   cue-then-read clips of 4 frames on 3×3 boards (between its 2×2 start and 4×4 boards).
+//! - `foveated_step/synthetic,b=16`: the `foveated_synthetic` example's model (DINOv2 8 wide,
+//!   an LM 64 wide with 16 tokens, shallow readout; a 16-class per-frame head, the example's 24
+//!   differ by 8 outputs) on 16 cue-then-read clips of 4 frames on 3×3 boards (between its 2×2
+//!   start and 4×4 boards), the shapes `scripts/bench/foveated_torch.py` times.
 //! - `foveated_step/fvlm,b=2,T=8`: fVLM's shapes — DINOv2-S at 224 px, SmolLM2-135M, deep
 //!   readout, 384-wide queries, 2 clips of 8 frames, a 16-token prompt and a 32-token caption —
 //!   random weights, fVLM's parameter groups (`fvlm_recipe`).
@@ -50,7 +51,7 @@ type Training<B> = (Trained<B>, Optimization<Autodiff<B>, Trained<B>>);
 
 /// Which batches a training step takes.
 enum Workload {
-    /// The example's cue-then-read clips: 3×3 boards, 4 frames, 16 classes.
+    /// Cue-then-read clips as the example's: 3×3 boards, 4 frames, 16 classes.
     Synthetic(CueThenRead),
     /// Random frames and token ids of fVLM's shapes.
     Fvlm,

@@ -93,6 +93,13 @@ fn a_short_run_writes_every_control_and_the_plot() {
         ),
         (&4.into(), &2.into())
     );
+    // Every control's model is made for the 4×4 boards (24 px: a position of its own for each
+    // of the 16 cells), which the 2×2 start reads resized.
+    for control in ["both", "all_patches"] {
+        let config = std::fs::read_to_string(out.join(control).join("model/config.json")).unwrap();
+        let config: Value = serde_json::from_str(&config).unwrap();
+        assert_eq!(config["dino"]["image_size"], 24, "{control}");
+    }
 }
 
 #[test]

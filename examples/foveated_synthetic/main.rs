@@ -16,7 +16,7 @@
 //! - `both`: coarse and fine passes trained together (λ = 1), scored in both modes;
 //! - `static_only`: the coarse pass alone (`q_static` for every frame);
 //! - `all_patches`: no readout, the LM sees every patch token (the upper bound; its peak
-//!   learning rate, 1e-3, and its split of the same steps, 2 000 on the starting boards, are
+//!   learning rate, 5e-4, and its split of the same steps, 1 000 on the starting boards, are
 //!   its own: `--all-patches-lr`, `--all-patches-start-steps`);
 //! - `random_queries`: the fine pass reads with random queries.
 //!
@@ -82,8 +82,9 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     frames: usize,
     /// Glyph classes (chance is 1/classes; with more classes than cells, a board's classes are
-    /// all different, so no class is likelier than another).
-    #[arg(long, default_value_t = 16)]
+    /// all different, so no class is likelier than another; with 16, a token that cannot look
+    /// packs enough of the board to pass the ceiling on some seeds: docs/FOVEATED.md).
+    #[arg(long, default_value_t = 24)]
     classes: usize,
     /// Width of DINOv2, so of each visual token (the bottleneck; 2 heads).
     #[arg(long, default_value_t = 8)]
@@ -95,13 +96,14 @@ struct Args {
     #[arg(long, default_value_t = 2e-3)]
     lr: f64,
     /// Peak learning rate of `all_patches` (its LM attends over every patch of every frame, 17×
-    /// the tokens; at 2e-3 its lookup stalls on some seeds: docs/FOVEATED.md).
-    #[arg(long, default_value_t = 1e-3)]
+    /// the tokens; at 1e-3 or more its lookup into the later frames stalls on some seeds:
+    /// docs/FOVEATED.md).
+    #[arg(long, default_value_t = 5e-4)]
     all_patches_lr: f64,
     /// Of the same `--start-steps` + `--steps` in all, how many `all_patches` spends on the
-    /// starting boards (at most half; from a 500-step start its lookup into the last frame
-    /// stalls on some seeds: docs/FOVEATED.md).
-    #[arg(long, default_value_t = 2000)]
+    /// starting boards (at most half; its lookup on the final boards is learned late, so from
+    /// a 2 000-step start it stalls on some seeds: docs/FOVEATED.md).
+    #[arg(long, default_value_t = 1000)]
     all_patches_start_steps: u64,
     /// Held-out clips.
     #[arg(long, default_value_t = 256)]
@@ -169,7 +171,13 @@ impl Args {
         (start, total - start)
     }
 
-    /// The control's model from scratch (seeded); its LM names every cell of either board.
+    /// The control's model from scratch (seeded), made for the final boards: DINOv2's position
+    /// table has a row of its own for every final cell, and the starting boards read it resized
+    /// down. (Made for the starting boards, the final cells' positions were a 2×2 table resized
+    /// up, mixtures of four rows whose weights are monotone along every row and column of cells:
+    /// the positions' part of any query's score then peaks only on a corner of the board, and the
+    /// fine pass stalled at 0.8 on some seeds: docs/FOVEATED.md.) Its LM names every cell of
+    /// either board.
     fn model<B: Backend>(
         &self,
         stages: &[Stage],
@@ -178,9 +186,9 @@ impl Args {
     ) -> Result<FoveatedModel<B>, String> {
         B::seed(device, self.seed);
         let cells = stages.iter().map(|s| s.task.grid * s.task.grid).max();
-        let first = &stages[0].task;
+        let last = &stages[stages.len() - 1].task;
         let model = model::synthetic_model(
-            first,
+            last,
             self.token_width,
             cells.unwrap_or(0),
             self.readout,

@@ -7,7 +7,8 @@ use kiln::text::TextConfig;
 use kiln::train::{OptimizerConfig, Schedule, TrainConfig};
 use kiln::vision::Dinov2Config;
 
-/// A small DINOv2 and LM from scratch for `task`: the visual token is narrow (`token_width`, 8
+/// A small DINOv2 and LM from scratch for `task` (DINOv2's position table has a row for each
+/// cell of its boards; other boards read it resized): the visual token is narrow (`token_width`, 8
 /// by default, 2 heads), so one static token cannot carry every cell's glyph (16 wide, it
 /// learned to carry part of the board: docs/FOVEATED.md). The position table starts at std 1,
 /// not transformers' 0.02: a trained tower's positions are plain to see, and a from-scratch

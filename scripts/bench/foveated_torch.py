@@ -12,10 +12,10 @@ Each step: forward of both passes, backward, `clip_grad_norm_(…, 1.0)`, AdamW,
 loss read back as a Python float (as kiln's trainer reads it for metrics.jsonl). Workloads (the
 `foveated` bench's, same shapes and optimizer):
 
-- `synthetic`: the `foveated_synthetic` example's default model and batch on its starting 3×3
-  boards — DINOv2 8 wide, 2 layers, 2 heads, 18 px frames in 6 px patches; an LM 64 wide, 2
+- `synthetic`: the `foveated_synthetic` example's model and batch on 3×3 boards (between its
+  2×2 start and 4×4 boards) — DINOv2 8 wide, 2 layers, 2 heads, 18 px frames in 6 px patches; an LM 64 wide, 2
   layers, 4 query and 2 key-value heads, MLP 128, vocabulary 16; 16-wide queries, shallow readout, a 16-class
-  per-frame head; 16 clips of 4 frames, a one-token caption; AdamW lr 2e-3, weight decay 0.01 on
+  per-frame head (the example's has 24); 16 clips of 4 frames, a one-token caption; AdamW lr 2e-3, weight decay 0.01 on
   every parameter.
 - `fvlm`: fVLM's shapes — DINOv2-S at 224 px, SmolLM2-135M, 384-wide queries, deep readout,
   2 clips of 8 frames, a 16-token prompt and a 32-token caption, no per-frame head; AdamW with
