@@ -175,9 +175,9 @@ impl Args {
     /// table has a row of its own for every final cell, and the starting boards read it resized
     /// down. (Made for the starting boards, the final cells' positions were a 2×2 table resized
     /// up, mixtures of four rows whose weights are monotone along every row and column of cells:
-    /// the positions' part of any query's score then peaks only on a corner of the board, and the
-    /// fine pass stalled at 0.8 on some seeds: docs/FOVEATED.md.) Its LM names every cell of
-    /// either board.
+    /// the positions' part of any query's score then peaks only on a corner of the board, and on
+    /// some seeds the fine pass never learned every cell: docs/FOVEATED.md.) Its LM names every
+    /// cell of either board.
     fn model<B: Backend>(
         &self,
         stages: &[Stage],
@@ -354,7 +354,8 @@ fn shown(accuracy: Option<f64>) -> String {
 }
 
 /// OUT/curves.png: each control's held-out accuracy (fine thick, coarse thin) against the
-/// step, with chance marked.
+/// step, with chance, the ceiling of a pass that cannot look and the target of one that looks
+/// marked.
 fn plot(out: &Path, controls: &[String], chance: f64) -> Result<(), String> {
     use plotters::prelude::*;
 
@@ -399,13 +400,29 @@ fn plot(out: &Path, controls: &[String], chance: f64) -> Result<(), String> {
             .y_desc("accuracy")
             .draw()
             .map_err(|e| fail(&e))?;
-        chart
-            .draw_series(LineSeries::new(
-                [(0, chance), (last_step, chance)],
-                BLACK.mix(0.4),
-            ))
-            .map_err(|e| fail(&e))?
-            .label("chance");
+        // Issue 25's levels beneath the curves: chance, then dashed the ceiling of a pass that
+        // cannot look and the floor of one that looks.
+        for (level, label, colour, dash) in [
+            (chance, "chance (1/K)", BLACK.mix(0.4), None),
+            (
+                chance + 0.1,
+                "ceiling, cannot look (1/K + 0.1)",
+                RED.mix(0.7),
+                Some(8),
+            ),
+            (0.9, "target, looks (0.9)", BLACK.mix(0.4), Some(8)),
+        ] {
+            let style = ShapeStyle::from(colour).stroke_width(1);
+            let line = [(0, level), (last_step, level)];
+            let drawn = match dash {
+                None => chart.draw_series(LineSeries::new(line, style)),
+                Some(dash) => chart.draw_series(DashedLineSeries::new(line, dash, dash / 2, style)),
+            };
+            drawn
+                .map_err(|e| fail(&e))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
+        }
         for (control, label, key, points) in series {
             // One colour per control: fine solid and thick, coarse thin.
             let colour = Palette99::pick(control).to_rgba();
@@ -421,7 +438,7 @@ fn plot(out: &Path, controls: &[String], chance: f64) -> Result<(), String> {
             .configure_series_labels()
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::MiddleRight)
             .draw()
             .map_err(|e| fail(&e))?;
         root.present().map_err(|e| fail(&e))?;
