@@ -1,9 +1,13 @@
 //! A batch of structures as one graph: atoms concatenated, each structure's neighbour pairs
 //! offset by the atoms before it, and the structure every atom belongs to (for the scatter-add
 //! of atomic energies). No structure sees another: pairs never cross structures.
+//!
+//! Every index is a [`RowIndex`]: messages gathered from neighbours and summed into centres
+//! (and atoms into structures) take kiln's segment-sum kernel on burn's GPU backends.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
+use kiln_precision::RowIndex;
 
 use crate::ForceFieldError;
 use crate::neighbors::neighbor_list;
@@ -16,14 +20,16 @@ pub struct Graph<B: Backend> {
     pub numbers: Tensor<B, 1, Int>,
     /// Positions `[N, 3]`, Å.
     pub positions: Tensor<B, 2>,
-    /// Centre atom of every pair `[P]`.
-    pub idx_i: Tensor<B, 1, Int>,
-    /// Neighbour atom of every pair `[P]`.
-    pub idx_j: Tensor<B, 1, Int>,
+    /// Centre atom of every pair `[P]`, into the atoms.
+    pub idx_i: RowIndex<B>,
+    /// Neighbour atom of every pair `[P]`, into the atoms.
+    pub idx_j: RowIndex<B>,
     /// Cartesian lattice shift of every pair's neighbour `[P, 3]`, Å.
     pub shifts: Tensor<B, 2>,
-    /// Structure of every atom `[N]`.
-    pub structure: Tensor<B, 1, Int>,
+    /// Structure of every atom `[N]`, into the structures.
+    pub structure: RowIndex<B>,
+    /// Structure of every pair `[P]` (its centre's), into the structures.
+    pub pair_structure: RowIndex<B>,
     /// Atoms in each structure.
     pub atoms: Vec<usize>,
     /// Cell volume (Å³) of each structure periodic along all three lattice vectors.
@@ -62,17 +68,23 @@ impl<B: Backend> Graph<B> {
             let n = values.len();
             Tensor::<B, 1, Int>::from_data(TensorData::new(values, [n]), device)
         };
+        // Every entry names a row that exists: the neighbour list's atoms are the structure's.
+        let index = |values: &[i64], rows: usize| {
+            RowIndex::new(values, rows, device).expect("indices within the batch")
+        };
+        let pair_structure: Vec<i64> = idx_i.iter().map(|&i| structure[i as usize]).collect();
         let floats = |values: Vec<f64>| {
             let rows = values.len() / 3;
             Tensor::<B, 2>::from_data(TensorData::new(values, [rows, 3]), (device, dtype))
         };
         Ok(Graph {
+            idx_i: index(&idx_i, numbers.len()),
+            idx_j: index(&idx_j, numbers.len()),
+            structure: index(&structure, structures.len()),
+            pair_structure: index(&pair_structure, structures.len()),
             numbers: ints(numbers),
             positions: floats(positions),
-            idx_i: ints(idx_i),
-            idx_j: ints(idx_j),
             shifts: floats(shifts),
-            structure: ints(structure),
             atoms,
             volumes,
         })

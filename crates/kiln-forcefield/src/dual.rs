@@ -9,10 +9,10 @@
 //! operations of the plain model.
 
 use burn::nn::Linear;
+use burn::tensor::Tensor;
 use burn::tensor::activation::{sigmoid, silu};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor};
-use kiln_precision::scatter_add;
+use kiln_precision::RowIndex;
 
 /// A value and its tangent (`None`: zero), both `[rows, columns]`.
 #[derive(Debug, Clone)]
@@ -58,25 +58,25 @@ impl<B: Backend> Dual<B> {
         }
     }
 
-    /// Rows `indices` of both.
-    pub fn select(self, indices: Tensor<B, 1, Int>) -> Self {
+    /// The rows `index` names, of both.
+    pub fn gather(self, index: &RowIndex<B>) -> Self {
         Dual {
-            value: self.value.select(0, indices.clone()),
-            tangent: self.tangent.map(|t| t.select(0, indices)),
+            value: index.gather(self.value),
+            tangent: self.tangent.map(|t| index.gather(t)),
         }
     }
 
-    /// `self` with `rows` added into the rows `indices` name (both linear).
-    pub fn scatter_add(self, indices: Tensor<B, 1, Int>, rows: Self) -> Self {
+    /// `self` with `rows` added into the rows `index` names (both linear).
+    pub fn scatter_add(self, index: &RowIndex<B>, rows: Self) -> Self {
         let tangent = match (self.tangent, rows.tangent) {
             (base, Some(added)) => {
                 let base = base.unwrap_or_else(|| self.value.zeros_like());
-                Some(scatter_add(base, 0, indices.clone(), added))
+                Some(index.scatter_add(base, added))
             }
             (base, None) => base,
         };
         Dual {
-            value: scatter_add(self.value, 0, indices, rows.value),
+            value: index.scatter_add(self.value, rows.value),
             tangent,
         }
     }

@@ -13,9 +13,7 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
 use burn_store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
-use kiln_precision::{
-    Precision, cast_module, check_checkpoint, is_host_backend, save_checkpoint, scatter_add,
-};
+use kiln_precision::{Precision, cast_module, check_checkpoint, is_host_backend, save_checkpoint};
 
 use crate::ForceFieldError;
 use crate::batch::Graph;
@@ -352,7 +350,7 @@ impl<B: Backend> Painn<B> {
             atoms = atoms + table.select(0, graph.numbers.clone());
         }
         let zeros = Tensor::<B, 1>::zeros([structures], (&device, atoms.dtype()));
-        let sums = scatter_add(zeros, 0, graph.structure.clone(), atoms);
+        let sums = graph.structure.scatter_add(zeros, atoms);
         let counts: Vec<f64> = graph.atoms.iter().map(|&n| n as f64).collect();
         let offsets = Tensor::<B, 1>::from_data(
             TensorData::new(counts, [structures]),
@@ -375,9 +373,8 @@ impl<B: Backend> Painn<B> {
         let config = &self.config;
         let f = config.n_atom_basis;
         let atoms = positions.dims()[0];
-        let pair_differences = |x: Tensor<B, 2>| {
-            x.clone().select(0, graph.idx_j.clone()) - x.select(0, graph.idx_i.clone())
-        };
+        let pair_differences =
+            |x: Tensor<B, 2>| graph.idx_j.gather(x.clone()) - graph.idx_i.gather(x);
         let mut r_ij = pair_differences(positions) + graph.shifts.clone();
         let r_tangent = tangent.map(|t| {
             let moved = pair_differences(t.positions.clone());
@@ -554,7 +551,7 @@ fn deformation<B: Backend>(
 ) -> Tensor<B, 2> {
     let pairs = r_ij.dims()[0];
     let symmetric = (strain.clone() + strain.swap_dims(1, 2)) * 0.5;
-    let pair_strain = symmetric.select(0, graph.structure.clone().select(0, graph.idx_i.clone()));
+    let pair_strain = graph.pair_structure.gather(symmetric);
     (r_ij.unsqueeze_dim::<3>(2) * pair_strain)
         .sum_dim(1)
         .reshape([pairs, 3])
@@ -587,19 +584,17 @@ impl<B: Backend> Interaction<B> {
         dirs: &Vectors<B>,
         graph: &Graph<B>,
     ) -> (Dual<B>, Vectors<B>) {
-        if graph.idx_i.dims()[0] == 0 {
+        if graph.idx_i.is_empty() {
             // No atom has a neighbour: no messages (burn-flex's products of empty tensors also
             // lose their dtype).
             return (q, mu);
         }
         let net = &self.interatomic_context_net;
         let x = q.clone().linear(&net[0]).silu().linear_parts(&net[1], 3);
-        let from_neighbours = |k: usize, atom_values: Dual<B>| {
-            w[k].clone().mul(atom_values.select(graph.idx_j.clone()))
-        };
-        let receive = |features: Dual<B>, messages: Dual<B>| {
-            features.scatter_add(graph.idx_i.clone(), messages)
-        };
+        let from_neighbours =
+            |k: usize, atom_values: Dual<B>| w[k].clone().mul(atom_values.gather(&graph.idx_j));
+        let receive =
+            |features: Dual<B>, messages: Dual<B>| features.scatter_add(&graph.idx_i, messages);
         let dq = from_neighbours(0, x[0].clone());
         let dmu_r = from_neighbours(1, x[1].clone());
         // schnetpack's dmu_mu · mu_j, with the product x_mu · mu taken per atom (one pass over

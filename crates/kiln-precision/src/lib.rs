@@ -9,6 +9,8 @@
 //! - [`check_checkpoint`]: a safetensors checkpoint checked against a model before loading, in
 //!   the checkpoint's own names and dimension order.
 //! - [`scatter_add`]: index-add across dtypes, accumulated in at least f32.
+//! - [`RowIndex`]: rows gathered and scattered by one index, as a graph network passes
+//!   messages; a segment-sum kernel of kiln's own on burn's GPU backends (module `cube`).
 //! - [`HostValues`]: a host tensor's f32 values, read in place from Flex's storage.
 //! - [`HostOp`] / [`host_op`]: differentiable f32 operations computed on the host (training on
 //!   Flex).
@@ -20,6 +22,8 @@
 mod activation;
 mod adamw;
 mod checkpoint;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub mod cube;
 mod device;
 mod dtype;
 mod host;
@@ -30,6 +34,8 @@ mod loss_scale;
 pub mod math;
 mod ops;
 mod policy;
+mod row_index;
+mod segment;
 mod threads;
 
 pub use activation::gelu;
@@ -49,6 +55,8 @@ pub use ops::scatter_add;
 pub use policy::{
     PRESETS, Policy, PolicySpec, cast, cast_module, computes_in, resolve_half, widen_to_f32,
 };
+pub use row_index::{RowIndex, RowIndexError};
+pub use segment::segment_sum_launches;
 pub use threads::on_host_pool;
 
 /// Why a precision policy cannot be parsed or used.

@@ -53,17 +53,15 @@ pub(crate) fn on_device<B: Backend, const D: usize>(
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod cube {
-    use std::any::{Any, TypeId};
+    use std::any::Any;
 
     use burn::tensor::backend::Backend;
-    use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
+    use burn::tensor::{DType, Shape, Tensor};
     use burn_cubecl::tensor::CubeTensor;
-    use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime};
-    use burn_fusion::stream::OperationStreams;
-    use burn_fusion::{Fusion, NoOp, get_client};
-    use burn_ir::{BackendIr, InitOperationIr, OperationIr};
+    use burn_cubecl::{BoolElement, CubeRuntime};
     use cubecl::prelude::*;
     use cubecl::{CubeElement, calculate_cube_count_elemwise};
+    use kiln_precision::cube::{into_fused, is_fused};
 
     use crate::pass::HashedMask;
 
@@ -99,27 +97,11 @@ mod cube {
         dims: [usize; D],
         device: &B::Device,
     ) -> Option<Tensor<B, D>> {
-        type Inner<R, BT> = CubeBackend<R, f32, i32, BT>;
-        if TypeId::of::<B>() != TypeId::of::<Fusion<Inner<R, BT>>>() {
+        if !is_fused::<B, R, BT>() {
             return None;
         }
         let device = (device as &dyn Any).downcast_ref::<R::Device>()?;
-        let tensor = make::<R>(mask, Shape::from(dims.to_vec()), device)?;
-        let client = get_client::<Inner<R, BT>>(device);
-        let shape = tensor.meta.shape().clone();
-        let handle = Inner::<R, BT>::float_tensor_handle(tensor);
-        let init =
-            InitOperationIr::create(shape, DType::F32, || client.register_tensor_handle(handle));
-        let fused = client
-            .register(
-                OperationStreams::default(),
-                OperationIr::Init(init),
-                NoOp::<Inner<R, BT>>::new(),
-            )
-            .pop()?;
-        let primitive: Box<dyn Any> = Box::new(fused);
-        let primitive = *primitive.downcast::<B::FloatTensorPrimitive>().ok()?;
-        Some(Tensor::from_primitive(TensorPrimitive::Float(primitive)))
+        into_fused::<B, R, BT, D>(make::<R>(mask, Shape::from(dims.to_vec()), device)?)
     }
 
     /// The mask computed on `device` into a new contiguous f32 tensor of `shape`, or `None`
