@@ -169,3 +169,93 @@ mod masks {
 
     backend_tests!("dropout masks"; cpu, ndarray, wgpu, cuda);
 }
+
+/// Attention with dropout on its probabilities as kiln's fused kernel on burn's CUDA and wgpu
+/// backends (one launch, no probabilities in memory) gives what the host kernel gives with the
+/// same masks.
+mod attention {
+    use burn::tensor::backend::Backend;
+    use burn::tensor::{Tensor, TensorData};
+    use kiln::precision::{DeviceJob, DeviceSpec};
+    use kiln::transformer::{
+        Draw, DropoutSites, Pass, PreparedWeights, Settings, fused_attention_launches,
+    };
+
+    use super::common;
+
+    /// Three batch rows of `q_tokens` queries over `kv_tokens` keys, `heads` heads of
+    /// `head_dim`.
+    #[derive(Clone, Copy, Debug)]
+    struct Attend {
+        heads: usize,
+        head_dim: usize,
+        q_tokens: usize,
+        kv_tokens: usize,
+    }
+
+    impl DeviceJob for Attend {
+        /// The output's values, and the fused kernel's launches for it (on this thread).
+        type Output = (Vec<f32>, u64);
+
+        fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+            let settings = Settings {
+                dropout: DropoutSites::all(0.3),
+                ..Settings::default()
+            };
+            let draw = Draw::pass(11, 2, [4, 9, 1]);
+            let pass = Pass::new(&settings, &PreparedWeights::default(), Some(&draw));
+            let width = self.heads * self.head_dim;
+            let tensor = |k: usize, tokens: usize| {
+                let values = (0..3 * tokens * width)
+                    .map(|i| ((k * 7919 + i) as f32 * 0.61).sin())
+                    .collect::<Vec<_>>();
+                Tensor::<B, 3>::from_data(TensorData::new(values, [3, tokens, width]), device)
+            };
+            let launches = fused_attention_launches();
+            let (kv, q) = (self.kv_tokens, self.q_tokens);
+            let out = pass.attention(tensor(0, q), tensor(1, kv), tensor(2, kv), self.heads);
+            let values = out.into_data().to_vec::<f32>().unwrap();
+            (values, fused_attention_launches() - launches)
+        }
+    }
+
+    fn check(device: DeviceSpec) {
+        // Cross-attention over two key tiles and part of a third, narrow heads; self-attention
+        // at the towers' head width.
+        let shapes = [
+            Attend {
+                heads: 3,
+                head_dim: 8,
+                q_tokens: 5,
+                kv_tokens: 71,
+            },
+            Attend {
+                heads: 2,
+                head_dim: 64,
+                q_tokens: 37,
+                kv_tokens: 37,
+            },
+        ];
+        for shape in shapes {
+            let (host, _) = DeviceSpec::Flex.run(shape).unwrap();
+            let (ours, launches) = device.run(shape).unwrap();
+            let diff = common::max_abs_diff(
+                &ours.iter().map(|&x| f64::from(x)).collect::<Vec<_>>(),
+                &host.iter().map(|&x| f64::from(x)).collect::<Vec<_>>(),
+            );
+            common::say(&format!("{device} {shape:?}: |Δ| {diff:.1e}"));
+            assert!(
+                diff <= 1e-5 * common::tf32_slack(device),
+                "{device} {shape:?}: off by {diff:e}"
+            );
+            let fused = !matches!(device, DeviceSpec::Flex | DeviceSpec::NdArray);
+            assert_eq!(
+                launches,
+                u64::from(fused),
+                "{device} {shape:?}: fused launches"
+            );
+        }
+    }
+
+    backend_tests!("fused attention"; wgpu, cuda);
+}

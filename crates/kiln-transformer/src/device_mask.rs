@@ -52,6 +52,9 @@ pub(crate) fn on_device<B: Backend, const D: usize>(
 }
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub(crate) use cube::{keeps, upload_words};
+
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod cube {
     use std::any::Any;
 
@@ -80,14 +83,22 @@ mod cube {
             let element = position as u32;
             let row = (element / per_row) as usize;
             let index = element % per_row;
-            let mut x = (index * words[2 * row]) ^ words[2 * row + 1];
-            x ^= x >> 16u32;
-            x *= 0x7feb_352du32;
-            x ^= x >> 15u32;
-            x *= 0x846c_a68bu32;
-            x ^= x >> 16u32;
-            mask[position] = select(x >= threshold, kept, 0.0f32);
+            let keep = keeps(index, words[2 * row], words[2 * row + 1], threshold);
+            mask[position] = select(keep, kept, 0.0f32);
         }
+    }
+
+    /// Whether element `index` of a row with hash words `multiplier`, `offset` is kept:
+    /// `lowbias32(index · multiplier ⊕ offset) ≥ threshold`, as `mask_bits` on the host.
+    #[cube]
+    pub(crate) fn keeps(index: u32, multiplier: u32, offset: u32, threshold: u32) -> bool {
+        let mut x = (index * multiplier) ^ offset;
+        x ^= x >> 16u32;
+        x *= 0x7feb_352du32;
+        x ^= x >> 15u32;
+        x *= 0x846c_a68bu32;
+        x ^= x >> 16u32;
+        x >= threshold
     }
 
     /// The mask as a tensor of `B` when `B` is burn's fused cubecl backend over runtime `R`
@@ -121,30 +132,17 @@ mod cube {
         let per_row = u32::try_from(elements / rows).ok()?;
         u32::try_from(elements).ok()?;
         let client = R::client(device);
-        let words: Vec<u32> = mask
-            .words()
-            .iter()
-            .take(rows)
-            .flat_map(|&(multiplier, offset)| [multiplier, offset])
-            .collect();
-        let words = client.create_from_slice(u32::as_bytes(&words));
         let output = client.empty(elements * size_of::<f32>());
         let cube_dim = CubeDim::new(&client, elements);
         let cube_count = calculate_cube_count_elemwise(&client, elements, cube_dim);
-        // SAFETY: both lengths are those of the buffers just allocated (`words` holds two words
-        // per row, `output` one f32 per element).
+        // SAFETY: the length is that of the buffer just allocated (one f32 per element).
         #[allow(unsafe_code)]
-        let (words, output_arg) = unsafe {
-            (
-                ArrayArg::from_raw_parts(words, 2 * rows),
-                ArrayArg::from_raw_parts(output.clone(), elements),
-            )
-        };
+        let output_arg = unsafe { ArrayArg::from_raw_parts(output.clone(), elements) };
         hashed_mask_kernel::launch::<R>(
             &client,
             cube_count,
             cube_dim,
-            words,
+            upload_words(&client, mask, rows),
             output_arg,
             per_row,
             mask.threshold(),
@@ -157,5 +155,26 @@ mod cube {
             output,
             DType::F32,
         ))
+    }
+
+    /// The first `rows` rows' hash words (multiplier, offset) on the device, as a kernel's
+    /// `&Array<u32>` argument. `mask` has words for at least `rows` rows.
+    pub(crate) fn upload_words<R: CubeRuntime>(
+        client: &ComputeClient<R>,
+        mask: &HashedMask,
+        rows: usize,
+    ) -> ArrayArg<R> {
+        let words: Vec<u32> = mask
+            .words()
+            .iter()
+            .take(rows)
+            .flat_map(|&(multiplier, offset)| [multiplier, offset])
+            .collect();
+        let handle = client.create_from_slice(u32::as_bytes(&words));
+        // SAFETY: the length is that of the buffer just made.
+        #[allow(unsafe_code)]
+        unsafe {
+            ArrayArg::from_raw_parts(handle, words.len())
+        }
     }
 }

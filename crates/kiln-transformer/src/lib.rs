@@ -16,7 +16,8 @@
 //! - [`Pass`]: one forward's precision policy (compute-dtype casts, norms and softmax in f32)
 //!   and its Monte-Carlo dropout, whose masks come from a counter-based hash of
 //!   `(seed, item, pass, site, element)` so they are the same on every backend and in any batch; on burn's CUDA and wgpu backends
-//!   one kernel makes each mask on the device (features `cuda`, `wgpu`).
+//!   one kernel makes each mask on the device, and attention with dropout on its probabilities
+//!   is one kernel (features `cuda`, `wgpu`).
 //!
 //! ```
 //! use burn::backend::Flex;
@@ -36,6 +37,7 @@
 
 mod activation;
 pub mod checkpoint;
+mod device_attention;
 mod device_mask;
 pub mod host;
 mod layers;
@@ -47,6 +49,7 @@ pub mod projection;
 pub mod rotary;
 
 pub use activation::Activation;
+pub use device_attention::fused_attention_launches;
 pub use device_mask::host_mask_uploads;
 pub use layers::run_layers;
 pub use pass::{

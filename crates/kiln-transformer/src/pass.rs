@@ -24,9 +24,9 @@ use burn::tensor::{Tensor, TensorData};
 use kiln_precision::{HostValues, Policy, Precision, cast, cast_module, host_op, host_ops_serve};
 use rayon::prelude::*;
 
-use crate::device_mask;
 use crate::host::{self, Rows};
 use crate::prepared::PreparedWeights;
+use crate::{device_attention, device_mask};
 
 /// Dropout rates, or a draw, that cannot be used; the message says why.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -472,26 +472,10 @@ impl Pass {
     /// it is read (no mask in memory); on burn's CUDA and wgpu backends the mask is made on the
     /// device by one kernel; elsewhere on the host, then uploaded.
     pub fn drop<B: Backend, const D: usize>(&self, site: Site, x: Tensor<B, D>) -> Tensor<B, D> {
-        let Some(hashed) = self.hashed_mask(site) else {
-            return x;
-        };
-        let device = x.device();
-        if host::serves(&x) {
-            let per_row = x.dims()[1..].iter().product();
-            let mut data = x.into_data();
-            let values = data
-                .as_mut_slice::<f32>()
-                .expect("host tensors served are f32");
-            for_each_factor(values, per_row, &hashed, |value, factor| *value *= factor);
-            return Tensor::from_data(data, &device);
+        match self.hashed_mask(site) {
+            Some(hashed) => apply_mask(&hashed, x),
+            None => x,
         }
-        let mask =
-            device_mask::on_device::<B, D>(&hashed, x.dims(), &device).unwrap_or_else(|| {
-                device_mask::count_host_upload();
-                Tensor::from_data(dropout_mask(&hashed, x.dims()), &device)
-            });
-        let dtype = Precision::from_dtype(x.dtype()).unwrap_or(Precision::F32);
-        x * cast(mask, dtype)
     }
 
     /// The next dropout mask of `site` for a `[batch, ..]` tensor of `dims`, or `None` when the
@@ -530,9 +514,10 @@ impl Pass {
     ///
     /// On host backends in f32, kiln's attention kernel ([`host::attention`]), with the
     /// probabilities' dropout mask when there is one; in training on Flex the same kernel with
-    /// its backward, as one autodiff operation ([`host::AttentionOp`]). On the GPU backends, burn's fused kernel
-    /// (flash attention) unless dropout acts on the probabilities, which then are formed
-    /// explicitly with the softmax in f32.
+    /// its backward, as one autodiff operation ([`host::AttentionOp`]). On burn's CUDA and wgpu
+    /// backends, burn's fused kernel (flash attention) without dropout on the probabilities, and
+    /// kiln's fused kernel with it (f32; `device_attention.rs`); elsewhere the probabilities are
+    /// formed explicitly with the softmax in f32, then dropped.
     pub fn attention<B: Backend>(
         &self,
         query: Tensor<B, 3>,
@@ -557,10 +542,12 @@ impl Pass {
             return host_op(op, [&query, &key, &value], [batch, tokens, width])
                 .expect("host operations serve these tensors");
         }
-        let attended = if self.drops(Site::AttentionProbs) {
+        let attended = if let Some(hashed) = self.hashed_mask(Site::AttentionProbs) {
+            if let Some(out) = device_attention::attention(&query, &key, &value, heads, &hashed) {
+                return out;
+            }
             let probs = self.attention_weights(query, key, heads);
-            self.drop(Site::AttentionProbs, probs)
-                .matmul(split_heads(value, heads))
+            apply_mask(&hashed, probs).matmul(split_heads(value, heads))
         } else {
             let [query, key, value] = [query, key, value].map(|x| split_heads(x, heads));
             attention(query, key, value, None, None, Default::default())
@@ -638,6 +625,29 @@ fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
     let [batch, tokens, width] = x.dims();
     x.reshape([batch, tokens, heads, width / heads])
         .swap_dims(1, 2)
+}
+
+/// `x` (`[batch, ..]`) with `hashed`'s dropout: on host backends in f32 the values scaled in
+/// place, each element's factor hashed as it is read (no mask in memory); on burn's CUDA and
+/// wgpu backends times a mask one kernel makes on the device; elsewhere times a mask made on the
+/// host, then uploaded.
+fn apply_mask<B: Backend, const D: usize>(hashed: &HashedMask, x: Tensor<B, D>) -> Tensor<B, D> {
+    let device = x.device();
+    if host::serves(&x) {
+        let per_row = x.dims()[1..].iter().product();
+        let mut data = x.into_data();
+        let values = data
+            .as_mut_slice::<f32>()
+            .expect("host tensors served are f32");
+        for_each_factor(values, per_row, hashed, |value, factor| *value *= factor);
+        return Tensor::from_data(data, &device);
+    }
+    let mask = device_mask::on_device::<B, D>(hashed, x.dims(), &device).unwrap_or_else(|| {
+        device_mask::count_host_upload();
+        Tensor::from_data(dropout_mask(hashed, x.dims()), &device)
+    });
+    let dtype = Precision::from_dtype(x.dtype()).unwrap_or(Precision::F32);
+    x * cast(mask, dtype)
 }
 
 /// The values of a dropout mask over a `[batch, ..]` tensor: 0 where dropped, `1 / (1 − p)`
