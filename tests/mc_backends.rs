@@ -172,11 +172,11 @@ mod masks {
 
 /// Attention with dropout on its probabilities as kiln's fused kernel on burn's CUDA and wgpu
 /// backends (one launch, no probabilities in memory) gives what the host kernel gives with the
-/// same masks.
+/// same masks, in f32 and in the device's 16-bit type.
 mod attention {
     use burn::tensor::backend::Backend;
     use burn::tensor::{Tensor, TensorData};
-    use kiln::precision::{DeviceJob, DeviceSpec};
+    use kiln::precision::{DeviceJob, DeviceSpec, Precision, cast, resolve_half};
     use kiln::transformer::{
         Draw, DropoutSites, Pass, PreparedWeights, Settings, fused_attention_launches,
     };
@@ -184,13 +184,16 @@ mod attention {
     use super::common;
 
     /// Three batch rows of `q_tokens` queries over `kv_tokens` keys, `heads` heads of
-    /// `head_dim`.
+    /// `head_dim`; inputs rounded to `precision`, and computed in it unless `widen` (then in
+    /// f32).
     #[derive(Clone, Copy, Debug)]
     struct Attend {
         heads: usize,
         head_dim: usize,
         q_tokens: usize,
         kv_tokens: usize,
+        precision: Precision,
+        widen: bool,
     }
 
     impl DeviceJob for Attend {
@@ -209,51 +212,76 @@ mod attention {
                 let values = (0..3 * tokens * width)
                     .map(|i| ((k * 7919 + i) as f32 * 0.61).sin())
                     .collect::<Vec<_>>();
-                Tensor::<B, 3>::from_data(TensorData::new(values, [3, tokens, width]), device)
+                let x =
+                    Tensor::<B, 3>::from_data(TensorData::new(values, [3, tokens, width]), device);
+                let rounded = cast(x, self.precision);
+                if self.widen {
+                    cast(rounded, Precision::F32)
+                } else {
+                    rounded
+                }
             };
             let launches = fused_attention_launches();
             let (kv, q) = (self.kv_tokens, self.q_tokens);
             let out = pass.attention(tensor(0, q), tensor(1, kv), tensor(2, kv), self.heads);
-            let values = out.into_data().to_vec::<f32>().unwrap();
+            let values = cast(out, Precision::F32)
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap();
             (values, fused_attention_launches() - launches)
+        }
+    }
+
+    /// The 16-bit type a device computes in (f32 where it has none).
+    struct HalfOf;
+
+    impl DeviceJob for HalfOf {
+        type Output = Precision;
+
+        fn run<B: Backend>(self, device: &B::Device) -> Precision {
+            resolve_half::<B>(device)
         }
     }
 
     fn check(device: DeviceSpec) {
         // Cross-attention over two key tiles and part of a third, narrow heads; self-attention
         // at the towers' head width.
-        let shapes = [
-            Attend {
-                heads: 3,
-                head_dim: 8,
-                q_tokens: 5,
-                kv_tokens: 71,
-            },
-            Attend {
-                heads: 2,
-                head_dim: 64,
-                q_tokens: 37,
-                kv_tokens: 37,
-            },
-        ];
-        for shape in shapes {
-            let (host, _) = DeviceSpec::Flex.run(shape).unwrap();
+        let f32_shapes = [(3, 8, 5, 71), (2, 64, 37, 37)].map(|(heads, head_dim, q, kv)| Attend {
+            heads,
+            head_dim,
+            q_tokens: q,
+            kv_tokens: kv,
+            precision: Precision::F32,
+            widen: false,
+        });
+        let half = device.run(HalfOf).unwrap();
+        let half_shapes = (half != Precision::F32).then_some(Attend {
+            precision: half,
+            ..f32_shapes[1]
+        });
+        if half_shapes.is_none() {
+            common::say(&format!("{device} computes in no 16-bit type: f32 only"));
+        }
+        for shape in f32_shapes.into_iter().chain(half_shapes) {
+            let reference = Attend {
+                widen: true,
+                ..shape
+            };
+            let (host, _) = DeviceSpec::Flex.run(reference).unwrap();
             let (ours, launches) = device.run(shape).unwrap();
             let diff = common::max_abs_diff(
                 &ours.iter().map(|&x| f64::from(x)).collect::<Vec<_>>(),
                 &host.iter().map(|&x| f64::from(x)).collect::<Vec<_>>(),
             );
             common::say(&format!("{device} {shape:?}: |Δ| {diff:.1e}"));
-            assert!(
-                diff <= 1e-5 * common::tf32_slack(device),
-                "{device} {shape:?}: off by {diff:e}"
-            );
-            let fused = !matches!(device, DeviceSpec::Flex | DeviceSpec::NdArray);
-            assert_eq!(
-                launches,
-                u64::from(fused),
-                "{device} {shape:?}: fused launches"
-            );
+            // The output's own rounding: half an ulp of values up to ~1.5.
+            let tolerance = match shape.precision {
+                Precision::BF16 => 1e-2,
+                Precision::F16 => 2e-3,
+                _ => 1e-5 * common::tf32_slack(device),
+            };
+            assert!(diff <= tolerance, "{device} {shape:?}: off by {diff:e}");
+            assert_eq!(launches, 1, "{device} {shape:?}: fused launches");
         }
     }
 

@@ -26,11 +26,11 @@ pub fn is_fused<B: Backend, R: CubeRuntime, BT: BoolElement>() -> bool {
     TypeId::of::<B>() == TypeId::of::<Fused<R, BT>>()
 }
 
-/// `x` as a cubecl tensor, when `B` is [`Fused<R, BT>`](Fused) and `x` holds f32 values.
+/// `x` as a cubecl tensor, when `B` is [`Fused<R, BT>`](Fused) (in `x`'s own float dtype).
 pub fn float_input<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
     x: Tensor<B, D>,
 ) -> Option<CubeTensor<R>> {
-    if !is_fused::<B, R, BT>() || x.dtype() != DType::F32 {
+    if !is_fused::<B, R, BT>() {
         return None;
     }
     let primitive: Box<dyn Any> = Box::new(x.into_primitive().tensor());
@@ -52,19 +52,20 @@ pub fn int_input<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
     Some(client.resolve_tensor_int::<CubeBackend<R, f32, i32, BT>>(primitive))
 }
 
-/// A kernel's f32 output as a tensor of `B` ([`Fused<R, BT>`](Fused)), registered with the
+/// A kernel's float output as a tensor of `B` ([`Fused<R, BT>`](Fused)), registered with the
 /// fusion stream as an upload is (burn's own pattern for data made outside the stream).
 pub fn into_fused<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
     tensor: CubeTensor<R>,
 ) -> Option<Tensor<B, D>> {
     type Inner<R, BT> = CubeBackend<R, f32, i32, BT>;
-    if !is_fused::<B, R, BT>() || tensor.dtype != DType::F32 {
+    let dtype = tensor.dtype;
+    if !is_fused::<B, R, BT>() || !dtype.is_float() {
         return None;
     }
     let client = get_client::<Inner<R, BT>>(&tensor.device);
     let shape = tensor.meta.shape().clone();
     let handle = Inner::<R, BT>::float_tensor_handle(tensor);
-    let init = InitOperationIr::create(shape, DType::F32, || client.register_tensor_handle(handle));
+    let init = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
     let fused = client
         .register(
             OperationStreams::default(),

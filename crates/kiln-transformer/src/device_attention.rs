@@ -31,7 +31,8 @@ pub fn fused_attention_launches() -> u64 {
 
 /// `softmax(q kᵀ / √head_dim)` with `mask`'s dropout, times `v`, over `[batch, tokens, heads ·
 /// head_dim]` projections, as `[batch, q_tokens, heads · head_dim]`, where `B` is burn's CUDA
-/// or wgpu backend (as compiled in) and every input is f32; else `None`.
+/// or wgpu backend (as compiled in) and the inputs share one float dtype (f32, bf16 or f16: read
+/// into f32, the softmax and sums in f32, the output in their dtype); else `None`.
 #[allow(unused_variables)]
 pub(crate) fn attention<B: Backend>(
     query: &Tensor<B, 3>,
@@ -81,17 +82,18 @@ mod cube {
         /// One query row per unit; keys and values a tile at a time through shared memory.
         #[cube(launch)]
         #[allow(clippy::too_many_arguments)]
-        pub(super) fn attention_dropout_kernel(
-            query: &Tensor<f32>,
-            key: &Tensor<f32>,
-            value: &Tensor<f32>,
+        pub(super) fn attention_dropout_kernel<F: Float>(
+            query: &Tensor<F>,
+            key: &Tensor<F>,
+            value: &Tensor<F>,
             words: &Array<u32>,
-            output: &mut Tensor<f32>,
+            output: &mut Tensor<F>,
             scale: f32,
             threshold: u32,
             kept: f32,
             #[comptime] head_dim: usize,
             #[comptime] tile: usize,
+            #[define(F)] _dtype: StorageType,
         ) {
             let q_tokens = query.shape(1);
             let kv_tokens = key.shape(1);
@@ -108,7 +110,7 @@ mod cube {
             let q_at = batch_row * query.stride(0) + q_row * query.stride(1);
             #[unroll]
             for c in 0..head_dim {
-                q[c] = query[q_at + (first_column + c) * query.stride(2)] * scale;
+                q[c] = f32::cast_from(query[q_at + (first_column + c) * query.stride(2)]) * scale;
                 out[c] = 0.0f32;
             }
             let mut keys = SharedMemory::<f32>::new(tile * head_dim);
@@ -129,9 +131,10 @@ mod cube {
                     let v_at = batch_row * value.stride(0) + loaded * value.stride(1);
                     #[unroll]
                     for c in 0..head_dim {
-                        keys[unit * head_dim + c] = key[k_at + (first_column + c) * key.stride(2)];
+                        keys[unit * head_dim + c] =
+                            f32::cast_from(key[k_at + (first_column + c) * key.stride(2)]);
                         values[unit * head_dim + c] =
-                            value[v_at + (first_column + c) * value.stride(2)];
+                            f32::cast_from(value[v_at + (first_column + c) * value.stride(2)]);
                     }
                 }
                 sync_cube();
@@ -173,7 +176,8 @@ mod cube {
                 let normaliser = 1.0f32 / running_sum;
                 #[unroll]
                 for c in 0..head_dim {
-                    output[out_at + (first_column + c) * output.stride(2)] = out[c] * normaliser;
+                    output[out_at + (first_column + c) * output.stride(2)] =
+                        F::cast_from(out[c] * normaliser);
                 }
             }
         }
@@ -189,8 +193,10 @@ mod cube {
         let [batch, q_tokens, width] = query.dims();
         let [_, kv_tokens, _] = key.dims();
         let head_dim = width / heads;
+        let dtype = query.dtype();
         let served = is_fused::<B, R, BT>()
-            && [query, key, value].iter().all(|x| x.dtype() == DType::F32)
+            && matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+            && [key, value].iter().all(|x| x.dtype() == dtype)
             && head_dim * heads == width
             && (1..=MAX_HEAD_DIM).contains(&head_dim)
             && batch * q_tokens * kv_tokens > 0
@@ -204,13 +210,13 @@ mod cube {
             [query, key, value].map(|x| float_input::<B, R, BT, 3>(x.clone()));
         let (query, key, value) = (query?, key?, value?);
         let client = query.client.clone();
-        let handle = client.empty(batch * q_tokens * width * size_of::<f32>());
+        let handle = client.empty(batch * q_tokens * width * dtype.size());
         let output = CubeTensor::new_contiguous(
             client.clone(),
             query.device.clone(),
             Shape::new([batch, q_tokens, width]),
             handle,
-            DType::F32,
+            dtype,
         );
         let cube_count =
             CubeCount::new_3d(q_tokens.div_ceil(TILE) as u32, heads as u32, batch as u32);
@@ -229,6 +235,7 @@ mod cube {
             mask.kept(),
             head_dim,
             TILE,
+            dtype.into(),
         );
         LAUNCHES.with(|launches| launches.set(launches.get() + 1));
         into_fused::<B, R, BT, 3>(output)

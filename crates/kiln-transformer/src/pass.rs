@@ -516,7 +516,7 @@ impl Pass {
     /// probabilities' dropout mask when there is one; in training on Flex the same kernel with
     /// its backward, as one autodiff operation ([`host::AttentionOp`]). On burn's CUDA and wgpu
     /// backends, burn's fused kernel (flash attention) without dropout on the probabilities, and
-    /// kiln's fused kernel with it (f32; `device_attention.rs`); elsewhere the probabilities are
+    /// kiln's fused kernel with it (f32, bf16 or f16; `device_attention.rs`); elsewhere the probabilities are
     /// formed explicitly with the softmax in f32, then dropped.
     pub fn attention<B: Backend>(
         &self,
