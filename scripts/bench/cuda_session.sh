@@ -8,7 +8,7 @@
 #   cargo build --release --features cuda --example exp0_mc                  # exp0
 #   cargo bench --no-run --features cuda --bench vision --bench text --bench forcefield \
 #       --bench foveated
-#   cargo test --release --features cuda --no-run --test mc_backends         # masks
+#   cargo test --release --features cuda --no-run --test mc_backends --test forcefield_backends  # masks
 #   scripts/bench/cuda_session.sh --collect        # .gpu/binaries.tar.xz
 #
 # schnetpack is not installed on the GPU machines: for `painn`, carry its wheels in .whl/ (the
@@ -23,8 +23,10 @@
 #
 # Each step gets what is left of the budget; a step that runs out is cut and logged as such.
 # GROUPs, run in the order given (default: all, in this order):
-#  masks   The dropout masks made on the device equal the host's bit for bit, in any batch
-#          composition, and none is uploaded (mc_backends' masks::cuda, KILN_REQUIRE_CUDA=1).
+#  masks   kiln's own CUDA kernels against the host's results (KILN_REQUIRE_CUDA=1): the dropout
+#          masks bit for bit in any batch composition, none uploaded (mc_backends' masks::cuda);
+#          attention with probability dropout as one kernel, f32 and bf16 (attention::cuda);
+#          PaiNN's segment sums, by hand and against schnetpack (forcefield_backends' cuda).
 #  exp0    The main job side by side: exp0_mc with CLIP-B/32 (random weights, 64 generated
 #          images, T = 4, 8, 16, K = 2, 256 rows a batch), once to compile the kernels into
 #          kiln's cache, then alternated with scripts/bench/exp0_torch.py on the same images
@@ -49,7 +51,7 @@ if [ "${1:-}" = "--collect" ]; then
     # binaries last), and exp0_mc.
     mkdir -p "$BIN"
     names=()
-    for name in vision text forcefield foveated train mc_backends; do
+    for name in vision text forcefield foveated train mc_backends forcefield_backends; do
         newest=$(ls -t target/release/deps/"$name"-* 2>/dev/null | grep -v '\.d$' | head -1)
         [ -n "$newest" ] && cp "$newest" "$BIN/$name" && names+=("$name")
     done
@@ -57,6 +59,8 @@ if [ "${1:-}" = "--collect" ]; then
         names+=(exp0_mc)
     (cd "$BIN" && strip "${names[@]}" && tar -cf - "${names[@]}" | xz -T0 -6 >binaries.tar.xz &&
         rm "${names[@]}")
+    # Tests read the repository's fixtures by the path they were built in.
+    pwd >"$BIN/source_dir"
     du -sh "$BIN"/*
     exit 0
 fi
@@ -109,6 +113,14 @@ fi
 
 masks() {
     step masks 60 env KILN_REQUIRE_CUDA=1 "$BIN/mc_backends" --exact masks::cuda
+    step attention 90 env KILN_REQUIRE_CUDA=1 "$BIN/mc_backends" --exact attention::cuda
+    if [ -x "$BIN/forcefield_backends" ]; then
+        # The fixtures where the test was built: this checkout, linked there if need be.
+        local source
+        source=$(cat "$BIN/source_dir" 2>/dev/null || echo "$PWD")
+        [ -e "$source" ] || { mkdir -p "$(dirname "$source")" && ln -s "$PWD" "$source"; }
+        step segments 150 env KILN_REQUIRE_CUDA=1 "$BIN/forcefield_backends" --exact cuda
+    fi
 }
 
 exp0() {
