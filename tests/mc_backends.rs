@@ -75,24 +75,35 @@ fn check(device: DeviceSpec) {
 
 backend_tests!("Monte-Carlo trial"; ndarray, wgpu, cuda);
 
+/// The 16-bit type a device computes in (f32 where it has none).
+struct HalfOf;
+
+impl DeviceJob for HalfOf {
+    type Output = Precision;
+
+    fn run<B: Backend>(self, device: &B::Device) -> Precision {
+        kiln::precision::resolve_half::<B>(device)
+    }
+}
+
 /// Dropout masks made on the device (burn's CUDA and wgpu backends) or applied in place (the host
 /// backends) hold the same values bit for bit, whatever the batch composition, and no mask
 /// crosses from the host.
 mod masks {
+    use burn::tensor::Tensor;
     use burn::tensor::backend::Backend;
-    use burn::tensor::{FloatDType, Tensor};
-    use kiln::precision::{DeviceJob, DeviceSpec};
+    use kiln::precision::{DeviceJob, DeviceSpec, Precision, cast};
     use kiln::transformer::{
         Draw, DropoutSites, Pass, PreparedWeights, Settings, Site, host_mask_uploads,
     };
 
-    use super::common;
+    use super::{HalfOf, common};
 
     /// `[rows, 3, 37]` of ones through three sites' masks, rows drawn as `items` (pass 2), in
-    /// f32, or in bf16 when `half`.
+    /// `precision`.
     struct Masks {
         items: Vec<u64>,
-        half: bool,
+        precision: Precision,
     }
 
     /// Each site's output values, and how many masks were uploaded from the host for them (on
@@ -110,14 +121,12 @@ mod masks {
             let draw = Draw::pass(11, 2, self.items.iter().copied());
             let pass = Pass::new(&settings, &PreparedWeights::default(), Some(&draw));
             let uploads = host_mask_uploads();
-            let mut ones = Tensor::<B, 3>::ones([self.items.len(), 3, 37], device);
-            if self.half {
-                ones = ones.cast(FloatDType::BF16);
-            }
+            let ones = Tensor::<B, 3>::ones([self.items.len(), 3, 37], device);
+            let ones = cast(ones, self.precision);
             let sites = [Site::Embeddings, Site::MlpHidden, Site::AttentionOutput];
             let values = sites
                 .map(|site| {
-                    let out = pass.drop(site, ones.clone()).cast(FloatDType::F32);
+                    let out = cast(pass.drop(site, ones.clone()), Precision::F32);
                     out.into_data().to_vec::<f32>().unwrap()
                 })
                 .to_vec();
@@ -127,19 +136,21 @@ mod masks {
 
     fn check(device: DeviceSpec) {
         let items = vec![4, 9, 1, 7];
-        let masks = |items: &[u64], half| Masks {
+        let masks = |items: &[u64], precision| Masks {
             items: items.to_vec(),
-            half,
+            precision,
         };
-        let (flex, flex_uploads) = DeviceSpec::Flex.run(masks(&items, false)).unwrap();
-        let (values, uploads) = device.run(masks(&items, false)).unwrap();
+        let (flex, flex_uploads) = DeviceSpec::Flex.run(masks(&items, Precision::F32)).unwrap();
+        let (values, uploads) = device.run(masks(&items, Precision::F32)).unwrap();
         assert_eq!(
             (uploads, flex_uploads),
             (0, 0),
             "{device}: f32 masks uploaded"
         );
         // bf16 on the host takes uploaded masks (the counter counts), with the same values.
-        let (half, half_uploads) = DeviceSpec::Flex.run(masks(&items, true)).unwrap();
+        let (half, half_uploads) = DeviceSpec::Flex
+            .run(masks(&items, Precision::BF16))
+            .unwrap();
         assert_eq!(half_uploads, 3, "Flex uploads a bf16 tensor's masks");
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for (site, ((ours, host), half)) in values.iter().zip(&flex).zip(&half).enumerate() {
@@ -151,7 +162,7 @@ mod masks {
         }
         // The same images in another order and with another beside them: each keeps its rows.
         let regrouped = vec![7, 2, 4];
-        let (other, _) = device.run(masks(&regrouped, false)).unwrap();
+        let (other, _) = device.run(masks(&regrouped, Precision::F32)).unwrap();
         let row = 3 * 37;
         for (position, item) in regrouped.iter().enumerate() {
             let Some(before) = items.iter().position(|i| i == item) else {
@@ -162,6 +173,31 @@ mod masks {
                     now[position * row..(position + 1) * row],
                     then[before * row..(before + 1) * row],
                     "{device}: item {item}'s site {site} mask moved with its row"
+                );
+            }
+        }
+        // On burn's GPU backends the mask is made in the tensor's own 16-bit type: the host's
+        // values rounded to it, none uploaded.
+        let gpu = !matches!(device, DeviceSpec::Flex | DeviceSpec::NdArray);
+        let device_half = device.run(HalfOf).unwrap();
+        if gpu && device_half != Precision::F32 {
+            let (ours, uploads) = device.run(masks(&items, device_half)).unwrap();
+            assert_eq!(uploads, 0, "{device}: {device_half:?} masks uploaded");
+            // Half an ulp at 1/(1 − p) ≈ 1.43: 2⁻⁸ in bf16, 2⁻¹¹ in f16.
+            let tolerance = if device_half == Precision::BF16 {
+                4e-3
+            } else {
+                5e-4
+            };
+            for (site, (ours, host)) in ours.iter().zip(&flex).enumerate() {
+                let worst = ours
+                    .iter()
+                    .zip(host)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst <= tolerance,
+                    "{device}: site {site}'s {device_half:?} mask off by {worst}"
                 );
             }
         }
@@ -176,12 +212,12 @@ mod masks {
 mod attention {
     use burn::tensor::backend::Backend;
     use burn::tensor::{Tensor, TensorData};
-    use kiln::precision::{DeviceJob, DeviceSpec, Precision, cast, resolve_half};
+    use kiln::precision::{DeviceJob, DeviceSpec, Precision, cast};
     use kiln::transformer::{
         Draw, DropoutSites, Pass, PreparedWeights, Settings, fused_attention_launches,
     };
 
-    use super::common;
+    use super::{HalfOf, common};
 
     /// Three batch rows of `q_tokens` queries over `kv_tokens` keys, `heads` heads of
     /// `head_dim`; inputs rounded to `precision`, and computed in it unless `widen` (then in
@@ -229,17 +265,6 @@ mod attention {
                 .to_vec::<f32>()
                 .unwrap();
             (values, fused_attention_launches() - launches)
-        }
-    }
-
-    /// The 16-bit type a device computes in (f32 where it has none).
-    struct HalfOf;
-
-    impl DeviceJob for HalfOf {
-        type Output = Precision;
-
-        fn run<B: Backend>(self, device: &B::Device) -> Precision {
-            resolve_half::<B>(device)
         }
     }
 

@@ -11,8 +11,8 @@
 
 use std::cell::Cell;
 
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor};
 
 use crate::pass::HashedMask;
 
@@ -32,20 +32,26 @@ pub(crate) fn count_host_upload() {
     HOST_MASK_UPLOADS.with(|uploads| uploads.set(uploads.get() + 1));
 }
 
-/// `mask` over a `[batch, ..]` tensor of `dims` as f32 values (0 or `1 / (1 − p)`), made on
-/// `device` by a kernel where `B` is burn's CUDA or wgpu backend (as compiled in), else `None`.
+/// `mask` over a `[batch, ..]` tensor of `dims` as values (0 or `1 / (1 − p)`) in `dtype` (f32,
+/// bf16 or f16: the masked tensor's own, so the product reads no wider mask), made on `device` by
+/// a kernel where `B` is burn's CUDA or wgpu backend (as compiled in), else `None`.
 #[allow(unused_variables)]
 pub(crate) fn on_device<B: Backend, const D: usize>(
     mask: &HashedMask,
     dims: [usize; D],
+    dtype: DType,
     device: &B::Device,
 ) -> Option<Tensor<B, D>> {
     #[cfg(feature = "cuda")]
-    if let Some(tensor) = cube::fused::<B, cubecl::cuda::CudaRuntime, u8, D>(mask, dims, device) {
+    if let Some(tensor) =
+        cube::fused::<B, cubecl::cuda::CudaRuntime, u8, D>(mask, dims, dtype, device)
+    {
         return Some(tensor);
     }
     #[cfg(feature = "wgpu")]
-    if let Some(tensor) = cube::fused::<B, cubecl::wgpu::WgpuRuntime, u32, D>(mask, dims, device) {
+    if let Some(tensor) =
+        cube::fused::<B, cubecl::wgpu::WgpuRuntime, u32, D>(mask, dims, dtype, device)
+    {
         return Some(tensor);
     }
     None
@@ -71,12 +77,13 @@ mod cube {
     /// One element of the mask per unit: `lowbias32(index · multiplier ⊕ offset)` against the
     /// threshold, as `mask_bits` on the host. `words` holds each row's multiplier and offset.
     #[cube(launch)]
-    fn hashed_mask_kernel(
+    fn hashed_mask_kernel<F: Float>(
         words: &Array<u32>,
-        mask: &mut Array<f32>,
+        mask: &mut Array<F>,
         per_row: u32,
         threshold: u32,
         kept: f32,
+        #[define(F)] _dtype: StorageType,
     ) {
         let position = ABSOLUTE_POS;
         if position < mask.len() {
@@ -84,7 +91,7 @@ mod cube {
             let row = (element / per_row) as usize;
             let index = element % per_row;
             let keep = keeps(index, words[2 * row], words[2 * row + 1], threshold);
-            mask[position] = select(keep, kept, 0.0f32);
+            mask[position] = F::cast_from(select(keep, kept, 0.0f32));
         }
     }
 
@@ -106,21 +113,23 @@ mod cube {
     pub(super) fn fused<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
         mask: &HashedMask,
         dims: [usize; D],
+        dtype: DType,
         device: &B::Device,
     ) -> Option<Tensor<B, D>> {
-        if !is_fused::<B, R, BT>() {
+        if !is_fused::<B, R, BT>() || !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
             return None;
         }
         let device = (device as &dyn Any).downcast_ref::<R::Device>()?;
-        into_fused::<B, R, BT, D>(make::<R>(mask, Shape::from(dims.to_vec()), device)?)
+        into_fused::<B, R, BT, D>(make::<R>(mask, Shape::from(dims.to_vec()), dtype, device)?)
     }
 
-    /// The mask computed on `device` into a new contiguous f32 tensor of `shape`, or `None`
-    /// where it is empty, has more rows than `mask` has words, or an element index would not
-    /// fit the kernel's 32 bits.
+    /// The mask computed on `device` into a new contiguous tensor of `shape` in `dtype`, or
+    /// `None` where it is empty, has more rows than `mask` has words, or an element index would
+    /// not fit the kernel's 32 bits.
     fn make<R: CubeRuntime>(
         mask: &HashedMask,
         shape: Shape,
+        dtype: DType,
         device: &R::Device,
     ) -> Option<CubeTensor<R>> {
         let elements = shape.num_elements();
@@ -132,10 +141,10 @@ mod cube {
         let per_row = u32::try_from(elements / rows).ok()?;
         u32::try_from(elements).ok()?;
         let client = R::client(device);
-        let output = client.empty(elements * size_of::<f32>());
+        let output = client.empty(elements * dtype.size());
         let cube_dim = CubeDim::new(&client, elements);
         let cube_count = calculate_cube_count_elemwise(&client, elements, cube_dim);
-        // SAFETY: the length is that of the buffer just allocated (one f32 per element).
+        // SAFETY: the length is that of the buffer just allocated (one value per element).
         #[allow(unsafe_code)]
         let output_arg = unsafe { ArrayArg::from_raw_parts(output.clone(), elements) };
         hashed_mask_kernel::launch::<R>(
@@ -147,13 +156,14 @@ mod cube {
             per_row,
             mask.threshold(),
             mask.kept(),
+            dtype.into(),
         );
         Some(CubeTensor::new_contiguous(
             client,
             device.clone(),
             shape,
             output,
-            DType::F32,
+            dtype,
         ))
     }
 

@@ -629,8 +629,8 @@ fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
 
 /// `x` (`[batch, ..]`) with `hashed`'s dropout: on host backends in f32 the values scaled in
 /// place, each element's factor hashed as it is read (no mask in memory); on burn's CUDA and
-/// wgpu backends times a mask one kernel makes on the device; elsewhere times a mask made on the
-/// host, then uploaded.
+/// wgpu backends times a mask one kernel makes on the device in `x`'s dtype; elsewhere times a
+/// mask made on the host, then uploaded.
 fn apply_mask<B: Backend, const D: usize>(hashed: &HashedMask, x: Tensor<B, D>) -> Tensor<B, D> {
     let device = x.device();
     if host::serves(&x) {
@@ -642,10 +642,11 @@ fn apply_mask<B: Backend, const D: usize>(hashed: &HashedMask, x: Tensor<B, D>) 
         for_each_factor(values, per_row, hashed, |value, factor| *value *= factor);
         return Tensor::from_data(data, &device);
     }
-    let mask = device_mask::on_device::<B, D>(hashed, x.dims(), &device).unwrap_or_else(|| {
-        device_mask::count_host_upload();
-        Tensor::from_data(dropout_mask(hashed, x.dims()), &device)
-    });
+    let mask =
+        device_mask::on_device::<B, D>(hashed, x.dims(), x.dtype(), &device).unwrap_or_else(|| {
+            device_mask::count_host_upload();
+            Tensor::from_data(dropout_mask(hashed, x.dims()), &device)
+        });
     let dtype = Precision::from_dtype(x.dtype()).unwrap_or(Precision::F32);
     x * cast(mask, dtype)
 }
