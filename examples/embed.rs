@@ -216,17 +216,22 @@ fn write(path: &Path, tensors: Vec<(&str, TensorData)>) -> Result<(), String> {
 /// Refuses an `--out` that is one of the inputs, lies in the model directory or is not a
 /// regular file, before any work.
 fn check_output(args: &Args) -> Result<(), String> {
-    let mut inputs =
-        kiln::io::Inputs::new().with("the model directory (--model-dir)", &args.model_dir);
+    let mut files =
+        kiln::io::RunFiles::new().input("the model directory (--model-dir)", &args.model_dir);
     if let Some(images) = &args.images {
-        inputs = inputs.with("the images (--images)", images);
+        files = files.input("the images (--images)", images);
     }
     if let Some(pixels) = &args.pixels {
-        inputs = inputs.with("the pixels (--pixels)", pixels);
+        files = files.input("the pixels (--pixels)", pixels);
     }
-    inputs
-        .check_output(&args.out)
-        .map_err(|e| format!("--out {e}"))
+    files
+        .output("--out", &args.out)
+        .output_dir(
+            "the image cache ($KILN_CACHE_DIR)",
+            kiln::cache::ImageCache::default_dir(),
+        )
+        .check()
+        .map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {

@@ -42,7 +42,7 @@ struct Args {
     #[arg(long)]
     output: PathBuf,
     /// Structures per forward pass.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     batch: usize,
     /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
     #[arg(long, default_value = "cpu")]
@@ -54,11 +54,12 @@ impl DeviceJob for Args {
 
     /// Evaluates and writes every frame; returns how many could not be evaluated.
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
-        kiln::io::Inputs::new()
-            .with("the model directory (--model)", &self.model)
-            .with("the structures (--input)", &self.input)
-            .check_output(&self.output)
-            .map_err(|e| format!("--output {e}"))?;
+        kiln::io::RunFiles::new()
+            .input("the model directory (--model)", &self.model)
+            .input("the structures (--input)", &self.input)
+            .output("--output", &self.output)
+            .check()
+            .map_err(|e| e.to_string())?;
         let text = std::fs::read_to_string(&self.input)
             .map_err(|e| format!("{}: {e}", self.input.display()))?;
         let mut frames =
@@ -83,7 +84,7 @@ impl DeviceJob for Args {
             }
         }
         let start = Instant::now();
-        for chunk in good.chunks(self.batch.max(1)) {
+        for chunk in good.chunks(self.batch) {
             let structures: Vec<_> = chunk.iter().map(|&i| frames[i].structure.clone()).collect();
             match model.predict(&structures, device) {
                 Ok(results) => store(&mut frames, chunk, results),

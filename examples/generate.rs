@@ -46,10 +46,10 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     max_new_tokens: usize,
     /// Sampling temperature; 0 decodes greedily.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
     temperature: f64,
     /// Nucleus sampling's probability mass (with a temperature above 0).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = kiln::cli::probability, allow_negative_numbers = true)]
     top_p: f64,
     /// Seeds sampling.
     #[arg(long, default_value_t = 0)]
@@ -205,10 +205,11 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let device = args.device;
     let result = match &args.logits {
-        Some(path) => kiln::io::Inputs::new()
-            .with("the model directory (--model-dir)", &args.model_dir)
-            .check_output(path)
-            .map_err(|e| format!("--logits {e}")),
+        Some(path) => kiln::io::RunFiles::new()
+            .input("the model directory (--model-dir)", &args.model_dir)
+            .output("--logits", path)
+            .check()
+            .map_err(|e| e.to_string()),
         None => Ok(()),
     }
     .and_then(|()| device.run(args).map_err(|e| e.to_string()))

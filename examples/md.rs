@@ -11,7 +11,6 @@
 //! Every reported frame carries `energy` (potential), `kinetic`, `total` and `temperature` in its
 //! info and `forces` and `velocities` (Å/fs) as per-atom arrays.
 
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,6 +21,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::burn;
 use kiln::forcefield::{Frame, MdState, NveConfig, Painn, read_extxyz, run_nve, write_extxyz};
+use kiln::io::StagedFile;
 use kiln::precision::{DeviceJob, DeviceSpec};
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
@@ -45,23 +45,23 @@ struct Args {
     #[arg(long)]
     trajectory: PathBuf,
     /// Integration step, fs.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
     timestep: f64,
     /// Steps to integrate.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     steps: usize,
     /// Temperature of the initial Maxwell–Boltzmann velocities, K.
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(long, default_value_t = 300.0, value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
     temperature: f64,
     /// Seed of the initial velocities.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Write a frame every this many steps.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     every: usize,
     /// Neighbour-list skin, Å: the list is rebuilt only when an atom has moved half of it
     /// (0: every step; the trajectory is the same).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
     skin: f64,
     /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
     #[arg(long, default_value = "cpu")]
@@ -72,12 +72,12 @@ impl DeviceJob for Args {
     type Output = Result<(), String>;
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
-        // The trajectory is written as the run goes (to follow it), so it is checked first.
-        kiln::io::Inputs::new()
-            .with("the model directory (--model)", &self.model)
-            .with("the structures (--input)", &self.input)
-            .check_output(&self.trajectory)
-            .map_err(|e| format!("--trajectory {e}"))?;
+        kiln::io::RunFiles::new()
+            .input("the model directory (--model)", &self.model)
+            .input("the structures (--input)", &self.input)
+            .output("--trajectory", &self.trajectory)
+            .check()
+            .map_err(|e| e.to_string())?;
         let input = self.input.display();
         let text = std::fs::read_to_string(&self.input).map_err(|e| format!("{input}: {e}"))?;
         let frames = read_extxyz(&text).map_err(|e| format!("{input}: {e}"))?;
@@ -101,9 +101,14 @@ impl DeviceJob for Args {
             every: self.every,
             skin: self.skin,
         };
-        let file = File::create(&self.trajectory)
-            .map_err(|e| format!("{}: {e}", self.trajectory.display()))?;
-        let mut out = BufWriter::new(file);
+        // Everything is checked: the trajectory is streamed into a temporary beside it (to
+        // follow it) and renamed over --trajectory when the run ends well.
+        let mut staged = StagedFile::new(&self.trajectory).map_err(|e| e.to_string())?;
+        eprintln!(
+            "writing the trajectory to {} until the run ends",
+            staged.path().display()
+        );
+        let mut out = BufWriter::new(staged.file());
         let mut written = Ok(());
         let progress = ProgressBar::new(self.steps as u64).with_style(
             ProgressStyle::with_template("{bar:40} {pos}/{len} steps {msg} [{elapsed} < {eta}]")
@@ -125,7 +130,10 @@ impl DeviceJob for Args {
         })
         .map_err(|e| e.to_string())?;
         progress.finish_and_clear();
-        written.map_err(|e| format!("{}: {e}", self.trajectory.display()))?;
+        written
+            .and_then(|()| out.into_inner().map(|_| ()).map_err(|e| e.into_error()))
+            .map_err(|e| format!("{}: {e}", self.trajectory.display()))?;
+        staged.commit().map_err(|e| e.to_string())?;
         let seconds = started.elapsed().as_secs_f64();
         println!(
             "{} steps of {} fs ({} atoms) in {seconds:.1} s: {:.1} steps/s, {:.2} ns/day",

@@ -31,6 +31,8 @@
 //! - [`vision`]: CLIP, SigLIP / SigLIP2 and DINOv2 vision towers loaded from Hugging Face
 //!   checkpoints, matching transformers, with precision policies and Monte-Carlo dropout.
 //!
+//! [`cli`] holds the domains of the examples' numeric flags, for programs of your own.
+//!
 //! Library warnings go through the `log` crate; [`log_to_stderr`] shows them on stderr.
 //!
 //! Backends are cargo features: `flex` (default, CPU), `ndarray`, `wgpu`, `cuda`. One binary can
@@ -45,6 +47,7 @@
 //! # Ok::<(), kiln::precision::DeviceError>(())
 //! ```
 
+pub mod cli;
 mod logging;
 
 pub use burn;

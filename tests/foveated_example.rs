@@ -100,6 +100,28 @@ fn a_short_run_writes_every_control_and_the_plot() {
         let config: Value = serde_json::from_str(&config).unwrap();
         assert_eq!(config["dino"]["image_size"], 24, "{control}");
     }
+    // A finished run is stable: rerunning it changes no control's figures (random queries
+    // included, whose evaluation draws from the seeded generator), and they agree with the
+    // evaluation its metrics logged.
+    let again = run(
+        &out,
+        &[&args[..], &["--readout", "shallow", "--device", "cpu"]].concat(),
+    );
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let rerun: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    for control in ["both", "static_only", "all_patches", "random_queries"] {
+        assert_eq!(summary[control], rerun[control], "{control}");
+    }
+    let logged = kiln::train::read_metrics(&out.join("random_queries")).unwrap();
+    assert_eq!(
+        logged.last().unwrap()["eval_fine_accuracy"],
+        summary["random_queries"]["fine_accuracy"]
+    );
 }
 
 #[test]
@@ -109,6 +131,17 @@ fn bad_flags_are_refused_before_any_work() {
         (&["--readout", "glance"][..], "glance"),
         (&["--controls", "both,oracle"][..], "oracle"),
         (&["--grid", "1"][..], "at least 2 cells"),
+        (
+            &["--token-width", "3"][..],
+            "--token-width 3: must be an even number",
+        ),
+        (&["--token-width", "0"][..], "--token-width"),
+        (
+            &["--start-grid", "8"][..],
+            "--start-grid 8 is larger than --grid 4",
+        ),
+        (&["--cell", "1000"][..], "--cell 1000: at most 64 pixels"),
+        (&["--batch", "0"][..], "--batch"),
     ] {
         let out = dir.path().join("bad");
         let output = run(&out, flags);
@@ -262,7 +295,19 @@ fn foveated_train_names_bad_inputs_and_writes_nothing() {
     std::fs::write(&fewer, all.lines().take(2).collect::<Vec<_>>().join("\n")).unwrap();
     let clip_tower = common::fixtures().join("clip_vision");
     let lm = root().join("crates/kiln-text/tests/fixtures/llama");
-    let cases: [(&Path, &Path, &[&str], &str); 5] = [
+    let long = dir.path().join("long.jsonl");
+    let words = vec!["square"; 80].join(" ");
+    let long_captions: String = (0..3)
+        .map(|c| format!("{{\"video\": \"clip{c}\", \"caption\": \"{words}\"}}\n"))
+        .collect();
+    std::fs::write(&long, long_captions).unwrap();
+    let cases: [(&Path, &Path, &[&str], &str); 6] = [
+        (
+            &long,
+            &tiny_dino(),
+            &["--frames", "4"],
+            "the language model has room for",
+        ),
         (
             &captions,
             &tiny_dino(),

@@ -7,12 +7,20 @@
 //!   naming it (in the checkpoint's terms), never a panic or a hang, and nothing is written;
 //! - input data: a decompression bomb (PNG or JPEG), a truncated JPEG, pixels the model cannot
 //!   take, a periodic cell far smaller than the cutoff are errors naming the file, structure
-//!   (1-based) and setting; the rest of the run's results are kept.
+//!   (1-based) and setting; the rest of the run's results are kept;
+//! - every example's inputs and outputs checked together: an output directory that lies inside
+//!   an input, an input that lies inside the output directory (training examples, exp0_mc);
+//! - a refused run truncates nothing (md's streamed trajectory);
+//! - a directory holding results is a run: files no run recorded are never replaced, another
+//!   run's settings or data are refused by name, a damaged newest checkpoint falls back to the
+//!   one before;
+//! - numeric flags outside their domain are refused naming the flag as typed;
+//! - a killed run's temporaries are removed by the next run.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 mod common;
 
@@ -401,4 +409,309 @@ fn a_tiny_periodic_cell_fails_only_its_structure() {
     );
     let written = fs::read_to_string(&output).unwrap();
     assert_eq!(written.matches("energy=").count(), structures);
+}
+
+/// The training-force-field example on `train` and `valid` into `out`, a tiny student.
+fn train_forcefield(train: &Path, valid: &Path, out: &Path, flags: &[&str]) -> Output {
+    let mut args: Vec<&Path> = vec![
+        Path::new("--train"),
+        train,
+        Path::new("--valid"),
+        valid,
+        Path::new("--out"),
+        out,
+    ];
+    let small = [
+        "--n-atom-basis",
+        "8",
+        "--n-interactions",
+        "1",
+        "--n-rbf",
+        "4",
+        "--batch",
+        "8",
+        "--epochs",
+        "2",
+    ];
+    args.extend(small.iter().chain(flags).map(Path::new));
+    run("train_forcefield", &args)
+}
+
+fn succeeded(output: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    stderr
+}
+
+/// Outputs are checked against every input in both directions, before any work: a training
+/// set inside the run's directory (where the model and metrics go), a run's directory or cache
+/// inside the clips or images it reads. Every file stays as it was.
+#[test]
+fn inputs_and_outputs_are_checked_together_in_every_example() {
+    let data = common::labelled::data();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    fs::create_dir_all(out.join("model")).unwrap();
+    let inside = [
+        out.join("model/model.safetensors"),
+        out.join("metrics.jsonl"),
+    ];
+    for train in &inside {
+        fs::copy(&data.train, train).unwrap();
+    }
+    let clips = dir.path().join("clips");
+    fs::create_dir_all(clips.join("a")).unwrap();
+    let captions = out.join("summary.json");
+    fs::write(&captions, "{\"video\": \"a\", \"caption\": \"x\"}\n").unwrap();
+    let before = snapshot(dir.path());
+    for train in &inside {
+        let refusal = train_forcefield(train, &data.valid, &out, &[]);
+        refused(&refusal, "lies inside --out");
+        refused(&refusal, "the training structures (--train)");
+    }
+    let foveated = |clips: &Path, captions: &Path, out: &Path, cache: &Path| {
+        let flags = [
+            "--clips",
+            "--captions",
+            "--dino",
+            "--lm",
+            "--out",
+            "--cache",
+        ];
+        let values = [
+            clips,
+            captions,
+            Path::new("dino"),
+            Path::new("lm"),
+            out,
+            cache,
+        ];
+        let args: Vec<&Path> = flags
+            .iter()
+            .zip(values)
+            .flat_map(|(flag, value)| [Path::new(flag), value])
+            .collect();
+        run("foveated_train", &args)
+    };
+    let elsewhere = dir.path().join("elsewhere");
+    refused(
+        &foveated(&clips, &captions, &out, &elsewhere),
+        "the training captions (--captions)",
+    );
+    refused(
+        &foveated(&clips, &data.valid, &clips.join("run"), &elsewhere),
+        "is inside the training clips (--clips)",
+    );
+    refused(
+        &foveated(&clips, &data.valid, &elsewhere, &clips.join("cache")),
+        "--cache",
+    );
+    let exp0 = run(
+        "exp0_mc",
+        &[
+            Path::new("--images"),
+            &clips,
+            Path::new("--out"),
+            &clips.join("results"),
+        ],
+    );
+    refused(&exp0, "is inside the images (--images)");
+    assert_eq!(snapshot(dir.path()), before, "a refused run changed files");
+}
+
+/// md checks everything before it writes: a refused run leaves an earlier trajectory whole,
+/// and a finished one replaces it whole.
+#[test]
+fn md_truncates_nothing_it_refuses() {
+    let (dir, input, model) = scratch();
+    let trajectory = dir.path().join("md.extxyz");
+    fs::write(&trajectory, "an earlier run's trajectory").unwrap();
+    let md = |flags: &[&str]| {
+        let mut args = vec![
+            Path::new("--model"),
+            &model,
+            Path::new("--input"),
+            &input,
+            Path::new("--trajectory"),
+            &trajectory,
+            Path::new("--steps"),
+            Path::new("4"),
+        ];
+        args.extend(flags.iter().map(Path::new));
+        run("md", &args)
+    };
+    let before = snapshot(dir.path());
+    refused(&md(&["--frame", "99"]), "no frame 99");
+    refused(&md(&["--timestep", "-1"]), "--timestep");
+    refused(&md(&["--temperature", "nan"]), "--temperature");
+    refused(&md(&["--temperature", "-5"]), "must be a finite number ≥ 0");
+    refused(&md(&["--every", "0"]), "--every");
+    assert_eq!(snapshot(dir.path()), before, "a refused run changed files");
+    succeeded(&md(&[]));
+    assert!(fs::read_to_string(&trajectory).unwrap().contains("energy="));
+}
+
+/// Flags outside their domain are refused naming the flag, before any work.
+#[test]
+fn impossible_settings_are_refused_by_flag() {
+    let (dir, input, model) = scratch();
+    let output = dir.path().join("out.extxyz");
+    let before = snapshot(dir.path());
+    let ff = run(
+        "forcefield",
+        &[
+            Path::new("--model"),
+            &model,
+            Path::new("--input"),
+            &input,
+            Path::new("--output"),
+            &output,
+            Path::new("--batch"),
+            Path::new("0"),
+        ],
+    );
+    refused(&ff, "--batch");
+    let data = common::labelled::data();
+    let out = dir.path().join("run");
+    let zero = [
+        "--energy-weight",
+        "0",
+        "--force-weight",
+        "0",
+        "--cosine-weight",
+        "0",
+    ];
+    refused(
+        &train_forcefield(&data.train, &data.valid, &out, &zero),
+        "would train nothing",
+    );
+    for flag in ["--cutoff", "--lr"] {
+        refused(
+            &train_forcefield(&data.train, &data.valid, &out, &[flag, "-1"]),
+            flag,
+        );
+    }
+    for (flag, value) in [
+        ("--temperature", "-1"),
+        ("--temperature", "nan"),
+        ("--top-p", "1.5"),
+    ] {
+        let generate = run(
+            "generate",
+            &[
+                Path::new("--model-dir"),
+                &model,
+                Path::new("--prompt"),
+                Path::new("hello"),
+                Path::new(flag),
+                Path::new(value),
+            ],
+        );
+        refused(&generate, &format!("invalid value '{value}' for '{flag}"));
+    }
+    assert_eq!(snapshot(dir.path()), before);
+}
+
+/// A directory that already holds results is a run: files no run recorded are never replaced;
+/// the identical run resumes; other settings or other data are refused, naming them; a damaged
+/// newest checkpoint (model or optimizer bytes flipped) is moved aside with a warning and the
+/// one before it resumed.
+#[test]
+fn a_run_directory_resumes_only_its_own_run() {
+    let data = common::labelled::data();
+    let dir = tempfile::tempdir().unwrap();
+
+    let users = dir.path().join("users");
+    fs::create_dir_all(users.join("model")).unwrap();
+    fs::write(users.join("summary.json"), "the user's").unwrap();
+    let before = snapshot(&users);
+    refused(
+        &train_forcefield(&data.train, &data.valid, &users, &[]),
+        "no run.json",
+    );
+    refused(
+        &run("train_classifier", &[Path::new("--out"), &users]),
+        "summary.json, which no kiln run recorded",
+    );
+    assert_eq!(snapshot(&users), before, "a refused run changed files");
+
+    let out = dir.path().join("run");
+    let step = ["--max-steps-now", "1"];
+    succeeded(&train_forcefield(&data.train, &data.valid, &out, &step));
+    succeeded(&train_forcefield(&data.train, &data.valid, &out, &step));
+    let ours = snapshot(&out);
+
+    // Other data: the validation set cut, the training forces edited.
+    let valid = dir.path().join("valid.extxyz");
+    let frames = kiln::forcefield::read_extxyz(&fs::read_to_string(&data.valid).unwrap()).unwrap();
+    fs::write(&valid, kiln::forcefield::write_extxyz(&frames[..4])).unwrap();
+    refused(
+        &train_forcefield(&data.train, &valid, &out, &step),
+        "data.valid.structures: earlier run 12, this run 4",
+    );
+    let train = dir.path().join("train.extxyz");
+    let mut frames =
+        kiln::forcefield::read_extxyz(&fs::read_to_string(&data.train).unwrap()).unwrap();
+    frames[0].arrays.get_mut("forces").unwrap().1[0] += 0.1;
+    fs::write(&train, kiln::forcefield::write_extxyz(&frames)).unwrap();
+    refused(
+        &train_forcefield(&train, &data.valid, &out, &step),
+        "data.train.checksum",
+    );
+    refused(
+        &train_forcefield(&data.train, &data.valid, &out, &["--seed", "1"]),
+        "holds a run with other settings",
+    );
+    assert_eq!(snapshot(&out), ours, "a refused run changed files");
+
+    // Damaged checkpoints: flipped bytes in the newest one's model, then its optimizer state.
+    for file in ["model.bin", "optimizer.bin"] {
+        let newest = out.join("checkpoints/step-00000002").join(file);
+        let mut bytes = fs::read(&newest).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x5A;
+        fs::write(&newest, bytes).unwrap();
+        let stderr = succeeded(&train_forcefield(&data.train, &data.valid, &out, &step));
+        assert!(
+            stderr.contains("is damaged") && stderr.contains(file),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("resuming from") && stderr.contains("step-00000001"),
+            "{stderr}"
+        );
+        fs::remove_dir_all(out.join("checkpoints/damaged-step-00000002")).unwrap();
+    }
+}
+
+/// What a run killed while generating its images left (a staging directory of a process that
+/// is gone) is removed by the next run.
+#[test]
+fn a_killed_runs_temporaries_are_removed_by_the_next_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    // No process has this id (above the kernel's limit): its writer is gone.
+    let stale = out.join("images/.train.kiln-4194305-0.tmp");
+    fs::create_dir_all(&stale).unwrap();
+    fs::write(stale.join("c0_00000.png"), "half an image").unwrap();
+    let long_ago = SystemTime::now() - Duration::from_secs(3600);
+    fs::File::open(&stale)
+        .unwrap()
+        .set_modified(long_ago)
+        .unwrap();
+    let flags = [
+        "--steps",
+        "1",
+        "--train-images",
+        "8",
+        "--eval-images",
+        "4",
+        "--batch",
+        "4",
+    ];
+    let mut args = vec![Path::new("--out"), out.as_path()];
+    args.extend(flags.iter().map(Path::new));
+    succeeded(&run("train_classifier", &args));
+    assert!(!stale.exists(), "the stale temporary is still there");
+    assert!(out.join("images/train/generated.json").is_file());
 }

@@ -1,7 +1,10 @@
 //! Parsers never panic, whatever their input (issue "hardening"): property tests over arbitrary
 //! text and over valid inputs with random edits, for extxyz, `config.json` (vision towers,
 //! PaiNN), `preprocessor_config.json`, precision policies, dropout specs and trial files. Each
-//! either parses or returns an error; a panic fails the test. The cargo-fuzz corpus
+//! either parses or returns an error; a panic fails the test. Configs of every family (vision
+//! towers, language models, PaiNN) also get structured mutations — one numeric setting set to
+//! zero, a negative, a tiny or a huge value — and a norm epsilon or RoPE base outside its
+//! domain must be refused naming the setting. The cargo-fuzz corpus
 //! (`fuzz/corpus/`) is replayed here through the fuzz targets' own harness, so CI needs no nightly.
 
 use std::path::Path;
@@ -41,8 +44,79 @@ fn text_near(valid: String) -> impl Strategy<Value = String> {
     prop_oneof![".{0,300}", edited(valid)]
 }
 
+/// The dotted paths of every number in `value`.
+fn numbers(value: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, v) in map {
+                let path = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                numbers(v, &path, out);
+            }
+        }
+        serde_json::Value::Number(_) => out.push(prefix.to_string()),
+        _ => {}
+    }
+}
+
+/// The values a mutation sets a number to.
+const MUTATIONS: [f64; 8] = [0.0, -1.0, -0.5, 1e-12, 3.7, 1e9, 1e300, 9.2e18];
+
+/// `valid` (a JSON config) with one of its numbers set to one of [`MUTATIONS`]: the text, the
+/// setting's dotted path and the value.
+fn mutated(valid: String) -> impl Strategy<Value = (String, String, f64)> {
+    let value: serde_json::Value = serde_json::from_str(&valid).unwrap();
+    let mut paths = Vec::new();
+    numbers(&value, "", &mut paths);
+    (any::<Index>(), 0..MUTATIONS.len()).prop_map(move |(at, m)| {
+        let path = &paths[at.index(paths.len())];
+        let mut value = value.clone();
+        let mut place = &mut value;
+        for key in path.split('.') {
+            place = &mut place[key];
+        }
+        let new = MUTATIONS[m];
+        *place = if new.fract() == 0.0 && new.abs() < 9e15 {
+            serde_json::json!(new as i64)
+        } else {
+            serde_json::json!(new)
+        };
+        (value.to_string(), path.clone(), new)
+    })
+}
+
+/// A norm epsilon or RoPE base the model reads, set ≤ 0, is refused naming it.
+fn domain_named<E: std::fmt::Display>(
+    parsed: Result<(), E>,
+    path: &str,
+    value: f64,
+) -> Result<(), TestCaseError> {
+    let guarded = [
+        "rms_norm_eps",
+        "layer_norm_eps",
+        "vision_config.layer_norm_eps",
+        "rope_theta",
+        "rope_parameters.rope_theta",
+    ];
+    let key = path.rsplit('.').next().unwrap_or(path);
+    if guarded.contains(&path) && value <= 0.0 {
+        match parsed {
+            Ok(()) => prop_assert!(false, "{key} = {value} accepted"),
+            Err(e) => prop_assert!(e.to_string().contains(key), "{key} = {value}: {e}"),
+        }
+    }
+    Ok(())
+}
+
 fn fixture(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap()
+}
+
+fn text_fixtures() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/kiln-text/tests/fixtures")
 }
 
 proptest! {
@@ -60,6 +134,38 @@ proptest! {
         text in text_near(fixture(&common::fixtures().join("clip_full/config.json")))
     ) {
         let _ = VisionConfig::from_hf_json(&text);
+    }
+
+    #[test]
+    fn vision_configs_of_every_family_refuse_settings_out_of_their_domain(
+        (text, key, value) in prop_oneof![
+            mutated(fixture(&common::fixtures().join("clip_full/config.json"))),
+            mutated(fixture(&common::fixtures().join("siglip_full/config.json"))),
+            mutated(fixture(&common::fixtures().join("dinov2/config.json"))),
+        ]
+    ) {
+        domain_named(VisionConfig::from_hf_json(&text).map(drop), &key, value)?;
+    }
+
+    #[test]
+    fn text_configs_of_every_family_refuse_settings_out_of_their_domain(
+        (text, key, value) in prop_oneof![
+            mutated(fixture(&text_fixtures().join("llama/config.json"))),
+            mutated(fixture(&text_fixtures().join("qwen2/config.json"))),
+        ]
+    ) {
+        domain_named(kiln::text::TextConfig::from_hf_json(&text).map(drop), &key, value)?;
+    }
+
+    #[test]
+    fn painn_configs_never_panic(
+        (text, _key, _value) in mutated(fixture(
+            &common::forcefield_fixtures().join("painn_gaussian/config.json")
+        ))
+    ) {
+        if let Ok(config) = serde_json::from_str::<kiln::forcefield::PainnConfig>(&text) {
+            let _ = config.validate();
+        }
     }
 
     #[test]

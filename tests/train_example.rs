@@ -131,13 +131,13 @@ fn stopping_early_and_killing_then_rerunning_give_the_uninterrupted_losses() {
 }
 
 #[test]
-fn bad_flags_are_refused_before_any_work_and_another_run_s_checkpoint_is_refused() {
+fn bad_flags_are_refused_before_any_work_and_another_run_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     for (flags, needle) in [
         ("--steps=0", "--steps"),
         ("--accumulate=0", "--accumulate"),
-        ("--lr=0", "learning rate"),
-        ("--lr=-1e-3", "learning rate"),
+        ("--lr=0", "--lr"),
+        ("--lr=-1e-3", "--lr"),
         ("--batch=0", "--batch"),
     ] {
         let out = dir.path().join("bad");
@@ -160,8 +160,8 @@ fn bad_flags_are_refused_before_any_work_and_another_run_s_checkpoint_is_refused
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(
-        stderr.contains("different run")
-            && stderr.contains("model.batch: checkpoint 32, this run 16"),
+        stderr.contains("holds a run with other settings")
+            && stderr.contains("model.batch: earlier run 32, this run 16"),
         "{stderr}"
     );
 }

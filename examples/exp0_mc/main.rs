@@ -123,6 +123,26 @@ struct Args {
 }
 
 impl Args {
+    /// Every file and directory the run reads and writes.
+    fn files(&self) -> kiln::io::RunFiles {
+        let mut files = kiln::io::RunFiles::new();
+        if let Some(images) = &self.images {
+            files = files.input("the images (--images)", images);
+        }
+        for dir in &self.model_dir {
+            files = files.input("a model directory (--model-dir)", dir.trim());
+        }
+        for dir in &self.merge {
+            files = files.input("a shard's results (--merge)", dir);
+        }
+        files = files.output_dir("--out", &self.out);
+        if self.merge.is_empty() {
+            let cache = kiln::cache::ImageCache::default_dir();
+            files = files.output_dir("the image cache ($KILN_CACHE_DIR)", cache);
+        }
+        files
+    }
+
     /// The images: the folder given, or the demo images generated into OUT/images.
     fn images_dir(&self) -> Result<PathBuf, String> {
         if let Some(dir) = &self.images {
@@ -327,7 +347,9 @@ fn main() -> ExitCode {
     allocator::keep_freed_memory();
     kiln::log_to_stderr();
     let args = Args::parse();
-    let result = if args.merge.is_empty() {
+    let result = if let Err(e) = args.files().check() {
+        Err(e.to_string())
+    } else if args.merge.is_empty() {
         let device = args.device;
         device.run(args).map_err(|e| e.to_string()).and_then(|r| r)
     } else {

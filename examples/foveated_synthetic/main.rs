@@ -63,12 +63,12 @@ struct Args {
     #[arg(long, default_value = "shallow")]
     readout: Readout,
     /// Cells per side of the board (the task the controls are scored on).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = kiln::cli::count)]
     grid: usize,
     /// Cells per side of the boards each control starts on (a curriculum: from scratch, no
     /// readout learns to point on 4×4 boards; on 2×2 ones it does within a few hundred steps,
     /// and keeps pointing when the board grows: docs/FOVEATED.md).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = kiln::cli::count)]
     start_grid: usize,
     /// Optimizer steps on the starting boards (0: start on the final boards; longer, a token
     /// learns to pack the small board, and the passes that cannot look creep up later; shorter,
@@ -76,24 +76,24 @@ struct Args {
     #[arg(long, default_value_t = 750)]
     start_steps: u64,
     /// Pixels per side of a cell (one DINOv2 patch).
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 6, value_parser = kiln::cli::count)]
     cell: usize,
     /// Frames per clip, the cue frame included.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = kiln::cli::count)]
     frames: usize,
     /// Glyph classes (chance is 1/classes; with more classes than cells, a board's classes are
     /// all different, so no class is likelier than another; with 16, a token that cannot look
     /// packs enough of the board to pass the ceiling on some seeds: docs/FOVEATED.md).
-    #[arg(long, default_value_t = 24)]
+    #[arg(long, default_value_t = 24, value_parser = kiln::cli::count)]
     classes: usize,
     /// Width of DINOv2, so of each visual token (the bottleneck; 2 heads).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = kiln::cli::count)]
     token_width: usize,
     /// Clips per batch.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = kiln::cli::count)]
     batch: usize,
     /// Peak learning rate of the controls with a readout.
-    #[arg(long, default_value_t = 2e-3)]
+    #[arg(long, default_value_t = 2e-3, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
     lr: f64,
     /// Peak learning rate of `all_patches` (its LM attends over every patch of every frame, 17×
     /// the tokens; at 1e-3 or more its lookup into the later frames stalls on some seeds:
@@ -138,7 +138,37 @@ struct Stage {
     dir: PathBuf,
 }
 
+/// The largest cell (pixels per side) --cell takes: boards are grid · cell pixels per side,
+/// every frame through DINOv2 at once.
+const MAX_CELL: usize = 64;
+
 impl Args {
+    /// Refuses settings the task or the model cannot be built with, naming the flag.
+    fn check(&self) -> Result<(), String> {
+        if self.cell > MAX_CELL {
+            return Err(format!(
+                "--cell {}: at most {MAX_CELL} pixels (a {}-pixel board per frame would not fit \
+                 a run of this size)",
+                self.cell,
+                self.cell * self.grid
+            ));
+        }
+        CueThenRead::new(self.grid, self.cell, self.frames, self.classes, self.seed)?;
+        if self.token_width < 2 || !self.token_width.is_multiple_of(2) {
+            return Err(format!(
+                "--token-width {}: must be an even number ≥ 2 (DINOv2's two heads split it)",
+                self.token_width
+            ));
+        }
+        if self.start_grid > self.grid {
+            return Err(format!(
+                "--start-grid {} is larger than --grid {}: the curriculum starts on smaller boards",
+                self.start_grid, self.grid
+            ));
+        }
+        Ok(())
+    }
+
     /// The control's stages: the starting boards (when they differ), then the final ones.
     fn stages(&self, control: &str) -> Result<Vec<Stage>, String> {
         let task = |grid| CueThenRead::new(grid, self.cell, self.frames, self.classes, self.seed);
@@ -265,6 +295,11 @@ impl DeviceJob for Args {
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
         let started = Instant::now();
+        self.check()?;
+        kiln::io::RunFiles::new()
+            .output_dir("--out", &self.out)
+            .check()
+            .map_err(|e| e.to_string())?;
         for control in ["both", "all_patches"] {
             self.train_config(self.steps, self.rate(control))?;
         }

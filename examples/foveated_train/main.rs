@@ -35,6 +35,7 @@ use kiln::foveated::{
     CaptionedClips, FoveatedConfig, FoveatedModel, Readout, fvlm_recipe, match_captions,
     read_captions,
 };
+use kiln::io::RunFiles;
 use kiln::precision::{DeviceJob, DeviceSpec, Policy, PolicySpec, Precision};
 use kiln::text::TextTokenizer;
 use kiln::train::{LossScaling, RunOptions, TrainConfig, Trainer};
@@ -140,6 +141,40 @@ impl Args {
         Ok(config)
     }
 
+    /// Every file and directory the run reads and writes.
+    fn files(&self) -> RunFiles {
+        let mut files = RunFiles::new()
+            .input("the training clips (--clips)", &self.clips)
+            .input("the training captions (--captions)", &self.captions)
+            .input("the DINOv2 directory (--dino)", &self.dino)
+            .input("the language model directory (--lm)", &self.lm);
+        if let (Some(clips), Some(captions)) = (&self.eval_clips, &self.eval_captions) {
+            files = files
+                .input("the held-out clips (--eval-clips)", clips)
+                .input("the held-out captions (--eval-captions)", captions);
+        }
+        files
+            .output_dir("--out", &self.out)
+            .output_dir("--cache", self.cache_dir())
+    }
+
+    /// Where decoded clips are cached.
+    fn cache_dir(&self) -> PathBuf {
+        self.cache.clone().unwrap_or(self.out.join("cache"))
+    }
+
+    /// What identifies the data: each split's clips and captions.
+    fn data(&self) -> Result<serde_json::Value, String> {
+        let print = |path: &Path| kiln::io::fingerprint(path).map_err(|e| e.to_string());
+        let mut data = json!({
+            "train": {"clips": print(&self.clips)?, "captions": print(&self.captions)?},
+        });
+        if let (Some(clips), Some(captions)) = (&self.eval_clips, &self.eval_captions) {
+            data["eval"] = json!({"clips": print(clips)?, "captions": print(captions)?});
+        }
+        Ok(data)
+    }
+
     /// How frames are resized and normalised: the DINOv2 directory's processor, else an exact
     /// resize to the tower's image size with ImageNet's mean and std.
     fn preprocess(&self, image_size: usize) -> Result<Preprocess, String> {
@@ -233,11 +268,29 @@ impl DeviceJob for Args {
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
         let started = Instant::now();
+        self.files().check().map_err(|e| e.to_string())?;
         let policy = self
             .policy
             .resolve::<B>(device)
             .map_err(|e| e.to_string())?;
         let config = self.train_config(&policy)?;
+        let options = RunOptions {
+            max_steps_now: self.max_steps_now,
+            model_settings: json!({
+                "dino": self.dino,
+                "lm": self.lm,
+                "readout": format!("{:?}", self.readout).to_lowercase(),
+                "frames": self.frames,
+                "lambda": self.lambda,
+                "policy": policy.to_string(),
+            }),
+            data: self.data()?,
+            outputs: vec!["model".into(), "summary.json".into()],
+            ..RunOptions::new(&self.out)
+        };
+        // The run's directory is claimed by `fit`, once everything is checked (the clip cache
+        // written before it is keyed by content, whoever reads it).
+        let trainer = Trainer::<Autodiff<B>>::new(config, options, device.clone());
         <Autodiff<B> as Backend>::seed(device, self.seed);
         let foveated = FoveatedConfig {
             query_dim: self.query_dim,
@@ -251,30 +304,26 @@ impl DeviceJob for Args {
         .map_err(|e| e.to_string())?;
         let preprocess = self.preprocess(model.dino.config().image_size)?;
         let splits = Splits {
-            cache: ImageCache::new(self.cache.clone().unwrap_or(self.out.join("cache"))),
+            cache: ImageCache::new(self.cache_dir()),
             spec: ClipSpec::new(self.frames, preprocess).refusing_short_videos(),
             text: Text::new(&self.lm, &self.prompt)?,
             batch: self.batch,
             precision: policy.compute,
         };
+        let room = model.target_room(splits.text.prompt.len(), self.frames as usize);
         let train = splits.load::<Autodiff<B>>(&self.clips, &self.captions, device)?;
         let eval = match (&self.eval_clips, &self.eval_captions) {
             (Some(clips), Some(captions)) => Some(splits.load::<B>(clips, captions, device)?),
             _ => None,
         };
-        let options = RunOptions {
-            max_steps_now: self.max_steps_now,
-            model_settings: json!({
-                "dino": self.dino,
-                "lm": self.lm,
-                "readout": format!("{:?}", self.readout).to_lowercase(),
-                "frames": self.frames,
-                "lambda": self.lambda,
-                "policy": policy.to_string(),
-            }),
-            ..RunOptions::new(&self.out)
-        };
-        let outcome = Trainer::<Autodiff<B>>::new(config, options, device.clone())
+        train
+            .check_room(room)
+            .map_err(|e| format!("{}: {e}", self.captions.display()))?;
+        if let (Some(eval), Some(captions)) = (&eval, &self.eval_captions) {
+            eval.check_room(room)
+                .map_err(|e| format!("{}: {e}", captions.display()))?;
+        }
+        let outcome = trainer
             .fit(model, &train, eval.as_ref())
             .map_err(|e| e.to_string())?;
         if !outcome.finished {

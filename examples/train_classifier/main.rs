@@ -48,19 +48,19 @@ struct Args {
     #[arg(long)]
     out: PathBuf,
     /// Optimizer steps in the whole run.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
     steps: u64,
     /// Stop after this many more optimizer steps (with a checkpoint); rerun to continue.
     #[arg(long)]
     max_steps_now: Option<u64>,
     /// Images per micro-batch.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     batch: usize,
     /// Micro-batches per optimizer step.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     accumulate: usize,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 2e-3)]
+    #[arg(long, default_value_t = 2e-3, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
     lr: f64,
     /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
     #[arg(long, default_value = "cpu")]
@@ -72,10 +72,10 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Training images to generate.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     train_images: usize,
     /// Held-out images to generate.
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 400, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     eval_images: usize,
     /// Evaluate every this many steps (and at the end).
     #[arg(long, default_value_t = 50)]
@@ -94,9 +94,6 @@ impl Args {
         });
         config.seed = self.seed;
         config.validate()?;
-        if self.batch == 0 {
-            return Err("--batch must be at least 1".into());
-        }
         Ok(config)
     }
 
@@ -128,6 +125,28 @@ impl DeviceJob for Args {
             .resolve::<B>(device)
             .map_err(|e| e.to_string())?;
         let config = self.train_config(&policy)?;
+        kiln::io::RunFiles::new()
+            .output_dir("--out", &self.out)
+            .check()
+            .map_err(|e| e.to_string())?;
+        let parallel = DataParallel::from_env()?;
+        let main = parallel.as_ref().is_none_or(DataParallel::is_main);
+        let options = RunOptions {
+            parallel,
+            max_steps_now: self.max_steps_now,
+            model_settings: json!({
+                "backbone": format!("{:?}", backbone_config()),
+                "classes": shapes::CLASSES,
+                "policy": policy.to_string(),
+                "batch": self.batch,
+                "train_images": self.train_images,
+                "eval_images": self.eval_images,
+            }),
+            outputs: vec!["summary.json".into()],
+            ..RunOptions::new(&self.out)
+        };
+        let trainer = Trainer::<Autodiff<B>>::new(config, options, device.clone());
+        trainer.claim().map_err(|e| e.to_string())?;
         let train = self.split("train", self.train_images, self.seed)?;
         let eval = self.split("eval", self.eval_images, self.seed ^ 0xE7A1)?;
         eprintln!(
@@ -151,22 +170,7 @@ impl DeviceJob for Args {
         )?;
         <Autodiff<B> as Backend>::seed(device, self.seed);
         let model = Classifier::<Autodiff<B>>::new(shapes::CLASSES, &policy, device);
-        let parallel = DataParallel::from_env()?;
-        let main = parallel.as_ref().is_none_or(DataParallel::is_main);
-        let options = RunOptions {
-            parallel,
-            max_steps_now: self.max_steps_now,
-            model_settings: json!({
-                "backbone": format!("{:?}", backbone_config()),
-                "classes": shapes::CLASSES,
-                "policy": policy.to_string(),
-                "batch": self.batch,
-                "train_images": self.train_images,
-                "eval_images": self.eval_images,
-            }),
-            ..RunOptions::new(&self.out)
-        };
-        let outcome = Trainer::<Autodiff<B>>::new(config, options, device.clone())
+        let outcome = trainer
             .fit(model, &train, Some(&eval))
             .map_err(|e| match e {
                 TrainError::OutOfMemory { .. } => format!("{e} (this run: --batch {})", self.batch),

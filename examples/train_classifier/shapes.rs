@@ -9,12 +9,29 @@ pub const CLASSES: usize = 4;
 /// Image side in pixels (the model's).
 pub const SIDE: u32 = crate::model::IMAGE_SIZE as u32;
 
+/// The file in a generated set that records how it was made.
+const MADE_WITH: &str = "generated.json";
+
 /// Writes `count` images into `dir` (through a staged directory renamed into place, so a run
 /// killed half-way leaves no partial set, and data-parallel ranks starting together each make a
-/// whole set and keep the first); nothing when `dir` exists.
+/// whole set and keep the first), with `generated.json` saying how; nothing when `dir` holds
+/// the set of these settings, an error when it holds anything else.
 pub fn generate(dir: &Path, count: usize, seed: u64) -> Result<(), String> {
+    let settings = serde_json::json!({"images": count, "seed": seed}).to_string();
     if dir.is_dir() {
-        return Ok(());
+        let found = std::fs::read_to_string(dir.join(MADE_WITH)).unwrap_or_default();
+        if found == settings {
+            return Ok(());
+        }
+        let found = if found.is_empty() {
+            "no record of how it was made".to_string()
+        } else {
+            found
+        };
+        return Err(format!(
+            "{} holds images of other settings ({found}; this run {settings}): choose another --out",
+            dir.display()
+        ));
     }
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
@@ -44,6 +61,9 @@ pub fn generate(dir: &Path, count: usize, seed: u64) -> Result<(), String> {
             .save(&path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
+    staged
+        .write(MADE_WITH, settings.as_bytes())
+        .map_err(|e| e.to_string())?;
     // Another process may have got there first: its set is the same.
     staged.commit_if_absent().map_err(|e| e.to_string())?;
     Ok(())

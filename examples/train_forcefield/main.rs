@@ -53,37 +53,37 @@ struct Args {
     #[arg(long)]
     out: PathBuf,
     /// Passes over the training set.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
     epochs: u64,
     /// Stop after this many more optimizer steps (with a checkpoint); rerun to continue.
     #[arg(long)]
     max_steps_now: Option<u64>,
     /// Structures per batch.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     batch: usize,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-3, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
     lr: f64,
     /// Feature width F.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     n_atom_basis: usize,
     /// Interaction blocks.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     n_interactions: usize,
     /// Gaussian radial basis functions.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     n_rbf: usize,
     /// Cutoff radius, Å.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
     cutoff: f64,
     /// Weight of the energy MSE (eV²).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
     energy_weight: f64,
     /// Weight of the force MSE (eV²/Å²).
-    #[arg(long, default_value_t = 100.0)]
+    #[arg(long, default_value_t = 100.0, value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
     force_weight: f64,
     /// Weight of the mean force cosine distance.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
     cosine_weight: f64,
     /// Linear warm-up steps.
     #[arg(long, default_value_t = 1000)]
@@ -127,17 +127,19 @@ impl Args {
 
     /// The student's shape (reference energies still to fit).
     fn model_config(&self) -> Result<PainnConfig, String> {
-        if self.epochs == 0 {
-            return Err("--epochs must be at least 1".into());
+        if self.energy_weight == 0.0 && self.force_weight == 0.0 && self.cosine_weight == 0.0 {
+            return Err(
+                "--energy-weight, --force-weight and --cosine-weight are all 0: the loss would \
+                 train nothing (give at least one a weight > 0)"
+                    .into(),
+            );
         }
-        for (flag, weight) in [
-            ("--energy-weight", self.energy_weight),
-            ("--force-weight", self.force_weight),
-            ("--cosine-weight", self.cosine_weight),
-        ] {
-            if !(weight >= 0.0 && weight.is_finite()) {
-                return Err(format!("{flag} {weight}: must be a finite weight ≥ 0"));
-            }
+        if self.cutoff < MIN_SENSIBLE_CUTOFF {
+            eprintln!(
+                "warning: --cutoff {} Å is shorter than any chemical bond (H₂'s is 0.74 Å): \
+                 atoms will see few or no neighbours",
+                self.cutoff
+            );
         }
         let config = PainnConfig {
             representation: "painn".into(),
@@ -180,6 +182,16 @@ impl Args {
     }
 }
 
+/// Below this cutoff (Å) no pair of bonded atoms is in range.
+const MIN_SENSIBLE_CUTOFF: f64 = 0.5;
+
+/// What identifies a labelled set: its structure count and its file's checksum (an edited label
+/// changes it).
+fn fingerprint(path: &Path, structures: usize) -> Result<serde_json::Value, String> {
+    let checksum = kiln::io::fingerprint(path).map_err(|e| e.to_string())?;
+    Ok(json!({"structures": structures, "checksum": checksum}))
+}
+
 /// Elements of `set` (sorted).
 fn elements(set: &LabelledStructures) -> Vec<u32> {
     let mut all: Vec<u32> = set
@@ -197,10 +209,26 @@ impl DeviceJob for Args {
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
         let started = Instant::now();
+        kiln::io::RunFiles::new()
+            .input("the training structures (--train)", &self.train)
+            .input("the validation structures (--valid)", &self.valid)
+            .output_dir("--out", &self.out)
+            .check()
+            .map_err(|e| e.to_string())?;
         let mut config = self.model_config()?;
         let recipe = self.recipe();
         let train = self.read(&self.train, "--train", &config)?;
         let valid = self.read(&self.valid, "--valid", &config)?;
+        let data = json!({
+            "train": fingerprint(&self.train, train.len())?,
+            "valid": fingerprint(&self.valid, valid.len())?,
+        });
+        if data["train"]["checksum"] == data["valid"]["checksum"] {
+            eprintln!(
+                "warning: --train and --valid hold the same structures: the validation loss \
+                 measures fit, not generalisation"
+            );
+        }
         let train_config = recipe
             .train_config(train.len())
             .map_err(|e| e.to_string().replace("the batch size", "--batch"))?;
@@ -237,6 +265,8 @@ impl DeviceJob for Args {
                 "train": self.train.display().to_string(),
                 "valid": self.valid.display().to_string(),
             }),
+            data,
+            outputs: vec!["model".into(), "summary.json".into()],
             ..RunOptions::new(&self.out)
         };
         let batches = train.loader(self.batch, recipe.weights);

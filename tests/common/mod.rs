@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod labelled;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 

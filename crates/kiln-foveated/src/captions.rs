@@ -146,6 +146,25 @@ impl<B: Backend> CaptionedClips<B> {
         })
     }
 
+    /// Refuses a caption that does not fit the model: longer than `room` tokens
+    /// ([`crate::FoveatedModel::target_room`]), naming the clip (1-based) and the sizes.
+    pub fn check_room(&self, room: usize) -> Result<(), FoveatedError> {
+        match self
+            .captions
+            .iter()
+            .position(|caption| caption.len() > room)
+        {
+            Some(clip) => Err(FoveatedError::Data(format!(
+                "clip {}: a caption of {} tokens (its end token included); after the prompt \
+                 and the visual tokens the language model has room for {room} (its \
+                 max_position_embeddings): shorten the caption, the prompt or --frames",
+                clip + 1,
+                self.captions[clip].len()
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Clips in the dataset.
     pub fn len(&self) -> usize {
         self.captions.len()

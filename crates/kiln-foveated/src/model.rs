@@ -260,6 +260,22 @@ impl<B: Backend> FoveatedModel<B> {
         self.training
     }
 
+    /// The most target tokens one LM pass of the training mode has room for after a
+    /// `prompt`-token prompt over `frames` frames: the LM's positions less the prompt, the mode
+    /// token and the visual tokens (one a frame; every DINOv2 token of a frame for
+    /// [`Mode::AllPatches`]). Loaders refuse longer captions up front.
+    pub fn target_room(&self, prompt: usize, frames: usize) -> usize {
+        let per_frame = match self.training {
+            Mode::AllPatches => {
+                let dino = self.dino.config();
+                (dino.image_size / dino.patch_size).pow(2) + 1
+            }
+            _ => 1,
+        };
+        let positions = self.lm.config().max_position_embeddings;
+        positions.saturating_sub(prompt + 1 + frames * per_frame)
+    }
+
     /// The same model, trained and evaluated in `mode` (a static-only control trains
     /// [`Mode::CoarseOnly`]).
     pub fn with_training_mode(mut self, mode: Mode) -> Self {

@@ -33,18 +33,77 @@ pub fn write_atomic_at<E: std::fmt::Display>(
     path: &Path,
     write: impl FnOnce(&Path) -> Result<(), E>,
 ) -> Result<(), FileError> {
-    expect_kind(path, Kind::File)?;
-    let (temporary, file) = create_temporary(path)?;
-    drop(file);
-    let result = write(&temporary)
-        .map_err(|e| io::Error::other(e.to_string()))
-        .and_then(|()| File::open(&temporary)?.sync_all())
-        .and_then(|()| fs::rename(&temporary, path))
-        .map_err(|e| FileError::io(path, e));
-    if result.is_err() {
-        let _ = fs::remove_file(&temporary);
+    let staged = StagedFile::new(path)?;
+    write(staged.path()).map_err(|e| FileError::io(path, io::Error::other(e.to_string())))?;
+    staged.commit()
+}
+
+/// A file written whole or not at all, however long it takes to write (a trajectory streamed
+/// while a simulation runs): filled under a temporary name beside its target, then renamed into
+/// place by [`StagedFile::commit`] (replacing a regular file there). Dropped without a commit,
+/// it is removed and the target is as it was.
+///
+/// ```
+/// use std::io::Write;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let target = dir.path().join("md.extxyz");
+/// std::fs::write(&target, "an earlier run").unwrap();
+/// let mut staged = kiln_io::StagedFile::new(&target).unwrap();
+/// staged.file().write_all(b"frame 1\n").unwrap();
+/// drop(staged); // the run failed: the earlier file stays
+/// assert_eq!(std::fs::read(&target).unwrap(), b"an earlier run");
+/// ```
+#[derive(Debug)]
+pub struct StagedFile {
+    path: PathBuf,
+    target: PathBuf,
+    file: File,
+    committed: bool,
+}
+
+impl StagedFile {
+    /// A new, empty temporary file for `target`; refuses when something other than a regular
+    /// file is at `target`, or its parent does not exist.
+    pub fn new(target: &Path) -> Result<Self, FileError> {
+        expect_kind(target, Kind::File)?;
+        let (path, file) = create_temporary(target)?;
+        Ok(StagedFile {
+            path,
+            target: target.to_path_buf(),
+            file,
+            committed: false,
+        })
     }
-    result
+
+    /// Where the contents are written until the commit.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The temporary file, open for writing.
+    pub fn file(&mut self) -> &mut File {
+        &mut self.file
+    }
+
+    /// Flushes the contents to the disk and renames the file over its target.
+    pub fn commit(mut self) -> Result<(), FileError> {
+        expect_kind(&self.target, Kind::File)?;
+        File::open(&self.path)
+            .and_then(|file| file.sync_all())
+            .and_then(|()| fs::rename(&self.path, &self.target))
+            .map_err(|e| FileError::io(&self.target, e))?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for StagedFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// A directory written whole or not at all: filled under a temporary name beside its target,
@@ -62,6 +121,7 @@ impl StagedDir {
     /// directory is at `target`, or its parent does not exist.
     pub fn new(target: &Path) -> Result<Self, FileError> {
         expect_kind(target, Kind::Dir)?;
+        remove_stale_temporaries(target);
         loop {
             let path = temporary_name(target)?;
             match fs::create_dir(&path) {
@@ -218,8 +278,88 @@ fn temporary_name(target: &Path) -> Result<PathBuf, FileError> {
     Ok(target.with_file_name(temporary))
 }
 
-/// A new temporary file beside `target`, created exclusively (never an existing file).
+/// How long a temporary of a process that is gone must have been left untouched before it is
+/// removed: a process on another machine sharing the directory may still be writing it.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Removes the temporaries beside `target` (`.NAME.kiln-PID-N.tmp`, files or directories) that
+/// a kiln process left when it was killed: those whose process is no longer running on this
+/// machine and that nobody has touched for a minute. Never fails: what cannot be looked at or
+/// removed is left.
+pub fn remove_stale_temporaries(target: &Path) {
+    let (Some(parent), Some(name)) = (target.parent(), target.file_name()) else {
+        return;
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let mut prefix = OsString::from(".");
+    prefix.push(name);
+    prefix.push(".kiln-");
+    let Some(prefix) = prefix.to_str() else {
+        return;
+    };
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|rest| rest.strip_suffix(".tmp"))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, n)| n.parse::<u64>().ok().and(pid.parse::<u32>().ok()))
+        else {
+            continue;
+        };
+        let untouched = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= STALE_AFTER);
+        if pid == std::process::id() || !untouched || process_is_running(pid) {
+            continue;
+        }
+        let path = entry.path();
+        let removed = match entry.file_type() {
+            Ok(t) if t.is_dir() => fs::remove_dir_all(&path),
+            _ => fs::remove_file(&path),
+        };
+        match removed {
+            Ok(()) => log::info!("removed {}, left by a run that was stopped", path.display()),
+            Err(e) => log::warn!("could not remove the stale {}: {e}", path.display()),
+        }
+    }
+}
+
+/// Whether a process with this id runs on this machine (true where that cannot be told).
+fn process_is_running(pid: u32) -> bool {
+    #[cfg(unix)]
+    {
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return true;
+        };
+        // Signal 0 checks that the process exists; EPERM means it exists as another user's.
+        // SAFETY: kill with signal 0 sends nothing and only reads the process table.
+        #[allow(unsafe_code)]
+        let result = unsafe { libc::kill(pid, 0) };
+        result == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        true
+    }
+}
+
+/// A new temporary file beside `target`, created exclusively (never an existing file); stale
+/// temporaries of the same target are removed first.
 fn create_temporary(target: &Path) -> Result<(PathBuf, File), FileError> {
+    remove_stale_temporaries(target);
     loop {
         let temporary = temporary_name(target)?;
         match OpenOptions::new()
@@ -305,6 +445,58 @@ mod tests {
             err.to_string().starts_with(&missing.display().to_string()),
             "{err}"
         );
+    }
+
+    /// A killed run's temporaries beside a target (its process gone, untouched for a minute)
+    /// are removed by the next staged write of that target; this process's, a fresh one's and
+    /// other targets' stay.
+    #[test]
+    fn stale_temporaries_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("train");
+        // No process has this id (above the kernel's limit), so its writer is gone.
+        let stale_dir = dir.path().join(".train.kiln-4194305-0.tmp");
+        fs::create_dir(&stale_dir).unwrap();
+        fs::write(stale_dir.join("c0_00000.png"), "half").unwrap();
+        let stale_file = dir.path().join(".train.kiln-4194306-3.tmp");
+        fs::write(&stale_file, "half").unwrap();
+        let fresh = dir.path().join(".train.kiln-4194307-0.tmp");
+        fs::write(&fresh, "being written elsewhere").unwrap();
+        let mine = dir
+            .path()
+            .join(format!(".train.kiln-{}-999.tmp", std::process::id()));
+        fs::write(&mine, "mine").unwrap();
+        let other = dir.path().join(".eval.kiln-4194305-0.tmp");
+        fs::write(&other, "another target's").unwrap();
+        let user = dir.path().join(".train.kiln-notes.tmp");
+        fs::write(&user, "a user's file").unwrap();
+        let old = std::time::SystemTime::now() - 2 * STALE_AFTER;
+        for path in [&stale_dir, &stale_file, &mine, &other, &user] {
+            File::open(path).unwrap().set_modified(old).unwrap();
+        }
+        StagedDir::new(&target).unwrap();
+        assert!(!stale_dir.exists() && !stale_file.exists());
+        for kept in [&fresh, &mine, &other, &user] {
+            assert!(kept.exists(), "{}", kept.display());
+        }
+    }
+
+    /// A streamed file appears whole at its commit; dropped, it leaves the old file alone.
+    #[test]
+    fn staged_files_replace_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("md.extxyz");
+        fs::write(&target, "old").unwrap();
+        let mut staged = StagedFile::new(&target).unwrap();
+        staged.file().write_all(b"frame").unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"old");
+        staged.commit().unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"frame");
+        let mut abandoned = StagedFile::new(&target).unwrap();
+        abandoned.file().write_all(b"half").unwrap();
+        drop(abandoned);
+        assert_eq!(fs::read(&target).unwrap(), b"frame");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     /// A staged directory appears whole at its commit, replacing the old one; dropped, it

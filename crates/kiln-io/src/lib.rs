@@ -6,37 +6,44 @@
 //!   the old file or the new one, and a file that happens to be called like the target with
 //!   another extension is never touched.
 //! - [`StagedDir`]: the same for a directory (checkpoints, cache entries, generated datasets).
-//! - [`checksum`]: the checksum of every file kiln reads back.
-//! - [`Inputs`]: the files and directories a run reads; [`Inputs::check_output`] refuses an
-//!   output that is one of them, lies inside an input directory, or is not a regular file — before
-//!   any work starts.
+//! - [`checksum`]: the checksum of every file kiln reads back; [`fingerprint`]: what identifies
+//!   a run's input file or directory, to tell at resume whether it changed.
+//! - [`RunFiles`]: the files and directories a run reads and writes; [`RunFiles::check`]
+//!   refuses, before any work starts, an output that is an input or lies inside an input
+//!   directory, an input that lies inside an output directory, and an output that is not what
+//!   kiln writes there.
+//! - [`remove_stale_temporaries`]: what a killed run left beside a target is removed by the next
+//!   one (done before every staged write).
 //!
 //! ```
-//! use kiln_io::{Inputs, write_atomic};
+//! use kiln_io::{RunFiles, write_atomic};
 //!
 //! let dir = tempfile::tempdir().unwrap();
 //! let input = dir.path().join("frames.xyz");
 //! std::fs::write(&input, "1\n\nH 0 0 0\n").unwrap();
-//! let inputs = Inputs::new().with("the structures", &input);
+//! let files = |output| RunFiles::new().input("the structures (--input)", &input).output("--output", output);
 //!
-//! let err = inputs.check_output(&input).unwrap_err();
-//! assert!(err.to_string().contains("is the structures"), "{err}");
+//! let err = files(&input).check().unwrap_err();
+//! assert!(err.to_string().contains("is the structures (--input)"), "{err}");
 //!
 //! let output = dir.path().join("results.xyz");
-//! inputs.check_output(&output).unwrap();
+//! files(&output).check().unwrap();
 //! write_atomic(&output, b"1\n\nH 0 0 0\n").unwrap();
 //! assert_eq!(std::fs::read(&output).unwrap(), b"1\n\nH 0 0 0\n");
 //! ```
 
 mod atomic;
 mod checksum;
-mod inputs;
+mod run_files;
 
 use std::path::{Path, PathBuf};
 
-pub use atomic::{StagedDir, write_atomic, write_atomic_at, write_atomic_with};
-pub use checksum::checksum;
-pub use inputs::Inputs;
+pub use atomic::{
+    StagedDir, StagedFile, remove_stale_temporaries, write_atomic, write_atomic_at,
+    write_atomic_with,
+};
+pub use checksum::{checksum, fingerprint};
+pub use run_files::RunFiles;
 
 /// Why a file could not be read or written safely. Every variant names the path.
 #[derive(Debug, thiserror::Error)]
@@ -79,9 +86,41 @@ pub enum FileError {
         /// The input as given.
         input: PathBuf,
     },
+    /// An input lies inside a directory the run writes into.
+    #[error(
+        "{role} {}: lies inside {output_role}, where this run writes ({}); refusing to write among the inputs (choose another {output_role}, or move the input)",
+        path.display(),
+        output.display()
+    )]
+    HoldsInput {
+        /// The input.
+        path: PathBuf,
+        /// What the input is for.
+        role: String,
+        /// What the output directory is for.
+        output_role: String,
+        /// The output directory.
+        output: PathBuf,
+    },
+    /// An output refused for the reason inside, named by its role (the flag).
+    #[error("{role} {source}")]
+    Output {
+        /// What the output is for, e.g. `--out`.
+        role: String,
+        /// Why it is refused.
+        source: Box<FileError>,
+    },
 }
 
 impl FileError {
+    /// This error about the output `role` (the flag that names it).
+    pub fn for_role(self, role: &str) -> Self {
+        FileError::Output {
+            role: role.to_string(),
+            source: Box::new(self),
+        }
+    }
+
     /// An I/O error on `path`.
     pub fn io(path: &Path, source: std::io::Error) -> Self {
         FileError::Io {

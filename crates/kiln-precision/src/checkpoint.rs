@@ -12,6 +12,7 @@ use burn::tensor::DType;
 use burn::tensor::backend::Backend;
 use burn_store::{
     BurnToPyTorchAdapter, ModuleAdapter, ModuleSnapshot, ModuleStore, SafetensorsStore,
+    TensorSnapshot,
 };
 use serde_json::Value;
 
@@ -53,7 +54,8 @@ impl CheckpointFit {
 /// model's `config.json`), when given, names the settings a mis-shaped tensor's sizes come from.
 ///
 /// The error lists every problem, one per line: a tensor the model needs that the checkpoint
-/// lacks, stores with an integer or boolean dtype, or holds with another shape.
+/// lacks, stores with an integer or boolean dtype, holds with another shape, or holds NaN or
+/// infinite values in.
 pub fn check_checkpoint<B: Backend, M: Module<B>>(
     model: &M,
     files: &[&Path],
@@ -68,7 +70,7 @@ pub fn check_checkpoint<B: Backend, M: Module<B>>(
             (torch.full_path(), torch.shape.to_vec())
         })
         .collect();
-    let mut stored: BTreeMap<String, (DType, Vec<usize>)> = BTreeMap::new();
+    let mut stored: BTreeMap<String, (DType, Vec<usize>, TensorSnapshot)> = BTreeMap::new();
     for file in files {
         let mut store = SafetensorsStore::from_file(*file);
         for (from, to) in remapping {
@@ -78,22 +80,27 @@ pub fn check_checkpoint<B: Backend, M: Module<B>>(
             .get_all_snapshots()
             .map_err(|e| format!("{}: {e}", file.display()))?;
         for (name, snapshot) in snapshots {
-            stored.insert(name.clone(), (snapshot.dtype, snapshot.shape.to_vec()));
+            let (dtype, shape) = (snapshot.dtype, snapshot.shape.to_vec());
+            stored.insert(name.clone(), (dtype, shape, snapshot.clone()));
         }
     }
     let mut problems = Vec::new();
     for (name, shape) in &needed {
         match stored.get(name) {
             None => problems.push(format!("{name} {shape:?}: not in the checkpoint")),
-            Some((dtype, _)) if !dtype.is_float() => problems.push(format!(
+            Some((dtype, _, _)) if !dtype.is_float() => problems.push(format!(
                 "{name}: stored as {dtype:?}; the model needs floating-point values (f32, f16, \
                  bf16 or f64)"
             )),
-            Some((_, have)) if have != shape => problems.push(format!(
+            Some((_, have, _)) if have != shape => problems.push(format!(
                 "{name}: the checkpoint has {have:?}, the model needs {shape:?}{}",
                 settings(config, have, shape)
             )),
-            Some(_) => {}
+            Some((_, _, snapshot)) => {
+                if let Some(problem) = non_finite(snapshot) {
+                    problems.push(format!("{name}: {problem}"));
+                }
+            }
         }
     }
     if !problems.is_empty() {
@@ -104,6 +111,24 @@ pub fn check_checkpoint<B: Backend, M: Module<B>>(
         .filter(|name| !needed.contains_key(name))
         .collect();
     Ok(CheckpointFit { unused })
+}
+
+/// Where `snapshot` holds a NaN or an infinity (a damaged or diverged checkpoint), said with the
+/// first one's flat index and how many there are.
+fn non_finite(snapshot: &TensorSnapshot) -> Option<String> {
+    let data = match snapshot.to_data() {
+        Ok(data) => data,
+        Err(e) => return Some(format!("cannot be read: {e:?}")),
+    };
+    let finite: Vec<bool> = match snapshot.dtype {
+        DType::F64 => data.iter::<f64>().map(f64::is_finite).collect(),
+        _ => data.iter::<f32>().map(f32::is_finite).collect(),
+    };
+    let first = finite.iter().position(|ok| !ok)?;
+    let count = finite.iter().filter(|ok| !**ok).count();
+    Some(format!(
+        "holds {count} non-finite value(s) (NaN or infinity), the first at flat index {first}: the checkpoint is damaged or its training diverged"
+    ))
 }
 
 /// `"; set by config.json's hidden_size = 64"`: the settings of `config` whose values are the
@@ -251,6 +276,35 @@ mod tests {
         // Renaming the keys as a loader would fixes the norm's names.
         let fit = check_checkpoint(&tiny(), &[&path], &[("^renamed\\.", "norm.")], None);
         assert!(!fit.unwrap_err().contains("norm.weight"));
+    }
+
+    /// A NaN or an infinity in a tensor the model needs is named with where it is.
+    #[test]
+    fn non_finite_values_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut weights = vec![0f32; 15];
+        weights[7] = f32::NAN;
+        weights[9] = f32::INFINITY;
+        let bytes: Vec<u8> = weights.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let zeros = vec![0u8; 4 * 5];
+        let views = [
+            ("proj.weight", vec![5, 3], &bytes),
+            ("proj.bias", vec![5], &zeros),
+            ("norm.weight", vec![5], &zeros),
+            ("norm.bias", vec![5], &zeros),
+        ]
+        .map(|(name, shape, data)| {
+            let view = safetensors::tensor::TensorView::new(Dtype::F32, shape, data);
+            (name, view.unwrap())
+        });
+        let path = dir.path().join("model.safetensors");
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        let err = check_checkpoint(&tiny(), &[&path], &[], None).unwrap_err();
+        assert!(
+            err.contains("proj.weight: holds 2 non-finite value(s)")
+                && err.contains("flat index 7"),
+            "{err}"
+        );
     }
 }
 

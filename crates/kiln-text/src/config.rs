@@ -208,7 +208,8 @@ impl TextConfig {
     }
 
     /// Refuses shapes the model cannot be built with (heads that do not divide the width, or
-    /// query heads that are not a multiple of the key/value heads).
+    /// query heads that are not a multiple of the key/value heads) and settings outside their
+    /// domain (`rms_norm_eps`, `rope_theta` and a scaling factor must be finite and > 0).
     pub fn validate(&self) -> Result<(), TextError> {
         let problem = if self.num_attention_heads == 0 || self.num_key_value_heads == 0 {
             Some("num_attention_heads and num_key_value_heads must be positive".to_string())
@@ -234,6 +235,26 @@ impl TextConfig {
             ))
         } else if self.vocab_size == 0 || self.hidden_size == 0 {
             Some("vocab_size and hidden_size must be positive".to_string())
+        } else if self.intermediate_size == 0 || self.max_position_embeddings == 0 {
+            Some("intermediate_size and max_position_embeddings must be positive".to_string())
+        } else if !(self.rms_norm_eps > 0.0 && self.rms_norm_eps.is_finite()) {
+            // RMSNorm divides by sqrt(mean square + eps): eps ≤ 0 divides by zero.
+            Some(format!(
+                "rms_norm_eps = {}: must be a finite number > 0",
+                self.rms_norm_eps
+            ))
+        } else if !(self.rope_theta > 0.0 && self.rope_theta.is_finite()) {
+            // The rotation frequencies are θ^(−2i/d): θ ≤ 0 makes them NaN.
+            Some(format!(
+                "rope_theta = {}: must be a finite number > 0",
+                self.rope_theta
+            ))
+        } else if let RopeScaling::Linear { factor } = self.rope_scaling
+            && !(factor > 0.0 && factor.is_finite())
+        {
+            Some(format!(
+                "rope_scaling factor = {factor}: must be a finite number > 0"
+            ))
         } else {
             None
         };

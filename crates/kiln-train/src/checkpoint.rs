@@ -5,6 +5,7 @@
 //! so a run killed at any moment, or a full disk, leaves every earlier checkpoint whole; the
 //! newest complete one is what a rerun resumes from.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -41,6 +42,10 @@ pub struct CheckpointState {
     pub settings: Value,
     /// The model's parameters (paths and shapes).
     pub params: Vec<ParamInfo>,
+    /// The checksum ([`kiln_io::checksum`]) of every other file of the checkpoint, by name:
+    /// a damaged file is found before it is read.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
 }
 
 /// The checkpoint directory of a run.
@@ -85,20 +90,25 @@ impl Checkpoints {
         found
     }
 
-    /// The newest complete checkpoint's state, if any.
+    /// The newest intact checkpoint's state, if any. A damaged one (its state unreadable, a
+    /// file missing or not matching its checksum) is moved aside as `damaged-step-N` with a
+    /// warning, and the one before it is taken.
     pub fn latest(&self) -> Result<Option<(PathBuf, CheckpointState)>, TrainError> {
-        let Some((_, path)) = self.list().pop() else {
-            return Ok(None);
-        };
-        let file = path.join(STATE);
-        let text = fs::read_to_string(&file).map_err(|e| TrainError::io(&file, e))?;
-        let state = serde_json::from_str(&text).map_err(|e| {
-            TrainError::Checkpoint(format!(
-                "{}: not a kiln checkpoint state: {e}",
-                file.display()
-            ))
-        })?;
-        Ok(Some((path, state)))
+        for (step, path) in self.list().into_iter().rev() {
+            match intact(&path) {
+                Ok(state) => return Ok(Some((path, state))),
+                Err(problem) => {
+                    let aside = self.dir.join(format!("damaged-step-{step:08}"));
+                    log::warn!(
+                        "the checkpoint {} is damaged ({problem}): moved aside to {}; resuming from the one before it, if any",
+                        path.display(),
+                        aside.display()
+                    );
+                    fs::rename(&path, &aside).map_err(|e| TrainError::io(&path, e))?;
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Writes a checkpoint of `model` and `optimizer` at `state.step`, then deletes the older
@@ -131,7 +141,18 @@ impl Checkpoints {
             staged.path().join(OPTIMIZER),
         )
         .map_err(|e| failed("optimizer state", &e))?;
-        let json = serde_json::to_string_pretty(state).expect("the state serialises");
+        let mut state = state.clone();
+        for entry in fs::read_dir(staged.path()).map_err(|e| TrainError::io(staged.path(), e))? {
+            let path = entry.map_err(|e| TrainError::io(staged.path(), e))?.path();
+            let bytes = fs::read(&path).map_err(|e| TrainError::io(&path, e))?;
+            let name = path
+                .file_name()
+                .expect("a file")
+                .to_string_lossy()
+                .into_owned();
+            state.files.insert(name, kiln_io::checksum(&bytes));
+        }
+        let json = serde_json::to_string_pretty(&state).expect("the state serialises");
         staged.write(STATE, json.as_bytes())?;
         staged.commit()?;
         self.prune(keep_last, state.best.map(|(_, step)| step));
@@ -188,6 +209,25 @@ impl Checkpoints {
     }
 }
 
+/// The state of the checkpoint at `path` once every file it names matches its checksum; what
+/// is wrong otherwise.
+fn intact(path: &Path) -> Result<CheckpointState, String> {
+    let file = path.join(STATE);
+    let text = fs::read_to_string(&file).map_err(|e| format!("{STATE}: {e}"))?;
+    let state: CheckpointState = serde_json::from_str(&text)
+        .map_err(|e| format!("{STATE} is not a kiln checkpoint state: {e}"))?;
+    if state.files.is_empty() {
+        return Err("no checksums: written by an older kiln, or cut short".into());
+    }
+    for (name, expected) in &state.files {
+        let bytes = fs::read(path.join(name)).map_err(|e| format!("{name}: {e}"))?;
+        if kiln_io::checksum(&bytes) != *expected {
+            return Err(format!("{name} does not match its checksum"));
+        }
+    }
+    Ok(state)
+}
+
 /// Why a checkpoint written with `saved` settings and parameters cannot continue a run with
 /// `settings` and `params`: every difference, named.
 pub fn compatible(
@@ -195,22 +235,7 @@ pub fn compatible(
     settings: &Value,
     params: &[ParamInfo],
 ) -> Result<(), String> {
-    let mut differences = Vec::new();
-    let (mut before, mut now) = (Vec::new(), Vec::new());
-    flatten("", &saved.settings, &mut before);
-    flatten("", settings, &mut now);
-    for (key, value) in &before {
-        match now.iter().find(|(k, _)| k == key) {
-            Some((_, v)) if v == value => {}
-            Some((_, v)) => differences.push(format!("{key}: checkpoint {value}, this run {v}")),
-            None => differences.push(format!("{key}: checkpoint {value}, this run has none")),
-        }
-    }
-    for (key, value) in &now {
-        if !before.iter().any(|(k, _)| k == key) {
-            differences.push(format!("{key}: checkpoint has none, this run {value}"));
-        }
-    }
+    let mut differences = settings_differences(&saved.settings, settings, "checkpoint");
     for param in &saved.params {
         match params.iter().find(|p| p.path == param.path) {
             Some(p) if p.shape == param.shape => {}
@@ -235,12 +260,42 @@ pub fn compatible(
     if differences.is_empty() {
         return Ok(());
     }
-    let shown = differences.len().min(10);
-    let mut message = differences[..shown].join("\n  ");
-    if differences.len() > shown {
-        message += &format!("\n  … and {} more", differences.len() - shown);
+    Err(shown(&differences).join("\n  "))
+}
+
+/// Every difference between settings recorded `before` and the ones `now`, by dotted key (at
+/// most ten, then a count).
+pub(crate) fn differences(before: &Value, now: &Value) -> Vec<String> {
+    shown(&settings_differences(before, now, "earlier run"))
+}
+
+fn settings_differences(before: &Value, now: &Value, saved_as: &str) -> Vec<String> {
+    let mut differences = Vec::new();
+    let (mut old, mut new) = (Vec::new(), Vec::new());
+    flatten("", before, &mut old);
+    flatten("", now, &mut new);
+    for (key, value) in &old {
+        match new.iter().find(|(k, _)| k == key) {
+            Some((_, v)) if v == value => {}
+            Some((_, v)) => differences.push(format!("{key}: {saved_as} {value}, this run {v}")),
+            None => differences.push(format!("{key}: {saved_as} {value}, this run has none")),
+        }
     }
-    Err(message)
+    for (key, value) in &new {
+        if !old.iter().any(|(k, _)| k == key) {
+            differences.push(format!("{key}: {saved_as} has none, this run {value}"));
+        }
+    }
+    differences
+}
+
+/// The first ten of `differences`, and how many more there are.
+fn shown(differences: &[String]) -> Vec<String> {
+    let mut shown = differences[..differences.len().min(10)].to_vec();
+    if differences.len() > shown.len() {
+        shown.push(format!("… and {} more", differences.len() - shown.len()));
+    }
+    shown
 }
 
 /// `value`'s leaves as (dotted key, value).
@@ -277,6 +332,7 @@ mod tests {
             stopped_early: false,
             settings,
             params,
+            files: BTreeMap::new(),
         }
     }
 
@@ -313,23 +369,30 @@ mod tests {
     }
 
     #[test]
-    fn only_complete_checkpoints_count_and_the_newest_is_latest() {
+    fn only_complete_intact_checkpoints_count_and_the_newest_is_latest() {
         let dir = tempfile::tempdir().unwrap();
         let checkpoints = Checkpoints::new(dir.path());
         assert!(checkpoints.latest().unwrap().is_none());
-        for step in [2u64, 10] {
+        for step in [2u64, 10, 11] {
             let path = checkpoints.path(step);
             fs::create_dir_all(&path).unwrap();
             let mut s = state(json!({}), vec![]);
             s.step = step;
+            let weights = format!("weights of step {step}");
+            fs::write(path.join("model.bin"), &weights).unwrap();
+            s.files
+                .insert("model.bin".into(), kiln_io::checksum(weights.as_bytes()));
             fs::write(path.join(STATE), serde_json::to_string(&s).unwrap()).unwrap();
         }
+        // The newest one damaged: moved aside, the one before it taken.
+        fs::write(checkpoints.path(11).join("model.bin"), "weights of step 1l").unwrap();
         // A checkpoint cut off before its state was written, and a temporary directory.
         fs::create_dir_all(checkpoints.path(12)).unwrap();
         fs::create_dir_all(dir.path().join(".step-00000014.kiln-1-0.tmp")).unwrap();
         let (path, latest) = checkpoints.latest().unwrap().unwrap();
         assert_eq!(latest.step, 10);
         assert_eq!(path, checkpoints.path(10));
+        assert!(dir.path().join("damaged-step-00000011/model.bin").is_file());
         checkpoints.prune(1, Some(2));
         let left: Vec<u64> = checkpoints.list().into_iter().map(|(s, _)| s).collect();
         assert_eq!(left, [2, 10], "the best (2) and the newest stay");

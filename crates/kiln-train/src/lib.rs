@@ -43,6 +43,7 @@ mod optim;
 mod optimization;
 mod parallel;
 mod plot;
+mod run_dir;
 mod schedule;
 mod step;
 mod trainer;
@@ -61,6 +62,7 @@ pub use optim::{
 pub use optimization::{Averaging, Optimization, StepReport};
 pub use parallel::{DataParallel, Network};
 pub use plot::plot_curves;
+pub use run_dir::{RUN_RECORD, claim};
 pub use schedule::{Decay, Schedule};
 pub use step::{EvalOutput, EvalStep, EvalSum, StepContext, StepOutput, TrainStep};
 pub use trainer::{Outcome, RunOptions, Trainer, evaluate};
@@ -87,7 +89,7 @@ pub enum TrainError {
     Checkpoint(String),
     /// The newest checkpoint belongs to another run.
     #[error(
-        "the checkpoint {} was written by a different run; delete it or use another output directory. Differences:\n  {differences}",
+        "the checkpoint {} was written by a different run: rerun with its settings to resume it, or choose another output directory. Differences:\n  {differences}",
         path.display()
     )]
     Incompatible {
@@ -95,6 +97,28 @@ pub enum TrainError {
         path: PathBuf,
         /// Every difference, one per line.
         differences: String,
+    },
+    /// The output directory holds a run with other settings.
+    #[error(
+        "{} holds a run with other settings (its run.json): rerun with them to resume it, or choose another output directory. Differences:\n  {differences}",
+        dir.display()
+    )]
+    OtherRun {
+        /// The run's directory.
+        dir: std::path::PathBuf,
+        /// Every difference, one per line.
+        differences: String,
+    },
+    /// The output directory holds files a run would write, but no run recorded them.
+    #[error(
+        "{} already holds {files}, which no kiln run recorded there (no run.json): refusing to replace them; choose another output directory",
+        dir.display()
+    )]
+    NotARun {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// The files found, comma-separated.
+        files: String,
     },
     /// Too many steps in a row had a non-finite loss or gradient.
     #[error(

@@ -20,7 +20,7 @@ use crate::optim::{GroupedAdamW, parameters};
 use crate::optimization::{Averaging, Optimization, loss_scale, loss_scale_state};
 use crate::parallel::DataParallel;
 use crate::plot::plot_curves;
-use crate::step::{EvalStep, TrainStep};
+use crate::step::{EvalStep, StepContext, TrainStep};
 
 /// What decides where and how long this invocation runs, not what it computes.
 #[derive(Debug, Clone)]
@@ -33,9 +33,16 @@ pub struct RunOptions {
     pub max_steps_now: Option<u64>,
     /// Draw a progress bar on a terminal.
     pub progress: bool,
-    /// The model's settings, recorded in checkpoints beside the training settings (a resumed
-    /// run with other settings is refused).
+    /// The model's settings, recorded in `run.json` and checkpoints beside the training
+    /// settings (a resumed run with other settings is refused).
     pub model_settings: Value,
+    /// What identifies the data (set sizes, checksums of label files, generated-data
+    /// settings), recorded likewise: a run resumed on other data is refused, naming it.
+    pub data: Value,
+    /// The files the caller writes in `out` besides the trainer's own (`summary.json`, a model
+    /// directory): a directory that holds any of them, or of the trainer's, without a
+    /// `run.json` is refused rather than written over.
+    pub outputs: Vec<String>,
     /// This participant's place in a data-parallel run (`None`: train alone). Participant 0
     /// writes the logs, plots and checkpoints.
     pub parallel: Option<DataParallel>,
@@ -50,6 +57,8 @@ impl RunOptions {
             max_steps_now: None,
             progress: true,
             model_settings: Value::Null,
+            data: Value::Null,
+            outputs: Vec::new(),
             parallel: None,
         }
     }
@@ -92,8 +101,47 @@ impl<B: AutodiffBackend> Trainer<B> {
         }
     }
 
-    /// Trains `model` on `train`, evaluating on `eval`; resumes from the newest checkpoint in
-    /// the run's directory if there is one.
+    /// Claims the run's directory ([`crate::claim`]): creates it with its `run.json`, accepts
+    /// the identical run's, refuses another run's or one holding files no run recorded. Call it
+    /// before making anything in the directory; [`Trainer::fit`] calls it too. Only the main
+    /// participant of a data-parallel run claims.
+    pub fn claim(&self) -> Result<(), TrainError> {
+        if !self.is_main() {
+            return Ok(());
+        }
+        let mut files = vec![
+            "metrics.jsonl".to_string(),
+            self.options.plot.clone(),
+            "checkpoints".to_string(),
+        ];
+        files.extend(self.options.outputs.iter().cloned());
+        crate::claim(&self.options.out, &self.settings(), &files)
+    }
+
+    /// Whether this participant writes the run's files.
+    fn is_main(&self) -> bool {
+        self.options
+            .parallel
+            .as_ref()
+            .is_none_or(DataParallel::is_main)
+    }
+
+    /// What the run computes: training, model and data settings and the participants, as a
+    /// checkpoint reads them back (parsed from text: serde_json's parser may round the last
+    /// bit of a float differently from the value it printed).
+    fn settings(&self) -> Value {
+        let participants = self.options.parallel.as_ref().map_or(1, |p| p.world);
+        let settings = json!({
+            "train": self.config,
+            "model": self.options.model_settings,
+            "data": self.options.data,
+            "participants": participants,
+        });
+        serde_json::from_str(&settings.to_string()).expect("JSON parses")
+    }
+
+    /// Trains `model` on `train`, evaluating on `eval`; resumes from the newest intact
+    /// checkpoint in the run's directory if there is one.
     pub fn fit<M, L, E>(
         &self,
         model: M,
@@ -112,18 +160,11 @@ impl<B: AutodiffBackend> Trainer<B> {
             return Err(TrainError::Data("the training set has no batches".into()));
         }
         let out = &self.options.out;
+        self.claim()?;
         std::fs::create_dir_all(out).map_err(|e| TrainError::io(out, e))?;
         let groups = config.optimizer.group_names();
         let params = parameters(&model);
-        // As a checkpoint reads them back: parsed from text (serde_json's parser may round the
-        // last bit of a float differently from the value it printed).
-        let participants = self.options.parallel.as_ref().map_or(1, |p| p.world);
-        let settings = json!({
-            "train": config,
-            "model": self.options.model_settings,
-            "participants": participants,
-        });
-        let settings: Value = serde_json::from_str(&settings.to_string()).expect("JSON parses");
+        let settings = self.settings();
         let checkpoints = Checkpoints::new(out.join("checkpoints"));
         let mut model = model;
         let mut state = CheckpointState {
@@ -137,13 +178,10 @@ impl<B: AutodiffBackend> Trainer<B> {
             stopped_early: false,
             settings: settings.clone(),
             params: params.clone(),
+            files: Default::default(),
         };
         let mut last_checkpoint = None;
-        let main = self
-            .options
-            .parallel
-            .as_ref()
-            .is_none_or(DataParallel::is_main);
+        let main = self.is_main();
         let averaging = self.averaging()?;
         let progress = progress_bar(config.steps, self.options.progress && main);
         if let Some((path, saved)) = checkpoints.latest()? {
@@ -253,6 +291,8 @@ impl<B: AutodiffBackend> Trainer<B> {
                 || (config.eval_every > 0 && state.step.is_multiple_of(config.eval_every));
             let mut improved = false;
             if let (true, Some(eval)) = (evaluate_now, eval) {
+                self.seed_evaluation(state.step);
+                self.seed_evaluation(state.step);
                 last_eval = evaluate(&model.valid(), eval)?;
                 for (name, value) in &last_eval {
                     line.insert(format!("eval_{name}"), json!(finite_or_null(*value)));
@@ -312,6 +352,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             && last_eval.is_empty()
             && let Some(eval) = eval
         {
+            self.seed_evaluation(state.step);
             last_eval = evaluate(&model.valid(), eval)?;
         }
         if let Some(log) = &log {
@@ -327,6 +368,19 @@ impl<B: AutodiffBackend> Trainer<B> {
             best: state.best,
             skipped_steps: state.skipped.0,
         })
+    }
+
+    /// Seeds the device's generator for the evaluation after `step` steps, so a model that
+    /// draws random numbers while evaluating (random queries, Monte-Carlo dropout) gives the
+    /// same figures whenever that evaluation runs: in the run, or again when a finished run is
+    /// rerun. Training steps seed their own ([`StepContext::derived_seed`]).
+    fn seed_evaluation(&self, step: u64) {
+        let context = StepContext {
+            seed: self.config.seed,
+            step,
+            micro_batch: usize::MAX,
+        };
+        <B::InnerBackend as Backend>::seed(&self.device, context.derived_seed());
     }
 
     /// Joins the data-parallel group the options name, if any.

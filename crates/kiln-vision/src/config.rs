@@ -288,11 +288,32 @@ impl VisionConfig {
     /// `vision_config`; the text tower is ignored) or a vision-only one.
     pub fn from_hf_json(json: &str) -> Result<Self, VisionError> {
         let config = Self::parse_hf_json(json)?;
-        let (hidden, heads, patch) = match &config {
-            VisionConfig::Clip(c) => (c.hidden_size, c.num_attention_heads, c.patch_size),
-            VisionConfig::Siglip(c) => (c.hidden_size, c.num_attention_heads, c.patch_size),
-            VisionConfig::Dinov2(c) => (c.hidden_size, c.num_attention_heads, c.patch_size),
+        let (hidden, heads, patch, eps) = match &config {
+            VisionConfig::Clip(c) => (
+                c.hidden_size,
+                c.num_attention_heads,
+                c.patch_size,
+                c.layer_norm_eps,
+            ),
+            VisionConfig::Siglip(c) => (
+                c.hidden_size,
+                c.num_attention_heads,
+                c.patch_size,
+                c.layer_norm_eps,
+            ),
+            VisionConfig::Dinov2(c) => (
+                c.hidden_size,
+                c.num_attention_heads,
+                c.patch_size,
+                c.layer_norm_eps,
+            ),
         };
+        // A norm divides by sqrt(variance + eps): eps ≤ 0 divides by zero on a constant row.
+        if !(eps > 0.0 && eps.is_finite()) {
+            return Err(VisionError::Config(format!(
+                "layer_norm_eps = {eps}: must be a finite number > 0"
+            )));
+        }
         if heads == 0 || hidden % heads != 0 || patch == 0 {
             return Err(VisionError::Config(format!(
                 "hidden_size {hidden} is not split evenly into {heads} attention heads, or \
