@@ -282,7 +282,7 @@ mod tests {
     #[test]
     fn non_finite_values_are_named() {
         let dir = tempfile::tempdir().unwrap();
-        let mut weights = vec![0f32; 15];
+        let mut weights = [0f32; 15];
         weights[7] = f32::NAN;
         weights[9] = f32::INFINITY;
         let bytes: Vec<u8> = weights.iter().flat_map(|v| v.to_le_bytes()).collect();
