@@ -60,8 +60,7 @@ impl DeviceJob for Args {
             .output("--output", &self.output)
             .check()
             .map_err(|e| e.to_string())?;
-        let text = std::fs::read_to_string(&self.input)
-            .map_err(|e| format!("{}: {e}", self.input.display()))?;
+        let text = kiln::io::read_text(&self.input).map_err(|e| e.to_string())?;
         let mut frames =
             read_extxyz(&text).map_err(|e| format!("{}: {e}", self.input.display()))?;
         let model =
@@ -114,6 +113,23 @@ impl DeviceJob for Args {
             }
         }
         let seconds = start.elapsed().as_secs_f64();
+        // What the model gave but should not be trusted: NaN or infinite values fail their
+        // structure, implausible energies are warned of.
+        for frame in frames.iter_mut() {
+            let Some(doubt) = frame.info.remove("doubt") else {
+                continue;
+            };
+            let fatal = doubt.contains("non-finite");
+            let kind = if fatal { "error" } else { "warning" };
+            eprintln!("{}:{}: {kind}: {doubt}", self.input.display(), frame.line);
+            if fatal {
+                frame.info.remove("energy");
+                frame.info.remove("stress");
+                frame.arrays.remove("forces");
+                frame.info.insert("error".into(), doubt);
+                failed += 1;
+            }
+        }
         let evaluated = frames.iter().filter(|f| f.info.contains_key("energy"));
         let (count, atoms) = evaluated.fold((0, 0), |(n, a), f| (n + 1, a + f.structure.len()));
         eprintln!(
@@ -135,6 +151,9 @@ fn store(frames: &mut [Frame], indices: &[usize], results: Predictions) {
         let frame = &mut frames[index];
         let atoms = frame.structure.len();
         let energy = results.energies[s];
+        if let Some(doubt) = results.doubt(s, first, atoms) {
+            frame.info.insert("doubt".into(), doubt);
+        }
         frame.info.insert("energy".into(), format!("{energy:.10}"));
         if let Some(stress) = results.stresses[s] {
             let values: Vec<String> = stress

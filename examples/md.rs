@@ -79,7 +79,7 @@ impl DeviceJob for Args {
             .check()
             .map_err(|e| e.to_string())?;
         let input = self.input.display();
-        let text = std::fs::read_to_string(&self.input).map_err(|e| format!("{input}: {e}"))?;
+        let text = kiln::io::read_text(&self.input).map_err(|e| e.to_string())?;
         let frames = read_extxyz(&text).map_err(|e| format!("{input}: {e}"))?;
         let start = frames.get(self.frame).ok_or_else(|| {
             format!(

@@ -219,9 +219,18 @@ fn embed_refuses_an_output_in_the_model_directory_or_over_its_pixels() {
     assert_eq!(snapshot(dir.path()), before);
 }
 
-/// A copy of the safetensors file `from` at `to` with tensor `name` replaced: stored as i64 of
-/// the same shape, or as f32 of `shape`.
-fn rewrite(from: &Path, to: &Path, name: &str, shape: Option<Vec<usize>>) {
+/// What [`rewrite`] does to a tensor.
+enum Change {
+    /// Stored as i64 of the same shape.
+    Integer,
+    /// Stored as f32 zeros of this shape.
+    Shape(Vec<usize>),
+    /// Left out.
+    Drop,
+}
+
+/// A copy of the safetensors file `from` at `to` with tensor `name` changed.
+fn rewrite(from: &Path, to: &Path, name: &str, change: Change) {
     let bytes = fs::read(from).unwrap();
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = file
@@ -229,18 +238,22 @@ fn rewrite(from: &Path, to: &Path, name: &str, shape: Option<Vec<usize>>) {
         .into_iter()
         .map(|(n, view)| (n, view.dtype(), view.shape().to_vec(), view.data().to_vec()))
         .collect();
-    let tensor = tensors
-        .iter_mut()
-        .find(|t| t.0 == name)
+    let index = tensors
+        .iter()
+        .position(|t| t.0 == name)
         .expect("the tensor");
-    match shape {
-        Some(shape) => {
+    let tensor = &mut tensors[index];
+    match change {
+        Change::Shape(shape) => {
             tensor.3 = vec![0; 4 * shape.iter().product::<usize>()];
             (tensor.1, tensor.2) = (safetensors::Dtype::F32, shape);
         }
-        None => {
+        Change::Integer => {
             tensor.3 = vec![0; 8 * tensor.2.iter().product::<usize>()];
             tensor.1 = safetensors::Dtype::I64;
+        }
+        Change::Drop => {
+            tensors.remove(index);
         }
     }
     let views: Vec<_> = tensors
@@ -262,7 +275,7 @@ fn checkpoint_tensors_of_an_integer_dtype_or_another_shape_are_named() {
     let output = dir.path().join("out.extxyz");
     let ff = || forcefield(&model, &input, &output);
     let name = "representation.filter_net.weight";
-    rewrite(&original, &weights, name, None);
+    rewrite(&original, &weights, name, Change::Integer);
     refused(&ff(), &format!("{name}: stored as I64"));
     assert!(!output.exists());
     let stored = safetensors::SafeTensors::deserialize(&fs::read(&original).unwrap())
@@ -272,12 +285,98 @@ fn checkpoint_tensors_of_an_integer_dtype_or_another_shape_are_named() {
         .shape()
         .to_vec();
     let wider = vec![stored[0] + 3, stored[1]];
-    rewrite(&original, &weights, name, Some(wider.clone()));
+    rewrite(&original, &weights, name, Change::Shape(wider.clone()));
     refused(
         &ff(),
         &format!("{name}: the checkpoint has {wider:?}, the model needs {stored:?}"),
     );
     assert!(!output.exists());
+}
+
+/// Runs `example` with `args` in an address space of `gib` GiB: a program that tried to
+/// allocate more dies instead of swapping.
+fn run_within(gib: u64, example: &str, args: &[&Path]) -> Output {
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!("ulimit -v {} && exec \"$0\" \"$@\"", gib << 20))
+        .arg(common::example(example))
+        .args(args);
+    let output = command.output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&output.stderr).contains("memory allocation"),
+        "{example} ran out of its {gib} GiB"
+    );
+    output
+}
+
+/// A config whose sizes disagree with its checkpoint is refused from the shapes alone, before
+/// the model takes any memory (a typo that asks for 14 GB of MLP weights, in 4 GiB of address
+/// space), every tensor named as the checkpoint names it: a Llama's `model.norm.weight`, not
+/// burn's `gamma`.
+#[test]
+fn sizes_are_checked_against_the_checkpoint_before_anything_is_allocated() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/kiln-text/tests/fixtures");
+    let model = copy_dir(&text.join("llama"), &dir.path().join("llama"));
+    let config = fs::read_to_string(model.join("config.json")).unwrap();
+    let typo = config.replace(
+        "\"intermediate_size\": 80,",
+        "\"intermediate_size\": 8000000,",
+    );
+    assert_ne!(typo, config);
+    fs::write(model.join("config.json"), typo).unwrap();
+    let weights = model.join("model.safetensors");
+    rewrite(
+        &text.join("llama/model.safetensors"),
+        &weights,
+        "model.norm.weight",
+        Change::Drop,
+    );
+    let args = [
+        Path::new("--model-dir"),
+        &model,
+        Path::new("--prompt"),
+        Path::new("hi"),
+    ];
+    let generate = run_within(4, "generate", &args);
+    refused(
+        &generate,
+        "model.layers.0.mlp.gate_proj.weight: the checkpoint has [80, 48], the model needs \
+         [8000000, 48]; set by config.json's intermediate_size = 8000000",
+    );
+    refused(&generate, "model.norm.weight [48]: not in the checkpoint");
+    assert!(!String::from_utf8_lossy(&generate.stderr).contains("gamma"));
+}
+
+/// A model too large for the machine is refused before training allocates it, naming the
+/// setting that made it so.
+#[test]
+fn a_model_larger_than_memory_is_refused_naming_its_size() {
+    let data = common::labelled::data();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let flags = [
+        "--n-atom-basis",
+        "100000",
+        "--n-interactions",
+        "1",
+        "--n-rbf",
+        "4",
+    ];
+    let mut args: Vec<&Path> = vec![
+        Path::new("--train"),
+        &data.train,
+        Path::new("--valid"),
+        &data.valid,
+        Path::new("--out"),
+        &out,
+    ];
+    args.extend(flags.iter().map(Path::new));
+    let train = run("train_forcefield", &args);
+    refused(&train, "need at least");
+    refused(&train, "painn.n_atom_basis = 100000");
+    assert!(!out.exists(), "nothing is written for a refused run");
 }
 
 #[test]
@@ -291,7 +390,7 @@ fn a_vision_checkpoint_with_an_integer_tensor_is_refused_naming_it() {
     let weights = model.join("model.safetensors");
     let original = dir.path().join("original.safetensors");
     fs::copy(&weights, &original).unwrap();
-    rewrite(&original, &weights, name, None);
+    rewrite(&original, &weights, name, Change::Integer);
     let out = dir.path().join("embeddings.safetensors");
     let embed = embed(&model, "--images", &common::fixtures().join("images"), &out);
     refused(&embed, &format!("{name}: stored as I64"));
@@ -714,4 +813,120 @@ fn a_killed_runs_temporaries_are_removed_by_the_next_run() {
     succeeded(&run("train_classifier", &args));
     assert!(!stale.exists(), "the stale temporary is still there");
     assert!(out.join("images/train/generated.json").is_file());
+}
+
+/// Every numeric flag of every example: (example, flag, whether a value is in its domain).
+const NUMERIC_FLAGS: &[(&str, &str, fn(&str) -> bool)] = &[
+    ("forcefield", "--batch", |v| kiln::cli::count(v).is_ok()),
+    ("md", "--steps", |v| kiln::cli::count(v).is_ok()),
+    ("md", "--every", |v| kiln::cli::count(v).is_ok()),
+    ("md", "--timestep", |v| kiln::cli::positive(v).is_ok()),
+    ("md", "--temperature", |v| {
+        kiln::cli::non_negative(v).is_ok()
+    }),
+    ("md", "--skin", |v| kiln::cli::non_negative(v).is_ok()),
+    ("generate", "--temperature", |v| {
+        kiln::cli::non_negative(v).is_ok()
+    }),
+    ("generate", "--top-p", |v| kiln::cli::probability(v).is_ok()),
+    ("train_forcefield", "--batch", |v| {
+        kiln::cli::count(v).is_ok()
+    }),
+    ("train_forcefield", "--epochs", |v| {
+        kiln::cli::count(v).is_ok()
+    }),
+    ("train_forcefield", "--n-atom-basis", |v| {
+        kiln::cli::count(v).is_ok()
+    }),
+    ("train_forcefield", "--cutoff", |v| {
+        kiln::cli::positive(v).is_ok()
+    }),
+    ("train_forcefield", "--lr", |v| {
+        kiln::cli::positive(v).is_ok()
+    }),
+    ("train_forcefield", "--force-weight", |v| {
+        kiln::cli::non_negative(v).is_ok()
+    }),
+    ("train_classifier", "--batch", |v| {
+        kiln::cli::count(v).is_ok()
+    }),
+    ("train_classifier", "--steps", |v| {
+        kiln::cli::count(v).is_ok()
+    }),
+    ("train_classifier", "--lr", |v| {
+        kiln::cli::positive(v).is_ok()
+    }),
+    ("foveated_train", "--frames", |v| {
+        kiln::cli::count(v).is_ok()
+    }),
+    ("foveated_train", "--eval-every", |v| {
+        kiln::cli::count(v).is_ok()
+    }),
+    ("foveated_train", "--lambda", |v| {
+        kiln::cli::non_negative(v).is_ok()
+    }),
+    ("foveated_train", "--connector-lr", |v| {
+        kiln::cli::positive(v).is_ok()
+    }),
+    ("foveated_synthetic", "--cell", |v| {
+        kiln::cli::count(v).is_ok()
+    }),
+    ("foveated_synthetic", "--token-width", |v| {
+        kiln::cli::count(v).is_ok()
+    }),
+    ("foveated_synthetic", "--lr", |v| {
+        kiln::cli::positive(v).is_ok()
+    }),
+];
+
+/// Numbers a hand or a script might pass: zero, negatives, NaN, infinities, overflows, words,
+/// nothing, and arbitrary floats and integers.
+fn hostile_number() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    prop_oneof![
+        prop::sample::select(vec![
+            "0",
+            "-0",
+            "-1",
+            "nan",
+            "NaN",
+            "inf",
+            "-inf",
+            "1e400",
+            "-1e-400",
+            "",
+            "ten",
+            "0x10",
+            "18446744073709551616",
+            "1.5",
+            " 3",
+            "1_000",
+        ])
+        .prop_map(str::to_string),
+        any::<f64>().prop_map(|v| v.to_string()),
+        any::<i64>().prop_map(|v| v.to_string()),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// A value outside a numeric flag's domain is refused before any work, naming the flag,
+    /// never a panic: checked on the example binaries themselves.
+    #[test]
+    fn numeric_flags_outside_their_domain_are_refused_by_name(
+        pick in proptest::prelude::any::<proptest::sample::Index>(),
+        value in hostile_number(),
+    ) {
+        let (example, flag, accepts) = NUMERIC_FLAGS[pick.index(NUMERIC_FLAGS.len())];
+        proptest::prop_assume!(!accepts(&value));
+        let output = Command::new(common::example(example))
+            .arg(format!("{flag}={value}"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        proptest::prop_assert!(!output.status.success(), "{example} {flag}={value} accepted");
+        proptest::prop_assert!(!stderr.contains("panicked"), "{stderr}");
+        proptest::prop_assert!(stderr.contains(&format!("'{flag}")), "{stderr}");
+    }
 }

@@ -185,6 +185,81 @@ proptest! {
     }
 }
 
+/// A copy of the checkpoint directory `from` with `config` as its `config.json`.
+fn with_config(from: &Path, config: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(dir.path().join("config.json"), config).unwrap();
+    dir
+}
+
+/// A load from a config whose setting `key` was set to `value` either succeeds (the mutation
+/// left every tensor's shape alone) or is refused naming the setting or the tensors it
+/// mis-sizes. That the test process lives on shows nothing was allocated for the sizes asked:
+/// the sizes are checked against the checkpoint's headers and stated limits first.
+fn loads_or_names<T, E: std::fmt::Display>(
+    loaded: Result<T, E>,
+    key: &str,
+    value: f64,
+) -> Result<(), TestCaseError> {
+    if let Err(e) = loaded {
+        let e = e.to_string();
+        let leaf = key.rsplit('.').next().unwrap_or(key);
+        let named = e.contains(leaf)
+            || e.contains("the checkpoint has")
+            || e.contains("not in the checkpoint");
+        prop_assert!(named, "{key} = {value}: {e}");
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn text_checkpoints_take_only_configs_they_fit(
+        (text, key, value) in mutated(fixture(&text_fixtures().join("llama/config.json")))
+    ) {
+        let dir = with_config(&text_fixtures().join("llama"), &text);
+        let loaded = kiln::text::CausalLm::<kiln::burn::backend::Flex>::from_hf_dir(
+            dir.path(),
+            &Default::default(),
+            &kiln::precision::Policy::full(),
+        );
+        loads_or_names(loaded, &key, value)?;
+    }
+
+    #[test]
+    fn vision_checkpoints_take_only_configs_they_fit(
+        (text, key, value) in mutated(fixture(&common::fixtures().join("dinov2/config.json")))
+    ) {
+        let dir = with_config(&common::fixtures().join("dinov2"), &text);
+        let loaded = kiln::vision::VisionModel::<kiln::burn::backend::Flex>::from_hf_dir(
+            dir.path(),
+            &Default::default(),
+            &kiln::precision::Policy::full(),
+        );
+        loads_or_names(loaded, &key, value)?;
+    }
+
+    #[test]
+    fn painn_checkpoints_take_only_configs_they_fit(
+        (text, key, value) in mutated(fixture(
+            &common::forcefield_fixtures().join("painn_gaussian/config.json")
+        ))
+    ) {
+        let dir = with_config(&common::forcefield_fixtures().join("painn_gaussian"), &text);
+        let loaded = kiln::forcefield::Painn::<kiln::burn::backend::Flex>::from_dir(
+            dir.path(),
+            &Default::default(),
+        );
+        loads_or_names(loaded, &key, value)?;
+    }
+}
+
 /// Trial files: a real one with a random byte flipped, or cut short and followed by junk, read
 /// back through the store: an error or the very record saved (a flip in the header's padding
 /// changes nothing), never a panic and never other numbers.

@@ -45,6 +45,9 @@ use serde_json::json;
 #[path = "../shared/allocator.rs"]
 mod allocator;
 
+/// The most frames a clip may have (fVLM samples 8 to 64).
+const MAX_FRAMES: usize = 4096;
+
 /// Train the foveated video-language model on captioned clips.
 #[derive(Parser)]
 struct Args {
@@ -73,31 +76,31 @@ struct Args {
     #[arg(long)]
     cache: Option<PathBuf>,
     /// Frames per clip (T).
-    #[arg(long, default_value_t = 8)]
-    frames: u32,
+    #[arg(long, default_value_t = 8, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    frames: usize,
     /// Optimizer steps.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
     steps: u64,
     /// Clips per micro-batch.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     batch: usize,
     /// Micro-batches per optimizer step.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     accumulate: usize,
     /// How queries read frames: deep (fVLM's released model) or shallow.
     #[arg(long, default_value = "deep")]
     readout: Readout,
     /// Width of the queries (fVLM's: 384).
-    #[arg(long, default_value_t = 384)]
+    #[arg(long, default_value_t = 384, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     query_dim: usize,
     /// Weight of the coarse pass's loss (`fine + λ·coarse`).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
     lambda: f64,
     /// Peak learning rate of the connectors (queries, projections, mode tokens).
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-3, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
     connector_lr: f64,
     /// Peak learning rate of DINOv2 and the LM.
-    #[arg(long, default_value_t = 1e-5)]
+    #[arg(long, default_value_t = 1e-5, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
     backbone_lr: f64,
     /// Text before the visual tokens of every clip.
     #[arg(long, default_value = "Describe the video.")]
@@ -109,7 +112,7 @@ struct Args {
     #[arg(long, default_value = "full")]
     policy: PolicySpec,
     /// Evaluate (and checkpoint) every this many steps.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
     eval_every: u64,
     /// Seeds the connectors' initial weights and the order of the clips.
     #[arg(long, default_value_t = 0)]
@@ -132,12 +135,13 @@ impl Args {
         config.checkpoint_every = self.eval_every;
         config.seed = self.seed;
         config.validate()?;
-        if self.batch == 0 {
-            return Err("--batch must be at least 1".into());
+        if self.frames > MAX_FRAMES {
+            return Err(format!(
+                "--frames {}: at most {MAX_FRAMES} frames a clip",
+                self.frames
+            ));
         }
-        if self.frames == 0 {
-            return Err("--frames must be at least 1".into());
-        }
+
         Ok(config)
     }
 
@@ -305,12 +309,12 @@ impl DeviceJob for Args {
         let preprocess = self.preprocess(model.dino.config().image_size)?;
         let splits = Splits {
             cache: ImageCache::new(self.cache_dir()),
-            spec: ClipSpec::new(self.frames, preprocess).refusing_short_videos(),
+            spec: ClipSpec::new(self.frames as u32, preprocess).refusing_short_videos(),
             text: Text::new(&self.lm, &self.prompt)?,
             batch: self.batch,
             precision: policy.compute,
         };
-        let room = model.target_room(splits.text.prompt.len(), self.frames as usize);
+        let room = model.target_room(splits.text.prompt.len(), self.frames);
         let train = splits.load::<Autodiff<B>>(&self.clips, &self.captions, device)?;
         let eval = match (&self.eval_clips, &self.eval_captions) {
             (Some(clips), Some(captions)) => Some(splits.load::<B>(clips, captions, device)?),

@@ -10,8 +10,8 @@ use burn::tensor::{DType, Tensor};
 use kiln::burn;
 use kiln::precision::{Policy, Precision};
 use kiln::train::{
-    EvalOutput, EvalStep, ImageBatch, LossScaling, OptimizerConfig, Schedule, StepContext,
-    StepOutput, TrainConfig, TrainStep,
+    BadBatch, EvalOutput, EvalStep, ImageBatch, LossScaling, OptimizerConfig, Schedule,
+    StepContext, StepOutput, TrainConfig, TrainStep,
 };
 use kiln::vision::{Dinov2Config, Dinov2Model, Tower};
 
@@ -98,20 +98,20 @@ impl<B: Backend> Classifier<B> {
 impl<B: AutodiffBackend> TrainStep<B> for Classifier<B> {
     type Batch = ImageBatch<B>;
 
-    fn train_step(&self, batch: ImageBatch<B>, _: &StepContext) -> StepOutput<B> {
+    fn train_step(&self, batch: ImageBatch<B>, _: &StepContext) -> Result<StepOutput<B>, BadBatch> {
         let (loss, accuracy, items) = self.scores(batch);
-        StepOutput::new(loss, items).with_part("accuracy", accuracy)
+        Ok(StepOutput::new(loss, items).with_part("accuracy", accuracy))
     }
 }
 
 impl<B: Backend> EvalStep<B> for Classifier<B> {
     type Batch = ImageBatch<B>;
 
-    fn eval_step(&self, batch: ImageBatch<B>) -> EvalOutput<B> {
+    fn eval_step(&self, batch: ImageBatch<B>) -> Result<EvalOutput<B>, BadBatch> {
         let (loss, accuracy, items) = self.scores(batch);
         let sum = |mean: Tensor<B, 1>| mean.mul_scalar(items as f32);
-        EvalOutput::new(items)
+        Ok(EvalOutput::new(items)
             .with_sum("loss", sum(loss))
-            .with_sum("accuracy", sum(accuracy))
+            .with_sum("accuracy", sum(accuracy)))
     }
 }

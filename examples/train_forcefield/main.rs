@@ -176,8 +176,18 @@ impl Args {
         };
         let set =
             LabelledStructures::from_extxyz(path, &keys).map_err(|e| format!("{flag} {e}"))?;
-        set.check(config.cutoff, config.max_z)
+        let unconnected = set
+            .check(config.cutoff, config.max_z)
             .map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+        if unconnected > 0 {
+            eprintln!(
+                "warning: {flag} {}: {unconnected} of {} structures have no pair of atoms within \
+                 the {} Å --cutoff: the model sees no interaction in them",
+                path.display(),
+                set.len(),
+                config.cutoff
+            );
+        }
         Ok(set)
     }
 }

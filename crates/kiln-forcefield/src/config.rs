@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use kiln_precision::{MAX_LAYERS, MAX_WIDTH, check_limits};
+
 use serde::{Deserialize, Serialize};
 
 use crate::ForceFieldError;
@@ -92,8 +94,9 @@ impl PainnConfig {
         };
         let fail =
             |e: &dyn std::fmt::Display| ForceFieldError::Config(format!("{}: {e}", file.display()));
-        let text = std::fs::read_to_string(&file).map_err(|e| fail(&e))?;
-        let config: PainnConfig = serde_json::from_str(&text).map_err(|e| fail(&e))?;
+        let text = kiln_io::read_text(&file).map_err(|e| ForceFieldError::Config(e.to_string()))?;
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| fail(&e))?;
+        let config: PainnConfig = kiln_precision::config_from_json(value).map_err(|e| fail(&e))?;
         config.validate().map_err(|e| fail(&e))?;
         Ok(config)
     }
@@ -119,6 +122,21 @@ impl PainnConfig {
         if self.readout_n_layers == 0 {
             return fail("readout_n_layers must be at least 1".into());
         }
+        // Stated limits: blocks and layers are built before a checkpoint's shapes are read, and
+        // the radial basis's centres are made at once.
+        check_limits(&[
+            ("n_interactions", self.n_interactions, MAX_LAYERS),
+            ("readout_n_layers", self.readout_n_layers, MAX_LAYERS),
+            ("n_rbf", self.n_rbf, 4096),
+            ("n_atom_basis", self.n_atom_basis, MAX_WIDTH),
+            (
+                "readout_n_hidden",
+                self.readout_n_hidden.unwrap_or(0),
+                MAX_WIDTH,
+            ),
+            ("max_z", self.max_z, MAX_WIDTH),
+        ])
+        .map_err(ForceFieldError::Config)?;
         if let Some(atomref) = &self.atomref {
             if atomref.len() != self.max_z {
                 return fail(format!(

@@ -50,7 +50,7 @@ pub use md::{
     run_nve,
 };
 pub use neighbors::{NeighborList, NeighborMethod, neighbor_list, neighbor_list_with};
-pub use painn::{Painn, Predictions};
+pub use painn::{IMPLAUSIBLE_EV_PER_ATOM, Painn, Predictions};
 pub use structure::Structure;
 pub use train::{ForceBatch, LabelledStructures, Recipe};
 

@@ -304,7 +304,18 @@ pub fn run_nve<B: AutodiffBackend>(
         potential: 0.0,
         kinetic: 0.0,
     };
-    (state.potential, state.forces) = forces.evaluate(&state.structure)?;
+    // A NaN or infinite energy or force ends the run where it appears, before it spreads into
+    // every position of the trajectory.
+    let finite = |step: usize, (potential, forces): (f64, Vec<[f64; 3]>)| {
+        if potential.is_finite() && forces.iter().flatten().all(|f| f.is_finite()) {
+            return Ok((potential, forces));
+        }
+        Err(fail(format!(
+            "at step {step}: the model gives a non-finite energy or force (energy {potential} \
+             eV): atoms closer than it can describe, or a time step too long for the motion"
+        )))
+    };
+    (state.potential, state.forces) = finite(0, forces.evaluate(&state.structure)?)?;
     state.kinetic = kinetic_energy(&masses, &state.velocities);
     observe(&state);
     let mut reports = vec![(0.0, state.total())];
@@ -319,9 +330,10 @@ pub fn run_nve<B: AutodiffBackend>(
         for (r, v) in state.structure.positions.iter_mut().zip(&state.velocities) {
             *r = std::array::from_fn(|x| r[x] + dt * v[x]);
         }
-        (state.potential, state.forces) = forces
+        let evaluated = forces
             .evaluate(&state.structure)
             .map_err(|e| fail(format!("at step {step}: {e}")))?;
+        (state.potential, state.forces) = finite(step, evaluated)?;
         kick(&mut state.velocities, &state.forces);
         state.step = step;
         state.time_fs = step as f64 * dt;

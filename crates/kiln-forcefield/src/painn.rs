@@ -12,8 +12,10 @@ use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
-use burn_store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
-use kiln_precision::{Precision, cast_module, check_checkpoint, is_host_backend, save_checkpoint};
+use burn_store::{ModuleSnapshot, SafetensorsStore};
+use kiln_precision::{
+    Precision, TorchLayout, cast_module, check_checkpoint, is_host_backend, save_checkpoint,
+};
 
 use crate::ForceFieldError;
 use crate::batch::Graph;
@@ -114,6 +116,41 @@ pub struct Predictions {
     /// One per structure: for those periodic along all three lattice vectors, the stress
     /// `(1/V) ∂E/∂ε` in eV/Å³ (ASE's sign convention: positive under tension).
     pub stresses: Vec<Option<[[f64; 3]; 3]>>,
+}
+
+/// Energies beyond this many eV per atom are no chemistry's: binding energies are a few eV per
+/// atom, a core electron's a few keV.
+pub const IMPLAUSIBLE_EV_PER_ATOM: f64 = 1e4;
+
+impl Predictions {
+    /// Why structure `s` (of `atoms` atoms, whose forces start at `first`) should not be
+    /// trusted: a NaN or infinite energy, force or stress (an error), or an energy beyond
+    /// [`IMPLAUSIBLE_EV_PER_ATOM`] (a warning: atoms far closer than any training structure's,
+    /// where the model extrapolates); `None` when nothing is wrong.
+    pub fn doubt(&self, s: usize, first: usize, atoms: usize) -> Option<String> {
+        let energy = self.energies[s];
+        let forces = &self.forces[first..first + atoms];
+        let stress = self.stresses[s].iter().flatten().flatten();
+        if !energy.is_finite()
+            || forces
+                .iter()
+                .flatten()
+                .chain(stress)
+                .any(|v| !v.is_finite())
+        {
+            return Some(format!(
+                "the model gives a non-finite energy, force or stress (energy {energy} eV): \
+                 its weights or the structure's geometry make it overflow"
+            ));
+        }
+        let per_atom = energy / atoms.max(1) as f64;
+        (per_atom.abs() > IMPLAUSIBLE_EV_PER_ATOM).then(|| {
+            format!(
+                "energy {energy:.4e} eV ({per_atom:.3e} eV/atom) is beyond any chemistry: \
+                 atoms closer than the model was trained on? (check the cell and positions)"
+            )
+        })
+    }
 }
 
 impl PainnConfig {
@@ -227,7 +264,7 @@ impl<B: Backend> Painn<B> {
             );
         }
         let mut store = SafetensorsStore::from_file(&file)
-            .with_from_adapter(PyTorchToBurnAdapter)
+            .with_from_adapter(TorchLayout::Load)
             .allow_partial(true);
         let result = model.load_from(&mut store).map_err(|e| fail(&e))?;
         if let Some(error) = result.errors.first() {
@@ -732,4 +769,23 @@ impl<B: AutodiffBackend> Painn<B> {
 /// strain enters through its symmetric part.
 pub(crate) fn stress(virial: &[[f64; 3]; 3], volume: f64) -> [[f64; 3]; 3] {
     std::array::from_fn(|a| std::array::from_fn(|b| 0.5 * (virial[a][b] + virial[b][a]) / volume))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_finite_and_absurd_predictions_are_doubted() {
+        let predictions = Predictions {
+            energies: vec![-3.2, -1.4e22, f64::NAN, 1.0],
+            forces: vec![[0.1, 0.0, -0.2]; 5],
+            stresses: vec![None, None, None, Some([[0.0, f64::INFINITY, 0.0]; 3])],
+        };
+        assert_eq!(predictions.doubt(0, 0, 2), None);
+        let absurd = predictions.doubt(1, 2, 1).unwrap();
+        assert!(absurd.contains("-1.4000e22 eV"), "{absurd}");
+        assert!(predictions.doubt(2, 3, 1).unwrap().contains("non-finite"));
+        assert!(predictions.doubt(3, 4, 1).unwrap().contains("non-finite"));
+    }
 }

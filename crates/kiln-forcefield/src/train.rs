@@ -10,8 +10,8 @@ use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use kiln_train::{
-    BestMetric, EvalOutput, EvalStep, HostData, Loader, OptimizerConfig, Schedule, StepContext,
-    StepOutput, TrainConfig, TrainStep,
+    BadBatch, BestMetric, EvalOutput, EvalStep, HostData, Loader, OptimizerConfig, Schedule,
+    StepContext, StepOutput, TrainConfig, TrainStep,
 };
 
 use crate::ForceFieldError;
@@ -38,7 +38,7 @@ impl LabelledStructures {
     pub fn from_extxyz(path: &Path, keys: &LabelKeys) -> Result<Self, ForceFieldError> {
         let fail =
             |e: &dyn std::fmt::Display| ForceFieldError::Config(format!("{}: {e}", path.display()));
-        let text = std::fs::read_to_string(path).map_err(|e| fail(&e))?;
+        let text = kiln_io::read_text(path).map_err(|e| ForceFieldError::Config(e.to_string()))?;
         let frames = read_extxyz(&text).map_err(|e| fail(&e))?;
         let labels = frames
             .iter()
@@ -65,17 +65,25 @@ impl LabelledStructures {
     /// Checks that a model embedding elements below `max_z` with `cutoff` (Å) can evaluate every
     /// structure, with one force label per atom: an error names the first that cannot (1-based),
     /// so a run fails before it starts rather than at some batch.
-    pub fn check(&self, cutoff: f64, max_z: usize) -> Result<(), ForceFieldError> {
+    ///
+    /// Returns how many structures of more than one atom have no pair of atoms within
+    /// `cutoff`: the model sees no interaction in them, only per-element energies (a cutoff
+    /// too short for the data, worth a warning).
+    pub fn check(&self, cutoff: f64, max_z: usize) -> Result<usize, ForceFieldError> {
         if self.is_empty() {
             return Err(ForceFieldError::Config("the set has no structures".into()));
         }
+        let mut unconnected = 0;
         for (index, (structure, labels)) in self.structures.iter().zip(&self.labels).enumerate() {
             structure.validate(index, max_z)?;
-            neighbor_list(structure, cutoff)
+            let pairs = neighbor_list(structure, cutoff)
                 .map_err(|reason| ForceFieldError::Structure { index, reason })?;
+            if structure.len() > 1 && pairs.i.is_empty() {
+                unconnected += 1;
+            }
             check_forces(index, structure, labels)?;
         }
-        Ok(())
+        Ok(unconnected)
     }
 
     /// The set in batches of `batch` structures (at least 1) under the loss `weights`, made on
@@ -119,24 +127,25 @@ impl<B: AutodiffBackend> TrainStep<B> for Painn<B> {
     ///
     /// A model with `shared_interactions` (blocks sharing one set of weights in schnetpack)
     /// holds the shared blocks as copies, which training updates separately: they untie.
-    ///
-    /// # Panics
-    /// On a batch [`LabelledStructures::check`] would refuse (the loop cannot return errors
-    /// from a step).
-    fn train_step(&self, batch: ForceBatch, _context: &StepContext) -> StepOutput<B> {
+    /// A batch [`LabelledStructures::check`] would refuse is a [`BadBatch`].
+    fn train_step(
+        &self,
+        batch: ForceBatch,
+        _context: &StepContext,
+    ) -> Result<StepOutput<B>, BadBatch> {
         let device = device_of(self);
         let loss = self
             .force_loss(&batch.structures, &batch.labels, &batch.weights, &device)
-            .unwrap_or_else(|e| panic!("a batch LabelledStructures::check passes: {e}"));
+            .map_err(|e| BadBatch(e.to_string()))?;
         let output = StepOutput::new(loss.loss, batch.structures.len())
             .with_part("energy_mse", loss.energy_mse)
             .with_part("force_mse", loss.force_mse)
             .with_part("cosine_distance", loss.cosine_distance);
-        if batch.weights.stress != 0.0 {
+        Ok(if batch.weights.stress != 0.0 {
             output.with_part("stress_mse", loss.stress_mse)
         } else {
             output
-        }
+        })
     }
 }
 
@@ -158,16 +167,14 @@ impl<B: Backend> EvalStep<B> for Painn<B> {
     /// sizes), `energy_mae_per_atom` and `energy_rmse_per_atom` (eV/atom: each structure's
     /// error divided by its atoms), `force_mae` and `force_rmse` (eV/Å, over every component)
     /// and `force_cosine` (the mean cosine between predicted and reference forces).
-    fn eval_step(&self, batch: ForceBatch) -> EvalOutput<B> {
+    fn eval_step(&self, batch: ForceBatch) -> Result<EvalOutput<B>, BadBatch> {
         let device = device_of(self);
         // Forces need a backward pass: the same weights on the autodiff backend.
         let model = Painn::<Autodiff<B>>::from_inner(self.clone());
-        let checked = "a batch LabelledStructures::check passes";
-        let predicted = model
-            .predict(&batch.structures, &device)
-            .unwrap_or_else(|e| panic!("{checked}: {e}"));
+        let bad = |e: ForceFieldError| BadBatch(e.to_string());
+        let predicted = model.predict(&batch.structures, &device).map_err(bad)?;
         let loss = loss_value(&batch.structures, &batch.labels, &batch.weights, &predicted)
-            .unwrap_or_else(|e| panic!("{checked}: {e}"));
+            .map_err(bad)?;
         let items = batch.structures.len();
         let mut errors = Errors {
             loss: loss * items as f64,
@@ -188,7 +195,7 @@ impl<B: Backend> EvalStep<B> for Painn<B> {
         }
         let atoms = predicted.forces.len();
         let value = |v: f64| Tensor::<B, 1>::from_data(TensorData::new(vec![v], [1]), &device);
-        EvalOutput::new(items)
+        Ok(EvalOutput::new(items)
             .with_sum("loss", value(errors.loss))
             .with_sum("energy_mae_per_atom", value(errors.energy_abs_per_atom))
             .with_root_mean(
@@ -198,7 +205,7 @@ impl<B: Backend> EvalStep<B> for Painn<B> {
             )
             .with_mean("force_mae", value(errors.force_abs), 3 * atoms)
             .with_root_mean("force_rmse", value(errors.force_squared), 3 * atoms)
-            .with_mean("force_cosine", value(errors.cosine), atoms)
+            .with_mean("force_cosine", value(errors.cosine), atoms))
     }
 }
 

@@ -34,8 +34,7 @@ pub struct Caption {
 /// caption or names a video an earlier line named, by its 1-based number.
 pub fn read_captions(path: impl AsRef<Path>) -> Result<Vec<Caption>, FoveatedError> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| FoveatedError::Data(format!("{}: {e}", path.display())))?;
+    let text = kiln_io::read_text(path).map_err(|e| FoveatedError::Data(e.to_string()))?;
     let mut seen = HashMap::new();
     let mut captions = Vec::new();
     for (index, line) in text.lines().enumerate() {
@@ -183,6 +182,10 @@ impl<B: Backend> Loader for CaptionedClips<B> {
         self.captions.len().div_ceil(self.batch_size)
     }
 
+    fn sizes(&self) -> Option<(usize, usize)> {
+        Some((self.captions.len(), self.batch_size))
+    }
+
     fn batches(&self, order: Order, first: usize) -> Box<dyn Iterator<Item = ClipBatch<B>> + '_> {
         let images = self.feed.images();
         let frames = images.frames() as usize;
@@ -230,6 +233,22 @@ mod tests {
         assert_eq!(
             match_captions(["a", "b.gif"], &captions, &path).unwrap(),
             ["one", "two"]
+        );
+    }
+
+    /// A byte-order mark (Excel's "CSV UTF-8", Notepad) is read past; bytes that are not UTF-8
+    /// are named by line and column.
+    #[test]
+    fn a_byte_order_mark_is_read_past_and_other_encodings_are_named() {
+        let (_dir, path) = file("\u{feff}{\"video\": \"a\", \"caption\": \"one\"}\n");
+        assert_eq!(read_captions(&path).unwrap()[0].video, "a");
+        let dir = tempfile::tempdir().unwrap();
+        let latin1 = dir.path().join("latin1.jsonl");
+        std::fs::write(&latin1, b"{\"video\": \"a\", \"caption\": \"caf\xe9\"}\n").unwrap();
+        let err = read_captions(&latin1).unwrap_err().to_string();
+        assert!(
+            err.ends_with("line 1, column 31: not UTF-8 text (byte 0xe9)"),
+            "{err}"
         );
     }
 

@@ -94,9 +94,10 @@ impl FoveatedConfig {
         } else {
             path.to_path_buf()
         };
-        let text = std::fs::read_to_string(&file)
-            .map_err(|e| FoveatedError::Config(format!("{}: {e}", file.display())))?;
-        let config: FoveatedConfig = serde_json::from_str(&text)
+        let text = kiln_io::read_text(&file).map_err(|e| FoveatedError::Config(e.to_string()))?;
+        let config: FoveatedConfig = serde_json::from_str::<serde_json::Value>(&text)
+            .map_err(|e| e.to_string())
+            .and_then(kiln_precision::config_from_json)
             .map_err(|e| FoveatedError::Config(format!("{}: {e}", file.display())))?;
         config
             .validate()
@@ -108,6 +109,14 @@ impl FoveatedConfig {
         if self.query_dim == 0 {
             return Err("query_dim must be at least 1".into());
         }
+        kiln_precision::check_limits(&[
+            ("query_dim", self.query_dim, kiln_precision::MAX_WIDTH),
+            (
+                "shallow_heads",
+                self.shallow_heads,
+                kiln_precision::MAX_WIDTH,
+            ),
+        ])?;
         if self.shallow_heads == 0 {
             return Err("shallow_heads must be at least 1".into());
         }

@@ -1,9 +1,9 @@
 //! The parameters the foveated model adds between DINOv2 and the LM (fVLM's names).
 
 use burn::module::{Module, Param};
-use burn::nn::{Linear, LinearConfig};
+use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Tensor};
 
 use crate::{FoveatedConfig, FrameHead};
 
@@ -37,9 +37,7 @@ impl<B: Backend> Connectors<B> {
     /// mode tokens with std `visual_scale`, linear layers as burn initialises them.
     pub fn init(config: &FoveatedConfig, vision: usize, lm: usize, device: &B::Device) -> Self {
         let query = config.query_dim;
-        let vector = |n, std: f64| {
-            Param::from_tensor(Tensor::random([n], Distribution::Normal(0.0, std), device))
-        };
+        let vector = |n, std: f64| Initializer::Normal { mean: 0.0, std }.init([n], device);
         let linear = |inputs, outputs| LinearConfig::new(inputs, outputs).init(device);
         Connectors {
             q_static: vector(query, 1.0),

@@ -6,8 +6,8 @@
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 use kiln_train::{
-    EvalOutput, EvalStep, OptimizerConfig, Schedule, StepContext, StepOutput, TrainConfig,
-    TrainStep,
+    BadBatch, EvalOutput, EvalStep, OptimizerConfig, Schedule, StepContext, StepOutput,
+    TrainConfig, TrainStep,
 };
 
 use crate::{ClipBatch, FoveatedModel, FoveatedOutput, Losses, PassOutput};
@@ -35,10 +35,10 @@ pub fn fvlm_recipe(steps: u64, connector_lr: f64, backbone_lr: f64) -> TrainConf
 impl<B: AutodiffBackend> TrainStep<B> for FoveatedModel<B> {
     type Batch = ClipBatch<B>;
 
-    /// # Panics
-    /// On a batch [`FoveatedModel::check`] refuses: loaders check batches as they make them.
-    fn train_step(&self, batch: ClipBatch<B>, _: &StepContext) -> StepOutput<B> {
-        let (output, losses) = scored(self, &batch);
+    /// A batch [`FoveatedModel::check`] refuses is a [`BadBatch`] (loaders check items
+    /// before training starts).
+    fn train_step(&self, batch: ClipBatch<B>, _: &StepContext) -> Result<StepOutput<B>, BadBatch> {
+        let (output, losses) = scored(self, &batch)?;
         let mut step = StepOutput::new(losses.total, batch.pixels.dims()[0]);
         for (name, loss) in [("coarse_loss", losses.coarse), ("fine_loss", losses.fine)] {
             if let Some(loss) = loss {
@@ -52,17 +52,16 @@ impl<B: AutodiffBackend> TrainStep<B> for FoveatedModel<B> {
         for (name, figure) in output.diagnostics() {
             step = step.with_part(name, figure.detach());
         }
-        step
+        Ok(step)
     }
 }
 
 impl<B: Backend> EvalStep<B> for FoveatedModel<B> {
     type Batch = ClipBatch<B>;
 
-    /// # Panics
-    /// On a batch [`FoveatedModel::check`] refuses: loaders check batches as they make them.
-    fn eval_step(&self, batch: ClipBatch<B>) -> EvalOutput<B> {
-        let (output, losses) = scored(self, &batch);
+    /// A batch [`FoveatedModel::check`] refuses is a [`BadBatch`].
+    fn eval_step(&self, batch: ClipBatch<B>) -> Result<EvalOutput<B>, BadBatch> {
+        let (output, losses) = scored(self, &batch)?;
         let clips = batch.pixels.dims()[0];
         let mut eval =
             EvalOutput::new(clips).with_sum("loss", losses.total.mul_scalar(clips as f32));
@@ -77,7 +76,7 @@ impl<B: Backend> EvalStep<B> for FoveatedModel<B> {
         for (name, figure) in output.diagnostics() {
             eval = eval.with_mean(name, figure.mul_scalar(clips as f32), clips);
         }
-        eval
+        Ok(eval)
     }
 }
 
@@ -85,14 +84,11 @@ impl<B: Backend> EvalStep<B> for FoveatedModel<B> {
 fn scored<B: Backend>(
     model: &FoveatedModel<B>,
     batch: &ClipBatch<B>,
-) -> (FoveatedOutput<B>, Losses<B>) {
-    let scored = model
-        .forward(batch, model.training_mode())
-        .and_then(|output| Ok((model.loss(&output, batch)?, output)));
-    match scored {
-        Ok((losses, output)) => (output, losses),
-        Err(e) => panic!("a batch the loader should have refused: {e}"),
-    }
+) -> Result<(FoveatedOutput<B>, Losses<B>), BadBatch> {
+    let bad = |e: crate::FoveatedError| BadBatch(e.to_string());
+    let output = model.forward(batch, model.training_mode()).map_err(bad)?;
+    let losses = model.loss(&output, batch).map_err(bad)?;
+    Ok((output, losses))
 }
 
 /// Per pass with a per-frame head and frame targets, its [`FrameScores`].

@@ -107,7 +107,7 @@ fn evaluation_counts_right_frames() {
         let model = tiny_model::<Flex>(&task, readout, &device);
         let batch = task.batch::<Flex>(0..6, &device);
         let output = model.forward(&batch, Mode::CoarseFine).unwrap();
-        let eval = model.eval_step(batch.clone());
+        let eval = model.eval_step(batch.clone()).unwrap();
         for (name, pass) in [
             ("coarse_accuracy", output.coarse),
             ("fine_accuracy", output.fine),

@@ -211,7 +211,8 @@ pub(crate) enum Kind {
 pub(crate) fn expect_kind(path: &Path, kind: Kind) -> Result<(), FileError> {
     let meta = match fs::symlink_metadata(path) {
         Ok(meta) => meta,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return path_can_be_made(path),
+        Err(e) if e.raw_os_error() == Some(NOT_A_DIRECTORY) => return path_can_be_made(path),
         Err(e) => return Err(FileError::io(path, e)),
     };
     let file_type = meta.file_type();
@@ -230,6 +231,33 @@ pub(crate) fn expect_kind(path: &Path, kind: Kind) -> Result<(), FileError> {
             Kind::Dir => "a directory",
         },
     })
+}
+
+/// ENOTDIR: a component of the path is not a directory.
+const NOT_A_DIRECTORY: i32 = 20;
+
+/// Refuses a path that does not exist yet when the nearest place above it that does is not a
+/// directory (`--out results.txt/run`): `create_dir_all` would fail with a bare "File exists".
+fn path_can_be_made(path: &Path) -> Result<(), FileError> {
+    for above in path.ancestors().skip(1) {
+        let above = if above.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            above
+        };
+        match fs::metadata(above) {
+            Ok(meta) if meta.is_dir() => return Ok(()),
+            Ok(meta) => {
+                return Err(FileError::UnderNonDirectory {
+                    path: path.to_path_buf(),
+                    blocker: above.to_path_buf(),
+                    found: describe(&meta.file_type()),
+                });
+            }
+            Err(_) => continue,
+        }
+    }
+    Ok(())
 }
 
 fn describe(file_type: &fs::FileType) -> &'static str {

@@ -12,6 +12,7 @@
 //!   refuses, before any work starts, an output that is an input or lies inside an input
 //!   directory, an input that lies inside an output directory, and an output that is not what
 //!   kiln writes there.
+//! - [`read_text`]: a text file the user gave, UTF-8, a byte-order mark taken off and said so.
 //! - [`remove_stale_temporaries`]: what a killed run left beside a target is removed by the next
 //!   one (done before every staged write).
 //!
@@ -35,6 +36,7 @@
 mod atomic;
 mod checksum;
 mod run_files;
+mod text;
 
 use std::path::{Path, PathBuf};
 
@@ -44,12 +46,13 @@ pub use atomic::{
 };
 pub use checksum::{checksum, fingerprint};
 pub use run_files::RunFiles;
+pub use text::read_text;
 
 /// Why a file could not be read or written safely. Every variant names the path.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
     /// The operating system refused.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {}", path.display(), said(source))]
     Io {
         /// The file or directory.
         path: PathBuf,
@@ -69,6 +72,35 @@ pub enum FileError {
         found: &'static str,
         /// What kiln would write: "a file" or "a directory".
         expected: &'static str,
+    },
+    /// A text input holds bytes that are not UTF-8.
+    #[error(
+        "{}, line {line}, column {column}: not UTF-8 text (byte {byte:#04x})",
+        path.display()
+    )]
+    NotText {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line of the first such byte.
+        line: usize,
+        /// 1-based column (in characters) of the first such byte.
+        column: usize,
+        /// The byte.
+        byte: u8,
+    },
+    /// An output's path runs through a file, where a directory would have to be.
+    #[error(
+        "{}: cannot be made, as {} above it is {found}, not a directory (choose another output path)",
+        path.display(),
+        blocker.display()
+    )]
+    UnderNonDirectory {
+        /// The output.
+        path: PathBuf,
+        /// The file on its path.
+        blocker: PathBuf,
+        /// What the blocker is ("a file").
+        found: &'static str,
     },
     /// The output is one of the run's inputs, or lies inside an input directory.
     #[error(
@@ -122,10 +154,27 @@ impl FileError {
     }
 
     /// An I/O error on `path`.
+    ///
+    /// ```
+    /// let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+    /// let err = kiln_io::FileError::io(std::path::Path::new("run/metrics.jsonl"), full);
+    /// assert!(err.to_string().starts_with("run/metrics.jsonl: no space left on the device while writing it"));
+    /// ```
     pub fn io(path: &Path, source: std::io::Error) -> Self {
         FileError::Io {
             path: path.to_path_buf(),
             source,
         }
+    }
+}
+
+/// What the system said, in the user's terms where the system's own words are terse.
+fn said(error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::StorageFull => format!(
+            "no space left on the device while writing it ({error}): free some space and run \
+             the same command again"
+        ),
+        _ => error.to_string(),
     }
 }

@@ -229,5 +229,16 @@ mod tests {
             "lies inside --out, where this run writes",
         );
         assert_eq!(fs::read(&frames).unwrap(), b"frames");
+        // A path through a file is refused naming the file, not "File exists".
+        let notes = dir.path().join("notes.txt");
+        fs::write(&notes, "notes").unwrap();
+        let under = RunFiles::new().output_dir("--out", notes.join("run/a"));
+        refused(under, "notes.txt above it is a file, not a directory");
+        let err = RunFiles::new()
+            .output("--output", notes.join("out.xyz"))
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("--output "), "{err}");
     }
 }

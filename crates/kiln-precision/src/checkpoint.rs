@@ -4,22 +4,83 @@
 //! is `[out, in]`); the tensors the model does not use are listed (transformers warns about them
 //! too).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::rc::Rc;
 
 use burn::module::Module;
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
 use burn_store::{
-    BurnToPyTorchAdapter, ModuleAdapter, ModuleSnapshot, ModuleStore, SafetensorsStore,
-    TensorSnapshot,
+    BurnToPyTorchAdapter, KeyRemapper, ModuleAdapter, ModuleSnapshot, ModuleStore,
+    PyTorchToBurnAdapter, SafetensorsStore, TensorSnapshot, TensorSnapshotError,
 };
 use serde_json::Value;
+
+use crate::footprint::parameter_shapes;
+
+/// PyTorch's names and layouts, as burn-store's adapters give them (a linear weight `[out, in]`,
+/// a norm's `weight` and `bias`), RMSNorm included: burn calls its scale `gamma` and burn-store
+/// renames only batch, layer and group norms, so without this a Llama's `model.norm.weight`
+/// would be saved, looked for and named as `model.norm.gamma`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TorchLayout {
+    /// Checkpoint → burn: [`SafetensorsStore::with_from_adapter`].
+    Load,
+    /// burn → checkpoint: [`SafetensorsStore::with_to_adapter`], and the names a checkpoint is
+    /// checked in.
+    Save,
+}
+
+/// burn's module type of an RMSNorm, as burn-store's snapshots record it.
+const RMS_NORM: &str = "Struct:RmsNorm";
+
+impl ModuleAdapter for TorchLayout {
+    fn adapt(&self, snapshot: &TensorSnapshot) -> TensorSnapshot {
+        match self {
+            TorchLayout::Load => PyTorchToBurnAdapter.adapt(snapshot),
+            TorchLayout::Save => {
+                let torch = BurnToPyTorchAdapter.adapt(snapshot);
+                let mut path = torch.path_stack.clone().unwrap_or_default();
+                let is_rms_scale = torch.module_type().as_deref() == Some(RMS_NORM)
+                    && path.last().is_some_and(|name| name == "gamma");
+                if !is_rms_scale {
+                    return torch;
+                }
+                *path.last_mut().expect("a parameter's path names it") = "weight".into();
+                TensorSnapshot::from_closure(
+                    torch.clone_data_fn(),
+                    torch.dtype,
+                    torch.shape.clone(),
+                    path,
+                    torch.container_stack.clone().unwrap_or_default(),
+                    torch.tensor_id.unwrap_or_default(),
+                )
+            }
+        }
+    }
+
+    fn get_alternative_param_name(&self, param_name: &str, container_type: &str) -> Option<String> {
+        match self {
+            TorchLayout::Load if container_type == RMS_NORM && param_name == "gamma" => {
+                Some("weight".into())
+            }
+            TorchLayout::Load => {
+                PyTorchToBurnAdapter.get_alternative_param_name(param_name, container_type)
+            }
+            TorchLayout::Save => None,
+        }
+    }
+
+    fn clone_box(&self) -> Box<dyn ModuleAdapter> {
+        Box::new(*self)
+    }
+}
 
 /// What a checkpoint holds beyond what the model needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CheckpointFit {
-    /// The checkpoint's tensors the model does not use (names after key remapping), sorted.
+    /// The checkpoint's tensors the model does not use, in its own names, sorted.
     pub unused: Vec<String>,
 }
 
@@ -62,55 +123,98 @@ pub fn check_checkpoint<B: Backend, M: Module<B>>(
     remapping: &[(&str, &str)],
     config: Option<&Value>,
 ) -> Result<CheckpointFit, String> {
-    let needed: BTreeMap<String, Vec<usize>> = model
-        .collect(None, None, false)
-        .iter()
-        .map(|snapshot| {
-            let torch = BurnToPyTorchAdapter.adapt(snapshot);
-            (torch.full_path(), torch.shape.to_vec())
+    // The shapes the model needs, read without initialising it: a config whose sizes are wrong
+    // is refused here before its model has taken any memory.
+    let needed: BTreeMap<String, Needed> = parameter_shapes(model)
+        .into_iter()
+        .map(|parameter| {
+            let unread = Rc::new(|| {
+                Err(TensorSnapshotError::DataError(
+                    "a parameter's shape, not its values".into(),
+                ))
+            });
+            let burn_path = parameter.path.join(".");
+            let snapshot = TensorSnapshot::from_closure(
+                unread,
+                DType::F32,
+                parameter.shape.into(),
+                parameter.path,
+                parameter.containers,
+                parameter.id,
+            );
+            let torch = TorchLayout::Save.adapt(&snapshot);
+            let needed = Needed {
+                shape: torch.shape.to_vec(),
+                burn_path,
+            };
+            (torch.full_path(), needed)
         })
         .collect();
-    let mut stored: BTreeMap<String, (DType, Vec<usize>, TensorSnapshot)> = BTreeMap::new();
+    let remapper = KeyRemapper::from_patterns(remapping.to_vec())
+        .map_err(|e| format!("a key remapping of the loader's: {e}"))?;
+    // Keyed by the name the model looks for (after remapping); the stored name is kept to speak
+    // of the tensor in the checkpoint's own terms.
+    let mut stored: BTreeMap<String, Stored> = BTreeMap::new();
     for file in files {
         let mut store = SafetensorsStore::from_file(*file);
-        for (from, to) in remapping {
-            store = store.with_key_remapping(*from, *to);
-        }
         let snapshots = store
             .get_all_snapshots()
             .map_err(|e| format!("{}: {e}", file.display()))?;
-        for (name, snapshot) in snapshots {
-            let (dtype, shape) = (snapshot.dtype, snapshot.shape.to_vec());
-            stored.insert(name.clone(), (dtype, shape, snapshot.clone()));
+        let (snapshots, names) = remapper.remap(snapshots.values().cloned().collect());
+        for (snapshot, (name, original)) in snapshots.into_iter().zip(names) {
+            stored.insert(name, Stored { original, snapshot });
         }
     }
     let mut problems = Vec::new();
-    for (name, shape) in &needed {
-        match stored.get(name) {
-            None => problems.push(format!("{name} {shape:?}: not in the checkpoint")),
-            Some((dtype, _, _)) if !dtype.is_float() => problems.push(format!(
-                "{name}: stored as {dtype:?}; the model needs floating-point values (f32, f16, \
-                 bf16 or f64)"
-            )),
-            Some((_, have, _)) if have != shape => problems.push(format!(
-                "{name}: the checkpoint has {have:?}, the model needs {shape:?}{}",
-                settings(config, have, shape)
-            )),
-            Some((_, _, snapshot)) => {
-                if let Some(problem) = non_finite(snapshot) {
-                    problems.push(format!("{name}: {problem}"));
-                }
-            }
+    let mut used = BTreeSet::new();
+    for (name, needed) in &needed {
+        // kiln saved RMSNorm scales under burn's name (`gamma`) before [`TorchLayout`].
+        let found = [name, &needed.burn_path]
+            .into_iter()
+            .find_map(|key| Some((key, stored.get(key)?)));
+        let Some((key, Stored { original, snapshot })) = found else {
+            problems.push(format!("{name} {:?}: not in the checkpoint", needed.shape));
+            continue;
+        };
+        used.insert(key.clone());
+        let (dtype, have) = (snapshot.dtype, snapshot.shape.to_vec());
+        if !dtype.is_float() {
+            problems.push(format!(
+                "{original}: stored as {dtype:?}; the model needs floating-point values (f32, \
+                 f16, bf16 or f64)"
+            ));
+        } else if have != needed.shape {
+            problems.push(format!(
+                "{original}: the checkpoint has {have:?}, the model needs {:?}{}",
+                needed.shape,
+                settings(config, &have, &needed.shape)
+            ));
+        } else if let Some(problem) = non_finite(snapshot) {
+            problems.push(format!("{original}: {problem}"));
         }
     }
     if !problems.is_empty() {
         return Err(problems.join("\n"));
     }
-    let unused = stored
-        .into_keys()
-        .filter(|name| !needed.contains_key(name))
+    let mut unused: Vec<String> = stored
+        .into_iter()
+        .filter(|(name, _)| !used.contains(name))
+        .map(|(_, stored)| stored.original)
         .collect();
+    unused.sort();
     Ok(CheckpointFit { unused })
+}
+
+/// A tensor the model needs: its shape in PyTorch's layout, and its path in burn's names.
+struct Needed {
+    shape: Vec<usize>,
+    burn_path: String,
+}
+
+/// A tensor the checkpoint holds, under its own name.
+struct Stored {
+    original: String,
+    snapshot: TensorSnapshot,
 }
 
 /// Where `snapshot` holds a NaN or an infinity (a damaged or diverged checkpoint), said with the
@@ -139,7 +243,9 @@ fn settings(config: Option<&Value>, have: &[usize], want: &[usize]) -> String {
     };
     let mut named = Vec::new();
     for (i, &size) in want.iter().enumerate() {
-        if have.get(i) != Some(&size) {
+        // Sizes of 0 and 1 are every flag's and count's value too: naming those settings
+        // would point at the wrong ones.
+        if have.get(i) != Some(&size) && size > 1 {
             fields_equal_to(config, size as u64, "", &mut named);
         }
     }
@@ -168,7 +274,7 @@ fn fields_equal_to(value: &Value, size: u64, prefix: &str, out: &mut Vec<String>
 mod tests {
     use super::*;
     use burn::backend::Flex;
-    use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
+    use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
     use safetensors::Dtype;
     use serde_json::json;
 
@@ -278,6 +384,76 @@ mod tests {
         assert!(!fit.unwrap_err().contains("norm.weight"));
     }
 
+    #[derive(Module, Debug)]
+    struct Scaled<B: Backend> {
+        norm: RmsNorm<B>,
+        proj: Linear<B>,
+    }
+
+    /// RMSNorm's scale is `weight` as in PyTorch (burn calls it `gamma`), and a tensor that a
+    /// loader's remapping renames is named as the checkpoint stores it.
+    #[test]
+    fn names_are_the_checkpoints_own() {
+        let device = Default::default();
+        let model: Scaled<Flex> = Scaled {
+            norm: RmsNormConfig::new(5).init(&device),
+            proj: LinearConfig::new(3, 5).init(&device),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let good = [
+            ("norm.weight", Dtype::F32, vec![5]),
+            ("proj.weight", Dtype::F32, vec![5, 3]),
+            ("proj.bias", Dtype::F32, vec![5]),
+        ];
+        let path = file(dir.path(), &good);
+        assert_eq!(
+            check_checkpoint(&model, &[&path], &[], None)
+                .unwrap()
+                .unused,
+            Vec::<String>::new()
+        );
+        // kiln's own files from before stored burn's name; they still fit.
+        let mut legacy = good.clone();
+        legacy[0].0 = "norm.gamma";
+        let path = file(dir.path(), &legacy);
+        assert!(check_checkpoint(&model, &[&path], &[], None).is_ok());
+        // A missing scale is named as PyTorch names it; a mis-shaped tensor under its stored
+        // name, before the loader's renaming.
+        let path = file(
+            dir.path(),
+            &[
+                ("model.proj.weight", Dtype::F32, vec![4, 3]),
+                ("model.proj.bias", Dtype::F32, vec![5]),
+            ],
+        );
+        let err = check_checkpoint(&model, &[&path], &[("^model\\.", "")], None).unwrap_err();
+        assert!(
+            err.contains("norm.weight [5]: not in the checkpoint"),
+            "{err}"
+        );
+        assert!(!err.contains("gamma"), "{err}");
+        assert!(
+            err.contains("model.proj.weight: the checkpoint has [4, 3], the model needs [5, 3]"),
+            "{err}"
+        );
+        // What it saves is what it checks.
+        let saved = tempfile::tempdir().unwrap();
+        save_checkpoint(&model, "{}", saved.path()).unwrap();
+        let path = saved.path().join("model.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        let names = safetensors::SafeTensors::deserialize(&bytes)
+            .unwrap()
+            .names()
+            .len();
+        assert_eq!(names, 3);
+        assert!(
+            check_checkpoint(&model, &[&path], &[], None)
+                .unwrap()
+                .unused
+                .is_empty()
+        );
+    }
+
     /// A NaN or an infinity in a tensor the model needs is named with where it is.
     #[test]
     fn non_finite_values_are_named() {
@@ -308,6 +484,31 @@ mod tests {
     }
 }
 
+/// `T` read from a `config.json`'s JSON, a setting of the wrong type named by its dotted path
+/// (`vision_config.hidden_size: invalid type: floating point `3.7`, expected usize`) where
+/// serde alone says only where in the text it is.
+///
+/// ```
+/// #[derive(serde::Deserialize)]
+/// struct Config { vision: Vision }
+/// #[derive(serde::Deserialize)]
+/// struct Vision { hidden_size: usize }
+/// let json = serde_json::json!({"vision": {"hidden_size": 3.7}});
+/// let err = kiln_precision::config_from_json::<Config>(json).err().unwrap();
+/// assert!(err.starts_with("vision.hidden_size: invalid type"), "{err}");
+/// ```
+pub fn config_from_json<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            inner.to_string()
+        } else {
+            format!("{path}: {inner}")
+        }
+    })
+}
+
 /// Writes `config` (JSON text) as `dir/config.json` and `module`'s parameters, in f32 and
 /// PyTorch's layouts, as `dir/model.safetensors`, creating `dir`: kiln's own saved models. Each
 /// file is replaced whole or not at all; the error names the path.
@@ -322,7 +523,7 @@ pub fn save_checkpoint<B: Backend, M: Module<B>>(
         .map_err(|e| e.to_string())?;
     kiln_io::write_atomic_at(&dir.join("model.safetensors"), |temporary| {
         let mut store = SafetensorsStore::from_file(temporary)
-            .with_to_adapter(BurnToPyTorchAdapter)
+            .with_to_adapter(TorchLayout::Save)
             .overwrite(true);
         crate::cast_module(module.clone(), crate::Precision::F32).save_into(&mut store)
     })

@@ -8,6 +8,8 @@
 //!   [`Policy::keep_f32`].
 //! - [`check_checkpoint`]: a safetensors checkpoint checked against a model before loading, in
 //!   the checkpoint's own names and dimension order.
+//! - [`parameter_shapes`] / [`check_memory`]: a model's parameters read without initialising
+//!   them, and the memory they need refused before it is taken when the machine lacks it.
 //! - [`scatter_add`]: index-add across dtypes, accumulated in at least f32.
 //! - [`RowIndex`]: rows gathered and scattered by one index, as a graph network passes
 //!   messages; a segment-sum kernel of kiln's own on burn's GPU backends (module `cube`).
@@ -26,6 +28,7 @@ mod checkpoint;
 pub mod cube;
 mod device;
 mod dtype;
+mod footprint;
 mod host;
 mod host_op;
 mod kernel_cache;
@@ -40,12 +43,18 @@ mod threads;
 
 pub use activation::gelu;
 pub use adamw::{AdamWInputs, AdamWStep, adamw_on_host};
-pub use checkpoint::{CheckpointFit, check_checkpoint, save_checkpoint};
+pub use checkpoint::{
+    CheckpointFit, TorchLayout, check_checkpoint, config_from_json, save_checkpoint,
+};
 pub use device::{
     BackendKind, DEVICE_NAMES, DeviceError, DeviceJob, DeviceReport, DeviceSpec, GraphicsApi,
     Hardware, is_host_backend,
 };
 pub use dtype::{DtypeSpec, Precision};
+pub use footprint::{
+    MAX_LAYERS, MAX_WIDTH, ParameterShape, available_memory, check_limits, check_memory,
+    human_bytes, parameter_count, parameter_shapes,
+};
 pub use host::{HostValues, sum_of_squares, zeros};
 pub use host_op::{HostOp, host_op, host_ops_serve};
 pub use kernel_cache::{KERNEL_CACHE_ENV, enable_kernel_cache, kernel_cache_dir};

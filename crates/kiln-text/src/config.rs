@@ -18,6 +18,7 @@
 
 use std::path::Path;
 
+use kiln_precision::{MAX_LAYERS, MAX_WIDTH, check_limits};
 use kiln_transformer::checkpoint::read_config;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -195,8 +196,7 @@ impl TextConfig {
             _ => Vec::new(),
         };
         let (bos, eos) = (defaults("bos_token_id", 1), defaults("eos_token_id", 2));
-        let raw: RawConfig =
-            serde_json::from_value(value).map_err(|e| TextError::Config(e.to_string()))?;
+        let raw: RawConfig = kiln_precision::config_from_json(value).map_err(TextError::Config)?;
         let mut config = raw.into_config(family)?;
         if config.bos_token_id.is_none() {
             config.bos_token_id = bos.first().copied();
@@ -233,6 +233,16 @@ impl TextConfig {
                 "head_dim = {} is odd: RoPE rotates pairs",
                 self.head_dim()
             ))
+        } else if let Err(over) = check_limits(&[
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
+            ("vocab_size", self.vocab_size, MAX_WIDTH),
+            ("hidden_size", self.hidden_size, MAX_WIDTH),
+            ("intermediate_size", self.intermediate_size, MAX_WIDTH),
+            ("num_attention_heads", self.num_attention_heads, MAX_WIDTH),
+            ("num_key_value_heads", self.num_key_value_heads, MAX_WIDTH),
+            ("head_dim", self.head_dim.unwrap_or(0), MAX_WIDTH),
+        ]) {
+            Some(over)
         } else if self.vocab_size == 0 || self.hidden_size == 0 {
             Some("vocab_size and hidden_size must be positive".to_string())
         } else if self.intermediate_size == 0 || self.max_position_embeddings == 0 {
@@ -306,6 +316,29 @@ impl RawConfig {
             Family::Qwen2 => (151_936, 4096, 22016, 32768),
         };
         let heads = self.num_attention_heads.unwrap_or(32);
+        let sizes = [
+            ("vocab_size", self.vocab_size, vocab),
+            ("hidden_size", self.hidden_size, hidden),
+            ("intermediate_size", self.intermediate_size, intermediate),
+            ("num_hidden_layers", self.num_hidden_layers, 32),
+            ("num_attention_heads", self.num_attention_heads, 32),
+        ];
+        let absent: Vec<(&str, usize)> = sizes
+            .iter()
+            .filter(|(_, given, _)| given.is_none())
+            .map(|&(key, _, default)| (key, default))
+            .collect();
+        if !absent.is_empty() {
+            // A checkpoint of another size then fails its shape check: say where the sizes
+            // came from.
+            let keys: Vec<&str> = absent.iter().map(|(key, _)| *key).collect();
+            let values: Vec<String> = absent.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+            log::warn!(
+                "config.json gives no {}: transformers' defaults taken ({})",
+                keys.join(", "),
+                values.join(", ")
+            );
+        }
         let (rope_theta, rope_scaling) = rope(
             self.rope_parameters.as_ref(),
             self.rope_theta,

@@ -90,9 +90,22 @@ pub fn generate<B: Backend>(
     let mut input = TextInput::left_padded(prompts, config.pad_token)?.with_last_logits_only();
     let mut outputs = vec![Vec::new(); prompts.len()];
     let mut finished = vec![false; prompts.len()];
-    for _ in 0..config.max_new_tokens {
-        let logits = model.forward_cached(input, &mut cache)?.logits;
-        let chosen: Vec<Option<u32>> = last_logits(logits)
+    for step in 0..config.max_new_tokens {
+        let logits = last_logits(model.forward_cached(input, &mut cache)?.logits);
+        for (row, values) in logits.iter().enumerate() {
+            let bad = values.iter().filter(|v| !v.is_finite()).count();
+            if bad > 0 && !finished[row] {
+                return Err(TextError::NonFinite(format!(
+                    "new token {} of prompt {}: {bad} of the model's {} logits are NaN or \
+                     infinite, so no token can be chosen: its weights hold non-finite values, \
+                     or its arithmetic overflowed (in 16-bit precision, try f32)",
+                    step + 1,
+                    row + 1,
+                    values.len()
+                )));
+            }
+        }
+        let chosen: Vec<Option<u32>> = logits
             .iter()
             .zip(&finished)
             .map(|(logits, &done)| (!done).then(|| choose(logits, config.sampling, rng.as_mut())))

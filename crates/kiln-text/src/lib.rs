@@ -51,6 +51,10 @@ pub enum TextError {
     /// A tokenizer or chat template that cannot be used.
     #[error("{0}")]
     Tokenizer(String),
+    /// The model computed NaN or infinite values (damaged weights, or an overflow in 16-bit
+    /// arithmetic).
+    #[error("{0}")]
+    NonFinite(String),
 }
 
 impl From<kiln_transformer::checkpoint::CheckpointError> for TextError {

@@ -10,9 +10,6 @@ use crate::TextError;
 use crate::config::TextConfig;
 use crate::llama::CausalLm;
 
-/// burn-store renames LayerNorm's `weight` to burn's `gamma` but not RMSNorm's.
-const KEY_REMAPPING: &[(&str, &str)] = &[(r"^(.*norm)\.weight$", "$1.gamma")];
-
 impl<B: Backend> CausalLm<B> {
     /// Reads the checkpoint directory `dir` (config.json and the weights, single or sharded,
     /// f32/f16/bf16) onto `device`, parameters in the policy's dtype. Every tensor the model
@@ -31,7 +28,7 @@ impl<B: Backend> CausalLm<B> {
         } else {
             &["model.rotary_emb."]
         };
-        let model = load_checkpoint(config.init::<B>(device), dir, KEY_REMAPPING, unused)?;
+        let model = load_checkpoint(config.init::<B>(device), dir, &[], unused)?;
         Ok(model.with_policy(policy))
     }
 }

@@ -111,3 +111,34 @@ fn a_refused_step_keeps_the_cache() {
         .unwrap();
     assert_eq!(cache.len(), 4);
 }
+
+/// Logits that are NaN or infinite (here a final norm whose finite scale overflows f32) stop
+/// generation with an error naming the token, never a silent empty continuation.
+#[test]
+fn non_finite_logits_are_an_error() {
+    let dir = edited(|_| {});
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let huge: Vec<u8> = f32::MAX.to_le_bytes().repeat(48);
+    let tensors: Vec<(String, safetensors::tensor::TensorView)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            if name != "model.norm.weight" {
+                return (name, view);
+            }
+            let view = safetensors::tensor::TensorView::new(view.dtype(), vec![48], &huge);
+            (name, view.unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(tensors, None, &path).unwrap();
+    let model = load(dir.path()).unwrap();
+    let err = generate(&model, &[vec![1, 5]], &GenerationConfig::greedy(3), |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("new token 1 of prompt 1: ") && err.contains("NaN or infinite"),
+        "{err}"
+    );
+}

@@ -299,7 +299,7 @@ fn shown(differences: &[String]) -> Vec<String> {
 }
 
 /// `value`'s leaves as (dotted key, value).
-fn flatten(prefix: &str, value: &Value, out: &mut Vec<(String, Value)>) {
+pub(crate) fn flatten(prefix: &str, value: &Value, out: &mut Vec<(String, Value)>) {
     match value {
         Value::Object(map) => {
             for (k, v) in map {

@@ -19,6 +19,12 @@ pub trait Loader {
     /// Batches in one epoch.
     fn batches_per_epoch(&self) -> usize;
 
+    /// Items in one epoch and the batch size, where the loader knows them: the loop warns of a
+    /// batch larger than the whole set (every step then takes the whole set).
+    fn sizes(&self) -> Option<(usize, usize)> {
+        None
+    }
+
     /// The epoch's batches in `order`, from batch `first` on.
     fn batches(&self, order: Order, first: usize) -> Box<dyn Iterator<Item = Self::Batch> + '_>;
 }
@@ -77,6 +83,10 @@ impl<B: Backend> Loader for LabelledImages<B> {
 
     fn batches_per_epoch(&self) -> usize {
         self.labels.len().div_ceil(self.batch_size)
+    }
+
+    fn sizes(&self) -> Option<(usize, usize)> {
+        Some((self.labels.len(), self.batch_size))
     }
 
     fn batches(&self, order: Order, first: usize) -> Box<dyn Iterator<Item = ImageBatch<B>> + '_> {
@@ -168,6 +178,10 @@ impl<H: Send + 'static, T: Send, U: Fn(H) -> T> Loader for HostData<H, U> {
 
     fn batches_per_epoch(&self) -> usize {
         self.len.div_ceil(self.batch_size)
+    }
+
+    fn sizes(&self) -> Option<(usize, usize)> {
+        Some((self.len, self.batch_size))
     }
 
     fn batches(&self, order: Order, first: usize) -> Box<dyn Iterator<Item = T> + '_> {

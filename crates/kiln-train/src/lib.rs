@@ -64,7 +64,7 @@ pub use parallel::{DataParallel, Network};
 pub use plot::plot_curves;
 pub use run_dir::{RUN_RECORD, claim};
 pub use schedule::{Decay, Schedule};
-pub use step::{EvalOutput, EvalStep, EvalSum, StepContext, StepOutput, TrainStep};
+pub use step::{BadBatch, EvalOutput, EvalStep, EvalSum, StepContext, StepOutput, TrainStep};
 pub use trainer::{Outcome, RunOptions, Trainer, evaluate};
 
 /// Why a run could not start or go on.
@@ -139,6 +139,14 @@ pub enum TrainError {
     /// The data cannot be trained on.
     #[error("{0}")]
     Data(String),
+    /// A batch the model's step refused.
+    #[error("{stage}: {problem}")]
+    BadBatch {
+        /// Where: `step 12` or `evaluation`.
+        stage: String,
+        /// The step's reason.
+        problem: BadBatch,
+    },
     /// The device ran out of memory in a forward or backward pass.
     #[error(
         "the device ran out of memory in step {step} ({detail}): lower the batch size (images or items per micro-batch) and raise the accumulation to keep the batch per optimizer step"

@@ -15,7 +15,7 @@ use burn::optim::{
 };
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use kiln_precision::{AdamWStep, adamw_on_host};
+use kiln_precision::{AdamWStep, adamw_on_host, parameter_shapes};
 use serde::{Deserialize, Serialize};
 
 /// Parameters selected by path, with their own learning rate and weight decay.
@@ -152,33 +152,17 @@ pub struct ParamInfo {
     pub shape: Vec<usize>,
 }
 
-/// Every float parameter of `module`, in visiting order.
+/// Every float parameter of `module`, in visiting order, read without initialising any
+/// ([`kiln_precision::parameter_shapes`]).
 pub fn parameters<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> Vec<ParamInfo> {
-    struct Paths {
-        stack: Vec<String>,
-        found: Vec<ParamInfo>,
-    }
-    impl<B: AutodiffBackend> ModuleVisitor<B> for Paths {
-        fn enter_module(&mut self, name: &str, _container_type: &str) {
-            self.stack.push(name.to_string());
-        }
-        fn exit_module(&mut self, _name: &str, _container_type: &str) {
-            self.stack.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            self.found.push(ParamInfo {
-                path: self.stack.join("."),
-                id: Some(param.id),
-                shape: param.val().dims().to_vec(),
-            });
-        }
-    }
-    let mut paths = Paths {
-        stack: Vec::new(),
-        found: Vec::new(),
-    };
-    module.visit(&mut paths);
-    paths.found
+    parameter_shapes(module)
+        .into_iter()
+        .map(|parameter| ParamInfo {
+            path: parameter.path.join("."),
+            id: Some(parameter.id),
+            shape: parameter.shape,
+        })
+        .collect()
 }
 
 /// One AdamW per (group, decays) pair in use, and which parameter each steps.

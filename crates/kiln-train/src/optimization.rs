@@ -135,7 +135,11 @@ impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
             let loss_scale = &self.loss_scale;
             // The model goes to the pool's thread and comes back (modules are `Send`, not `Sync`).
             let (back, output, grads) = on_host_pool::<B, _>(&self.device, move || {
-                let output = out_of_memory_as_error(step, || model.train_step(batch, &context))?;
+                let output = out_of_memory_as_error(step, || model.train_step(batch, &context))?
+                    .map_err(|problem| TrainError::BadBatch {
+                        stage: format!("step {}", step + 1),
+                        problem,
+                    })?;
                 let loss = loss_scale.scale_loss(output.loss.clone().div_scalar(k as f32));
                 let grads = out_of_memory_as_error(step, || loss.backward())?;
                 let grads = GradientsParams::from_grads(grads, &model);

@@ -65,14 +65,26 @@ impl<B: Backend> StepOutput<B> {
     }
 }
 
+/// A batch a step cannot use (a caption longer than the model's positions, a structure with an
+/// element it has no embedding for), said in the data's terms; the loop names the step. Loaders
+/// should refuse such items before training starts: this is the step's own last check.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadBatch(pub String);
+
 /// A model the loop trains.
 pub trait TrainStep<B: AutodiffBackend>: AutodiffModule<B> {
     /// What one micro-batch is (`Send`: on host backends the step runs on one of rayon's
     /// threads, see [`kiln_precision::on_host_pool`]).
     type Batch: Send;
 
-    /// The loss of one micro-batch (the loop scales it, runs the backward pass and steps).
-    fn train_step(&self, batch: Self::Batch, context: &StepContext) -> StepOutput<B>;
+    /// The loss of one micro-batch (the loop scales it, runs the backward pass and steps), or
+    /// why the batch cannot be used.
+    fn train_step(
+        &self,
+        batch: Self::Batch,
+        context: &StepContext,
+    ) -> Result<StepOutput<B>, BadBatch>;
 }
 
 /// What an evaluation step gives: named metric sums over the batch, `[1]` each. The loop adds
@@ -150,8 +162,8 @@ pub trait EvalStep<B: Backend>: Module<B> {
     /// What one evaluation batch is (`Send`, as [`TrainStep::Batch`]).
     type Batch: Send;
 
-    /// Metric sums over one batch.
-    fn eval_step(&self, batch: Self::Batch) -> EvalOutput<B>;
+    /// Metric sums over one batch, or why the batch cannot be used.
+    fn eval_step(&self, batch: Self::Batch) -> Result<EvalOutput<B>, BadBatch>;
 }
 
 #[cfg(test)]

@@ -8,15 +8,15 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln_cache::Order;
-use kiln_precision::on_host_pool;
+use kiln_precision::{check_memory, is_host_backend, on_host_pool};
 use serde_json::{Map, Value, json};
 
 use crate::TrainError;
-use crate::checkpoint::{CheckpointState, Checkpoints, compatible};
+use crate::checkpoint::{CheckpointState, Checkpoints, compatible, flatten};
 use crate::config::TrainConfig;
 use crate::data::Loader;
 use crate::metrics::MetricsLog;
-use crate::optim::{GroupedAdamW, parameters};
+use crate::optim::{GroupedAdamW, ParamInfo, parameters};
 use crate::optimization::{Averaging, Optimization, loss_scale, loss_scale_state};
 use crate::parallel::DataParallel;
 use crate::plot::plot_curves;
@@ -118,6 +118,44 @@ impl<B: AutodiffBackend> Trainer<B> {
         crate::claim(&self.options.out, &self.settings(), &files)
     }
 
+    /// Refuses, before anything is allocated, a model whose weights, gradients and AdamW's two
+    /// moments (16 bytes a parameter in f32) exceed the host memory this process can take,
+    /// naming the model's largest settings. On a GPU the device's allocator answers instead.
+    fn check_memory(&self, params: &[ParamInfo]) -> Result<(), TrainError> {
+        if !is_host_backend::<B>(&self.device) {
+            return Ok(());
+        }
+        let values: u64 = params
+            .iter()
+            .map(|p| {
+                p.shape
+                    .iter()
+                    .fold(1u64, |n, &d| n.saturating_mul(d as u64))
+            })
+            .fold(0u64, u64::saturating_add);
+        let what =
+            format!("the weights, gradients and AdamW moments of the model's {values} parameters");
+        check_memory(values.saturating_mul(16), &what).map_err(|problem| {
+            let mut sizes = Vec::new();
+            flatten("", &self.options.model_settings, &mut sizes);
+            let mut sizes: Vec<(String, u64)> = sizes
+                .into_iter()
+                .filter_map(|(key, value)| Some((key, value.as_u64().filter(|&n| n > 1)?)))
+                .collect();
+            sizes.sort_by(|a, b| b.1.cmp(&a.1));
+            let named: Vec<String> = sizes
+                .iter()
+                .take(3)
+                .map(|(key, n)| format!("{key} = {n}"))
+                .collect();
+            TrainError::Config(if named.is_empty() {
+                problem
+            } else {
+                format!("{problem} (the largest: {})", named.join(", "))
+            })
+        })
+    }
+
     /// Whether this participant writes the run's files.
     fn is_main(&self) -> bool {
         self.options
@@ -160,10 +198,20 @@ impl<B: AutodiffBackend> Trainer<B> {
             return Err(TrainError::Data("the training set has no batches".into()));
         }
         let out = &self.options.out;
+        let params = parameters(&model);
+        self.check_memory(&params)?;
+        if let Some((items, batch)) = train.sizes()
+            && batch > items
+            && self.is_main()
+        {
+            eprintln!(
+                "warning: the batch size ({batch}) is larger than the training set ({items} \
+                 items): every step takes all {items}"
+            );
+        }
         self.claim()?;
         std::fs::create_dir_all(out).map_err(|e| TrainError::io(out, e))?;
         let groups = config.optimizer.group_names();
-        let params = parameters(&model);
         let settings = self.settings();
         let checkpoints = Checkpoints::new(out.join("checkpoints"));
         let mut model = model;
@@ -487,7 +535,13 @@ where
         // The model goes to the pool's thread (modules are `Send`, not `Sync`); clones share
         // their parameters.
         let model = model.clone();
-        let output = on_host_pool::<IB, _>(&device, move || model.eval_step(batch));
+        let output =
+            on_host_pool::<IB, _>(&device, move || model.eval_step(batch)).map_err(|problem| {
+                TrainError::BadBatch {
+                    stage: "evaluation".into(),
+                    problem,
+                }
+            })?;
         items += output.items;
         let values = output.sums.iter().map(|m| m.sum.clone().cast(DType::F32));
         if sums.is_empty() {

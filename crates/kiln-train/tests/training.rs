@@ -21,8 +21,8 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_cache::Order;
 use kiln_train::{
-    EvalOutput, EvalStep, Loader, LossScaling, OptimizerConfig, Outcome, RunOptions, Schedule,
-    StepContext, StepOutput, TrainConfig, TrainError, TrainStep, Trainer,
+    BadBatch, EvalOutput, EvalStep, Loader, LossScaling, OptimizerConfig, Outcome, RunOptions,
+    Schedule, StepContext, StepOutput, TrainConfig, TrainError, TrainStep, Trainer,
 };
 use safetensors::SafeTensors;
 
@@ -46,6 +46,9 @@ struct Mlp<B: Backend> {
     /// The forward pass panics with this message in step 3.
     #[module(skip)]
     panic_in_step_3: Option<&'static str>,
+    /// The step refuses its batch in step 3 (training) or in evaluation.
+    #[module(skip)]
+    refuse_in_step_3: bool,
 }
 
 impl<B: Backend> Mlp<B> {
@@ -58,9 +61,16 @@ impl<B: Backend> Mlp<B> {
 impl<B: AutodiffBackend> TrainStep<B> for Mlp<B> {
     type Batch = (Tensor<B, 2>, Tensor<B, 1, Int>);
 
-    fn train_step(&self, (x, labels): Self::Batch, context: &StepContext) -> StepOutput<B> {
+    fn train_step(
+        &self,
+        (x, labels): Self::Batch,
+        context: &StepContext,
+    ) -> Result<StepOutput<B>, BadBatch> {
         if let (Some(message), 2) = (self.panic_in_step_3, context.step) {
             panic!("{message}");
+        }
+        if self.refuse_in_step_3 && context.step == 2 {
+            return Err(BadBatch("caption 7 is 40 tokens; the LM holds 32".into()));
         }
         let logits = self.forward(x);
         let loss = CrossEntropyLossConfig::new()
@@ -71,20 +81,20 @@ impl<B: AutodiffBackend> TrainStep<B> for Mlp<B> {
             _ if self.loss_factor != 1.0 => loss.mul_scalar(self.loss_factor),
             _ => loss,
         };
-        StepOutput::new(loss, ITEMS)
+        Ok(StepOutput::new(loss, ITEMS))
     }
 }
 
 impl<B: Backend> EvalStep<B> for Mlp<B> {
     type Batch = (Tensor<B, 2>, Tensor<B, 1, Int>);
 
-    fn eval_step(&self, (x, labels): Self::Batch) -> EvalOutput<B> {
+    fn eval_step(&self, (x, labels): Self::Batch) -> Result<EvalOutput<B>, BadBatch> {
         let logits = self.forward(x);
         let n = labels.dims()[0];
         let loss = CrossEntropyLossConfig::new()
             .init(&logits.device())
             .forward(logits, labels);
-        EvalOutput::new(n).with_sum("loss", loss.mul_scalar(n as f32))
+        Ok(EvalOutput::new(n).with_sum("loss", loss.mul_scalar(n as f32)))
     }
 }
 
@@ -211,6 +221,7 @@ fn model(fixture: &Fixture, device: &burn::backend::flex::FlexDevice) -> Mlp<B> 
         loss_factor: 1.0,
         nan_from_step: None,
         panic_in_step_3: None,
+        refuse_in_step_3: false,
     }
 }
 
@@ -494,6 +505,19 @@ fn running_out_of_device_memory_is_an_error_naming_the_batch_and_other_panics_st
         run_with(config(&fixture), &fixture, quiet(out.path()), m)
     }));
     assert!(panicked.is_err(), "a bug is not turned into an error");
+}
+
+#[test]
+fn a_batch_the_step_refuses_is_an_error_naming_the_step() {
+    let fixture = Fixture::load();
+    let out = tempfile::tempdir().unwrap();
+    let mut m = model(&fixture, &Default::default());
+    m.refuse_in_step_3 = true;
+    let error = run_with(config(&fixture), &fixture, quiet(out.path()), m).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "step 3: caption 7 is 40 tokens; the LM holds 32"
+    );
 }
 
 /// One participant of a two-participant run over the fixture, one micro-batch each per step

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use burn::module::Module;
 use burn::tensor::backend::Backend;
-use burn_store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
-use kiln_precision::check_checkpoint;
+use burn_store::{ModuleSnapshot, SafetensorsStore};
+use kiln_precision::{TorchLayout, check_checkpoint};
 
 /// A checkpoint that cannot be loaded; the message names the files and tensors involved.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -24,8 +24,7 @@ pub fn read_config(path: &Path) -> Result<(PathBuf, String), CheckpointError> {
     } else {
         path.to_path_buf()
     };
-    let text = std::fs::read_to_string(&file)
-        .map_err(|e| CheckpointError(format!("{}: {e}", file.display())))?;
+    let text = kiln_io::read_text(&file).map_err(|e| CheckpointError(e.to_string()))?;
     Ok((file, text))
 }
 
@@ -106,7 +105,7 @@ pub fn load_checkpoint<B: Backend, M: Module<B>>(
     }
     for file in &files {
         let mut store = SafetensorsStore::from_file(file)
-            .with_from_adapter(PyTorchToBurnAdapter)
+            .with_from_adapter(TorchLayout::Load)
             .allow_partial(true);
         for (from, to) in remapping {
             store = store.with_key_remapping(from, *to);

@@ -5,7 +5,9 @@
 
 use burn::module::{Module, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::nn::{
+    Embedding, EmbeddingConfig, Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig,
+};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
@@ -136,7 +138,7 @@ impl ClipVisionConfig {
                 .init(device)
         };
         let embeddings = ClipEmbeddings {
-            class_embedding: Param::from_tensor(Tensor::zeros([hidden], device)),
+            class_embedding: Initializer::Zeros.init([hidden], device),
             patch_embedding: Conv2dConfig::new(
                 [self.num_channels, hidden],
                 [self.patch_size, self.patch_size],

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::VisionError;
+use kiln_precision::{MAX_LAYERS, MAX_WIDTH, check_limits};
 use kiln_transformer::Activation;
 use kiln_transformer::checkpoint::read_config;
 
@@ -252,7 +253,8 @@ impl Dinov2Config {
 
     /// MLP width.
     pub fn intermediate_size(&self) -> usize {
-        self.hidden_size * self.mlp_ratio
+        // Saturating: a config is checked against the stated limits after this is read.
+        self.hidden_size.saturating_mul(self.mlp_ratio)
     }
 }
 
@@ -314,11 +316,41 @@ impl VisionConfig {
                 "layer_norm_eps = {eps}: must be a finite number > 0"
             )));
         }
-        if heads == 0 || hidden % heads != 0 || patch == 0 {
+        let (image, channels) = match &config {
+            VisionConfig::Clip(c) => (c.image_size, c.num_channels),
+            VisionConfig::Siglip(c) => (c.image_size, c.num_channels),
+            VisionConfig::Dinov2(c) => (c.image_size, c.num_channels),
+        };
+        let (ratio, intermediate) = match &config {
+            VisionConfig::Dinov2(c) => (c.mlp_ratio, "hidden_size × mlp_ratio"),
+            _ => (1, "intermediate_size"),
+        };
+        let shape = config.shape();
+        check_limits(&[
+            ("num_hidden_layers", shape.layers, MAX_LAYERS),
+            ("hidden_size", hidden, MAX_WIDTH),
+            ("mlp_ratio", ratio, 64),
+            (intermediate, shape.intermediate, MAX_WIDTH),
+            ("num_attention_heads", heads, MAX_WIDTH),
+            ("image_size", image, 1 << 16),
+            ("num_channels", channels, 64),
+        ])
+        .map_err(VisionError::Config)?;
+        if patch > image {
             return Err(VisionError::Config(format!(
-                "hidden_size {hidden} is not split evenly into {heads} attention heads, or \
-                 patch_size is 0 ({patch})"
+                "patch_size = {patch} is larger than image_size = {image}: no patch fits"
             )));
+        }
+        if heads == 0 || hidden % heads != 0 {
+            return Err(VisionError::Config(format!(
+                "num_attention_heads = {heads}: hidden_size = {hidden} is not split evenly into \
+                 that many heads"
+            )));
+        }
+        if patch == 0 {
+            return Err(VisionError::Config(
+                "patch_size = 0: must be at least 1".into(),
+            ));
         }
         Ok(config)
     }
@@ -474,5 +506,5 @@ struct Shape {
 }
 
 fn parse<T: DeserializeOwned>(value: Value) -> Result<T, VisionError> {
-    serde_json::from_value(value).map_err(|e| VisionError::Config(e.to_string()))
+    kiln_precision::config_from_json(value).map_err(VisionError::Config)
 }

@@ -5,13 +5,13 @@
 
 use burn::module::{Module, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::nn::{Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Distribution, Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 
 use crate::TowerSettings;
 use crate::VisionError;
@@ -521,7 +521,10 @@ impl Dinov2Config {
     pub fn init<B: Backend>(&self, device: &B::Device) -> Dinov2Model<B> {
         let hidden = self.hidden_size;
         let grid = self.image_size / self.patch_size;
-        let init = Distribution::Normal(0.0, self.initializer_range);
+        let init = Initializer::Normal {
+            mean: 0.0,
+            std: self.initializer_range,
+        };
         let norm = || {
             LayerNormConfig::new(hidden)
                 .with_epsilon(self.layer_norm_eps)
@@ -533,7 +536,10 @@ impl Dinov2Config {
                 .init(device)
         };
         let scale = || LayerScale {
-            lambda1: Param::from_tensor(Tensor::full([hidden], self.layerscale_value, device)),
+            lambda1: Initializer::Constant {
+                value: self.layerscale_value,
+            }
+            .init([hidden], device),
         };
         let layer = (0..self.num_hidden_layers)
             .map(|_| Dinov2Layer {
@@ -559,12 +565,8 @@ impl Dinov2Config {
             // N(0, initializer_range²) as transformers initialises them: trained from scratch,
             // zeros would give every patch the same position.
             embeddings: Dinov2Embeddings {
-                cls_token: Param::from_tensor(Tensor::random([1, 1, hidden], init, device)),
-                position_embeddings: Param::from_tensor(Tensor::random(
-                    [1, 1 + grid * grid, hidden],
-                    init,
-                    device,
-                )),
+                cls_token: init.init([1, 1, hidden], device),
+                position_embeddings: init.init([1, 1 + grid * grid, hidden], device),
                 patch_embeddings: PatchEmbeddings {
                     projection: Conv2dConfig::new(
                         [self.num_channels, hidden],

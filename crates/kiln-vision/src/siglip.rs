@@ -6,7 +6,9 @@
 
 use burn::module::{Module, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::nn::{
+    Embedding, EmbeddingConfig, Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig,
+};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::linear;
@@ -196,10 +198,10 @@ impl SiglipVisionConfig {
                 .init(device)
         };
         let head = self.vision_use_head.then(|| PoolingHead {
-            probe: Param::from_tensor(Tensor::zeros([1, 1, hidden], device)),
+            probe: Initializer::Zeros.init([1, 1, hidden], device),
             attention: FusedAttention {
-                in_proj_weight: Param::from_tensor(Tensor::zeros([3 * hidden, hidden], device)),
-                in_proj_bias: Param::from_tensor(Tensor::zeros([3 * hidden], device)),
+                in_proj_weight: Initializer::Zeros.init([3 * hidden, hidden], device),
+                in_proj_bias: Initializer::Zeros.init([3 * hidden], device),
                 out_proj: LinearConfig::new(hidden, hidden).init(device),
                 heads: self.num_attention_heads,
             },

@@ -146,7 +146,7 @@ fn unsupported_checkpoints_are_explained() {
     .unwrap_err()
     .to_string();
     assert!(
-        err.contains("100") && err.contains("12 attention heads"),
+        err.contains("hidden_size = 100") && err.contains("num_attention_heads = 12"),
         "{err}"
     );
     let err = VisionConfig::from_hf_config(fixture("missing"))
