@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use burn::module::AutodiffModule;
-use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
+use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder, RecorderError};
 use burn::tensor::backend::AutodiffBackend;
 use kiln_io::StagedDir;
 use serde::{Deserialize, Serialize};
@@ -125,22 +125,32 @@ impl Checkpoints {
         fs::create_dir_all(&self.dir).map_err(|e| TrainError::io(&self.dir, e))?;
         // Written under a temporary name, renamed into place: a crash leaves no half checkpoint.
         let staged = StagedDir::new(&target)?;
-        let failed = |what: &str, e: &dyn std::fmt::Display| {
+        // burn's `RecorderError` displays as its Debug form (`Unknown("…")`): say its text.
+        let failed = |what: &str, e: RecorderError| {
+            let (RecorderError::FileNotFound(text)
+            | RecorderError::DeserializeError(text)
+            | RecorderError::Unknown(text)) = e;
+            let hint = if text.contains("No space left") {
+                "no space left on the device: free some space and run the same command again \
+                 (the run resumes from its last checkpoint); "
+            } else {
+                ""
+            };
             TrainError::Checkpoint(format!(
-                "writing the {what} into {}: {e}",
+                "writing the {what} into {}: {hint}{text}",
                 staged.path().display()
             ))
         };
         model
             .clone()
             .save_file(staged.path().join(MODEL), &recorder())
-            .map_err(|e| failed("model", &e))?;
+            .map_err(|e| failed("model", e))?;
         Recorder::<B>::record(
             &recorder(),
             optimizer.to_record(),
             staged.path().join(OPTIMIZER),
         )
-        .map_err(|e| failed("optimizer state", &e))?;
+        .map_err(|e| failed("optimizer state", e))?;
         let mut state = state.clone();
         for entry in fs::read_dir(staged.path()).map_err(|e| TrainError::io(staged.path(), e))? {
             let path = entry.map_err(|e| TrainError::io(staged.path(), e))?.path();

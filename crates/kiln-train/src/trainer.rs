@@ -142,7 +142,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 .into_iter()
                 .filter_map(|(key, value)| Some((key, value.as_u64().filter(|&n| n > 1)?)))
                 .collect();
-            sizes.sort_by(|a, b| b.1.cmp(&a.1));
+            sizes.sort_by_key(|size| std::cmp::Reverse(size.1));
             let named: Vec<String> = sizes
                 .iter()
                 .take(3)
