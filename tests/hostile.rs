@@ -815,8 +815,11 @@ fn a_killed_runs_temporaries_are_removed_by_the_next_run() {
     assert!(out.join("images/train/generated.json").is_file());
 }
 
-/// Every numeric flag of every example: (example, flag, whether a value is in its domain).
-const NUMERIC_FLAGS: &[(&str, &str, fn(&str) -> bool)] = &[
+/// An example's numeric flag: (example, flag, whether a value is in its domain).
+type NumericFlag = (&'static str, &'static str, fn(&str) -> bool);
+
+/// Every numeric flag of every example.
+const NUMERIC_FLAGS: &[NumericFlag] = &[
     ("forcefield", "--batch", |v| kiln::cli::count(v).is_ok()),
     ("md", "--steps", |v| kiln::cli::count(v).is_ok()),
     ("md", "--every", |v| kiln::cli::count(v).is_ok()),
