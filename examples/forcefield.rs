@@ -22,7 +22,9 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
-use kiln::forcefield::{ForceFieldError, Frame, Painn, Predictions, read_extxyz, write_extxyz};
+use kiln::forcefield::{
+    Doubt, ForceFieldError, Frame, Painn, Predictions, read_extxyz, write_extxyz,
+};
 use kiln::precision::{DeviceJob, DeviceSpec};
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
@@ -83,17 +85,18 @@ impl DeviceJob for Args {
             }
         }
         let start = Instant::now();
+        let mut doubts = Vec::new();
         for chunk in good.chunks(self.batch) {
             let structures: Vec<_> = chunk.iter().map(|&i| frames[i].structure.clone()).collect();
             match model.predict(&structures, device) {
-                Ok(results) => store(&mut frames, chunk, results),
+                Ok(results) => doubts.extend(store(&mut frames, chunk, results)),
                 // A problem found only while building neighbour lists (overlapping atoms):
                 // evaluate the chunk's structures one at a time so only the bad one is lost.
                 Err(_) => {
                     for &index in chunk {
                         let single = [frames[index].structure.clone()];
                         match model.predict(&single, device) {
-                            Ok(results) => store(&mut frames, &[index], results),
+                            Ok(results) => doubts.extend(store(&mut frames, &[index], results)),
                             Err(e) => {
                                 // Alone in its batch, the structure was the batch's first.
                                 let e = match e {
@@ -115,18 +118,16 @@ impl DeviceJob for Args {
         let seconds = start.elapsed().as_secs_f64();
         // What the model gave but should not be trusted: NaN or infinite values fail their
         // structure, implausible energies are warned of.
-        for frame in frames.iter_mut() {
-            let Some(doubt) = frame.info.remove("doubt") else {
-                continue;
-            };
-            let fatal = doubt.contains("non-finite");
+        for (index, doubt) in doubts {
+            let frame = &mut frames[index];
+            let fatal = matches!(doubt, Doubt::NonFinite { .. });
             let kind = if fatal { "error" } else { "warning" };
             eprintln!("{}:{}: {kind}: {doubt}", self.input.display(), frame.line);
             if fatal {
                 frame.info.remove("energy");
                 frame.info.remove("stress");
                 frame.arrays.remove("forces");
-                frame.info.insert("error".into(), doubt);
+                frame.info.insert("error".into(), doubt.to_string());
                 failed += 1;
             }
         }
@@ -144,15 +145,16 @@ impl DeviceJob for Args {
 }
 
 /// Puts results into the frames `indices`: energy and stress (3×3, row by row, as ASE writes
-/// it) in the info, forces as a per-atom array.
-fn store(frames: &mut [Frame], indices: &[usize], results: Predictions) {
+/// it) in the info, forces as a per-atom array. Returns the frames whose results are in doubt.
+fn store(frames: &mut [Frame], indices: &[usize], results: Predictions) -> Vec<(usize, Doubt)> {
+    let mut doubts = Vec::new();
     let mut first = 0;
     for (s, &index) in indices.iter().enumerate() {
         let frame = &mut frames[index];
         let atoms = frame.structure.len();
         let energy = results.energies[s];
         if let Some(doubt) = results.doubt(s, first, atoms) {
-            frame.info.insert("doubt".into(), doubt);
+            doubts.push((index, doubt));
         }
         frame.info.insert("energy".into(), format!("{energy:.10}"));
         if let Some(stress) = results.stresses[s] {
@@ -171,6 +173,7 @@ fn store(frames: &mut [Frame], indices: &[usize], results: Predictions) {
         frame.arrays.insert("forces".into(), (3, values));
         first += atoms;
     }
+    doubts
 }
 
 fn main() -> ExitCode {

@@ -20,7 +20,10 @@ use burn::tensor::backend::Backend;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::burn;
-use kiln::forcefield::{Frame, MdState, NveConfig, Painn, read_extxyz, run_nve, write_extxyz};
+use kiln::forcefield::{
+    Frame, MAX_TEMPERATURE_K, MAX_TIMESTEP_FS, MdState, NveConfig, Painn, read_extxyz, run_nve,
+    write_extxyz,
+};
 use kiln::io::StagedFile;
 use kiln::precision::{DeviceJob, DeviceSpec};
 
@@ -44,14 +47,14 @@ struct Args {
     /// Where to write the trajectory (extended XYZ).
     #[arg(long)]
     trajectory: PathBuf,
-    /// Integration step, fs.
-    #[arg(long, default_value_t = 0.5, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
+    /// Integration step, fs (at most 100).
+    #[arg(long, default_value_t = 0.5, value_parser = |t: &str| kiln::cli::at_most(kiln::cli::positive(t)?, MAX_TIMESTEP_FS, "fs"), allow_negative_numbers = true)]
     timestep: f64,
     /// Steps to integrate.
     #[arg(long, default_value_t = 1000, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     steps: usize,
-    /// Temperature of the initial Maxwell–Boltzmann velocities, K.
-    #[arg(long, default_value_t = 300.0, value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
+    /// Temperature of the initial Maxwell–Boltzmann velocities, K (at most 100000).
+    #[arg(long, default_value_t = 300.0, value_parser = |t: &str| kiln::cli::at_most(kiln::cli::non_negative(t)?, MAX_TEMPERATURE_K, "K"), allow_negative_numbers = true)]
     temperature: f64,
     /// Seed of the initial velocities.
     #[arg(long, default_value_t = 0)]
@@ -147,6 +150,9 @@ impl DeviceJob for Args {
             "energy drift {:.4} meV/atom/ps, largest deviation {:.4} meV/atom",
             conservation.drift_mev_per_atom_ps, conservation.max_deviation_mev_per_atom
         );
+        if let Some(doubt) = conservation.doubt() {
+            eprintln!("warning: {doubt}");
+        }
         Ok(())
     }
 }

@@ -59,6 +59,22 @@ pub fn count(text: &str) -> Result<usize, String> {
     }
 }
 
+/// `value`, read by one of the parsers above, when it is at most `most` (in `unit`): a stated
+/// limit beyond which a setting means nothing, such as an MD time step of a microsecond.
+///
+/// ```
+/// let timestep = |t: &str| kiln::cli::at_most(kiln::cli::positive(t)?, 100.0, "fs");
+/// assert_eq!(timestep("0.5"), Ok(0.5));
+/// assert_eq!(timestep("1e300").unwrap_err(), "must be at most 100 fs");
+/// ```
+pub fn at_most(value: f64, most: f64, unit: &str) -> Result<f64, String> {
+    if value <= most {
+        Ok(value)
+    } else {
+        Err(format!("must be at most {most} {unit}"))
+    }
+}
+
 /// A whole number ≥ 1 counted in steps or epochs.
 pub fn count_u64(text: &str) -> Result<u64, String> {
     count(text).map(|value| value as u64)

@@ -95,10 +95,24 @@ fn refuses_image(name: &str, bytes: &[u8], needles: &[&str]) {
 /// Runs `example` with flag / value pairs `args`; fails the test if it has not exited within a
 /// minute (a hang).
 fn run(example: &str, args: &[&Path]) -> Output {
-    let mut command = Command::new(common::example(example));
-    for pair in args.chunks(2) {
-        command.arg(pair[0]).arg(pair[1]);
-    }
+    run_within(None, example, args)
+}
+
+/// [`run`], in an address space of `gib` GiB where given: a program that tried to allocate
+/// more dies instead of swapping, and fails the test.
+fn run_within(gib: Option<u64>, example: &str, args: &[&Path]) -> Output {
+    let mut command = match gib {
+        Some(gib) => {
+            let mut shell = Command::new("sh");
+            shell
+                .arg("-c")
+                .arg(format!("ulimit -v {} && exec \"$0\" \"$@\"", gib << 20))
+                .arg(common::example(example));
+            shell
+        }
+        None => Command::new(common::example(example)),
+    };
+    command.args(args);
     let mut child = command
         .env(
             "KILN_CACHE_DIR",
@@ -116,7 +130,12 @@ fn run(example: &str, args: &[&Path]) -> Output {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    child.wait_with_output().unwrap()
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&output.stderr).contains("memory allocation"),
+        "{example} ran out of its {gib:?} GiB"
+    );
+    output
 }
 
 use common::snapshot;
@@ -293,23 +312,6 @@ fn checkpoint_tensors_of_an_integer_dtype_or_another_shape_are_named() {
     assert!(!output.exists());
 }
 
-/// Runs `example` with `args` in an address space of `gib` GiB: a program that tried to
-/// allocate more dies instead of swapping.
-fn run_within(gib: u64, example: &str, args: &[&Path]) -> Output {
-    let mut command = Command::new("sh");
-    command
-        .arg("-c")
-        .arg(format!("ulimit -v {} && exec \"$0\" \"$@\"", gib << 20))
-        .arg(common::example(example))
-        .args(args);
-    let output = command.output().unwrap();
-    assert!(
-        !String::from_utf8_lossy(&output.stderr).contains("memory allocation"),
-        "{example} ran out of its {gib} GiB"
-    );
-    output
-}
-
 /// A config whose sizes disagree with its checkpoint is refused from the shapes alone, before
 /// the model takes any memory (a typo that asks for 14 GB of MLP weights, in 4 GiB of address
 /// space), every tensor named as the checkpoint names it: a Llama's `model.norm.weight`, not
@@ -339,7 +341,7 @@ fn sizes_are_checked_against_the_checkpoint_before_anything_is_allocated() {
         Path::new("--prompt"),
         Path::new("hi"),
     ];
-    let generate = run_within(4, "generate", &args);
+    let generate = run_within(Some(4), "generate", &args);
     refused(
         &generate,
         "model.layers.0.mlp.gate_proj.weight: the checkpoint has [80, 48], the model needs \
@@ -783,6 +785,65 @@ fn a_run_directory_resumes_only_its_own_run() {
     }
 }
 
+/// A small tmpfs mounted at a new directory in `dir`, unmounted when dropped; `None` where this
+/// process may not mount (not root, or not Linux).
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, size: &str) -> Option<Self> {
+        let at = dir.join(format!("disk-{size}"));
+        fs::create_dir_all(&at).unwrap();
+        let options = format!("size={size}");
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &options, "tmpfs"])
+            .arg(&at)
+            .output()
+            .is_ok_and(|output| output.status.success());
+        mounted.then_some(SmallDisk(at))
+    }
+
+    fn grow(&self) {
+        let grown = Command::new("mount")
+            .args(["-o", "remount,size=16m"])
+            .arg(&self.0)
+            .status()
+            .unwrap();
+        assert!(grown.success());
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A disk that fills up while a run writes (its metrics, a checkpoint's model, optimizer state
+/// or state) stops the run with "no space left on the device while writing" and the file, never
+/// a Debug dump; once space is freed, the same command resumes and finishes the run.
+#[test]
+fn a_full_disk_is_said_as_such_and_the_rerun_finishes() {
+    let data = common::labelled::data();
+    let dir = tempfile::tempdir().unwrap();
+    for size in ["8k", "20k", "28k", "40k"] {
+        let Some(disk) = SmallDisk::mount(dir.path(), size) else {
+            eprintln!("skipped: this process cannot mount a small tmpfs (needs root on Linux)");
+            return;
+        };
+        let out = disk.0.join("run");
+        let full = train_forcefield(&data.train, &data.valid, &out, &[]);
+        refused(&full, "no space left on the device while writing");
+        let stderr = String::from_utf8_lossy(&full.stderr);
+        assert!(
+            !stderr.contains("Io {") && !stderr.contains("Os {"),
+            "a Debug dump:\n{stderr}"
+        );
+        disk.grow();
+        succeeded(&train_forcefield(&data.train, &data.valid, &out, &[]));
+        assert!(out.join("model/model.safetensors").is_file());
+    }
+}
+
 /// What a run killed while generating its images left (a staging directory of a process that
 /// is gone) is removed by the next run.
 #[test]
@@ -823,9 +884,11 @@ const NUMERIC_FLAGS: &[NumericFlag] = &[
     ("forcefield", "--batch", |v| kiln::cli::count(v).is_ok()),
     ("md", "--steps", |v| kiln::cli::count(v).is_ok()),
     ("md", "--every", |v| kiln::cli::count(v).is_ok()),
-    ("md", "--timestep", |v| kiln::cli::positive(v).is_ok()),
+    ("md", "--timestep", |v| {
+        kiln::cli::positive(v).is_ok_and(|t| t <= kiln::forcefield::MAX_TIMESTEP_FS)
+    }),
     ("md", "--temperature", |v| {
-        kiln::cli::non_negative(v).is_ok()
+        kiln::cli::non_negative(v).is_ok_and(|t| t <= kiln::forcefield::MAX_TEMPERATURE_K)
     }),
     ("md", "--skin", |v| kiln::cli::non_negative(v).is_ok()),
     ("generate", "--temperature", |v| {

@@ -7,7 +7,7 @@
 //! domain must be refused naming the setting. The cargo-fuzz corpus
 //! (`fuzz/corpus/`) is replayed here through the fuzz targets' own harness, so CI needs no nightly.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kiln::forcefield::read_extxyz;
 use kiln::mc::TrialStore;
@@ -216,47 +216,52 @@ fn loads_or_names<T, E: std::fmt::Display>(
     Ok(())
 }
 
+/// A fixture checkpoint of each family (text, vision, force field) and how it is loaded.
+type Load = fn(&Path) -> Result<(), String>;
+
+fn checkpoints() -> [(PathBuf, Load); 3] {
+    use kiln::burn::backend::Flex;
+    use kiln::precision::Policy;
+    [
+        (text_fixtures().join("llama"), |dir| {
+            kiln::text::CausalLm::<Flex>::from_hf_dir(dir, &Default::default(), &Policy::full())
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }),
+        (common::fixtures().join("dinov2"), |dir| {
+            kiln::vision::VisionModel::<Flex>::from_hf_dir(
+                dir,
+                &Default::default(),
+                &Policy::full(),
+            )
+            .map(drop)
+            .map_err(|e| e.to_string())
+        }),
+        (
+            common::forcefield_fixtures().join("painn_gaussian"),
+            |dir| {
+                kiln::forcefield::Painn::<Flex>::from_dir(dir, &Default::default())
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            },
+        ),
+    ]
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(192))]
 
     #[test]
-    fn text_checkpoints_take_only_configs_they_fit(
-        (text, key, value) in mutated(fixture(&text_fixtures().join("llama/config.json")))
+    fn checkpoints_of_every_family_take_only_configs_they_fit(
+        (family, (text, key, value)) in prop_oneof![
+            mutated(fixture(&checkpoints()[0].0.join("config.json"))).prop_map(|m| (0, m)),
+            mutated(fixture(&checkpoints()[1].0.join("config.json"))).prop_map(|m| (1, m)),
+            mutated(fixture(&checkpoints()[2].0.join("config.json"))).prop_map(|m| (2, m)),
+        ]
     ) {
-        let dir = with_config(&text_fixtures().join("llama"), &text);
-        let loaded = kiln::text::CausalLm::<kiln::burn::backend::Flex>::from_hf_dir(
-            dir.path(),
-            &Default::default(),
-            &kiln::precision::Policy::full(),
-        );
-        loads_or_names(loaded, &key, value)?;
-    }
-
-    #[test]
-    fn vision_checkpoints_take_only_configs_they_fit(
-        (text, key, value) in mutated(fixture(&common::fixtures().join("dinov2/config.json")))
-    ) {
-        let dir = with_config(&common::fixtures().join("dinov2"), &text);
-        let loaded = kiln::vision::VisionModel::<kiln::burn::backend::Flex>::from_hf_dir(
-            dir.path(),
-            &Default::default(),
-            &kiln::precision::Policy::full(),
-        );
-        loads_or_names(loaded, &key, value)?;
-    }
-
-    #[test]
-    fn painn_checkpoints_take_only_configs_they_fit(
-        (text, key, value) in mutated(fixture(
-            &common::forcefield_fixtures().join("painn_gaussian/config.json")
-        ))
-    ) {
-        let dir = with_config(&common::forcefield_fixtures().join("painn_gaussian"), &text);
-        let loaded = kiln::forcefield::Painn::<kiln::burn::backend::Flex>::from_dir(
-            dir.path(),
-            &Default::default(),
-        );
-        loads_or_names(loaded, &key, value)?;
+        let (source, load) = &checkpoints()[family];
+        let dir = with_config(source, &text);
+        loads_or_names(load(dir.path()), &key, value)?;
     }
 }
 

@@ -46,11 +46,11 @@ pub use extxyz::{ExtxyzError, Frame, read_extxyz, write_extxyz};
 pub use labels::{LabelKeys, Labels};
 pub use loss::{COSINE_EPS, ForceLoss, LossWeights};
 pub use md::{
-    BOLTZMANN, Conservation, MdState, NveConfig, VerletList, kinetic_energy, maxwell_boltzmann,
-    run_nve,
+    BOLTZMANN, Conservation, MAX_TEMPERATURE_K, MAX_TIMESTEP_FS, MdState, NveConfig,
+    UNCONSERVED_MEV_PER_ATOM, VerletList, kinetic_energy, maxwell_boltzmann, run_nve,
 };
 pub use neighbors::{NeighborList, NeighborMethod, neighbor_list, neighbor_list_with};
-pub use painn::{IMPLAUSIBLE_EV_PER_ATOM, Painn, Predictions};
+pub use painn::{Doubt, IMPLAUSIBLE_EV_PER_ATOM, Painn, Predictions};
 pub use structure::Structure;
 pub use train::{ForceBatch, LabelledStructures, Recipe};
 

@@ -85,6 +85,51 @@ impl MdState {
     }
 }
 
+/// The longest time step [`run_nve`] takes, fs: ten periods of the fastest molecular vibration
+/// (O–H stretch, about 9 fs). Usual steps are 0.5–2 fs; much beyond that atoms jump past one
+/// another and the trajectory means nothing.
+pub const MAX_TIMESTEP_FS: f64 = 100.0;
+
+/// The highest temperature [`run_nve`] draws initial velocities for, K: far above where any
+/// molecule holds together, so far beyond what a force field describes.
+pub const MAX_TEMPERATURE_K: f64 = 1e5;
+
+/// The total energy's largest deviation over a run, meV/atom, beyond which
+/// [`Conservation::doubt`] says energy was not conserved: about the thermal kinetic energy per
+/// atom at room temperature (39 meV).
+pub const UNCONSERVED_MEV_PER_ATOM: f64 = 50.0;
+
+impl NveConfig {
+    /// Refuses settings outside their domains: a time step in (0, [`MAX_TIMESTEP_FS`]], a
+    /// temperature in [0, [`MAX_TEMPERATURE_K`]], a finite skin ≥ 0.
+    pub fn validate(&self) -> Result<(), String> {
+        // 1e300 as written, not as three hundred digits.
+        let said = |x: f64| {
+            if x.abs() < 1e6 {
+                x.to_string()
+            } else {
+                format!("{x:e}")
+            }
+        };
+        if !(self.timestep_fs > 0.0 && self.timestep_fs <= MAX_TIMESTEP_FS) {
+            return Err(format!(
+                "timestep {} fs: must be > 0 and at most {MAX_TIMESTEP_FS} fs",
+                said(self.timestep_fs)
+            ));
+        }
+        if !(0.0..=MAX_TEMPERATURE_K).contains(&self.temperature_k) {
+            return Err(format!(
+                "temperature {} K: must be ≥ 0 and at most {MAX_TEMPERATURE_K} K",
+                said(self.temperature_k)
+            ));
+        }
+        if !(self.skin >= 0.0 && self.skin.is_finite()) {
+            return Err(format!("skin {} Å: must be a finite number ≥ 0", self.skin));
+        }
+        Ok(())
+    }
+}
+
 /// How well a run conserved energy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Conservation {
@@ -94,6 +139,22 @@ pub struct Conservation {
     pub max_deviation_mev_per_atom: f64,
     /// Times the neighbour list was built (on CPU backends; see [`VerletList`]).
     pub neighbor_builds: usize,
+}
+
+impl Conservation {
+    /// Why the run's trajectory should not be trusted: its total energy moved by more than
+    /// [`UNCONSERVED_MEV_PER_ATOM`] (a time step too long for the motion, or a rough model);
+    /// `None` when energy was conserved.
+    pub fn doubt(&self) -> Option<String> {
+        let deviation = self.max_deviation_mev_per_atom;
+        (deviation.is_nan() || deviation > UNCONSERVED_MEV_PER_ATOM).then(|| {
+            format!(
+                "energy was not conserved: the total energy moved by up to {deviation:.1} \
+                 meV/atom (more than {UNCONSERVED_MEV_PER_ATOM} meV/atom); shorten the time \
+                 step (0.5–2 fs is usual) or check the model"
+            )
+        })
+    }
 }
 
 /// A Verlet neighbour list, as ASE and LAMMPS keep one: the pairs within `cutoff + skin`, built
@@ -278,13 +339,8 @@ pub fn run_nve<B: AutodiffBackend>(
     mut observe: impl FnMut(&MdState),
 ) -> Result<Conservation, ForceFieldError> {
     let fail = |reason: String| ForceFieldError::Structure { index: 0, reason };
+    config.validate().map_err(ForceFieldError::Config)?;
     structure.validate(0, model.config().max_z)?;
-    if !(config.timestep_fs > 0.0 && config.timestep_fs.is_finite()) {
-        return Err(fail(format!(
-            "timestep {} fs: must be positive",
-            config.timestep_fs
-        )));
-    }
     let masses: Vec<f64> = structure
         .numbers
         .iter()
@@ -304,8 +360,8 @@ pub fn run_nve<B: AutodiffBackend>(
         potential: 0.0,
         kinetic: 0.0,
     };
-    // A NaN or infinite energy or force ends the run where it appears, before it spreads into
-    // every position of the trajectory.
+    // A NaN or infinite energy, force, position or velocity ends the run where it appears,
+    // before it spreads into every frame of the trajectory.
     let finite = |step: usize, (potential, forces): (f64, Vec<[f64; 3]>)| {
         if potential.is_finite() && forces.iter().flatten().all(|f| f.is_finite()) {
             return Ok((potential, forces));
@@ -313,6 +369,16 @@ pub fn run_nve<B: AutodiffBackend>(
         Err(fail(format!(
             "at step {step}: the model gives a non-finite energy or force (energy {potential} \
              eV): atoms closer than it can describe, or a time step too long for the motion"
+        )))
+    };
+    let moving = |step: usize, state: &MdState| {
+        let values = state.structure.positions.iter().chain(&state.velocities);
+        if values.flatten().all(|x| x.is_finite()) {
+            return Ok(());
+        }
+        Err(fail(format!(
+            "at step {step}: positions or velocities became non-finite: the forces are too \
+             large for a time step of {dt} fs"
         )))
     };
     (state.potential, state.forces) = finite(0, forces.evaluate(&state.structure)?)?;
@@ -330,11 +396,13 @@ pub fn run_nve<B: AutodiffBackend>(
         for (r, v) in state.structure.positions.iter_mut().zip(&state.velocities) {
             *r = std::array::from_fn(|x| r[x] + dt * v[x]);
         }
+        moving(step, &state)?;
         let evaluated = forces
             .evaluate(&state.structure)
             .map_err(|e| fail(format!("at step {step}: {e}")))?;
         (state.potential, state.forces) = finite(step, evaluated)?;
         kick(&mut state.velocities, &state.forces);
+        moving(step, &state)?;
         state.step = step;
         state.time_fs = step as f64 * dt;
         if step % every == 0 || step == config.steps {

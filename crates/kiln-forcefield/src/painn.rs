@@ -122,12 +122,37 @@ pub struct Predictions {
 /// atom, a core electron's a few keV.
 pub const IMPLAUSIBLE_EV_PER_ATOM: f64 = 1e4;
 
+/// Why a structure's prediction should not be trusted ([`Predictions::doubt`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Doubt {
+    /// A NaN or infinite energy, force or stress: the structure has no result.
+    #[error(
+        "the model gives a non-finite energy, force or stress (energy {energy} eV): its weights \
+         or the structure's geometry make it overflow"
+    )]
+    NonFinite {
+        /// The energy given, eV.
+        energy: f64,
+    },
+    /// A finite energy beyond [`IMPLAUSIBLE_EV_PER_ATOM`]: a result, with a warning.
+    #[error(
+        "energy {energy:.4e} eV ({per_atom:.3e} eV/atom) is beyond any chemistry: atoms closer \
+         than the model was trained on? (check the cell and positions)"
+    )]
+    Implausible {
+        /// The energy, eV.
+        energy: f64,
+        /// The energy per atom, eV.
+        per_atom: f64,
+    },
+}
+
 impl Predictions {
     /// Why structure `s` (of `atoms` atoms, whose forces start at `first`) should not be
     /// trusted: a NaN or infinite energy, force or stress (an error), or an energy beyond
     /// [`IMPLAUSIBLE_EV_PER_ATOM`] (a warning: atoms far closer than any training structure's,
     /// where the model extrapolates); `None` when nothing is wrong.
-    pub fn doubt(&self, s: usize, first: usize, atoms: usize) -> Option<String> {
+    pub fn doubt(&self, s: usize, first: usize, atoms: usize) -> Option<Doubt> {
         let energy = self.energies[s];
         let forces = &self.forces[first..first + atoms];
         let stress = self.stresses[s].iter().flatten().flatten();
@@ -138,18 +163,11 @@ impl Predictions {
                 .chain(stress)
                 .any(|v| !v.is_finite())
         {
-            return Some(format!(
-                "the model gives a non-finite energy, force or stress (energy {energy} eV): \
-                 its weights or the structure's geometry make it overflow"
-            ));
+            return Some(Doubt::NonFinite { energy });
         }
         let per_atom = energy / atoms.max(1) as f64;
-        (per_atom.abs() > IMPLAUSIBLE_EV_PER_ATOM).then(|| {
-            format!(
-                "energy {energy:.4e} eV ({per_atom:.3e} eV/atom) is beyond any chemistry: \
-                 atoms closer than the model was trained on? (check the cell and positions)"
-            )
-        })
+        (per_atom.abs() > IMPLAUSIBLE_EV_PER_ATOM)
+            .then_some(Doubt::Implausible { energy, per_atom })
     }
 }
 
@@ -783,9 +801,12 @@ mod tests {
             stresses: vec![None, None, None, Some([[0.0, f64::INFINITY, 0.0]; 3])],
         };
         assert_eq!(predictions.doubt(0, 0, 2), None);
-        let absurd = predictions.doubt(1, 2, 1).unwrap();
+        let absurd = predictions.doubt(1, 2, 1).unwrap().to_string();
         assert!(absurd.contains("-1.4000e22 eV"), "{absurd}");
-        assert!(predictions.doubt(2, 3, 1).unwrap().contains("non-finite"));
-        assert!(predictions.doubt(3, 4, 1).unwrap().contains("non-finite"));
+        for s in [2, 3] {
+            let doubt = predictions.doubt(s, s + 1, 1).unwrap();
+            assert!(matches!(doubt, Doubt::NonFinite { .. }), "{doubt}");
+            assert!(doubt.to_string().contains("non-finite"));
+        }
     }
 }

@@ -273,8 +273,8 @@ fn no_structure_depends_on_another() {
 
 /// Per-element reference energies (`atomref` in config.json) shift each energy by the sum over
 /// its atoms and leave forces alone.
-#[test]
-fn reference_energies_add_per_atom() {
+/// The painn_gaussian fixture with per-element reference energies `atomref` (eV, by Z), in f64.
+fn with_atomref(atomref: &[f64]) -> kiln_forcefield::Painn<B> {
     let dir = tempfile::tempdir().unwrap();
     let source = support::fixtures().join("painn_gaussian");
     std::fs::copy(
@@ -285,13 +285,18 @@ fn reference_energies_add_per_atom() {
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(source.join("config.json")).unwrap())
             .unwrap();
-    let atomref: Vec<f64> = (0..100).map(|z| -0.5 * z as f64 - 0.125).collect();
     config["atomref"] = serde_json::json!(atomref);
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    let device = Default::default();
-    let with = kiln_forcefield::Painn::<B>::from_dir(dir.path(), &device)
+    kiln_forcefield::Painn::<B>::from_dir(dir.path(), &Default::default())
         .unwrap()
-        .with_precision(kiln_precision::Precision::F64);
+        .with_precision(kiln_precision::Precision::F64)
+}
+
+#[test]
+fn reference_energies_add_per_atom() {
+    let atomref: Vec<f64> = (0..100).map(|z| -0.5 * z as f64 - 0.125).collect();
+    let with = with_atomref(&atomref);
+    let device = Default::default();
     let all = structures();
     let plain = evaluate("painn_gaussian", &all);
     let shifted = with.predict(&all, &device).unwrap();
@@ -343,6 +348,67 @@ fn nve_conserves_energy_to_second_order_in_the_timestep() {
         "halving the timestep shrank the energy error {ratio:.2}× ({coarse:?}, {fine:?})"
     );
     assert!(fine.drift_mev_per_atom_ps.abs() < 1.0, "{fine:?}");
+    assert_eq!(fine.doubt(), None);
+}
+
+/// Energy that stops being finite ends a run at the step where it does, before any frame
+/// holds it; a time step too long to conserve energy is doubted; settings outside their
+/// domains are refused before anything runs.
+#[test]
+fn md_stops_at_a_non_finite_energy_and_doubts_a_step_too_long() {
+    let water = structures().swap_remove(0);
+    let device = Default::default();
+    let overflowing = with_atomref(&[1e308; 100]);
+    let mut frames = 0;
+    let err = run_nve(&overflowing, &water, &NveConfig::default(), &device, |_| {
+        frames += 1
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("at step 0: the model gives a non-finite energy or force"),
+        "{err}"
+    );
+    assert_eq!(frames, 0);
+
+    let model = model("painn_gaussian");
+    let long = NveConfig {
+        timestep_fs: 50.0,
+        steps: 50,
+        ..NveConfig::default()
+    };
+    let doubt = run_nve(&model, &water, &long, &device, |_| ())
+        .unwrap()
+        .doubt()
+        .expect("a 50 fs step does not conserve energy");
+    assert!(doubt.contains("energy was not conserved"), "{doubt}");
+
+    for (config, needle) in [
+        (
+            NveConfig {
+                timestep_fs: 1e300,
+                ..long.clone()
+            },
+            "timestep 1e300 fs",
+        ),
+        (
+            NveConfig {
+                temperature_k: -5.0,
+                ..long.clone()
+            },
+            "temperature -5 K",
+        ),
+        (
+            NveConfig {
+                skin: f64::NAN,
+                ..long.clone()
+            },
+            "skin NaN",
+        ),
+    ] {
+        let err = run_nve(&model, &water, &config, &device, |_| ()).unwrap_err();
+        assert!(err.to_string().contains(needle), "{err}");
+    }
 }
 
 /// The initial velocities: the requested temperature within sampling error, no centre-of-mass

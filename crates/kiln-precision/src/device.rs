@@ -300,6 +300,21 @@ impl DeviceSpec {
     }
 }
 
+/// Bytes of memory `device` can still take, where that can be told: the host's
+/// [`available_memory`](crate::available_memory) for the CPU backends, the GPU's free memory on
+/// CUDA; `None` on wgpu, whose adapters do not say.
+pub fn free_memory<B: Backend>(device: &B::Device) -> Option<u64> {
+    if is_host_backend::<B>(device) {
+        return crate::available_memory();
+    }
+    #[cfg(feature = "cuda")]
+    if B::name(device).contains("cuda") {
+        use burn::tensor::backend::DeviceOps;
+        return cuda_backend::free_memory(usize::from(device.id().index_id));
+    }
+    None
+}
+
 /// Whether backend `B` keeps its tensors in host memory: the CPU backends (Flex, NdArray), also
 /// under autodiff. There an upload is a memory copy, and element-wise work that a GPU would do
 /// after the upload is cheaper on the host before it.
@@ -581,6 +596,27 @@ mod cuda_backend {
             memory_bytes: memory,
             threads: None,
         })
+    }
+
+    /// Bytes free on CUDA device `index`, asked in its primary context (the one cubecl uses);
+    /// the calling thread's current context is restored after.
+    pub fn free_memory(index: usize) -> Option<u64> {
+        result::init().ok()?;
+        let device = result::device::get(i32::try_from(index).ok()?).ok()?;
+        let previous = result::ctx::get_current().ok().flatten();
+        // SAFETY: `device` is a valid device; the primary context retained here is released
+        // below, and the previous current context (if any) is made current again.
+        unsafe {
+            let context = result::primary_ctx::retain(device).ok()?;
+            let info = result::ctx::set_current(context)
+                .ok()
+                .and_then(|()| result::mem_get_info().ok());
+            if let Some(previous) = previous {
+                let _ = result::ctx::set_current(previous);
+            }
+            let _ = result::primary_ctx::release(device);
+            info.map(|(free, _total)| free as u64)
+        }
     }
 
     /// Bytes reserved by the memory pools of CUDA device `index`.

@@ -7,6 +7,8 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
+use crate::device::{free_memory, is_host_backend};
+
 /// The most layers (or blocks) a config may ask for; the largest released models have about 130
 /// (Llama 3.1 405B: 126). Layers are built before a checkpoint is read, so a typo such as
 /// `num_hidden_layers: 1000000000` is refused by this stated limit, not by running out of memory.
@@ -148,17 +150,28 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
-/// Refuses `needed` bytes when this process cannot have them ([`available_memory`]), before
-/// anything is allocated; `what` says what needs them, in the user's terms ("the model's weights
-/// (n_atom_basis = 100000)"). Where the available memory cannot be read, nothing is refused.
-pub fn check_memory(needed: u64, what: &str) -> Result<(), String> {
-    check_memory_against(needed, available_memory(), what)
+/// Refuses `needed` bytes when `device` cannot take them ([`free_memory`]: the host's available
+/// memory for CPU backends, the GPU's free memory on CUDA), before anything is allocated; `what`
+/// says what needs them, in the user's terms ("the model's weights (n_atom_basis = 100000)").
+/// Where the free memory cannot be read (wgpu), nothing is refused.
+pub fn check_memory<B: Backend>(device: &B::Device, needed: u64, what: &str) -> Result<(), String> {
+    let place = if is_host_backend::<B>(device) {
+        "this machine has"
+    } else {
+        "the device has"
+    };
+    check_memory_against(needed, free_memory::<B>(device), place, what)
 }
 
-fn check_memory_against(needed: u64, available: Option<u64>, what: &str) -> Result<(), String> {
+fn check_memory_against(
+    needed: u64,
+    available: Option<u64>,
+    place: &str,
+    what: &str,
+) -> Result<(), String> {
     match available {
         Some(available) if needed > available => Err(format!(
-            "{what} need at least {}, but this machine has {} available: choose smaller sizes",
+            "{what} need at least {}, but {place} {} available: choose smaller sizes",
             human_bytes(needed),
             human_bytes(available)
         )),
@@ -194,7 +207,8 @@ mod tests {
             Some("Struct:Linear")
         );
         assert_eq!(parameter_count(&model), 1_000_000_000_000 + 1_000_000);
-        let err = check_memory(parameter_count(&model) * 4, "the model's weights").unwrap_err();
+        let err = check_memory::<Flex>(&device, parameter_count(&model) * 4, "the model's weights")
+            .unwrap_err();
         assert!(
             err.starts_with("the model's weights need at least 4.0 TB"),
             "{err}"
@@ -203,9 +217,11 @@ mod tests {
 
     #[test]
     fn memory_is_refused_only_beyond_what_is_available() {
-        assert!(check_memory_against(10, Some(10), "x").is_ok());
-        assert!(check_memory_against(u64::MAX, None, "x").is_ok());
-        let err = check_memory_against(2_500_000_000, Some(1_000_000_000), "weights").unwrap_err();
+        let place = "this machine has";
+        assert!(check_memory_against(10, Some(10), place, "x").is_ok());
+        assert!(check_memory_against(u64::MAX, None, place, "x").is_ok());
+        let err =
+            check_memory_against(2_500_000_000, Some(1_000_000_000), place, "weights").unwrap_err();
         assert_eq!(
             err,
             "weights need at least 2.5 GB, but this machine has 1.0 GB available: choose smaller sizes"

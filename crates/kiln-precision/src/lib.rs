@@ -48,7 +48,7 @@ pub use checkpoint::{
 };
 pub use device::{
     BackendKind, DEVICE_NAMES, DeviceError, DeviceJob, DeviceReport, DeviceSpec, GraphicsApi,
-    Hardware, is_host_backend,
+    Hardware, free_memory, is_host_backend,
 };
 pub use dtype::{DtypeSpec, Precision};
 pub use footprint::{

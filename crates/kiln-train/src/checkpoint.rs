@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use burn::module::AutodiffModule;
-use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder, RecorderError};
+use burn::record::{BinBytesRecorder, BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use kiln_io::StagedDir;
 use serde::{Deserialize, Serialize};
@@ -57,6 +57,11 @@ pub struct Checkpoints {
 const STATE: &str = "state.json";
 const MODEL: &str = "model";
 const OPTIMIZER: &str = "optimizer";
+
+/// The file burn's file recorder reads for `name` (it adds the extension).
+fn file_name(name: &str) -> String {
+    format!("{name}.bin")
+}
 
 fn recorder() -> BinFileRecorder<FullPrecisionSettings> {
     BinFileRecorder::new()
@@ -125,42 +130,27 @@ impl Checkpoints {
         fs::create_dir_all(&self.dir).map_err(|e| TrainError::io(&self.dir, e))?;
         // Written under a temporary name, renamed into place: a crash leaves no half checkpoint.
         let staged = StagedDir::new(&target)?;
-        // burn's `RecorderError` displays as its Debug form (`Unknown("…")`): say its text.
-        let failed = |what: &str, e: RecorderError| {
-            let (RecorderError::FileNotFound(text)
-            | RecorderError::DeserializeError(text)
-            | RecorderError::Unknown(text)) = e;
-            let hint = if text.contains("No space left") {
-                "no space left on the device: free some space and run the same command again \
-                 (the run resumes from its last checkpoint); "
-            } else {
-                ""
-            };
-            TrainError::Checkpoint(format!(
-                "writing the {what} into {}: {hint}{text}",
-                staged.path().display()
-            ))
-        };
-        model
-            .clone()
-            .save_file(staged.path().join(MODEL), &recorder())
-            .map_err(|e| failed("model", e))?;
-        Recorder::<B>::record(
-            &recorder(),
-            optimizer.to_record(),
-            staged.path().join(OPTIMIZER),
-        )
-        .map_err(|e| failed("optimizer state", e))?;
+        // Encoded in memory (the bytes burn's file recorder would write) and written by
+        // kiln-io, so a full disk is said as such and the checksums need no second read.
+        let bytes = BinBytesRecorder::<FullPrecisionSettings>::default();
+        let encoded = [
+            (
+                MODEL,
+                Recorder::<B>::record(&bytes, model.clone().into_record(), ()),
+            ),
+            (
+                OPTIMIZER,
+                Recorder::<B>::record(&bytes, optimizer.to_record(), ()),
+            ),
+        ];
         let mut state = state.clone();
-        for entry in fs::read_dir(staged.path()).map_err(|e| TrainError::io(staged.path(), e))? {
-            let path = entry.map_err(|e| TrainError::io(staged.path(), e))?.path();
-            let bytes = fs::read(&path).map_err(|e| TrainError::io(&path, e))?;
-            let name = path
-                .file_name()
-                .expect("a file")
-                .to_string_lossy()
-                .into_owned();
-            state.files.insert(name, kiln_io::checksum(&bytes));
+        for (name, encoded) in encoded {
+            let encoded = encoded.map_err(|e| {
+                TrainError::Checkpoint(format!("encoding the checkpoint's {name}: {e:?}"))
+            })?;
+            let name = file_name(name);
+            staged.write(&name, &encoded)?;
+            state.files.insert(name, kiln_io::checksum(&encoded));
         }
         let json = serde_json::to_string_pretty(&state).expect("the state serialises");
         staged.write(STATE, json.as_bytes())?;

@@ -73,15 +73,7 @@ pub enum TrainError {
     /// Settings that cannot be used (said before any work).
     #[error("{0}")]
     Config(String),
-    /// A file or directory could not be read or written.
-    #[error("{}: {message}", path.display())]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// What went wrong.
-        message: String,
-    },
-    /// A file or directory could not be written safely (kiln-io's refusals included).
+    /// A file or directory could not be read or written safely (kiln-io's refusals included).
     #[error(transparent)]
     File(#[from] kiln_io::FileError),
     /// A checkpoint could not be written or read.
@@ -163,10 +155,7 @@ pub enum TrainError {
 }
 
 impl TrainError {
-    pub(crate) fn io(path: &Path, e: impl std::fmt::Display) -> Self {
-        TrainError::Io {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        }
+    pub(crate) fn io(path: &Path, e: std::io::Error) -> Self {
+        TrainError::File(kiln_io::FileError::io(path, e))
     }
 }

@@ -109,10 +109,8 @@ pub fn read_metrics(out: &Path) -> Result<Vec<Value>, TrainError> {
     text.lines()
         .enumerate()
         .map(|(i, line)| {
-            serde_json::from_str(line).map_err(|e| TrainError::Io {
-                path: path.clone(),
-                message: format!("line {}: {e}", i + 1),
-            })
+            serde_json::from_str(line)
+                .map_err(|e| TrainError::Data(format!("{}: line {}: {e}", path.display(), i + 1)))
         })
         .collect()
 }

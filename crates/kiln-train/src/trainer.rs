@@ -4,11 +4,12 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use burn::module::Module;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln_cache::Order;
-use kiln_precision::{check_memory, is_host_backend, on_host_pool};
+use kiln_precision::{check_memory, on_host_pool, parameter_count};
 use serde_json::{Map, Value, json};
 
 use crate::TrainError;
@@ -16,7 +17,7 @@ use crate::checkpoint::{CheckpointState, Checkpoints, compatible, flatten};
 use crate::config::TrainConfig;
 use crate::data::Loader;
 use crate::metrics::MetricsLog;
-use crate::optim::{GroupedAdamW, ParamInfo, parameters};
+use crate::optim::{GroupedAdamW, parameters};
 use crate::optimization::{Averaging, Optimization, loss_scale, loss_scale_state};
 use crate::parallel::DataParallel;
 use crate::plot::plot_curves;
@@ -119,23 +120,13 @@ impl<B: AutodiffBackend> Trainer<B> {
     }
 
     /// Refuses, before anything is allocated, a model whose weights, gradients and AdamW's two
-    /// moments (16 bytes a parameter in f32) exceed the host memory this process can take,
-    /// naming the model's largest settings. On a GPU the device's allocator answers instead.
-    fn check_memory(&self, params: &[ParamInfo]) -> Result<(), TrainError> {
-        if !is_host_backend::<B>(&self.device) {
-            return Ok(());
-        }
-        let values: u64 = params
-            .iter()
-            .map(|p| {
-                p.shape
-                    .iter()
-                    .fold(1u64, |n, &d| n.saturating_mul(d as u64))
-            })
-            .fold(0u64, u64::saturating_add);
+    /// moments (16 bytes a parameter in f32) exceed the memory the device can still take (the
+    /// host's for CPU backends, the GPU's on CUDA), naming the model's largest settings.
+    fn check_memory<M: Module<B>>(&self, model: &M) -> Result<(), TrainError> {
+        let values = parameter_count(model);
         let what =
             format!("the weights, gradients and AdamW moments of the model's {values} parameters");
-        check_memory(values.saturating_mul(16), &what).map_err(|problem| {
+        check_memory::<B>(&self.device, values.saturating_mul(16), &what).map_err(|problem| {
             let mut sizes = Vec::new();
             flatten("", &self.options.model_settings, &mut sizes);
             let mut sizes: Vec<(String, u64)> = sizes
@@ -198,8 +189,8 @@ impl<B: AutodiffBackend> Trainer<B> {
             return Err(TrainError::Data("the training set has no batches".into()));
         }
         let out = &self.options.out;
+        self.check_memory(&model)?;
         let params = parameters(&model);
-        self.check_memory(&params)?;
         if let Some((items, batch)) = train.sizes()
             && batch > items
             && self.is_main()
