@@ -5,6 +5,7 @@ use std::path::Path;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use kiln::mc::{Experiment, SummaryRow, Timings, TrialKey, to_csv};
+use kiln::train::plot::draw_png;
 use serde_json::json;
 
 /// Seconds per stage of this run.
@@ -90,16 +91,9 @@ pub fn write_results(
         "naive": naive,
         "rows": rows,
     });
-    let write = |name: &str, bytes: &[u8]| {
-        kiln::io::write_atomic(&out.join(name), bytes).map_err(|e| e.to_string())
-    };
-    write(
-        "summary.json",
-        serde_json::to_string_pretty(&summary)
-            .expect("a summary serialises")
-            .as_bytes(),
-    )?;
-    write("summary.csv", to_csv(rows).as_bytes())?;
+    kiln::io::write_json(&out.join("summary.json"), &summary).map_err(|e| e.to_string())?;
+    kiln::io::write_atomic(&out.join("summary.csv"), to_csv(rows).as_bytes())
+        .map_err(|e| e.to_string())?;
     plot(&out.join("convergence.png"), experiment, rows)?;
     print_table(rows);
     eprintln!(
@@ -132,41 +126,43 @@ fn print_table(rows: &[SummaryRow]) {
 type Metric = fn(&SummaryRow) -> f64;
 
 /// Between-trial variance of the mean and rank stability against T, one line per model, log
-/// axes.
+/// axes ticked at the pass counts measured.
 fn plot(path: &Path, experiment: &Experiment, rows: &[SummaryRow]) -> Result<(), String> {
     use plotters::prelude::*;
 
-    let (width, height) = (1200u32, 500u32);
-    let mut buffer = vec![0u8; (width * height * 3) as usize];
-    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
-        .map_err(|_| fail(&"the bundled font"))?;
-    {
-        let root = BitMapBackend::with_buffer(&mut buffer, (width, height)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| fail(&e))?;
-        let panels = root.split_evenly((1, 2));
-        let t_min = f64::from(*experiment.passes.iter().min().expect("pass counts")) / 1.25;
-        let t_max = f64::from(*experiment.passes.iter().max().expect("pass counts")) * 1.25;
-        let series = |model: &str, value: Metric| -> Vec<(f64, f64)> {
-            rows.iter()
-                .filter(|r| r.model == model)
-                .map(|r| (f64::from(r.passes), value(r)))
-                .filter(|(_, v)| v.is_finite())
-                .collect()
-        };
-        let panels_spec: [(&str, Metric, bool); 2] = [
-            (
-                "between-trial variance of the mean",
-                |r| r.mean_variance,
-                true,
-            ),
-            ("rank stability (Spearman)", |r| r.rank_stability, false),
-        ];
+    let passes: Vec<f64> = experiment.passes.iter().map(|&t| f64::from(t)).collect();
+    let t_min = passes.iter().copied().fold(f64::MAX, f64::min) / 1.25;
+    let t_max = passes.iter().copied().fold(f64::MIN, f64::max) * 1.25;
+    let series = |model: &str, value: Metric| -> Vec<(f64, f64)> {
+        rows.iter()
+            .filter(|r| r.model == model)
+            .map(|r| (f64::from(r.passes), value(r)))
+            .filter(|(_, v)| v.is_finite())
+            .collect()
+    };
+    let panels_spec: [(&str, Metric, bool); 2] = [
+        (
+            "between-trial variance of the mean",
+            |r| r.mean_variance,
+            true,
+        ),
+        ("rank stability (Spearman)", |r| r.rank_stability, false),
+    ];
+    draw_png(path, (1200, 500), |figure| {
+        let panels = figure.split_evenly((1, 2));
         for (panel, (title, value, log_y)) in panels.iter().zip(panels_spec) {
             let values: Vec<f64> = rows.iter().map(value).filter(|v| v.is_finite()).collect();
             let (lo, hi) = values
                 .iter()
                 .fold((f64::MAX, f64::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+            let (lo, hi) = match (values.is_empty(), log_y) {
+                (true, true) => (1e-12, 1.0),
+                (true, false) => (-1.0, 1.0),
+                (false, true) if lo <= 0.0 => (1e-12, 1.0),
+                (false, true) => (lo / 2.0, hi * 2.0),
+                (false, false) => (lo.min(0.0) - 0.05, 1.05f64.max(hi)),
+            };
+            let x = (t_min..t_max).log_scale().with_key_points(passes.clone());
             let mut chart = ChartBuilder::on(panel);
             chart
                 .caption(title, ("sans-serif", 22))
@@ -175,61 +171,36 @@ fn plot(path: &Path, experiment: &Experiment, rows: &[SummaryRow]) -> Result<(),
                 .y_label_area_size(70);
             let colours = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
             if log_y {
-                let (lo, hi) = if values.is_empty() || lo <= 0.0 {
-                    (1e-12, 1.0)
-                } else {
-                    (lo / 2.0, hi * 2.0)
-                };
-                let mut c = chart
-                    .build_cartesian_2d((t_min..t_max).log_scale(), (lo..hi).log_scale())
-                    .map_err(|e| fail(&e))?;
+                let mut c = chart.build_cartesian_2d(x, (lo..hi).log_scale())?;
                 c.configure_mesh()
                     .x_desc("passes T")
+                    .x_label_formatter(&|t| format!("{t:.0}"))
                     .y_label_formatter(&|v| format!("{v:.0e}"))
-                    .draw()
-                    .map_err(|e| fail(&e))?;
+                    .draw()?;
                 for (model, colour) in experiment.models.iter().zip(colours.iter().cycle()) {
                     let points = series(model, value);
-                    c.draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
-                        .map_err(|e| fail(&e))?
+                    c.draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
                         .label(model)
                         .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour));
-                    c.draw_series(points.iter().map(|&p| Circle::new(p, 4, colour.filled())))
-                        .map_err(|e| fail(&e))?;
+                    c.draw_series(points.iter().map(|&p| Circle::new(p, 4, colour.filled())))?;
                 }
                 c.configure_series_labels()
                     .background_style(WHITE.mix(0.8))
                     .border_style(BLACK)
-                    .draw()
-                    .map_err(|e| fail(&e))?;
+                    .draw()?;
             } else {
-                let (lo, hi) = if values.is_empty() {
-                    (-1.0, 1.0)
-                } else {
-                    (lo.min(0.0) - 0.05, 1.05f64.max(hi))
-                };
-                let mut c = chart
-                    .build_cartesian_2d((t_min..t_max).log_scale(), lo..hi)
-                    .map_err(|e| fail(&e))?;
+                let mut c = chart.build_cartesian_2d(x, lo..hi)?;
                 c.configure_mesh()
                     .x_desc("passes T")
-                    .draw()
-                    .map_err(|e| fail(&e))?;
+                    .x_label_formatter(&|t| format!("{t:.0}"))
+                    .draw()?;
                 for (model, colour) in experiment.models.iter().zip(colours.iter().cycle()) {
                     let points = series(model, value);
-                    c.draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
-                        .map_err(|e| fail(&e))?;
-                    c.draw_series(points.iter().map(|&p| Circle::new(p, 4, colour.filled())))
-                        .map_err(|e| fail(&e))?;
+                    c.draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?;
+                    c.draw_series(points.iter().map(|&p| Circle::new(p, 4, colour.filled())))?;
                 }
             }
         }
-        root.present().map_err(|e| fail(&e))?;
-    }
-    let mut png = Vec::new();
-    image::RgbImage::from_raw(width, height, buffer)
-        .expect("the buffer holds the image")
-        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
-        .map_err(|e| fail(&e))?;
-    kiln::io::write_atomic(path, &png).map_err(|e| e.to_string())
+        Ok(())
+    })
 }

@@ -36,6 +36,7 @@ use kiln::burn;
 use kiln::foveated::synthetic::{CueThenRead, SyntheticClips};
 use kiln::foveated::{FoveatedModel, Mode, Readout};
 use kiln::precision::{DeviceJob, DeviceSpec};
+use kiln::train::plot::draw_png;
 use kiln::train::{Outcome, RunOptions, TrainConfig, Trainer, read_metrics};
 use serde_json::{Value, json};
 
@@ -371,8 +372,7 @@ impl DeviceJob for Args {
                 "wall_seconds": started.elapsed().as_secs_f64(),
             }),
         );
-        let text = serde_json::to_string_pretty(&Value::Object(summary)).expect("JSON");
-        kiln::io::write_atomic(&self.out.join("summary.json"), text.as_bytes())
+        kiln::io::write_json(&self.out.join("summary.json"), &summary)
             .map_err(|e| e.to_string())?;
         plot(&self.out, &self.controls, 1.0 / self.classes as f64)?;
         println!(
@@ -395,7 +395,6 @@ fn plot(out: &Path, controls: &[String], chance: f64) -> Result<(), String> {
     use plotters::prelude::*;
 
     let path = out.join("curves.png");
-    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let mut series = Vec::new();
     let mut last_step = 1u64;
     for (control, name) in controls.iter().enumerate() {
@@ -415,26 +414,18 @@ fn plot(out: &Path, controls: &[String], chance: f64) -> Result<(), String> {
             }
         }
     }
-    plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
-        .map_err(|_| fail(&"the bundled font"))?;
-    let (width, height) = (1000u32, 600u32);
-    let mut buffer = vec![0u8; (width * height * 3) as usize];
-    {
-        let root = BitMapBackend::with_buffer(&mut buffer, (width, height)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| fail(&e))?;
-        let mut chart = ChartBuilder::on(&root)
+    draw_png(&path, (1000, 600), |figure| {
+        let mut chart = ChartBuilder::on(figure)
             .caption("cue then read: held-out accuracy", ("sans-serif", 22))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(56)
-            .build_cartesian_2d(0u64..last_step, 0f64..1.0)
-            .map_err(|e| fail(&e))?;
+            .build_cartesian_2d(0u64..last_step, 0f64..1.0)?;
         chart
             .configure_mesh()
             .x_desc("optimizer step")
             .y_desc("accuracy")
-            .draw()
-            .map_err(|e| fail(&e))?;
+            .draw()?;
         // Issue 25's levels beneath the curves: chance, then dashed the ceiling of a pass that
         // cannot look and the floor of one that looks.
         for (level, label, colour, dash) in [
@@ -453,8 +444,7 @@ fn plot(out: &Path, controls: &[String], chance: f64) -> Result<(), String> {
                 None => chart.draw_series(LineSeries::new(line, style)),
                 Some(dash) => chart.draw_series(DashedLineSeries::new(line, dash, dash / 2, style)),
             };
-            drawn
-                .map_err(|e| fail(&e))?
+            drawn?
                 .label(label)
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
         }
@@ -464,8 +454,7 @@ fn plot(out: &Path, controls: &[String], chance: f64) -> Result<(), String> {
             let style =
                 ShapeStyle::from(colour).stroke_width(if key == "fine_accuracy" { 3 } else { 1 });
             chart
-                .draw_series(LineSeries::new(points, style))
-                .map_err(|e| fail(&e))?
+                .draw_series(LineSeries::new(points, style))?
                 .label(label)
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
         }
@@ -474,16 +463,9 @@ fn plot(out: &Path, controls: &[String], chance: f64) -> Result<(), String> {
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .position(SeriesLabelPosition::MiddleRight)
-            .draw()
-            .map_err(|e| fail(&e))?;
-        root.present().map_err(|e| fail(&e))?;
-    }
-    use image::ImageEncoder;
-    let mut png = Vec::new();
-    image::codecs::png::PngEncoder::new(&mut png)
-        .write_image(&buffer, width, height, image::ExtendedColorType::Rgb8)
-        .map_err(|e| fail(&e))?;
-    kiln::io::write_atomic(&path, &png).map_err(|e| e.to_string())
+            .draw()?;
+        Ok(())
+    })
 }
 
 fn main() -> ExitCode {

@@ -354,8 +354,7 @@ impl DeviceJob for Args {
             "wall_seconds": started.elapsed().as_secs_f64(),
         });
         let summary_path = self.out.join("summary.json");
-        let text = serde_json::to_string_pretty(&summary).expect("JSON");
-        kiln::io::write_atomic(&summary_path, text.as_bytes()).map_err(|e| e.to_string())?;
+        kiln::io::write_json(&summary_path, &summary).map_err(|e| e.to_string())?;
         println!("{} and {}", model_dir.display(), summary_path.display());
         Ok(())
     }

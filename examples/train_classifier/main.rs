@@ -16,12 +16,12 @@
 //!
 //! Data-parallel (built with `--features collective`): start one process per device with
 //! torchrun's variables (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) or under Slurm;
-//! each takes `--batch` images per micro-batch, rank 0 writes the outputs (README, "Training").
+//! each takes `--batch` images per micro-batch, rank 0 writes the outputs (docs/TRAINING.md).
 
 mod model;
 mod shapes;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -194,8 +194,8 @@ impl DeviceJob for Args {
                 .map(|(_, v)| *v)
         };
         let accuracy = metric("accuracy").unwrap_or(f64::NAN);
-        write_summary(
-            &self.out,
+        kiln::io::write_json(
+            &self.out.join("summary.json"),
             &json!({
                 "steps": outcome.step,
                 "final_eval_accuracy": accuracy,
@@ -207,7 +207,8 @@ impl DeviceJob for Args {
                 "policy": policy.to_string(),
                 "wall_seconds_this_run": started.elapsed().as_secs_f64(),
             }),
-        )?;
+        )
+        .map_err(|e| e.to_string())?;
         println!(
             "final held-out accuracy: {:.2}% after {} steps ({})",
             100.0 * accuracy,
@@ -216,12 +217,6 @@ impl DeviceJob for Args {
         );
         Ok(())
     }
-}
-
-/// Writes `summary.json`, whole or not at all.
-fn write_summary(out: &Path, summary: &serde_json::Value) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(summary).expect("JSON");
-    kiln::io::write_atomic(&out.join("summary.json"), text.as_bytes()).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {

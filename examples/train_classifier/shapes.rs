@@ -4,6 +4,8 @@
 
 use std::path::Path;
 
+use kiln::precision::SplitMix64;
+
 /// Classes (orientations).
 pub const CLASSES: usize = 4;
 /// Image side in pixels (the model's).
@@ -38,7 +40,7 @@ pub fn generate(dir: &Path, count: usize, seed: u64) -> Result<(), String> {
     }
     let staged = kiln::io::StagedDir::new(dir).map_err(|e| e.to_string())?;
     for i in 0..count {
-        let mut random = SplitMix(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut random = SplitMix64::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let class = i % CLASSES;
         let angle = std::f64::consts::PI * class as f64 / CLASSES as f64;
         let (dx, dy) = (angle.cos(), angle.sin());
@@ -80,18 +82,4 @@ pub fn label(name: &str) -> Result<i64, String> {
         .and_then(|class| class.parse().ok())
         .filter(|&class: &i64| (0..CLASSES as i64).contains(&class))
         .ok_or_else(|| format!("{name}: not a generated image (c<class>_<index>.png)"))
-}
-
-/// SplitMix64: reproducible on every platform.
-struct SplitMix(u64);
-
-impl SplitMix {
-    /// A uniform number in [0, 1).
-    fn unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
 }

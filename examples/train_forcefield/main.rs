@@ -319,8 +319,7 @@ impl DeviceJob for Args {
             "device": self.device.to_string(),
             "wall_seconds_this_run": started.elapsed().as_secs_f64(),
         });
-        let text = serde_json::to_string_pretty(&summary).expect("JSON");
-        kiln::io::write_atomic(&self.out.join("summary.json"), text.as_bytes())
+        kiln::io::write_json(&self.out.join("summary.json"), &summary)
             .map_err(|e| e.to_string())?;
         println!(
             "validation (best epoch {}): energy MAE {:.4} eV/atom, force MAE {:.4} eV/Å, \

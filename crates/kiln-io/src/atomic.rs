@@ -14,6 +14,22 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
     write_atomic_with(path, |file| file.write_all(bytes))
 }
 
+/// `value` as pretty-printed JSON (a run's `summary.json`, a manifest), ending in a newline,
+/// written [`write_atomic`]ally.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let path = dir.path().join("summary.json");
+/// kiln_io::write_json(&path, &serde_json::json!({"steps": 30})).unwrap();
+/// assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\n  \"steps\": 30\n}\n");
+/// ```
+pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), FileError> {
+    let mut text = serde_json::to_string_pretty(value)
+        .map_err(|e| FileError::io(path, io::Error::other(e)))?;
+    text.push('\n');
+    write_atomic(path, text.as_bytes())
+}
+
 /// [`write_atomic`] with the contents written by `write` into the temporary file (wrap it in a
 /// `BufWriter` for many small writes, and flush it).
 pub fn write_atomic_with(

@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 
 pub use atomic::{
     StagedDir, StagedFile, remove_stale_temporaries, write_atomic, write_atomic_at,
-    write_atomic_with,
+    write_atomic_with, write_json,
 };
 pub use checksum::{checksum, fingerprint};
 pub use run_files::RunFiles;

@@ -18,6 +18,7 @@
 //!   Flex).
 //! - [`LossScale`]: no-op, static and dynamic loss scaling for half-precision training.
 //! - [`on_host_pool`]: host computation driven from one of rayon's threads.
+//! - [`splitmix64`] / [`SplitMix64`]: the one seed mixer and small generator every crate uses.
 //! - [`enable_kernel_cache`]: GPU kernels compiled once per machine (on by default, in the
 //!   user's cache directory; `KILN_KERNEL_CACHE` moves it or turns it off).
 
@@ -37,6 +38,7 @@ mod loss_scale;
 pub mod math;
 mod ops;
 mod policy;
+mod random;
 mod row_index;
 mod segment;
 mod threads;
@@ -64,6 +66,7 @@ pub use ops::scatter_add;
 pub use policy::{
     PRESETS, Policy, PolicySpec, cast, cast_module, computes_in, resolve_half, widen_to_f32,
 };
+pub use random::{SplitMix64, splitmix64};
 pub use row_index::{RowIndex, RowIndexError};
 pub use segment::segment_sum_launches;
 pub use threads::on_host_pool;

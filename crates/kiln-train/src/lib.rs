@@ -42,7 +42,7 @@ mod metrics;
 mod optim;
 mod optimization;
 mod parallel;
-mod plot;
+pub mod plot;
 mod run_dir;
 mod schedule;
 mod step;

@@ -1,21 +1,63 @@
-//! `loss.png`: training loss per step with the evaluation loss
-//! beside it, and each group's learning rate, drawn at every evaluation and at the end.
+//! Figures: [`draw_png`], the one way kiln draws a plot and writes it (the bundled font, one PNG
+//! encoder, written whole or not at all), and `loss.png` ([`plot_curves`]): training loss per
+//! step with the evaluation loss beside it, and each group's learning rate, drawn at every
+//! evaluation and at the end.
 
 use std::path::Path;
 
 use image::ImageEncoder;
+use plotters::coord::Shift;
+use plotters::prelude::*;
 
 use crate::metrics::StepPoint;
 
-/// Draws `points` into `path`.
-pub fn plot_curves(path: &Path, points: &[StepPoint], groups: &[String]) -> Result<(), String> {
-    use plotters::prelude::*;
+/// A figure being drawn: the whole canvas, white, text in DejaVu Sans as `"sans-serif"`.
+pub type Figure<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
 
-    let (width, height) = (1200u32, 500u32);
-    let mut buffer = vec![0u8; (width * height * 3) as usize];
+/// What drawing on a [`Figure`] gives: plotters' errors pass through `?`.
+pub type Drawn = Result<(), Box<dyn std::error::Error>>;
+
+/// Draws a `width` × `height` figure with `draw` and writes it to `path` as a PNG, whole or
+/// not at all (a reader never sees half a plot).
+///
+/// ```
+/// use kiln_train::plot::{Drawn, Figure, draw_png};
+/// use plotters::prelude::*;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let path = dir.path().join("line.png");
+/// draw_png(&path, (320, 200), |figure: &Figure| -> Drawn {
+///     let mut chart = ChartBuilder::on(figure).build_cartesian_2d(0f64..1.0, 0f64..1.0)?;
+///     chart.draw_series(LineSeries::new([(0.0, 0.0), (1.0, 1.0)], BLUE))?;
+///     Ok(())
+/// })
+/// .unwrap();
+/// assert!(std::fs::read(&path).unwrap().starts_with(b"\x89PNG"));
+/// ```
+pub fn draw_png(
+    path: &Path,
+    (width, height): (u32, u32),
+    draw: impl FnOnce(&Figure) -> Drawn,
+) -> Result<(), String> {
     let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
         .map_err(|_| fail(&"the bundled font"))?;
+    let mut buffer = vec![0u8; (width * height * 3) as usize];
+    {
+        let figure = BitMapBackend::with_buffer(&mut buffer, (width, height)).into_drawing_area();
+        figure.fill(&WHITE).map_err(|e| fail(&e))?;
+        draw(&figure).map_err(|e| fail(&e))?;
+        figure.present().map_err(|e| fail(&e))?;
+    }
+    let mut png = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut png)
+        .write_image(&buffer, width, height, image::ExtendedColorType::Rgb8)
+        .map_err(|e| fail(&e))?;
+    kiln_io::write_atomic(path, &png).map_err(|e| e.to_string())
+}
+
+/// Draws `points` into `path`.
+pub fn plot_curves(path: &Path, points: &[StepPoint], groups: &[String]) -> Result<(), String> {
     let last = points.last().map_or(1, |p| p.step).max(1) as f64;
     let train: Vec<(f64, f64)> = points
         .iter()
@@ -44,10 +86,8 @@ pub fn plot_curves(path: &Path, points: &[StepPoint], groups: &[String]) -> Resu
         }
     };
     let (train, eval) = (scale(train), scale(eval));
-    {
-        let root = BitMapBackend::with_buffer(&mut buffer, (width, height)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| fail(&e))?;
-        let panels = root.split_evenly((1, 2));
+    draw_png(path, (1200, 500), |figure| {
+        let panels = figure.split_evenly((1, 2));
         let values = train.iter().chain(&eval).map(|&(_, v)| v);
         let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(l, h), v| (l.min(v), h.max(v)));
         let (lo, hi) = if lo > hi { (0.1, 1.0) } else { (lo, hi) };
@@ -69,8 +109,7 @@ pub fn plot_curves(path: &Path, points: &[StepPoint], groups: &[String]) -> Resu
                     } else {
                         (lo - pad).min(0.0)..(hi + pad)
                     },
-                )
-                .map_err(|e| fail(&e))?;
+                )?;
             c.configure_mesh()
                 .x_desc("optimizer step")
                 .y_label_formatter(&|v| {
@@ -80,25 +119,20 @@ pub fn plot_curves(path: &Path, points: &[StepPoint], groups: &[String]) -> Resu
                         format!("{v:.3}")
                     }
                 })
-                .draw()
-                .map_err(|e| fail(&e))?;
-            c.draw_series(LineSeries::new(train.clone(), BLUE.stroke_width(1)))
-                .map_err(|e| fail(&e))?
+                .draw()?;
+            c.draw_series(LineSeries::new(train.clone(), BLUE.stroke_width(1)))?
                 .label("train")
                 .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE));
             if !eval.is_empty() {
-                c.draw_series(LineSeries::new(eval.clone(), RED.stroke_width(2)))
-                    .map_err(|e| fail(&e))?
+                c.draw_series(LineSeries::new(eval.clone(), RED.stroke_width(2)))?
                     .label("eval")
                     .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED));
-                c.draw_series(eval.iter().map(|&p| Circle::new(p, 4, RED.filled())))
-                    .map_err(|e| fail(&e))?;
+                c.draw_series(eval.iter().map(|&p| Circle::new(p, 4, RED.filled())))?;
             }
             c.configure_series_labels()
                 .background_style(WHITE.mix(0.8))
                 .border_style(BLACK)
-                .draw()
-                .map_err(|e| fail(&e))?;
+                .draw()?;
         }
         let lr_max = points
             .iter()
@@ -110,39 +144,25 @@ pub fn plot_curves(path: &Path, points: &[StepPoint], groups: &[String]) -> Resu
             .margin(16)
             .x_label_area_size(40)
             .y_label_area_size(80)
-            .build_cartesian_2d(0f64..last, 0f64..(lr_max * 1.05).max(1e-12))
-            .map_err(|e| fail(&e))?;
+            .build_cartesian_2d(0f64..last, 0f64..(lr_max * 1.05).max(1e-12))?;
         c.configure_mesh()
             .x_desc("optimizer step")
             .y_label_formatter(&|v| format!("{v:.1e}"))
-            .draw()
-            .map_err(|e| fail(&e))?;
+            .draw()?;
         for (g, (name, colour)) in groups.iter().zip(colours.iter().cycle()).enumerate() {
             let series: Vec<(f64, f64)> = points
                 .iter()
                 .map(|p| (p.step as f64, p.lrs.get(g).copied().unwrap_or(f64::NAN)))
                 .filter(|(_, v)| v.is_finite())
                 .collect();
-            c.draw_series(LineSeries::new(series, colour.stroke_width(2)))
-                .map_err(|e| fail(&e))?
+            c.draw_series(LineSeries::new(series, colour.stroke_width(2)))?
                 .label(name.as_str())
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour));
         }
         c.configure_series_labels()
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
-            .draw()
-            .map_err(|e| fail(&e))?;
-        root.present().map_err(|e| fail(&e))?;
-    }
-    image_png(path, &buffer, width, height)
-}
-
-/// Writes an RGB buffer as a PNG, whole or not at all (a reader never sees half a plot).
-fn image_png(path: &Path, rgb: &[u8], width: u32, height: u32) -> Result<(), String> {
-    let mut png = Vec::new();
-    image::codecs::png::PngEncoder::new(&mut png)
-        .write_image(rgb, width, height, image::ExtendedColorType::Rgb8)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    kiln_io::write_atomic(path, &png).map_err(|e| e.to_string())
+            .draw()?;
+        Ok(())
+    })
 }

@@ -4,6 +4,7 @@
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use kiln_precision::splitmix64;
 
 /// Where a training step stands, for models that draw random numbers (dropout, augmentation):
 /// seeding from `(seed, step, micro_batch)` makes a resumed run draw what the uninterrupted run
@@ -27,13 +28,6 @@ impl StepContext {
         }
         z
     }
-}
-
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// What a training step gives: the loss to minimise (mean over the micro-batch) and named parts
