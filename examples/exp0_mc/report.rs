@@ -193,6 +193,8 @@ fn plot(path: &Path, experiment: &Experiment, rows: &[SummaryRow]) -> Result<(),
                 c.configure_mesh()
                     .x_desc("passes T")
                     .x_label_formatter(&|t| format!("{t:.0}"))
+                    // A tick a rounding error below 0 reads 0.0, not -0.0.
+                    .y_label_formatter(&|v| format!("{:.1}", if v.abs() < 1e-9 { 0.0 } else { *v }))
                     .draw()?;
                 for (model, colour) in experiment.models.iter().zip(colours.iter().cycle()) {
                     let points = series(model, value);

@@ -31,7 +31,6 @@ mod images;
 mod jpeg;
 #[cfg(feature = "video")]
 mod mp4;
-mod prefetch;
 mod preprocess;
 mod resample;
 mod residency;
@@ -44,9 +43,11 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 pub use decode::{DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, decode, to_rgb8};
-pub use feed::{Batch, Batches, DeviceImages, Order};
+pub use feed::{Batch, Batches, DeviceImages};
 pub use images::{CachedImages, DEFAULT_SHARD_BYTES, ImageCache, Outcome};
-pub use prefetch::Prefetch;
+/// The order of items and the prefetching threads now live in kiln-precision; kept here so
+/// existing paths work.
+pub use kiln_precision::{Order, Prefetch};
 pub use preprocess::{
     CLIP_MEAN, CLIP_STD, Crop, IMAGENET_MEAN, IMAGENET_STD, Normalize, Preprocess, Resample, Resize,
 };

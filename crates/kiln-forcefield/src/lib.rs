@@ -36,6 +36,7 @@ mod md;
 mod neighbors;
 mod painn;
 mod structure;
+#[cfg(feature = "train")]
 mod train;
 
 pub use atomref::fit_atomref;
@@ -52,6 +53,7 @@ pub use md::{
 pub use neighbors::{NeighborList, NeighborMethod, neighbor_list, neighbor_list_with};
 pub use painn::{Doubt, IMPLAUSIBLE_EV_PER_ATOM, Painn, Predictions};
 pub use structure::Structure;
+#[cfg(feature = "train")]
 pub use train::{ForceBatch, LabelledStructures, Recipe};
 
 /// Why a model or a structure cannot be used.

@@ -317,6 +317,7 @@ pub(crate) fn cosine(f: &[f64; 3], t: &[f64; 3]) -> (f64, f64, f64) {
 
 /// The loss's value for `predicted` (energies, forces, stresses of `structures`) against
 /// `labels`, on the host: what [`Painn::force_loss`] computes, without a gradient (evaluation).
+#[cfg(feature = "train")]
 pub(crate) fn loss_value(
     structures: &[Structure],
     labels: &[Labels],

@@ -19,6 +19,8 @@
 //! - [`LossScale`]: no-op, static and dynamic loss scaling for half-precision training.
 //! - [`on_host_pool`]: host computation driven from one of rayon's threads.
 //! - [`splitmix64`] / [`SplitMix64`]: the one seed mixer and small generator every crate uses.
+//! - [`Order`] / [`Prefetch`]: a dataset's items in order or shuffled per epoch, and host
+//!   batches made ahead on background threads (image feeds, structures, token ids).
 //! - [`enable_kernel_cache`]: GPU kernels compiled once per machine (on by default, in the
 //!   user's cache directory; `KILN_KERNEL_CACHE` moves it or turns it off).
 
@@ -37,7 +39,9 @@ mod loss;
 mod loss_scale;
 pub mod math;
 mod ops;
+mod order;
 mod policy;
+mod prefetch;
 mod random;
 mod row_index;
 mod segment;
@@ -63,9 +67,11 @@ pub use kernel_cache::{KERNEL_CACHE_ENV, enable_kernel_cache, kernel_cache_dir};
 pub use loss::cross_entropy;
 pub use loss_scale::{DynamicLossScale, LossScale, StepDecision};
 pub use ops::scatter_add;
+pub use order::Order;
 pub use policy::{
     PRESETS, Policy, PolicySpec, cast, cast_module, computes_in, resolve_half, widen_to_f32,
 };
+pub use prefetch::Prefetch;
 pub use random::{SplitMix64, splitmix64};
 pub use row_index::{RowIndex, RowIndexError};
 pub use segment::segment_sum_launches;

@@ -49,8 +49,10 @@ pub struct RowIndex<B: Backend> {
     grouped: Option<Grouped<B>>,
 }
 
-/// The entries of an index grouped by the row they name, for a segment sum.
+/// The entries of an index grouped by the row they name, for a segment sum (read by the GPU
+/// backends' kernel only).
 #[derive(Debug, Clone)]
+#[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
 pub(crate) struct Grouped<B: Backend> {
     /// The entries sorted by row, each row's in index order `[entries]`.
     pub order: Tensor<B, 1, Int>,

@@ -84,10 +84,12 @@ impl TrainConfig {
     /// Why the run cannot start, said before any work.
     pub fn validate(&self) -> Result<(), String> {
         if self.steps == 0 {
-            return Err("--steps must be at least 1 (optimizer steps)".into());
+            return Err("the number of optimizer steps (steps) must be at least 1".into());
         }
         if self.accumulate == 0 {
-            return Err("--accumulate must be at least 1 (micro-batches per step)".into());
+            return Err(
+                "the micro-batches per optimizer step (accumulate) must be at least 1".into(),
+            );
         }
         self.optimizer.validate()?;
         self.schedule.validate()?;
@@ -128,14 +130,14 @@ mod tests {
     fn bad_settings_are_refused_before_any_work() {
         assert!(TrainConfig::new(10, 1e-3).validate().is_ok());
         let e = TrainConfig::new(0, 1e-3).validate().unwrap_err();
-        assert!(e.contains("--steps"), "{e}");
+        assert!(e.contains("(steps)") && !e.contains("--"), "{e}");
         let e = TrainConfig {
             accumulate: 0,
             ..TrainConfig::new(10, 1e-3)
         }
         .validate()
         .unwrap_err();
-        assert!(e.contains("--accumulate"), "{e}");
+        assert!(e.contains("(accumulate)") && !e.contains("--"), "{e}");
         let e = TrainConfig::new(10, -1.0).validate().unwrap_err();
         assert!(e.contains("learning rate"), "{e}");
         let e = TrainConfig {

@@ -1,15 +1,12 @@
 //! Where batches come from. The loop asks a [`Loader`] for one epoch's batches in a seeded
 //! order, starting at any batch (a resumed run starts mid-epoch without reading the batches
-//! before). [`LabelledImages`] serves kiln-cache's decode-once image feeds (resident on the
-//! device or streamed by background threads that prepare the next batches while the device
-//! computes); [`HostData`] serves anything else (structures, token ids) through the same
-//! background threads (kiln-cache's `Prefetch`).
+//! before). `LabelledImages` (feature `images`) serves kiln-cache's decode-once image feeds;
+//! [`HostData`] serves anything else (structures, token ids), prepared ahead on background
+//! threads ([`Prefetch`]).
 
-use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
 use std::sync::Arc;
 
-use kiln_cache::{DeviceImages, Order, Prefetch};
+use kiln_precision::{Order, Prefetch};
 
 /// A dataset the loop reads in epochs.
 pub trait Loader {
@@ -29,84 +26,6 @@ pub trait Loader {
     fn batches(&self, order: Order, first: usize) -> Box<dyn Iterator<Item = Self::Batch> + '_>;
 }
 
-/// Images with a class label each: a batch is `pixels` `[n, 3, H, W]` (normalised) and `labels`
-/// `[n]`.
-#[derive(Debug, Clone)]
-pub struct ImageBatch<B: Backend> {
-    /// Normalised pixels.
-    pub pixels: Tensor<B, 4>,
-    /// Class indices.
-    pub labels: Tensor<B, 1, Int>,
-}
-
-/// A kiln-cache feed with a label per image, in batches of a fixed size.
-#[derive(Debug)]
-pub struct LabelledImages<B: Backend> {
-    feed: DeviceImages<B>,
-    labels: Vec<i64>,
-    batch_size: usize,
-}
-
-impl<B: Backend> LabelledImages<B> {
-    /// `labels[i]` is the class of the feed's image `i`.
-    pub fn new(feed: DeviceImages<B>, labels: Vec<i64>, batch_size: usize) -> Result<Self, String> {
-        if labels.len() != feed.images().len() {
-            return Err(format!(
-                "{} labels for {} images",
-                labels.len(),
-                feed.images().len()
-            ));
-        }
-        if batch_size == 0 {
-            return Err("the batch size must be at least 1".into());
-        }
-        Ok(LabelledImages {
-            feed,
-            labels,
-            batch_size,
-        })
-    }
-
-    /// Images in the dataset.
-    pub fn len(&self) -> usize {
-        self.labels.len()
-    }
-
-    /// Whether the dataset is empty.
-    pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
-    }
-}
-
-impl<B: Backend> Loader for LabelledImages<B> {
-    type Batch = ImageBatch<B>;
-
-    fn batches_per_epoch(&self) -> usize {
-        self.labels.len().div_ceil(self.batch_size)
-    }
-
-    fn sizes(&self) -> Option<(usize, usize)> {
-        Some((self.labels.len(), self.batch_size))
-    }
-
-    fn batches(&self, order: Order, first: usize) -> Box<dyn Iterator<Item = ImageBatch<B>> + '_> {
-        Box::new(
-            self.feed
-                .batches_from(self.batch_size, order, first)
-                .map(|batch| {
-                    let labels: Vec<i64> = batch.indices.iter().map(|&i| self.labels[i]).collect();
-                    ImageBatch {
-                        pixels: batch.pixels,
-                        labels: Tensor::from_data(
-                            TensorData::new(labels, [batch.indices.len()]),
-                            self.feed.device(),
-                        ),
-                    }
-                }),
-        )
-    }
-}
-
 /// Builds a host batch from item indices.
 type MakeBatch<H> = dyn Fn(&[usize]) -> H + Send + Sync;
 
@@ -117,7 +36,7 @@ type MakeBatch<H> = dyn Fn(&[usize]) -> H + Send + Sync;
 /// ```
 /// use burn::backend::Flex;
 /// use burn::tensor::{Int, Tensor, TensorData};
-/// use kiln_cache::Order;
+/// use kiln_precision::Order;
 /// use kiln_train::{HostData, Loader};
 ///
 /// let tokens: Vec<Vec<i64>> = vec![vec![1, 2], vec![3, 4], vec![5, 6]]; // tokenised once

@@ -7,9 +7,9 @@
 //! `metrics.jsonl` line per optimizer step, a progress bar and a loss/learning-rate plot.
 //!
 //! A model plugs in through [`TrainStep`] (a micro-batch in, a loss out) and, for evaluation,
-//! [`EvalStep`] on its inner module; data through a [`Loader`] ([`LabelledImages`] serves
-//! kiln-cache's decode-once image feeds, [`HostData`] anything else, prepared ahead on
-//! background threads).
+//! [`EvalStep`] on its inner module; data through a [`Loader`] (`LabelledImages`, with the
+//! `images` feature, serves kiln-cache's decode-once image feeds; [`HostData`] anything else,
+//! prepared ahead on background threads).
 //!
 //! ```no_run
 //! use burn::backend::{Autodiff, Flex};
@@ -38,6 +38,8 @@ mod checkpoint;
 mod config;
 mod data;
 mod grads;
+#[cfg(feature = "images")]
+mod images;
 mod metrics;
 mod optim;
 mod optimization;
@@ -52,8 +54,10 @@ use std::path::{Path, PathBuf};
 
 pub use checkpoint::{CheckpointState, Checkpoints, compatible};
 pub use config::{BestMetric, LossScaling, TrainConfig};
-pub use data::{HostData, ImageBatch, LabelledImages, Loader};
+pub use data::{HostData, Loader};
 pub use grads::{clip_factor, large_norm, scale, squared_norm};
+#[cfg(feature = "images")]
+pub use images::{ImageBatch, LabelledImages};
 pub use metrics::{MetricsLog, StepPoint, read_metrics};
 pub use optim::{
     DEFAULT_GROUP, GroupConfig, GroupedAdamW, GroupedAdamWRecord, OptimizerConfig, ParamInfo,

@@ -1,12 +1,12 @@
 //! Batches prepared ahead on background threads: one pass over an order of items, cut into
 //! chunks of `batch_size`, each chunk turned into a host batch by `make` on one of `workers`
 //! threads (thread `w` makes chunks `w, w + workers, …`), each at most `prefetch` chunks ahead of
-//! the consumer, handed back in order. Streamed image feeds read their shards through it; any
-//! other data (structures, token ids) can too (kiln-train's `HostData`).
+//! the consumer, handed back in order. kiln-cache's streamed image feeds read their shards
+//! through it; any other data (structures, token ids) can too (kiln-train's `HostData`).
 //!
 //! ```
 //! use std::sync::Arc;
-//! use kiln_cache::Prefetch;
+//! use kiln_precision::Prefetch;
 //!
 //! let order = Arc::new(vec![3, 1, 4, 0, 2]);
 //! let sums: Vec<usize> = Prefetch::start(order, 2, 0, 2, 2, |chunk: &[usize]| chunk.iter().sum())
