@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use criterion::{BatchSize, Criterion, Throughput};
 use kiln::burn::tensor::backend::Backend;
 use kiln::cache::{CachedImages, ImageCache, ImageSource, Order, Preprocess, Residency};
-use kiln::precision::{DeviceJob, Precision};
+use kiln::core::{DeviceJob, Precision};
 
 const IMAGES: usize = 64;
 const BATCH: usize = 32;

@@ -14,8 +14,8 @@ use std::time::Instant;
 use burn::backend::Flex;
 use kiln::burn;
 use kiln::cache::{ImageCache, ImageSource, Preprocess, Residency};
+use kiln::core::Precision;
 use kiln::mc::{Experiment, Timings, TrialRunner, demo_images, naive_trial};
-use kiln::precision::Precision;
 use kiln::vision::{ClipVisionConfig, DropoutSites, VisionConfig, VisionModel};
 
 const IMAGES: usize = 16;

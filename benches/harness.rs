@@ -18,7 +18,7 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use kiln::bench::{Attention, Benchmark, Gemm};
 use kiln::burn::tensor::backend::Backend;
-use kiln::precision::{DeviceJob, DeviceSpec, Policy};
+use kiln::core::{DeviceJob, DeviceSpec, Policy};
 
 /// Distinct inputs cycled through, as in kiln-bench.
 const VARIANTS: usize = 3;

@@ -114,7 +114,7 @@ impl<B: Backend> Benchmark<B> for ForwardBackward<B> {
     fn run(&self, pixels: &Self::Input) -> usize {
         // On rayon's thread, as kiln-train runs a step.
         let model = self.model.clone();
-        kiln::precision::on_host_pool::<Autodiff<B>, _>(&pixels.device(), move || {
+        kiln::core::on_host_pool::<Autodiff<B>, _>(&pixels.device(), move || {
             let logits = model.logits(Tensor::from_inner(pixels.clone()));
             let grads = logits.sum().backward();
             // Reading one gradient waits for the backward pass.
@@ -189,7 +189,7 @@ fn pieces<B: Backend>(device: &B::Device) -> Vec<Piece<B>> {
         Piece {
             name: "gelu_kiln",
             shape: [rows, hidden],
-            forward: Box::new(kiln::precision::gelu),
+            forward: Box::new(kiln::kernels::gelu),
         },
         Piece {
             name: "layer_norm",
@@ -208,7 +208,7 @@ fn pieces<B: Backend>(device: &B::Device) -> Vec<Piece<B>> {
         Piece {
             name: "mlp",
             shape: [rows, width],
-            forward: Box::new(move |x| down.forward(kiln::precision::gelu(up.forward(x)))),
+            forward: Box::new(move |x| down.forward(kiln::kernels::gelu(up.forward(x)))),
         },
     ]
 }

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
-use kiln::precision::{DeviceJob, DeviceSpec, Policy, PolicySpec, PrecisionError};
+use kiln::core::{DeviceJob, DeviceSpec, Policy, PolicySpec, PrecisionError};
 
 /// Show what each device can do: backend, hardware, memory, float dtypes.
 #[derive(Parser)]

@@ -24,8 +24,9 @@ use burn::tensor::{FloatDType, Tensor, TensorData};
 use clap::Parser;
 use kiln::burn;
 use kiln::cache::{DeviceImages, ImageCache, ImageSource, Order, Preprocess, Residency};
-use kiln::precision::{DeviceJob, DeviceSpec, PolicySpec, Precision};
-use kiln::vision::{VisionModel, checkpoint_dir};
+use kiln::core::checkpoint_dir;
+use kiln::core::{DeviceJob, DeviceSpec, PolicySpec, Precision};
+use kiln::vision::VisionModel;
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
 #[path = "shared/allocator.rs"]

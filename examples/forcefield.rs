@@ -22,10 +22,10 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
+use kiln::core::{DeviceJob, DeviceSpec};
 use kiln::forcefield::{
     Doubt, ForceFieldError, Frame, Painn, Predictions, read_extxyz, write_extxyz,
 };
-use kiln::precision::{DeviceJob, DeviceSpec};
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
 #[path = "shared/allocator.rs"]

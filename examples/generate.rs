@@ -23,7 +23,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, TensorData};
 use clap::Parser;
 use kiln::burn;
-use kiln::precision::{DeviceJob, DeviceSpec, PolicySpec};
+use kiln::core::{DeviceJob, DeviceSpec, PolicySpec};
 use kiln::text::{
     CausalLm, GenerationConfig, Message, Sampling, TextInput, TextTokenizer, generate,
 };

@@ -20,12 +20,12 @@ use burn::tensor::backend::Backend;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::burn;
+use kiln::core::{DeviceJob, DeviceSpec};
 use kiln::forcefield::{
     Frame, MAX_TEMPERATURE_K, MAX_TIMESTEP_FS, MdState, NveConfig, Painn, read_extxyz, run_nve,
     write_extxyz,
 };
 use kiln::io::StagedFile;
-use kiln::precision::{DeviceJob, DeviceSpec};
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
 #[path = "shared/allocator.rs"]

@@ -8,7 +8,8 @@ use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use common::say;
-use kiln::precision::{DeviceJob, DeviceSpec, PolicySpec, is_host_backend, scatter_add};
+use kiln::core::{DeviceJob, DeviceSpec, PolicySpec, is_host_backend};
+use kiln::kernels::scatter_add;
 
 #[macro_use]
 mod common;

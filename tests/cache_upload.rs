@@ -7,7 +7,7 @@ use burn::tensor::{FloatDType, TensorData};
 use kiln::cache::{
     CachedImages, ImageCache, ImageSource, Order, Preprocess, Residency, normalize_on_device,
 };
-use kiln::precision::{DeviceJob, DeviceSpec, Precision, resolve_half};
+use kiln::core::{DeviceJob, DeviceSpec, Precision, resolve_half};
 
 mod common;
 

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use burn::backend::Flex;
 use kiln::cache::{ImageCache, ImageSource, Preprocess};
-use kiln::precision::{Policy, Precision};
+use kiln::core::{Policy, Precision};
 use kiln::vision::VisionModel;
 
 mod common;

@@ -8,8 +8,9 @@
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use kiln::core::{DeviceJob, DeviceSpec};
 use kiln::forcefield::{Painn, Predictions, read_extxyz};
-use kiln::precision::{DeviceJob, DeviceSpec, RowIndex, segment_sum_launches};
+use kiln::kernels::{RowIndex, segment_sum_launches};
 
 #[macro_use]
 mod common;

@@ -280,7 +280,7 @@ fn foveated_train_learns_captions_resumes_and_saves_a_model_that_loads() {
     let model = kiln::foveated::FoveatedModel::<kiln::burn::backend::Flex>::load(
         out.join("model"),
         &device,
-        &kiln::precision::Policy::full(),
+        &kiln::core::Policy::full(),
     )
     .unwrap();
     assert_eq!(model.config().readout, kiln::foveated::Readout::Shallow);

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use burn::tensor::backend::Backend;
 use kiln::cache::{ImageCache, ImageSource, Preprocess, Residency};
+use kiln::core::{DeviceJob, DeviceSpec, Policy, Precision};
 use kiln::mc::{Accumulation, TrialRunner};
-use kiln::precision::{DeviceJob, DeviceSpec, Policy, Precision};
 use kiln::vision::{DropoutSites, VisionModel};
 
 #[macro_use]
@@ -82,7 +82,7 @@ impl DeviceJob for HalfOf {
     type Output = Precision;
 
     fn run<B: Backend>(self, device: &B::Device) -> Precision {
-        kiln::precision::resolve_half::<B>(device)
+        kiln::core::resolve_half::<B>(device)
     }
 }
 
@@ -92,10 +92,9 @@ impl DeviceJob for HalfOf {
 mod masks {
     use burn::tensor::Tensor;
     use burn::tensor::backend::Backend;
-    use kiln::precision::{DeviceJob, DeviceSpec, Precision, cast};
-    use kiln::transformer::{
-        Draw, DropoutSites, Pass, PreparedWeights, Settings, Site, host_mask_uploads,
-    };
+    use kiln::core::{DeviceJob, DeviceSpec, Precision, cast};
+    use kiln::kernels::host_mask_uploads;
+    use kiln::transformer::{Draw, DropoutSites, Pass, PreparedWeights, Settings, Site};
 
     use super::{HalfOf, common};
 
@@ -212,10 +211,9 @@ mod masks {
 mod attention {
     use burn::tensor::backend::Backend;
     use burn::tensor::{Tensor, TensorData};
-    use kiln::precision::{DeviceJob, DeviceSpec, Precision, cast};
-    use kiln::transformer::{
-        Draw, DropoutSites, Pass, PreparedWeights, Settings, fused_attention_launches,
-    };
+    use kiln::core::{DeviceJob, DeviceSpec, Precision, cast};
+    use kiln::kernels::fused_attention_launches;
+    use kiln::transformer::{Draw, DropoutSites, Pass, PreparedWeights, Settings};
 
     use super::{HalfOf, common};
 

@@ -9,9 +9,9 @@
 
 use std::path::{Path, PathBuf};
 
+use kiln::core::PolicySpec;
 use kiln::forcefield::read_extxyz;
 use kiln::mc::TrialStore;
-use kiln::precision::PolicySpec;
 use kiln::vision::{DropoutSites, VisionConfig};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -221,7 +221,7 @@ type Load = fn(&Path) -> Result<(), String>;
 
 fn checkpoints() -> [(PathBuf, Load); 3] {
     use kiln::burn::backend::Flex;
-    use kiln::precision::Policy;
+    use kiln::core::Policy;
     [
         (text_fixtures().join("llama"), |dir| {
             kiln::text::CausalLm::<Flex>::from_hf_dir(dir, &Default::default(), &Policy::full())

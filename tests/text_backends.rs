@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use burn::tensor::FloatDType;
 use burn::tensor::backend::Backend;
-use kiln::precision::{DeviceJob, DeviceSpec, Policy};
+use kiln::core::{DeviceJob, DeviceSpec, Policy};
 use kiln::text::{CausalLm, GenerationConfig, TextInput, generate};
 
 #[macro_use]

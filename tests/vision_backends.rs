@@ -4,7 +4,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use kiln::precision::{DeviceJob, DeviceSpec, Policy};
+use kiln::core::{DeviceJob, DeviceSpec, Policy};
 use kiln::vision::{Draw, DropoutSites, VisionModel};
 
 #[macro_use]

@@ -1,6 +1,6 @@
 //! What the criterion benches share: the device they run on.
 
-use kiln::precision::DeviceSpec;
+use kiln::core::DeviceSpec;
 
 /// The device named by `KILN_DEVICE` (e.g. `vulkan`, `cuda:0`), else the first compiled backend.
 /// A bad name ends the process with a one-line error.

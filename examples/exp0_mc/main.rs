@@ -40,10 +40,10 @@ use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
 use kiln::cache::Residency;
+use kiln::core::{DeviceJob, DeviceSpec, PolicySpec};
 use kiln::mc::{
     Experiment, Shard, TrialKey, TrialRunner, TrialStore, collect_trials, demo_images, summarize,
 };
-use kiln::precision::{DeviceJob, DeviceSpec, PolicySpec};
 use kiln::vision::DropoutSites;
 use serde_json::json;
 

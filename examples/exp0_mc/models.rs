@@ -7,11 +7,10 @@ use std::time::Instant;
 use burn::tensor::backend::Backend;
 use kiln::burn;
 use kiln::cache::{CachedImages, DeviceImages, ImageCache, ImageSource, Preprocess, Residency};
+use kiln::core::{Policy, checkpoint_dir, is_host_backend};
 use kiln::mc::batch_rows;
-use kiln::precision::{Policy, is_host_backend};
 use kiln::vision::{
     ClipVisionConfig, Dinov2Config, DropoutSites, SiglipVisionConfig, VisionConfig, VisionModel,
-    checkpoint_dir,
 };
 
 use crate::Args;

@@ -6,8 +6,8 @@ use burn::tensor::backend::Backend;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::burn;
 use kiln::cache::ImageSource;
+use kiln::core::Policy;
 use kiln::mc::{TrialKey, TrialRecord, TrialStore, naive_trial};
-use kiln::precision::Policy;
 use serde_json::json;
 
 use crate::Args;

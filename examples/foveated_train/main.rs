@@ -31,12 +31,12 @@ use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
 use kiln::cache::{ClipSpec, ImageCache, Preprocess, Residency, VideoSource};
+use kiln::core::{DeviceJob, DeviceSpec, Policy, PolicySpec, Precision};
 use kiln::foveated::{
     CaptionedClips, FoveatedConfig, FoveatedModel, Readout, fvlm_recipe, match_captions,
     read_captions,
 };
 use kiln::io::RunFiles;
-use kiln::precision::{DeviceJob, DeviceSpec, Policy, PolicySpec, Precision};
 use kiln::text::TextTokenizer;
 use kiln::train::{LossScaling, RunOptions, TrainConfig, Trainer};
 use serde_json::json;

@@ -30,7 +30,7 @@ use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
 use kiln::cache::{CachedImages, ImageCache, ImageSource, Preprocess, Residency};
-use kiln::precision::{DeviceJob, DeviceSpec, Policy, PolicySpec};
+use kiln::core::{DeviceJob, DeviceSpec, Policy, PolicySpec};
 use kiln::train::{
     BestMetric, DataParallel, LabelledImages, RunOptions, TrainConfig, TrainError, Trainer,
 };

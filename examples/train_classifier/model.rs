@@ -8,7 +8,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 use kiln::burn;
-use kiln::precision::{Policy, Precision};
+use kiln::core::{Policy, Precision};
 use kiln::train::{
     BadBatch, EvalOutput, EvalStep, ImageBatch, LossScaling, OptimizerConfig, Schedule,
     StepContext, StepOutput, TrainConfig, TrainStep,

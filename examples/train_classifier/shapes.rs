@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use kiln::precision::SplitMix64;
+use kiln::core::SplitMix64;
 
 /// Classes (orientations).
 pub const CLASSES: usize = 4;

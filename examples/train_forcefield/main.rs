@@ -28,11 +28,11 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
+use kiln::core::{DeviceJob, DeviceSpec};
 use kiln::forcefield::{
     CutoffFn, LabelKeys, LabelledStructures, LossWeights, PainnConfig, RadialBasisKind, Recipe,
     fit_atomref,
 };
-use kiln::precision::{DeviceJob, DeviceSpec};
 use kiln::train::{Checkpoints, RunOptions, Trainer, evaluate};
 use serde_json::json;
 

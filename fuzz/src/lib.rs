@@ -105,9 +105,9 @@ pub fn config(data: &[u8]) {
     if let Ok(painn) = serde_json::from_str::<kiln::forcefield::PainnConfig>(text) {
         let _ = painn.validate();
     }
-    let _ = text.parse::<kiln::precision::PolicySpec>();
-    let _ = text.parse::<kiln::precision::DtypeSpec>();
-    let _ = text.parse::<kiln::precision::DeviceSpec>();
+    let _ = text.parse::<kiln::core::PolicySpec>();
+    let _ = text.parse::<kiln::core::DtypeSpec>();
+    let _ = text.parse::<kiln::core::DeviceSpec>();
     let _ = text.parse::<kiln::vision::DropoutSites>();
     let _ = text.parse::<kiln::cache::Residency>();
 }

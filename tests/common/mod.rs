@@ -8,7 +8,7 @@ pub mod labelled;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use kiln::precision::{DeviceError, DeviceSpec};
+use kiln::core::{DeviceError, DeviceSpec};
 
 /// kiln-vision's committed tiny checkpoints and images.
 pub fn fixtures() -> PathBuf {

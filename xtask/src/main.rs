@@ -4,8 +4,8 @@
 //!   on its own, and the README's test command (check-only artifacts pruned before it, so a cold
 //!   run needs the disk of one build at a time).
 //! - `test`: the README's test command.
-//! - `check-backends`: `cargo check` of kiln-precision (where the backend `cfg`s are) with each
-//!   backend feature alone.
+//! - `check-backends`: `cargo check` of kiln-core and kiln-kernels (where the backend `cfg`s
+//!   are) with each backend feature alone.
 //! - `bench [ARGS]`: kiln's benchmark suite in release mode (`kiln-bench`), e.g.
 //!   `cargo xtask bench --save main`, `cargo xtask bench --compare main --device cuda`. The backend
 //!   feature the `--device` needs is enabled automatically.
@@ -22,11 +22,16 @@ use std::process::{Command, ExitCode};
 /// The README's test command, without the leading `cargo`.
 const TEST: &[&str] = &["test", "--workspace", "--all-features"];
 
-/// Each backend feature on its own, so a `cfg` slip in one of them cannot hide behind another.
-/// Backend `cfg`s live in kiln-precision (device selection); the other crates only forward the
-/// features, and the all-features clippy and test runs cover their code. Checking that one
-/// crate keeps a cold CI run from re-checking every other dependency three more times.
-const BACKEND_CHECKS: &[&str] = &["wgpu", "cuda", "ndarray"];
+/// Each backend feature on its own, so a `cfg` slip in one of them cannot hide behind another:
+/// (crate, feature). Backend `cfg`s live in kiln-core (device selection) and kiln-kernels
+/// (kiln's cubecl kernels; its GPU features turn on kiln-core's); the other crates only forward
+/// the features, and the all-features clippy and test runs cover their code. Checking these two
+/// crates keeps a cold CI run from re-checking every other dependency three more times.
+const BACKEND_CHECKS: &[(&str, &str)] = &[
+    ("kiln-kernels", "wgpu"),
+    ("kiln-kernels", "cuda"),
+    ("kiln-core", "ndarray"),
+];
 
 fn cargo(args: &[&str]) -> Result<(), String> {
     println!("--- cargo {}", args.join(" "));
@@ -44,11 +49,11 @@ fn cargo(args: &[&str]) -> Result<(), String> {
 }
 
 fn check_backends() -> Result<(), String> {
-    BACKEND_CHECKS.iter().try_for_each(|feature| {
+    BACKEND_CHECKS.iter().try_for_each(|(package, feature)| {
         cargo(&[
             "check",
             "-p",
-            "kiln-precision",
+            package,
             "--no-default-features",
             "--features",
             feature,

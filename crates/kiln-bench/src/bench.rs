@@ -121,7 +121,7 @@ pub struct Timings {
 }
 
 /// Times `bench` on `device`. `device_memory` reports the device's reserved bytes where the
-/// backend can tell (see `kiln_precision::DeviceSpec::memory_reserved`).
+/// backend can tell (see `kiln_core::DeviceSpec::memory_reserved`).
 pub fn measure<B: Backend, X: Benchmark<B>>(
     bench: &X,
     device: &B::Device,

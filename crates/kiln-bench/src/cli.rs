@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use burn::tensor::backend::Backend;
 use clap::Parser;
-use kiln_precision::{BackendKind, DeviceJob, DeviceSpec, PolicySpec};
+use kiln_core::{BackendKind, DeviceJob, DeviceSpec, PolicySpec};
 
 use crate::BenchError;
 use crate::baseline::{BaselineStore, Comparison, DEFAULT_THRESHOLD, run_table};

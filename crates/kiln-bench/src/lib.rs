@@ -10,7 +10,7 @@
 //! ```
 //! use burn::backend::Flex;
 //! use kiln_bench::{Config, Gemm, Runner};
-//! use kiln_precision::Policy;
+//! use kiln_core::Policy;
 //!
 //! let device = Default::default();
 //! let mut runner = Runner::<Flex>::new(&device, "cpu", Policy::full(), Config::quick());
@@ -47,10 +47,10 @@ pub use suite::{Attention, CalibrationSize, Gemm, MemoryCopy, calibrate};
 pub enum BenchError {
     /// The device could not be selected.
     #[error(transparent)]
-    DeviceSelect(#[from] kiln_precision::DeviceError),
+    DeviceSelect(#[from] kiln_core::DeviceError),
     /// The precision policy does not fit the device.
     #[error(transparent)]
-    Precision(#[from] kiln_precision::PrecisionError),
+    Precision(#[from] kiln_core::PrecisionError),
     /// The device failed while running.
     #[error("the device failed: {0}")]
     Device(String),

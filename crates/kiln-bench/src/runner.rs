@@ -1,7 +1,7 @@
 //! Running a suite of benchmarks on one device and collecting their results.
 
 use burn::tensor::backend::Backend;
-use kiln_precision::Policy;
+use kiln_core::Policy;
 
 use crate::BenchError;
 use crate::baseline::{DEFAULT_THRESHOLD, format_seconds};

@@ -4,7 +4,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
 use burn::tensor::{Distribution, Tensor};
-use kiln_precision::Policy;
+use kiln_core::Policy;
 
 use crate::BenchError;
 use crate::bench::{Benchmark, Config, Work, measure};

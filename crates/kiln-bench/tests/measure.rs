@@ -8,7 +8,7 @@ use burn::backend::Flex;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use kiln_bench::{Benchmark, Config, Gemm, Runner, Work, measure};
-use kiln_precision::Policy;
+use kiln_core::Policy;
 
 /// Sums its input and records which variant each run saw.
 #[derive(Default)]

@@ -7,7 +7,7 @@
 //! ```no_run
 //! use burn::backend::Flex;
 //! use kiln_cache::{ImageCache, ImageSource, Order, Preprocess, Residency};
-//! use kiln_precision::Precision;
+//! use kiln_core::Precision;
 //!
 //! let images = ImageCache::new(ImageCache::default_dir())
 //!     .load(&ImageSource::Folder("images/".into()), &Preprocess::clip(224))?;
@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use kiln_precision::{Order, Precision, Prefetch};
+use kiln_core::{Order, Precision, Prefetch};
 
 use crate::images::CachedImages;
 use crate::residency::Residency;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln_precision::Precision;
+use kiln_core::Precision;
 use rayon::prelude::*;
 use serde::Serialize;
 

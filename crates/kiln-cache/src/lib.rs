@@ -10,7 +10,7 @@
 //! ```no_run
 //! use burn::backend::Flex;
 //! use kiln_cache::{ImageCache, ImageSource, Preprocess};
-//! use kiln_precision::Precision;
+//! use kiln_core::Precision;
 //!
 //! let preprocess = Preprocess::from_hf_config("clip-vit-base-patch32/preprocessor_config.json")?;
 //! let cache = ImageCache::new(ImageCache::default_dir());
@@ -45,9 +45,9 @@ use std::path::{Path, PathBuf};
 pub use decode::{DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, decode, to_rgb8};
 pub use feed::{Batch, Batches, DeviceImages};
 pub use images::{CachedImages, DEFAULT_SHARD_BYTES, ImageCache, Outcome};
-/// The order of items and the prefetching threads now live in kiln-precision; kept here so
+/// The order of items and the prefetching threads now live in kiln-core; kept here so
 /// existing paths work.
-pub use kiln_precision::{Order, Prefetch};
+pub use kiln_core::{Order, Prefetch};
 pub use preprocess::{
     CLIP_MEAN, CLIP_STD, Crop, IMAGENET_MEAN, IMAGENET_STD, Normalize, Preprocess, Resample, Resize,
 };

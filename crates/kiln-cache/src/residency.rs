@@ -8,7 +8,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use burn::tensor::backend::Backend;
-use kiln_precision::{Precision, is_host_backend};
+use kiln_core::{Precision, is_host_backend};
 
 use crate::CacheError;
 use crate::images::CachedImages;
@@ -183,7 +183,7 @@ impl CachedImages {
     }
 
     /// Plans this dataset's residency on `device` next to a model of `model_bytes`, given an
-    /// accelerator's memory (`kiln_precision::DeviceSpec::probe` reports it; ignored on host
+    /// accelerator's memory (`kiln_core::DeviceSpec::probe` reports it; ignored on host
     /// backends) and the user's choice.
     pub fn plan_residency<B: Backend>(
         &self,

@@ -3,13 +3,13 @@
 
 use burn::tensor::backend::{Backend, DTypeUsage};
 use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
-use kiln_precision::{Precision, is_host_backend};
+use kiln_core::{Precision, is_host_backend};
 
 use crate::preprocess::Preprocess;
 use crate::store::Stored;
 
 /// Moves 8-bit `[n, 3, H, W]` `pixels` to `device` with `preprocess`'s rescale and
-/// normalisation applied in f32 (normalisation is in kiln-precision's keep-in-f32 set), and
+/// normalisation applied in f32 (normalisation is in kiln-core's keep-in-f32 set), and
 /// returns the batch in `precision`.
 ///
 /// On accelerators with u8 storage the bytes travel as u8 (4× less than f32) and the affine map
@@ -36,7 +36,7 @@ pub fn normalize_on_device<B: Backend>(
 /// ```
 /// use burn::backend::Flex;
 /// use kiln_cache::{PreparedPixels, Preprocess};
-/// use kiln_precision::Precision;
+/// use kiln_core::Precision;
 ///
 /// let device = Default::default();
 /// let preprocess = Preprocess::clip(2);

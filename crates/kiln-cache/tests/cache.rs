@@ -7,7 +7,7 @@ use burn::backend::Flex;
 use kiln_cache::{
     CacheError, DEFAULT_MAX_PIXELS, ImageCache, ImageSource, Outcome, Preprocess, decode, to_chw,
 };
-use kiln_precision::Precision;
+use kiln_core::Precision;
 
 /// A folder with copies of the committed PNG fixtures (JPEG decoding is covered by the parity
 /// tests).

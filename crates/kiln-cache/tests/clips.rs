@@ -11,7 +11,7 @@ use kiln_cache::{
     CacheError, ClipSpec, ImageCache, ImageSource, Outcome, Preprocess, Stored, VideoSource,
     sample_frames, to_chw,
 };
-use kiln_precision::Precision;
+use kiln_core::Precision;
 
 /// Frame `i` of video `video`: four flat quadrants whose colours depend on both, so any
 /// mix-up of frames, videos or axes shows. Few colours, so a GIF stores them exactly.

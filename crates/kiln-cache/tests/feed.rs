@@ -6,7 +6,7 @@ use kiln_cache::{
     CachedImages, ClipSpec, DeviceMemory, ImageCache, ImageSource, Order, Preprocess, Residency,
     ResidencyPlan, VideoSource,
 };
-use kiln_precision::Precision;
+use kiln_core::Precision;
 
 fn images(cache_dir: &std::path::Path) -> CachedImages {
     let fixtures =

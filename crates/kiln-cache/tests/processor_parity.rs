@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
 use kiln_cache::{DEFAULT_MAX_PIXELS, Preprocess, decode, normalize_on_device, to_chw};
-use kiln_precision::Precision;
+use kiln_core::Precision;
 use safetensors::SafeTensors;
 use safetensors::tensor::TensorView;
 

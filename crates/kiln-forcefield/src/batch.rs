@@ -7,7 +7,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
-use kiln_precision::RowIndex;
+use kiln_kernels::RowIndex;
 
 use crate::ForceFieldError;
 use crate::neighbors::neighbor_list;

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use kiln_precision::{MAX_LAYERS, MAX_WIDTH, check_limits};
+use kiln_core::{MAX_LAYERS, MAX_WIDTH, check_limits};
 
 use serde::{Deserialize, Serialize};
 
@@ -86,18 +86,10 @@ fn default_readout_layers() -> usize {
 impl PainnConfig {
     /// Reads `config.json` (or the model directory holding it) and checks it.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ForceFieldError> {
-        let path = path.as_ref();
-        let file = if path.is_dir() {
-            path.join("config.json")
-        } else {
-            path.to_path_buf()
-        };
-        let fail =
-            |e: &dyn std::fmt::Display| ForceFieldError::Config(format!("{}: {e}", file.display()));
-        let text = kiln_io::read_text(&file).map_err(|e| ForceFieldError::Config(e.to_string()))?;
-        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| fail(&e))?;
-        let config: PainnConfig = kiln_precision::config_from_json(value).map_err(|e| fail(&e))?;
-        config.validate().map_err(|e| fail(&e))?;
+        let (file, config): (_, PainnConfig) = kiln_core::read_config(path.as_ref())?;
+        config
+            .validate()
+            .map_err(|e| ForceFieldError::Config(format!("{}: {e}", file.display())))?;
         Ok(config)
     }
 

@@ -12,7 +12,7 @@ use burn::nn::Linear;
 use burn::tensor::Tensor;
 use burn::tensor::activation::{sigmoid, silu};
 use burn::tensor::backend::Backend;
-use kiln_precision::RowIndex;
+use kiln_kernels::RowIndex;
 
 /// A value and its tangent (`None`: zero), both `[rows, columns]`.
 #[derive(Debug, Clone)]

@@ -65,10 +65,10 @@ pub(crate) trait Real: Float + Element + AddAssign + SubAssign {
 }
 
 impl Real for f32 {
-    /// kiln-precision's eˣ (a few ulps; libm's `expf` is a call per value).
+    /// kiln-core's eˣ (a few ulps; libm's `expf` is a call per value).
     #[inline(always)]
     fn vexp(self) -> f32 {
-        kiln_precision::math::exp(self)
+        kiln_kernels::math::exp(self)
     }
 
     fn packed(weight: &[f32], inputs: usize) -> Option<sgemm::Packed> {
@@ -500,7 +500,7 @@ impl<T: Real> Weights<T> {
 #[cfg(test)]
 mod tests {
     use burn::backend::Flex;
-    use kiln_precision::Precision;
+    use kiln_core::Precision;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 

@@ -62,9 +62,9 @@ pub enum ForceFieldError {
     /// A config.json kiln cannot use.
     #[error("{0}")]
     Config(String),
-    /// Weights missing, of the wrong shape, or unreadable.
-    #[error("{0}")]
-    Weights(String),
+    /// A checkpoint that cannot be found, read, loaded or saved (which tensors, which file).
+    #[error(transparent)]
+    Checkpoint(#[from] kiln_core::CheckpointError),
     /// A structure that cannot be evaluated (its position in the input and why); said 1-based.
     #[error("structure {}: {reason}", index + 1)]
     Structure {

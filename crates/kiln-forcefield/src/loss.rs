@@ -19,7 +19,7 @@
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
-use kiln_precision::is_host_backend;
+use kiln_core::is_host_backend;
 use serde::{Deserialize, Serialize};
 
 use crate::ForceFieldError;

@@ -3,7 +3,7 @@
 
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
-use kiln_precision::is_host_backend;
+use kiln_core::is_host_backend;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};

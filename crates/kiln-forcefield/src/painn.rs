@@ -12,9 +12,8 @@ use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
-use burn_store::{ModuleSnapshot, SafetensorsStore};
-use kiln_precision::{
-    Precision, TorchLayout, cast_module, check_checkpoint, is_host_backend, save_checkpoint,
+use kiln_core::{
+    Precision, cast_module, checkpoint_dir, is_host_backend, load_checkpoint, save_checkpoint,
 };
 
 use crate::ForceFieldError;
@@ -252,42 +251,11 @@ impl PainnConfig {
 impl<B: Backend> Painn<B> {
     /// Reads a model directory: `config.json` and `model.safetensors` (a schnetpack
     /// `NeuralNetworkPotential` state dict). A missing, integer or mis-shaped tensor is an error
-    /// listing each ([`kiln_precision::check_checkpoint`]); unused tensors are a warning.
+    /// listing each ([`kiln_core::load_checkpoint`]); unused tensors are a warning.
     pub fn from_dir(dir: impl AsRef<Path>, device: &B::Device) -> Result<Self, ForceFieldError> {
         let dir = dir.as_ref();
         let config = PainnConfig::from_file(dir)?;
-        let mut model = config.init::<B>(device);
-        let file = dir.join("model.safetensors");
-        let fail = |e: &dyn std::fmt::Display| {
-            ForceFieldError::Weights(format!("{}: {e}", file.display()))
-        };
-        if !file.is_file() {
-            return Err(fail(&"no such file"));
-        }
-        let raw_config = std::fs::read_to_string(dir.join("config.json"))
-            .ok()
-            .and_then(|text| serde_json::from_str(&text).ok());
-        let fit =
-            check_checkpoint(&model, &[&file], &[], raw_config.as_ref()).map_err(|problems| {
-                fail(&format!(
-                    "{} tensor(s) cannot be loaded:\n  {}",
-                    problems.lines().count(),
-                    problems.replace('\n', "\n  ")
-                ))
-            })?;
-        if let Some(unused) = fit.unexpected(&[]) {
-            log::warn!(
-                "{}: tensors the model does not use: {unused}",
-                file.display()
-            );
-        }
-        let mut store = SafetensorsStore::from_file(&file)
-            .with_from_adapter(TorchLayout::Load)
-            .allow_partial(true);
-        let result = model.load_from(&mut store).map_err(|e| fail(&e))?;
-        if let Some(error) = result.errors.first() {
-            return Err(fail(&format!("{error:?}")));
-        }
+        let model = load_checkpoint(config.init::<B>(device), dir, &[], &[])?;
         let stored: f64 = model
             .representation
             .cutoff_fn
@@ -312,8 +280,14 @@ impl<B: Backend> Painn<B> {
     pub fn save(&self, dir: impl AsRef<Path>) -> Result<(), ForceFieldError> {
         let dir = dir.as_ref();
         let config = serde_json::to_string_pretty(&self.config)
-            .map_err(|e| ForceFieldError::Weights(format!("{}: {e}", dir.display())))?;
-        save_checkpoint(self, &config, dir).map_err(ForceFieldError::Weights)
+            .map_err(|e| ForceFieldError::Config(format!("{}: {e}", dir.display())))?;
+        Ok(save_checkpoint(self, &config, dir)?)
+    }
+
+    /// [`Self::from_dir`] on what [`checkpoint_dir`] makes of `model`: a local directory, or
+    /// with the `hub` feature a Hugging Face id (`org/name[@revision]`) of a model kiln saved.
+    pub fn from_pretrained(model: &str, device: &B::Device) -> Result<Self, ForceFieldError> {
+        Self::from_dir(checkpoint_dir(model)?, device)
     }
 
     /// The model's hyper-parameters.

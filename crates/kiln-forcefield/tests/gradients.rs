@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
+use kiln_core::Precision;
 use kiln_forcefield::{Labels, LossWeights, Painn};
-use kiln_precision::Precision;
 
 mod support;
 

@@ -4,8 +4,8 @@
 //! molecules, a periodic silicon cell smaller than twice the cutoff, an isolated atom, two
 //! far-apart molecules and a triclinic rock-salt cell; neighbour lists against ASE's.
 
+use kiln_core::Precision;
 use kiln_forcefield::{NeighborMethod, Painn, Structure, neighbor_list_with};
-use kiln_precision::Precision;
 
 mod support;
 

@@ -289,7 +289,7 @@ fn with_atomref(atomref: &[f64]) -> kiln_forcefield::Painn<B> {
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
     kiln_forcefield::Painn::<B>::from_dir(dir.path(), &Default::default())
         .unwrap()
-        .with_precision(kiln_precision::Precision::F64)
+        .with_precision(kiln_core::Precision::F64)
 }
 
 #[test]

@@ -88,17 +88,7 @@ impl FoveatedConfig {
     /// The settings in `config.json` at `path` (a directory holding one, or the file); fields
     /// it leaves out take [`FoveatedConfig::fvlm`]'s values.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, FoveatedError> {
-        let path = path.as_ref();
-        let file = if path.is_dir() {
-            path.join("config.json")
-        } else {
-            path.to_path_buf()
-        };
-        let text = kiln_io::read_text(&file).map_err(|e| FoveatedError::Config(e.to_string()))?;
-        let config: FoveatedConfig = serde_json::from_str::<serde_json::Value>(&text)
-            .map_err(|e| e.to_string())
-            .and_then(kiln_precision::config_from_json)
-            .map_err(|e| FoveatedError::Config(format!("{}: {e}", file.display())))?;
+        let (file, config): (_, FoveatedConfig) = kiln_core::read_config(path.as_ref())?;
         config
             .validate()
             .map_err(|e| FoveatedError::Config(format!("{}: {e}", file.display())))
@@ -109,13 +99,9 @@ impl FoveatedConfig {
         if self.query_dim == 0 {
             return Err("query_dim must be at least 1".into());
         }
-        kiln_precision::check_limits(&[
-            ("query_dim", self.query_dim, kiln_precision::MAX_WIDTH),
-            (
-                "shallow_heads",
-                self.shallow_heads,
-                kiln_precision::MAX_WIDTH,
-            ),
+        kiln_core::check_limits(&[
+            ("query_dim", self.query_dim, kiln_core::MAX_WIDTH),
+            ("shallow_heads", self.shallow_heads, kiln_core::MAX_WIDTH),
         ])?;
         if self.shallow_heads == 0 {
             return Err("shallow_heads must be at least 1".into());

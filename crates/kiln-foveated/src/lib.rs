@@ -15,7 +15,7 @@
 //! ```no_run
 //! use burn::backend::Flex;
 //! use kiln_foveated::{ClipBatch, FoveatedConfig, FoveatedModel, Mode};
-//! use kiln_precision::Policy;
+//! use kiln_core::Policy;
 //! # fn run(pixels: burn::tensor::Tensor<Flex, 5>) -> Result<(), kiln_foveated::FoveatedError> {
 //! let device = Default::default();
 //! let model = FoveatedModel::<Flex>::from_dirs(
@@ -48,9 +48,9 @@ pub enum FoveatedError {
     /// Settings that cannot be used.
     #[error("{0}")]
     Config(String),
-    /// A checkpoint that cannot be loaded (missing, of the wrong family, mis-shaped).
-    #[error("{0}")]
-    Checkpoint(String),
+    /// A checkpoint that cannot be found, read, loaded or saved (which tensors, which file).
+    #[error(transparent)]
+    Checkpoint(#[from] kiln_core::CheckpointError),
     /// Inputs the model cannot take; the message names the clip, frame or token (1-based).
     #[error("{0}")]
     Input(String),

@@ -6,9 +6,9 @@ use burn::module::Module;
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
-use kiln_precision::{Policy, cross_entropy};
+use kiln_core::{Policy, load_checkpoint};
+use kiln_kernels::cross_entropy;
 use kiln_text::{CausalLm, KvCache, TextInput};
-use kiln_transformer::checkpoint::load_checkpoint;
 use kiln_vision::{Dinov2Model, Dinov2Patches, VisionModel};
 
 use crate::{Connectors, FoveatedConfig, FoveatedError, FrameHead, Readout};
@@ -202,13 +202,10 @@ impl<B: Backend> FoveatedModel<B> {
         let dino = match VisionModel::from_hf_dir(dino_dir, device, policy)? {
             VisionModel::Dinov2(model) => *model,
             other => {
-                let family = match other {
-                    VisionModel::Clip(_) => "CLIP",
-                    _ => "SigLIP",
-                };
-                return Err(FoveatedError::Checkpoint(format!(
-                    "{}: a {family} vision tower; the foveated model reads frames with DINOv2",
-                    dino_dir.display()
+                return Err(FoveatedError::Config(format!(
+                    "{}: a {} vision tower; the foveated model reads frames with DINOv2",
+                    dino_dir.display(),
+                    other.family()
                 )));
             }
         };
@@ -245,8 +242,7 @@ impl<B: Backend> FoveatedModel<B> {
     /// fVLM's state dict has them), in place of the current ones.
     pub fn with_connectors_from(mut self, dir: impl AsRef<Path>) -> Result<Self, FoveatedError> {
         let dir = dir.as_ref();
-        self.connectors = load_checkpoint(self.connectors, dir, &[], &[])
-            .map_err(|e| FoveatedError::Checkpoint(e.0))?;
+        self.connectors = load_checkpoint(self.connectors, dir, &[], &[])?;
         Ok(self)
     }
 

@@ -6,9 +6,8 @@
 use std::path::Path;
 
 use burn::tensor::backend::Backend;
-use kiln_precision::{Policy, save_checkpoint};
+use kiln_core::{Policy, checkpoint_dir, load_checkpoint, read_config, save_checkpoint};
 use kiln_text::TextConfig;
-use kiln_transformer::checkpoint::load_checkpoint;
 use kiln_vision::{Dinov2Config, Tower};
 use serde::{Deserialize, Serialize};
 
@@ -33,8 +32,8 @@ impl<B: Backend> FoveatedModel<B> {
             lm: self.lm.config().clone(),
         };
         let config = serde_json::to_string_pretty(&saved)
-            .map_err(|e| FoveatedError::Checkpoint(format!("{}: {e}", dir.display())))?;
-        save_checkpoint(self, &config, dir).map_err(FoveatedError::Checkpoint)
+            .map_err(|e| FoveatedError::Config(format!("{}: {e}", dir.display())))?;
+        Ok(save_checkpoint(self, &config, dir)?)
     }
 
     /// The model [`FoveatedModel::save`] wrote into `dir`, its backbones running under `policy`.
@@ -44,11 +43,9 @@ impl<B: Backend> FoveatedModel<B> {
         policy: &Policy,
     ) -> Result<Self, FoveatedError> {
         let dir = dir.as_ref();
-        let file = dir.join("config.json");
-        let text = std::fs::read_to_string(&file)
-            .map_err(|e| FoveatedError::Checkpoint(format!("{}: {e}", file.display())))?;
-        let saved: Saved = serde_json::from_str(&text).map_err(|e| {
-            FoveatedError::Checkpoint(format!(
+        let (file, json) = read_config::<serde_json::Value>(dir)?;
+        let saved: Saved = serde_json::from_value(json).map_err(|e| {
+            FoveatedError::Config(format!(
                 "{}: not a saved foveated model ({e}); Hugging Face backbone directories load \
                  with FoveatedModel::from_dirs",
                 file.display()
@@ -60,10 +57,19 @@ impl<B: Backend> FoveatedModel<B> {
             saved.foveated,
             device,
         )?;
-        let mut model =
-            load_checkpoint(model, dir, &[], &[]).map_err(|e| FoveatedError::Checkpoint(e.0))?;
+        let mut model = load_checkpoint(model, dir, &[], &[])?;
         model.dino = model.dino.with_policy(policy);
         model.lm = model.lm.with_policy(policy);
         Ok(model)
+    }
+
+    /// [`Self::load`] on what [`checkpoint_dir`] makes of `model`: a local directory, or with
+    /// the `hub` feature a Hugging Face id (`org/name[@revision]`) of a model kiln saved.
+    pub fn from_pretrained(
+        model: &str,
+        device: &B::Device,
+        policy: &Policy,
+    ) -> Result<Self, FoveatedError> {
+        Self::load(checkpoint_dir(model)?, device, policy)
     }
 }

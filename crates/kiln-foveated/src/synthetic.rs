@@ -22,7 +22,7 @@ use burn::tensor::backend::Backend;
 use kiln_cache::{
     IMAGENET_MEAN, IMAGENET_STD, Normalize, Order, Prefetch, PreparedPixels, Preprocess,
 };
-use kiln_precision::Precision;
+use kiln_core::Precision;
 use kiln_train::Loader;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

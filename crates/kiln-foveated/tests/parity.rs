@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use kiln_core::Policy;
 use kiln_foveated::{
     ClipBatch, FoveatedConfig, FoveatedError, FoveatedModel, FoveatedOutput, FrameHead, Mode,
     Readout,
 };
-use kiln_precision::Policy;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")

@@ -1,8 +1,26 @@
 //! # kiln-kernels
 //!
-//! CPU compute kernels that more than one model crate runs, kept below them so that none holds a
-//! copy: [`sgemm`], the packed-panel f32 products of kiln-vision's projections and of
-//! kiln-forcefield's host potential.
+//! The compute kernels kiln's model crates share, kept below them so that none holds a copy:
+//!
+//! - [`sgemm`]: packed-panel f32 products with fused epilogues (kiln-vision's projections,
+//!   kiln-forcefield's host potential);
+//! - [`math`] and [`gelu`]: vectorised host math and the GELU as a differentiable host kernel;
+//! - [`host`]: f32 kernels for the host backends — bias + activation, softmax, RMSNorm, SwiGLU,
+//!   attention and its backward ([`host::AttentionOp`]);
+//! - [`matmul`]: strided products on host slices through the `gemm` crate; [`rotary`]: rotary
+//!   position embeddings' rotation of rows and its transpose;
+//! - [`HashedMask`]: counter-based Monte-Carlo dropout masks, the same bits on every backend; on
+//!   burn's CUDA and wgpu backends one kernel makes each mask on the device, and attention with
+//!   dropout on its probabilities is one kernel (features `cuda`, `wgpu`);
+//! - [`HostValues`]: a host tensor's f32 values, read in place from Flex's storage;
+//! - [`HostOp`] / [`host_op`]: a host kernel turned into a differentiable operation (training
+//!   on Flex);
+//! - [`cross_entropy`]: token cross-entropy with its gradient in one host pass;
+//! - [`adamw_on_host`]: one-pass AdamW over a parameter's values, moments and gradient;
+//! - [`scatter_add`]: index-add across dtypes, accumulated in at least f32;
+//! - [`RowIndex`]: rows gathered and scattered by one index, as a graph network passes
+//!   messages; a segment-sum kernel of kiln's own on burn's GPU backends (module `cube`,
+//!   features `cuda` and `wgpu`).
 //!
 //! ```
 //! use kiln_kernels::sgemm;
@@ -18,4 +36,33 @@
 //! }
 //! ```
 
+mod activation;
+mod adamw;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub mod cube;
+pub mod device_attention;
+pub mod device_mask;
+pub mod host;
+mod host_op;
+mod loss;
+mod mask;
+pub mod math;
+pub mod matmul;
+mod ops;
+pub mod rotary;
+mod row_index;
+mod segment;
 pub mod sgemm;
+mod values;
+
+pub use activation::gelu;
+pub use adamw::{AdamWInputs, AdamWStep, adamw_on_host};
+pub use device_attention::fused_attention_launches;
+pub use device_mask::host_mask_uploads;
+pub use host_op::{HostOp, host_op, host_ops_serve};
+pub use loss::cross_entropy;
+pub use mask::{HashedMask, RowMask, dropout_mask, for_each_factor, row_key};
+pub use ops::scatter_add;
+pub use row_index::{RowIndex, RowIndexError};
+pub use segment::segment_sum_launches;
+pub use values::{HostValues, sum_of_squares, zeros};

@@ -29,7 +29,7 @@ pub struct Experiment {
     pub images: usize,
     /// What identifies each model's weights (a checkpoint, or a random initialisation's seed).
     pub weights: Vec<String>,
-    /// The precision policy the trials compute under, as kiln-precision prints it (results
+    /// The precision policy the trials compute under, as kiln-core prints it (results
     /// directories from before it was recorded read as empty, so they differ from any run).
     #[serde(default)]
     pub precision: String,

@@ -6,7 +6,7 @@
 use burn::tensor::FloatDType;
 use burn::tensor::backend::Backend;
 use kiln_cache::{Preprocess, SourceFile, decode, normalize_on_device, to_chw};
-use kiln_precision::Precision;
+use kiln_core::Precision;
 use kiln_vision::{Draw, VisionModel};
 
 use crate::McError;

@@ -12,7 +12,7 @@ use std::time::Instant;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, FloatDType, Tensor};
 use kiln_cache::{DeviceImages, Order};
-use kiln_precision::{Precision, computes_in, is_host_backend, on_host_pool};
+use kiln_core::{Precision, computes_in, is_host_backend, on_host_pool};
 use kiln_vision::{Draw, Sample, VisionModel};
 use serde::{Deserialize, Serialize};
 
@@ -121,7 +121,7 @@ pub struct Trial {
 /// use burn::backend::Flex;
 /// use kiln_cache::{ImageCache, ImageSource, Preprocess, Residency};
 /// use kiln_mc::{TrialRunner, trial_seed};
-/// use kiln_precision::{Policy, Precision};
+/// use kiln_core::{Policy, Precision};
 /// use kiln_vision::{DropoutSites, VisionModel};
 ///
 /// let device = Default::default();

@@ -1,7 +1,7 @@
 //! One seed per (model, T, trial), derived from the experiment's master seed: stable across
 //! runs, processes and platforms (no `std` hasher, whose output may change between releases).
 
-use kiln_precision::splitmix64;
+use kiln_core::splitmix64;
 
 /// The seed of trial `trial` of `passes` passes of `model` in an experiment seeded `master`.
 ///

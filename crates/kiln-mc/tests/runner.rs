@@ -9,11 +9,11 @@ use std::sync::Mutex;
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
 use kiln_cache::{CachedImages, DeviceImages, ImageCache, ImageSource, Preprocess, Residency};
+use kiln_core::Precision;
 use kiln_mc::{
     Accumulation, EmbeddingStats, Experiment, Shard, SummaryRow, TrialRunner, TrialStore,
     collect_trials, summarize,
 };
-use kiln_precision::Precision;
 use kiln_vision::{ClipVisionConfig, DropoutSites, VisionModel};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -4,7 +4,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
-use kiln_transformer::host::Rows;
+use kiln_kernels::host::Rows;
 
 use crate::TextError;
 use crate::input::TextInput;

@@ -18,8 +18,8 @@
 
 use std::path::Path;
 
-use kiln_precision::{MAX_LAYERS, MAX_WIDTH, check_limits};
-use kiln_transformer::checkpoint::read_config;
+use kiln_core::read_config;
+use kiln_core::{MAX_LAYERS, MAX_WIDTH, check_limits};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -167,14 +167,22 @@ impl TextConfig {
 
     /// Reads `config.json` at `path` (a file, or a checkpoint directory holding one).
     pub fn from_hf_config(path: impl AsRef<Path>) -> Result<Self, TextError> {
-        let (file, text) = read_config(path.as_ref()).map_err(|e| TextError::Config(e.0))?;
-        Self::from_hf_json(&text).map_err(|e| TextError::Config(format!("{}: {e}", file.display())))
+        let (file, value) = read_config(path.as_ref())?;
+        Self::from_hf_value(value).map_err(|e| match e {
+            TextError::Config(e) => TextError::Config(format!("{}: {e}", file.display())),
+            other => other,
+        })
     }
 
     /// Parses the text of a `config.json`.
     pub fn from_hf_json(json: &str) -> Result<Self, TextError> {
         let value: Value =
             serde_json::from_str(json).map_err(|e| TextError::Config(e.to_string()))?;
+        Self::from_hf_value(value)
+    }
+
+    /// [`Self::from_hf_json`] on the parsed JSON.
+    pub fn from_hf_value(value: Value) -> Result<Self, TextError> {
         let model_type = value
             .get("model_type")
             .and_then(Value::as_str)
@@ -196,7 +204,8 @@ impl TextConfig {
             _ => Vec::new(),
         };
         let (bos, eos) = (defaults("bos_token_id", 1), defaults("eos_token_id", 2));
-        let raw: RawConfig = kiln_precision::config_from_json(value).map_err(TextError::Config)?;
+        let raw: RawConfig =
+            kiln_core::config_from_json(value).map_err(|e| TextError::Config(e.to_string()))?;
         let mut config = raw.into_config(family)?;
         if config.bos_token_id.is_none() {
             config.bos_token_id = bos.first().copied();

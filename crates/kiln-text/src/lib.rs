@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! use burn::backend::Flex;
-//! use kiln_precision::Policy;
+//! use kiln_core::Policy;
 //! use kiln_text::{CausalLm, KvCache, TextInput};
 //!
 //! let device = Default::default();
@@ -42,9 +42,9 @@ pub enum TextError {
     /// A `config.json` kiln cannot use.
     #[error("{0}")]
     Config(String),
-    /// Weights that cannot be loaded.
-    #[error("{0}")]
-    Weights(String),
+    /// A checkpoint that cannot be found, read or loaded (which tensors, which file).
+    #[error(transparent)]
+    Checkpoint(#[from] kiln_core::CheckpointError),
     /// Tokens, masks or positions the model cannot take.
     #[error("{0}")]
     Input(String),
@@ -55,10 +55,4 @@ pub enum TextError {
     /// arithmetic).
     #[error("{0}")]
     NonFinite(String),
-}
-
-impl From<kiln_transformer::checkpoint::CheckpointError> for TextError {
-    fn from(error: kiln_transformer::checkpoint::CheckpointError) -> Self {
-        TextError::Weights(error.0)
-    }
 }

@@ -12,12 +12,13 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNor
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use kiln_precision::{HostValues, Policy, host_op, host_ops_serve};
-use kiln_transformer::host::{self, AttentionOp, Heads, RotaryAngles, Rows};
+use kiln_core::Policy;
+use kiln_kernels::host::{self, AttentionOp, Heads, RotaryAngles, Rows};
+use kiln_kernels::rotary::{self, Angles, Turn};
+use kiln_kernels::{HostValues, host_op, host_ops_serve};
 use kiln_transformer::projection::{
     Then, add_product, product_rows_into, product_then, project, project_by_table,
 };
-use kiln_transformer::rotary::{self, Angles, Turn};
 use kiln_transformer::{Pass, PreparedWeights, Settings, in_compute_dtype, run_layers};
 
 use crate::TextError;

@@ -3,8 +3,7 @@
 use std::path::Path;
 
 use burn::tensor::backend::Backend;
-use kiln_precision::Policy;
-use kiln_transformer::checkpoint::load_checkpoint;
+use kiln_core::{Policy, checkpoint_dir, load_checkpoint};
 
 use crate::TextError;
 use crate::config::TextConfig;
@@ -30,5 +29,16 @@ impl<B: Backend> CausalLm<B> {
         };
         let model = load_checkpoint(config.init::<B>(device), dir, &[], unused)?;
         Ok(model.with_policy(policy))
+    }
+
+    /// [`Self::from_hf_dir`] on what [`checkpoint_dir`] makes of `model`: a local directory, or
+    /// with the `hub` feature a Hugging Face id (`org/name[@revision]`), fetched into the
+    /// Hugging Face cache unless it is there already.
+    pub fn from_pretrained(
+        model: &str,
+        device: &B::Device,
+        policy: &Policy,
+    ) -> Result<Self, TextError> {
+        Self::from_hf_dir(checkpoint_dir(model)?, device, policy)
     }
 }

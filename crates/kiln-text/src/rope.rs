@@ -80,7 +80,7 @@ impl Rope {
 mod tests {
     use super::*;
     use burn::backend::Flex;
-    use kiln_transformer::rotary::{Angles, Turn, rotate_rows};
+    use kiln_kernels::rotary::{Angles, Turn, rotate_rows};
 
     /// Rotating keeps each pair's length, and the score of a query and a key rotated to
     /// positions m and n depends on m − n only (RoPE's defining property).

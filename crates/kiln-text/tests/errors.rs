@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
-use kiln_precision::Policy;
+use kiln_core::Policy;
 use kiln_text::{CausalLm, GenerationConfig, KvCache, Sampling, TextInput, generate};
 
 fn fixture(name: &str) -> PathBuf {

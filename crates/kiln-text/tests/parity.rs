@@ -11,7 +11,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, FloatDType, Tensor, TensorData};
-use kiln_precision::{Policy, PolicySpec};
+use kiln_core::{Policy, PolicySpec};
 use kiln_text::{CausalLm, GenerationConfig, KvCache, TextInput, generate};
 
 /// burn's tensor operations under autodiff (what the GPU backends run): kiln's host

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use kiln_precision::{Order, Prefetch};
+use kiln_core::{Order, Prefetch};
 
 /// A dataset the loop reads in epochs.
 pub trait Loader {
@@ -36,7 +36,7 @@ type MakeBatch<H> = dyn Fn(&[usize]) -> H + Send + Sync;
 /// ```
 /// use burn::backend::Flex;
 /// use burn::tensor::{Int, Tensor, TensorData};
-/// use kiln_precision::Order;
+/// use kiln_core::Order;
 /// use kiln_train::{HostData, Loader};
 ///
 /// let tokens: Vec<Vec<i64>> = vec![vec![1, 2], vec![3, 4], vec![5, 6]]; // tokenised once

@@ -6,7 +6,8 @@ use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor};
-use kiln_precision::{HostValues, is_host_backend, sum_of_squares};
+use kiln_core::is_host_backend;
+use kiln_kernels::{HostValues, sum_of_squares};
 
 /// Σ g² over every gradient of `module`, on the device as f32 (`None` without gradients); each
 /// tensor's sum on every thread in f64 on host backends.

@@ -5,7 +5,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_cache::DeviceImages;
-use kiln_precision::Order;
+use kiln_core::Order;
 
 use crate::data::Loader;
 

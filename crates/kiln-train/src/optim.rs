@@ -15,7 +15,8 @@ use burn::optim::{
 };
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use kiln_precision::{AdamWStep, adamw_on_host, parameter_shapes};
+use kiln_core::parameter_shapes;
+use kiln_kernels::{AdamWStep, adamw_on_host};
 use serde::{Deserialize, Serialize};
 
 /// Parameters selected by path, with their own learning rate and weight decay.
@@ -153,7 +154,7 @@ pub struct ParamInfo {
 }
 
 /// Every float parameter of `module`, in visiting order, read without initialising any
-/// ([`kiln_precision::parameter_shapes`]).
+/// ([`kiln_core::parameter_shapes`]).
 pub fn parameters<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> Vec<ParamInfo> {
     parameter_shapes(module)
         .into_iter()
@@ -184,7 +185,7 @@ pub type GroupedAdamWRecord<B, M> =
     Vec<<OptimizerAdaptor<OnePassAdamW, M, B> as Optimizer<M, B>>::Record>;
 
 /// burn-optim's AdamW, each step of an f32 parameter on Flex computed in one pass over memory
-/// (`kiln_precision::adamw_on_host`: the same arithmetic, on every core); burn-optim's own step
+/// (`kiln_kernels::adamw_on_host`: the same arithmetic, on every core); burn-optim's own step
 /// elsewhere. Its state is burn-optim's, so checkpoints are the same either way.
 #[derive(Clone)]
 pub struct OnePassAdamW {

@@ -10,7 +10,7 @@ use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
-use kiln_precision::{DynamicLossScale, LossScale, StepDecision, on_host_pool};
+use kiln_core::{DynamicLossScale, LossScale, StepDecision, on_host_pool};
 
 use crate::TrainError;
 use crate::config::{LossScaling, TrainConfig};

@@ -4,7 +4,7 @@
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use kiln_precision::splitmix64;
+use kiln_core::splitmix64;
 
 /// Where a training step stands, for models that draw random numbers (dropout, augmentation):
 /// seeding from `(seed, step, micro_batch)` makes a resumed run draw what the uninterrupted run
@@ -69,7 +69,7 @@ pub struct BadBatch(pub String);
 /// A model the loop trains.
 pub trait TrainStep<B: AutodiffBackend>: AutodiffModule<B> {
     /// What one micro-batch is (`Send`: on host backends the step runs on one of rayon's
-    /// threads, see [`kiln_precision::on_host_pool`]).
+    /// threads, see [`kiln_core::on_host_pool`]).
     type Batch: Send;
 
     /// The loss of one micro-batch (the loop scales it, runs the backward pass and steps), or

@@ -8,8 +8,8 @@ use burn::module::Module;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kiln_precision::Order;
-use kiln_precision::{check_memory, on_host_pool, parameter_count};
+use kiln_core::Order;
+use kiln_core::{check_memory, on_host_pool, parameter_count};
 use serde_json::{Map, Value, json};
 
 use crate::TrainError;

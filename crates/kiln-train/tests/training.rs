@@ -19,7 +19,7 @@ use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::activation::gelu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
-use kiln_precision::Order;
+use kiln_core::Order;
 use kiln_train::{
     BadBatch, EvalOutput, EvalStep, Loader, LossScaling, OptimizerConfig, Outcome, RunOptions,
     Schedule, StepContext, StepOutput, TrainConfig, TrainError, TrainStep, Trainer,

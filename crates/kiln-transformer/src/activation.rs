@@ -26,7 +26,7 @@ impl Activation {
             // x · σ(1.702 x)
             Activation::QuickGelu => x.clone() * sigmoid(x * 1.702),
             Activation::GeluTanh => gelu_approximate(x),
-            Activation::Gelu => kiln_precision::gelu(x),
+            Activation::Gelu => kiln_kernels::gelu(x),
         }
     }
 }

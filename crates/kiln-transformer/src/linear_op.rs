@@ -5,10 +5,10 @@
 use burn::nn::Linear;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_precision::{HostOp, host_op, host_ops_serve, zeros};
+use kiln_kernels::{HostOp, host_op, host_ops_serve, zeros};
 use rayon::prelude::*;
 
-use crate::matmul::{Threads, View, Write, matmul};
+use kiln_kernels::matmul::{Threads, View, Write, matmul};
 
 /// `x W + b` of `x` `[rows, in]` as one autodiff operation, when `B` is `Autodiff<Flex>` and `x`
 /// is f32; `None` otherwise.

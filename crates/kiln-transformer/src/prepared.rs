@@ -18,9 +18,9 @@ use burn::nn::Linear;
 use burn::nn::conv::Conv2d;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_precision::HostValues;
+use kiln_kernels::HostValues;
 
-use crate::host;
+use kiln_kernels::host;
 use kiln_kernels::sgemm;
 
 /// A projection's weight `[in, out]` and bias `[out]` as the host product reads them.

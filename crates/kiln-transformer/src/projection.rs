@@ -10,11 +10,11 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
 use crate::Activation;
-use crate::host;
 use crate::linear_op::{trained_linear, trained_product_by_table};
-use crate::matmul::{Threads, View, Write, matmul};
 use crate::pass::{Pass, Site};
 use crate::prepared::{HostWeight, Operand};
+use kiln_kernels::host;
+use kiln_kernels::matmul::{Threads, View, Write, matmul};
 use kiln_kernels::sgemm;
 
 /// What follows a projection `x W + b`.

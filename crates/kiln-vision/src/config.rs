@@ -22,9 +22,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::VisionError;
-use kiln_precision::{MAX_LAYERS, MAX_WIDTH, check_limits};
+use kiln_core::read_config;
+use kiln_core::{MAX_LAYERS, MAX_WIDTH, check_limits};
 use kiln_transformer::Activation;
-use kiln_transformer::checkpoint::read_config;
 
 /// CLIP's vision tower and its projection (transformers `CLIPVisionConfig`; the projection width
 /// of a full `CLIPModel` is its top-level `projection_dim`).
@@ -281,15 +281,24 @@ pub const MODEL_TYPES: [&str; 5] = [
 impl VisionConfig {
     /// Reads a model directory's `config.json` (or the file itself).
     pub fn from_hf_config(path: impl AsRef<Path>) -> Result<Self, VisionError> {
-        let (file, json) = read_config(path.as_ref()).map_err(|e| VisionError::Config(e.0))?;
-        Self::from_hf_json(&json)
-            .map_err(|e| VisionError::Config(format!("{}: {e}", file.display())))
+        let (file, json) = read_config(path.as_ref())?;
+        Self::from_hf_value(json).map_err(|e| match e {
+            VisionError::Config(e) => VisionError::Config(format!("{}: {e}", file.display())),
+            other => other,
+        })
     }
 
     /// Parses the text of a `config.json`: a full model (`clip`, `siglip`: the vision tower of
     /// `vision_config`; the text tower is ignored) or a vision-only one.
     pub fn from_hf_json(json: &str) -> Result<Self, VisionError> {
-        let config = Self::parse_hf_json(json)?;
+        let value: Value = serde_json::from_str(json)
+            .map_err(|e| VisionError::Config(format!("not JSON: {e}")))?;
+        Self::from_hf_value(value)
+    }
+
+    /// [`Self::from_hf_json`] on the parsed JSON.
+    pub fn from_hf_value(value: Value) -> Result<Self, VisionError> {
+        let config = Self::parse_hf_value(value)?;
         let (hidden, heads, patch, eps) = match &config {
             VisionConfig::Clip(c) => (
                 c.hidden_size,
@@ -355,9 +364,7 @@ impl VisionConfig {
         Ok(config)
     }
 
-    fn parse_hf_json(json: &str) -> Result<Self, VisionError> {
-        let value: Value = serde_json::from_str(json)
-            .map_err(|e| VisionError::Config(format!("not JSON: {e}")))?;
+    fn parse_hf_value(value: Value) -> Result<Self, VisionError> {
         let model_type = value
             .get("model_type")
             .and_then(Value::as_str)
@@ -506,5 +513,5 @@ struct Shape {
 }
 
 fn parse<T: DeserializeOwned>(value: Value) -> Result<T, VisionError> {
-    kiln_precision::config_from_json(value).map_err(VisionError::Config)
+    kiln_core::config_from_json(value).map_err(|e| VisionError::Config(e.to_string()))
 }

@@ -8,7 +8,7 @@
 //! ```no_run
 //! use burn::backend::Flex;
 //! use burn::tensor::Tensor;
-//! use kiln_precision::Policy;
+//! use kiln_core::Policy;
 //! use kiln_vision::{DropoutSites, Draw, VisionModel};
 //!
 //! let device = Default::default();
@@ -32,7 +32,6 @@ mod clip;
 mod config;
 mod dinov2;
 mod encoder;
-mod hub;
 mod model;
 mod patches;
 mod siglip;
@@ -46,10 +45,7 @@ pub use dinov2::{
     Dinov2Output, Dinov2Patches, LayerScale, PatchEmbeddings, QueryKeyValue, Reading,
 };
 pub use encoder::{Encoder, EncoderLayer, Mlp, SelfAttention};
-#[cfg(feature = "hub")]
-pub use hub::Hub;
-pub use hub::checkpoint_dir;
-use kiln_transformer::checkpoint::CheckpointError;
+use kiln_core::CheckpointError;
 pub use kiln_transformer::{
     Activation, Draw, DropoutError, DropoutSites, Sample, Settings as TowerSettings,
 };
@@ -67,12 +63,9 @@ pub enum VisionError {
     /// A `config.json` kiln cannot use.
     #[error("{0}")]
     Config(String),
-    /// Weights that cannot be loaded.
-    #[error("{0}")]
-    Weights(String),
-    /// A checkpoint that is neither a local directory nor fetchable from the Hugging Face Hub.
-    #[error("{0}")]
-    Hub(String),
+    /// A checkpoint that cannot be found, read or loaded (which tensors, which file).
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
     /// Dropout rates or a draw that cannot be used.
     #[error("{0}")]
     Dropout(String),
@@ -82,12 +75,6 @@ pub enum VisionError {
     /// Queries that do not fit the patches they read (`Dinov2Model::read`).
     #[error("{0}")]
     Queries(String),
-}
-
-impl From<CheckpointError> for VisionError {
-    fn from(error: CheckpointError) -> Self {
-        VisionError::Weights(error.0)
-    }
 }
 
 impl From<DropoutError> for VisionError {

@@ -6,16 +6,16 @@ use std::path::Path;
 use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_precision::Policy;
+use kiln_core::Policy;
 
 use crate::VisionError;
 use crate::clip::ClipVisionModel;
 use crate::config::VisionConfig;
 use crate::dinov2::Dinov2Model;
-use crate::hub::checkpoint_dir;
 use crate::siglip::SiglipVisionModel;
 use crate::tower::Tower;
 use crate::weights::load_hf_weights;
+use kiln_core::checkpoint_dir;
 use kiln_transformer::{Draw, DropoutSites};
 
 /// A loaded vision tower (boxed: the towers' module trees differ in size).
@@ -75,6 +75,15 @@ impl<B: Backend> VisionModel<B> {
             VisionModel::Clip(m) => VisionModel::Clip(Box::new(m.with_policy(policy))),
             VisionModel::Siglip(m) => VisionModel::Siglip(Box::new(m.with_policy(policy))),
             VisionModel::Dinov2(m) => VisionModel::Dinov2(Box::new(m.with_policy(policy))),
+        }
+    }
+
+    /// The tower's family as its paper names it: `CLIP`, `SigLIP` or `DINOv2`.
+    pub fn family(&self) -> &'static str {
+        match self {
+            VisionModel::Clip(_) => "CLIP",
+            VisionModel::Siglip(_) => "SigLIP",
+            VisionModel::Dinov2(_) => "DINOv2",
         }
     }
 

@@ -4,12 +4,12 @@ use burn::nn::conv::Conv2d;
 use burn::nn::{Embedding, PaddingConfig2d};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use kiln_precision::{HostOp, host_op};
+use kiln_kernels::{HostOp, host_op};
 use rayon::prelude::*;
 
 use crate::VisionError;
+use kiln_kernels::host;
 use kiln_transformer::Pass;
-use kiln_transformer::host;
 use kiln_transformer::projection::product_then;
 
 /// The patch tokens of `pixels` `[batch, 3, H, W]` through the patch convolution, row-major

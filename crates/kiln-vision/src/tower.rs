@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_precision::Policy;
+use kiln_core::Policy;
 
 use crate::TowerSettings;
 use crate::VisionError;

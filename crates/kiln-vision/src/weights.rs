@@ -1,11 +1,11 @@
-//! Loading Hugging Face checkpoints into a tower ([`load_hf_weights`]), through kiln-transformer's
+//! Loading Hugging Face checkpoints into a tower ([`load_hf_weights`]), through kiln-core's
 //! checked safetensors loader.
 
 use std::path::Path;
 
 use burn::tensor::backend::Backend;
-use kiln_precision::Policy;
-use kiln_transformer::checkpoint::load_checkpoint;
+use kiln_core::Policy;
+use kiln_core::load_checkpoint;
 
 use crate::VisionError;
 use crate::tower::Tower;
@@ -23,7 +23,7 @@ const UNUSED_ON_PURPOSE: &[&str] = &[
 /// Loads the weights of the checkpoint directory `dir` into `model`, casts them to the policy's
 /// parameter dtype and sets the policy the tower runs under.
 ///
-/// The checkpoint is checked first ([`kiln_precision::check_checkpoint`]): a tensor the tower
+/// The checkpoint is checked first ([`kiln_core::check_checkpoint`]): a tensor the tower
 /// needs that is missing, not floating-point, or of another shape is an error listing each in
 /// the checkpoint's names and order, with the `config.json` settings behind the tower's sizes;
 /// tensors the tower does not use are a warning (outside a full model's other tower).

@@ -2,7 +2,7 @@
 //! and sharded weights), and a clear error when neither the cache nor the server has them.
 //! Without the `hub` feature an id that is not a directory says which feature fetches it.
 
-use kiln_vision::checkpoint_dir;
+use kiln_core::checkpoint_dir;
 
 mod support;
 
@@ -28,8 +28,8 @@ mod hub {
     use std::path::Path;
 
     use burn::backend::Flex;
-    use kiln_precision::Policy;
-    use kiln_vision::{Hub, VisionModel};
+    use kiln_core::{Hub, Policy};
+    use kiln_vision::VisionModel;
 
     use super::support::{Reference, fixtures, relative_error};
 

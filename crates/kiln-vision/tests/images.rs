@@ -7,7 +7,7 @@
 
 use burn::backend::Flex;
 use kiln_cache::{ImageCache, ImageSource, Preprocess};
-use kiln_precision::{Policy, Precision};
+use kiln_core::{Policy, Precision};
 use kiln_vision::VisionModel;
 
 mod support;

@@ -4,7 +4,7 @@
 
 use burn::backend::Flex;
 use burn::tensor::Tensor;
-use kiln_precision::Policy;
+use kiln_core::Policy;
 use kiln_vision::{Tower, VisionConfig, load_hf_weights};
 
 mod support;

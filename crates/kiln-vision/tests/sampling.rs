@@ -3,7 +3,7 @@
 
 use burn::backend::Flex;
 use burn::tensor::Tensor;
-use kiln_precision::{Policy, PolicySpec, Precision};
+use kiln_core::{Policy, PolicySpec, Precision};
 use kiln_vision::{Draw, DropoutSites, Sample, VisionModel};
 
 mod support;

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use burn::backend::{Autodiff, Flex};
+use kiln_core::Precision;
 use kiln_forcefield::{Painn, Structure};
-use kiln_precision::Precision;
 use safetensors::SafeTensors;
 
 /// The backend the tests run on: Flex with gradients (forces).

@@ -1,0 +1,100 @@
+//! Hugging Face checkpoints loaded into a model: `model.safetensors`, or the shards a
+//! `model.safetensors.index.json` names, stored in f32, f16 or bf16, through burn-store
+//! (PyTorch's `[out, in]` linear weights and `weight` / `bias` norm names adapted), after a
+//! check of the whole checkpoint against the model.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use burn::module::Module;
+use burn::tensor::backend::Backend;
+use burn_store::{ModuleSnapshot, SafetensorsStore};
+
+use super::{CheckpointError, TorchLayout, check_checkpoint};
+
+const SINGLE: &str = "model.safetensors";
+const INDEX: &str = "model.safetensors.index.json";
+
+/// The weight files of the checkpoint in `dir`: `model.safetensors`, or the shards its index
+/// names.
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
+    let single = dir.join(SINGLE);
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join(INDEX);
+    if !index.is_file() {
+        return Err(CheckpointError::NoWeights {
+            dir: dir.to_path_buf(),
+        });
+    }
+    Ok(shards(&index)?
+        .into_iter()
+        .map(|file| dir.join(file))
+        .collect())
+}
+
+/// The shard files a `model.safetensors.index.json` names, each once, sorted.
+pub fn shards(index: &Path) -> Result<Vec<String>, CheckpointError> {
+    let text = kiln_io::read_text(index).map_err(|e| CheckpointError::read(index, e))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| CheckpointError::unreadable(index, e))?;
+    let files: BTreeSet<String> = json
+        .get("weight_map")
+        .and_then(|map| map.as_object())
+        .ok_or_else(|| CheckpointError::unreadable(index, "no weight_map"))?
+        .values()
+        .filter_map(|file| file.as_str().map(str::to_string))
+        .collect();
+    Ok(files.into_iter().collect())
+}
+
+/// Loads the weights of the checkpoint directory `dir` into `model`, its keys rewritten by the
+/// regular expressions of `remapping` (checkpoint name → parameter path), in the dtypes the
+/// checkpoint stores.
+///
+/// The checkpoint is checked first ([`check_checkpoint`]): a tensor the model needs that is
+/// missing, not floating-point, or of another shape is an error listing each in the
+/// checkpoint's names and order, with the `config.json` settings behind the model's sizes;
+/// tensors the model does not use are a warning, except those under the prefixes
+/// `unused_on_purpose`.
+pub fn load_checkpoint<B: Backend, M: Module<B>>(
+    mut model: M,
+    dir: &Path,
+    remapping: &[(&str, &str)],
+    unused_on_purpose: &[&str],
+) -> Result<M, CheckpointError> {
+    let files = weight_files(dir)?;
+    if let Some(missing) = files.iter().find(|file| !file.is_file()) {
+        return Err(CheckpointError::unreadable(
+            missing,
+            "a shard the index names is missing",
+        ));
+    }
+    let config = std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok());
+    let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let fit = check_checkpoint(&model, &paths, remapping, config.as_ref())?;
+    if let Some(unused) = fit.unexpected(unused_on_purpose) {
+        log::warn!(
+            "{}: tensors the model does not use: {unused}",
+            dir.display()
+        );
+    }
+    for file in &files {
+        let mut store = SafetensorsStore::from_file(file)
+            .with_from_adapter(TorchLayout::Load)
+            .allow_partial(true);
+        for (from, to) in remapping {
+            store = store.with_key_remapping(from, *to);
+        }
+        let result = model
+            .load_from(&mut store)
+            .map_err(|e| CheckpointError::unreadable(file, e))?;
+        if let Some(error) = result.errors.first() {
+            return Err(CheckpointError::unreadable(file, format!("{error:?}")));
+        }
+    }
+    Ok(model)
+}

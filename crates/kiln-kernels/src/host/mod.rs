@@ -1,0 +1,561 @@
+//! f32 kernels for the host backends (Flex, NdArray): bias + activation and SwiGLU
+//! (`elementwise`), RMSNorm (`norm`), the rows' softmax (`softmax`) and attention with its
+//! backward (`attention`).
+//!
+//! burn 0.21's host backends evaluate `exp`, `tanh`, `erf` and `sigmoid` one element at a time
+//! on one thread through the C library: on a ViT-B/16 batch the MLP activation took longer than
+//! the matrix product before it. Here each element goes through a branch-free polynomial that
+//! the compiler vectorises for the widest instruction set the CPU has (chosen at run time through
+//! `pulp`: AVX-512 or AVX2 + FMA on x86-64, NEON on ARM), in place on the product it follows, and
+//! the work is split across rayon's threads. Accuracy: `exp` within 2 × 10⁻⁷ relative, `erf`
+//! within 1.5 × 10⁻⁷ absolute (Abramowitz & Stegun 7.1.26), both below f32's own rounding of the
+//! activations they feed.
+
+mod attention;
+mod elementwise;
+mod norm;
+mod softmax;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor, TensorData};
+use kiln_core::is_host_backend;
+
+pub use attention::{
+    AttentionOp, Heads, ProbsDropout, RotaryAngles, Rows, attention, attention_into,
+};
+pub use elementwise::{add_bias_map, swiglu, swiglu_into};
+pub use norm::{rms_norm, rms_norm_into};
+
+pub use crate::math::{exp, gelu, gelu_tanh, quick_gelu};
+
+/// Whether `x` is an f32 tensor of a host backend without autodiff, which these kernels serve
+/// (they read and write the values directly, which would cut a gradient's path).
+pub fn serves<B: Backend, const D: usize>(x: &Tensor<B, D>) -> bool {
+    let device = x.device();
+    x.dtype() == DType::F32 && is_host_backend::<B>(&device) && !B::ad_enabled(&device)
+}
+
+/// The values of an f32 tensor's data.
+pub fn f32s(data: &TensorData) -> &[f32] {
+    data.as_slice::<f32>()
+        .expect("host kernels are only used on f32 tensors")
+}
+
+/// The `cols × rows` transpose of a row-major `rows × cols` matrix, in 32 × 32 blocks (one
+/// cache line of each of 32 rows at a time).
+pub fn transposed(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    const BLOCK: usize = 32;
+    assert_eq!(values.len(), rows * cols, "transposed: shape");
+    let mut out = vec![0f32; rows * cols];
+    for r0 in (0..rows).step_by(BLOCK) {
+        for c0 in (0..cols).step_by(BLOCK) {
+            for r in r0..(r0 + BLOCK).min(rows) {
+                for c in c0..(c0 + BLOCK).min(cols) {
+                    out[c * rows + r] = values[r * cols + c];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Elements per parallel task: large enough to amortise scheduling, small enough to balance.
+const CHUNK: usize = 1 << 14;
+
+/// Lanes of the partial reductions: enough independent accumulators for the compiler to keep
+/// them in one vector register (eight f32 lanes of AVX2).
+const LANES: usize = 8;
+
+/// The largest element of `row` (vectorisable: per-lane maxima, then across lanes).
+#[inline(always)]
+fn row_max(row: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane = if v > *lane { v } else { *lane };
+        }
+    }
+    rest.iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
+/// The sum of `row` (vectorisable: per-lane sums, then across lanes).
+#[inline(always)]
+fn row_sum(row: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += v;
+        }
+    }
+    lanes.iter().sum::<f32>() + rest.iter().sum::<f32>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attention::ATTENTION_ROWS;
+    use super::*;
+
+    /// The largest error of `ours` against `reference` (computed in f64) on a dense grid over
+    /// |x| ≤ 20, relative to max(1, |reference|) (`relative`: to |reference|).
+    fn worst(ours: impl Fn(f32) -> f32, reference: impl Fn(f64) -> f64, relative: bool) -> f64 {
+        (-200_000..=200_000)
+            .map(|i| i as f32 * 1e-4)
+            .map(|x| {
+                let (got, want) = (ours(x) as f64, reference(x as f64));
+                let scale = if relative {
+                    want.abs()
+                } else {
+                    want.abs().max(1.0)
+                };
+                (got - want).abs() / scale
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// erf in f64: its Maclaurin series below 3, the asymptotic series of erfc above.
+    fn erf64(x: f64) -> f64 {
+        let z = x.abs();
+        if z >= 3.0 {
+            let z2 = z * z;
+            let series =
+                1.0 - 1.0 / (2.0 * z2) + 3.0 / (4.0 * z2 * z2) - 15.0 / (8.0 * z2 * z2 * z2);
+            let erfc = (-z2).exp() / (z * std::f64::consts::PI.sqrt()) * series;
+            return x.signum() * (1.0 - erfc);
+        }
+        let (mut term, mut sum, mut k) = (x, x, 0.0);
+        while term.abs() > 1e-17 {
+            k += 1.0;
+            term *= -x * x / k;
+            sum += term / (2.0 * k + 1.0);
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    }
+
+    /// The attention operation's values and its q, k and v gradients against burn's autodiff
+    /// through the same attention written as tensor operations, with and without a dropout
+    /// mask on the probabilities; keys of another length than queries.
+    #[test]
+    fn the_attention_operation_differentiates_as_burn_does() {
+        use burn::backend::{Autodiff, Flex};
+        use burn::tensor::Distribution;
+        use burn::tensor::activation::softmax;
+        type Ad = Autodiff<Flex>;
+
+        let device = Default::default();
+        let (batch, heads, head_dim, q_tokens, kv_tokens) = (3, 2, 5, 7, 9);
+        let width = heads * head_dim;
+        let scale = 0.37;
+        let normal = |shape: [usize; 3]| {
+            Tensor::<Ad, 3>::random(shape, Distribution::Normal(0.0, 1.0), &device).require_grad()
+        };
+        let query = normal([batch, q_tokens, width]);
+        let (key, value) = (
+            normal([batch, kv_tokens, width]),
+            normal([batch, kv_tokens, width]),
+        );
+        let weights =
+            Tensor::<Ad, 3>::random([batch, q_tokens, width], Distribution::Default, &device);
+        let drops: Vec<f32> = (0..batch * heads * q_tokens * kv_tokens)
+            .map(|i| if i % 3 == 1 { 0.0 } else { 1.5 })
+            .collect();
+        for mask in [None, Some(drops)] {
+            let op = AttentionOp {
+                scale,
+                mask: mask.clone().map(Into::into),
+                ..AttentionOp::new(batch, heads, head_dim, q_tokens, kv_tokens)
+            };
+            let ours = crate::host_op(op, [&query, &key, &value], [batch, q_tokens, width])
+                .expect("served on Autodiff<Flex>");
+            let split = |x: Tensor<Ad, 3>| {
+                let tokens = x.dims()[1];
+                x.reshape([batch, tokens, heads, head_dim]).swap_dims(1, 2)
+            };
+            let mut probs = softmax(
+                split(query.clone()).matmul(split(key.clone()).swap_dims(2, 3)) * scale,
+                3,
+            );
+            if let Some(mask) = &mask {
+                let data = TensorData::new(mask.clone(), [batch, heads, q_tokens, kv_tokens]);
+                probs = probs * Tensor::from_data(data, &device);
+            }
+            let burns = probs
+                .matmul(split(value.clone()))
+                .swap_dims(1, 2)
+                .reshape([batch, q_tokens, width]);
+            let rows = Tensor::ones([batch, q_tokens, 1], &device);
+            same_values_and_gradients([ours, burns], &weights, &rows, [&query, &key, &value]);
+        }
+    }
+
+    /// The operation with grouped-query heads, causal masking, left padding and rotary angles
+    /// against burn's autodiff through the same attention written as tensor operations (the
+    /// rotation by `rotate_half`, the key/value heads repeated, an additive mask): values on
+    /// the rows that see a key, and the q, k and v gradients of a loss on those rows.
+    #[test]
+    fn causal_grouped_rotary_attention_differentiates_as_burn_does() {
+        use burn::backend::{Autodiff, Flex};
+        use burn::tensor::Distribution;
+        use burn::tensor::activation::softmax;
+        type Ad = Autodiff<Flex>;
+
+        let device = Default::default();
+        let (batch, heads, kv_heads, head_dim, tokens) = (2, 6, 2, 4, 11);
+        let (width, half, padding) = (heads * head_dim, head_dim / 2, 3);
+        let scale = 0.45;
+        let normal = |heads: usize| {
+            let shape = [batch, tokens, heads * head_dim];
+            Tensor::<Ad, 3>::random(shape, Distribution::Normal(0.0, 1.0), &device).require_grad()
+        };
+        let (query, key, value) = (normal(heads), normal(kv_heads), normal(kv_heads));
+        // Image 0's first `padding` tokens are padding; its first queries see no key.
+        let real: Vec<bool> = (0..batch * tokens).map(|i| i >= padding).collect();
+        let angles: Vec<f32> = (0..batch * tokens * half)
+            .map(|i| (i as f32 * 0.9).sin() * 2.0)
+            .collect();
+        let table = |f: fn(f32) -> f32| -> Vec<f32> {
+            (angles.chunks(half))
+                .flat_map(|row| row.iter().chain(row).map(|&a| f(a)))
+                .collect()
+        };
+        let (cos, sin) = (table(f32::cos), table(f32::sin));
+        let op = AttentionOp {
+            kv_heads,
+            scale,
+            causal: true,
+            real_keys: Some(real.clone().into()),
+            rotary: Some(RotaryAngles {
+                cos: cos.clone().into(),
+                sin: sin.clone().into(),
+            }),
+            ..AttentionOp::new(batch, heads, head_dim, tokens, tokens)
+        };
+        let ours = crate::host_op(op, [&query, &key, &value], [batch, tokens, width])
+            .expect("served on Autodiff<Flex>");
+
+        let tensor = |values: Vec<f32>, shape: [usize; 4]| {
+            Tensor::<Ad, 4>::from_data(TensorData::new(values, shape), &device)
+        };
+        let (cos, sin) = (
+            tensor(cos, [batch, tokens, 1, head_dim]),
+            tensor(sin, [batch, tokens, 1, head_dim]),
+        );
+        // [batch, tokens, heads · head_dim] → [batch, heads, tokens, head_dim], rotated or not.
+        let split = |x: Tensor<Ad, 3>, heads: usize, rotate: bool| {
+            let x = x.reshape([batch, tokens, heads, head_dim]);
+            let x = if rotate {
+                let first = x.clone().slice([0..batch, 0..tokens, 0..heads, 0..half]);
+                let second = x
+                    .clone()
+                    .slice([0..batch, 0..tokens, 0..heads, half..head_dim]);
+                let turned = Tensor::cat(vec![second.neg(), first], 3);
+                x * cos.clone() + turned * sin.clone()
+            } else {
+                x
+            };
+            x.swap_dims(1, 2)
+        };
+        let repeat = |x: Tensor<Ad, 4>| {
+            x.unsqueeze_dim::<5>(2)
+                .repeat_dim(2, heads / kv_heads)
+                .reshape([batch, heads, tokens, head_dim])
+        };
+        let mut bias = Vec::new();
+        for image in 0..batch {
+            for query in 0..tokens {
+                bias.extend((0..tokens).map(|key| {
+                    let seen = real[image * tokens + key] && key <= query;
+                    if seen { 0.0 } else { f32::MIN }
+                }));
+            }
+        }
+        let bias = tensor(bias, [batch, 1, tokens, tokens]);
+        let scores = split(query.clone(), heads, true)
+            .matmul(repeat(split(key.clone(), kv_heads, true)).swap_dims(2, 3));
+        let burns = softmax(scores * scale + bias, 3)
+            .matmul(repeat(split(value.clone(), kv_heads, false)))
+            .swap_dims(1, 2)
+            .reshape([batch, tokens, width]);
+
+        // The rows that see a key: all but image 0's padding queries.
+        let seeing: Vec<f32> = (0..batch * tokens)
+            .map(|i| if real[i] { 1.0 } else { 0.0 })
+            .collect();
+        let seeing =
+            Tensor::<Ad, 3>::from_data(TensorData::new(seeing, [batch, tokens, 1]), &device);
+        let weights =
+            Tensor::<Ad, 3>::random([batch, tokens, width], Distribution::Default, &device);
+        let padded_rows = ours.clone().inner().slice([0..1, 0..padding, 0..width]);
+        assert_eq!(padded_rows.abs().max().into_scalar(), 0.0);
+        same_values_and_gradients([ours, burns], &weights, &seeing, [&query, &key, &value]);
+    }
+
+    type Trained = burn::backend::Autodiff<burn::backend::Flex>;
+
+    /// `ours` and `burns` agree on the rows `rows` marks (`[batch, tokens, 1]`, 0 or 1), within
+    /// 1e-5 of the largest value, and so do the q, k and v gradients of `Σ rows ⊙ weights ⊙ y`.
+    fn same_values_and_gradients(
+        [ours, burns]: [Tensor<Trained, 3>; 2],
+        weights: &Tensor<Trained, 3>,
+        rows: &Tensor<Trained, 3>,
+        inputs: [&Tensor<Trained, 3>; 3],
+    ) {
+        use burn::backend::Flex;
+        let max = |t: Tensor<Flex, 3>| t.abs().max().into_scalar();
+        let close = |ours: Tensor<Flex, 3>, burns: Tensor<Flex, 3>, what: &str| {
+            let diff = max(ours - burns.clone());
+            assert!(diff <= 1e-5 * max(burns), "{what}: {diff}");
+        };
+        let on_rows = |x: &Tensor<Trained, 3>| (x.clone() * rows.clone()).inner();
+        close(on_rows(&ours), on_rows(&burns), "values");
+        let grads = |y: Tensor<Trained, 3>| {
+            let grads = (y * weights.clone() * rows.clone()).sum().backward();
+            inputs.map(|x| x.grad(&grads).expect("a gradient"))
+        };
+        for ((ours, burns), name) in grads(ours)
+            .into_iter()
+            .zip(grads(burns))
+            .zip(["q", "k", "v"])
+        {
+            close(ours, burns, name);
+        }
+    }
+
+    #[test]
+    fn attention_matches_the_definition() {
+        // Two tiles of query rows (the second partial), keys of another length, a mask; k and v
+        // side by side in the rows of one buffer, as one product leaves them.
+        let (batch, heads, head_dim, q_tokens, kv_tokens) = (2, 3, 4, ATTENTION_ROWS + 5, 37);
+        let width = heads * head_dim;
+        let values = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| (((i + seed) * 7919) % 23) as f32 * 0.37 - 4.0)
+                .collect()
+        };
+        let (q, kv) = (
+            values(batch * q_tokens * width, 1),
+            values(batch * kv_tokens * 2 * width, 2),
+        );
+        let half = |second: usize| -> Vec<f32> {
+            kv.chunks_exact(2 * width)
+                .flat_map(|row| &row[second * width..(second + 1) * width])
+                .copied()
+                .collect()
+        };
+        let (k, v) = (half(0), half(1));
+        let mask: Vec<f32> = (0..batch * heads * q_tokens * kv_tokens)
+            .map(|i| if i % 3 == 0 { 0.0 } else { 1.5 })
+            .collect();
+        let scale = 0.5f32;
+        let side_by_side = |offset| Rows {
+            offset,
+            ..Rows::new(&kv, 2 * width, kv_tokens)
+        };
+        let query = Rows::new(&q, width, q_tokens);
+        let got = attention(
+            query,
+            side_by_side(0),
+            side_by_side(width),
+            batch,
+            Heads::all(heads, head_dim),
+            scale,
+            Some(ProbsDropout::Multipliers(&mask)),
+        );
+        for (b, h, t) in (0..batch)
+            .flat_map(|b| (0..heads).map(move |h| (b, h)))
+            .flat_map(|(b, h)| (0..q_tokens).map(move |t| (b, h, t)))
+        {
+            let at = |x: &[f32], tokens: usize, j: usize, c: usize| {
+                x[(b * tokens + j) * width + h * head_dim + c] as f64
+            };
+            let scores: Vec<f64> = (0..kv_tokens)
+                .map(|j| {
+                    (0..head_dim)
+                        .map(|c| at(&q, q_tokens, t, c) * at(&k, kv_tokens, j, c))
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+            for c in 0..head_dim {
+                let want: f64 = (0..kv_tokens)
+                    .map(|j| {
+                        let m = mask[((b * heads + h) * q_tokens + t) * kv_tokens + j] as f64;
+                        (scores[j] - max).exp() / total * m * at(&v, kv_tokens, j, c)
+                    })
+                    .sum();
+                let got = got[(b * q_tokens + t) * width + h * head_dim + c] as f64;
+                assert!(
+                    (got - want).abs() < 1e-5 * want.abs().max(1.0),
+                    "{got} {want}"
+                );
+            }
+        }
+    }
+
+    /// Causal grouped-query attention over left-padded keys, after a cache of `past` keys,
+    /// against the definition in f64: each query sees the real keys up to its position, a
+    /// padding query that sees none gets zeros. Again without padding, the keys and values in a
+    /// cache with room for more tokens than it holds (an image stride of its capacity).
+    #[test]
+    fn causal_grouped_attention_matches_the_definition() {
+        causal_grouped_attention(true);
+        causal_grouped_attention(false);
+    }
+
+    fn causal_grouped_attention(padded: bool) {
+        let (batch, heads, kv_heads, head_dim) = (2, 6, 2, 4);
+        let (past, q_tokens) = (3, ATTENTION_ROWS + 7);
+        let kv_tokens = past + q_tokens;
+        let (width, kv_width) = (heads * head_dim, kv_heads * head_dim);
+        let values = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| (((i + seed) * 7919) % 23) as f32 * 0.37 - 4.0)
+                .collect()
+        };
+        let q = values(batch * q_tokens * width, 1);
+        let (k, v) = (
+            values(batch * kv_tokens * kv_width, 2),
+            values(batch * kv_tokens * kv_width, 3),
+        );
+        // Padded: image 0 is padded on the left up to key 5 (so its first queries see nothing);
+        // image 1 has no padding.
+        let real: Vec<bool> = (0..batch * kv_tokens)
+            .map(|i| !padded || i >= kv_tokens || i >= 5)
+            .collect();
+        let shape = Heads {
+            heads,
+            kv_heads,
+            head_dim,
+            causal_past: Some(past),
+            real_keys: padded.then_some(&real),
+        };
+        let scale = 0.4f32;
+        // Unpadded: each image's keys and values at the start of room for 5 more tokens.
+        let capacity = if padded { kv_tokens } else { kv_tokens + 5 };
+        let in_cache = |values: &[f32]| -> Vec<f32> {
+            let mut cache = vec![f32::NAN; batch * capacity * kv_width];
+            for (image, held) in values.chunks_exact(kv_tokens * kv_width).enumerate() {
+                cache[image * capacity * kv_width..][..held.len()].copy_from_slice(held);
+            }
+            cache
+        };
+        let (k_cache, v_cache) = (in_cache(&k), in_cache(&v));
+        let cached = |data| Rows {
+            image_stride: capacity * kv_width,
+            ..Rows::new(data, kv_width, kv_tokens)
+        };
+        let got = attention(
+            Rows::new(&q, width, q_tokens),
+            cached(&k_cache),
+            cached(&v_cache),
+            batch,
+            shape,
+            scale,
+            None,
+        );
+        for (b, h, t) in (0..batch)
+            .flat_map(|b| (0..heads).map(move |h| (b, h)))
+            .flat_map(|(b, h)| (0..q_tokens).map(move |t| (b, h, t)))
+        {
+            let g = h / (heads / kv_heads);
+            let seen: Vec<usize> = (0..=past + t)
+                .filter(|&j| real[b * kv_tokens + j])
+                .collect();
+            let score = |j: usize| {
+                (0..head_dim)
+                    .map(|c| {
+                        q[(b * q_tokens + t) * width + h * head_dim + c] as f64
+                            * k[(b * kv_tokens + j) * kv_width + g * head_dim + c] as f64
+                    })
+                    .sum::<f64>()
+                    * scale as f64
+            };
+            let max = seen
+                .iter()
+                .map(|&j| score(j))
+                .fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = seen.iter().map(|&j| (score(j) - max).exp()).sum();
+            for c in 0..head_dim {
+                let want: f64 = seen
+                    .iter()
+                    .map(|&j| {
+                        (score(j) - max).exp() / total
+                            * v[(b * kv_tokens + j) * kv_width + g * head_dim + c] as f64
+                    })
+                    .sum();
+                let got = got[(b * q_tokens + t) * width + h * head_dim + c] as f64;
+                assert!(
+                    (got - want).abs() < 1e-5 * want.abs().max(1.0),
+                    "image {b} head {h} query {t}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rms_norm_and_swiglu_match_their_definitions() {
+        let (rows, width) = (37, 45);
+        let x: Vec<f32> = (0..rows * width)
+            .map(|i| ((i * 31 % 17) as f32 - 8.0) * 0.3)
+            .collect();
+        let weight: Vec<f32> = (0..width).map(|i| 0.5 + i as f32 * 0.02).collect();
+        let normed = rms_norm(&x, &weight, 1e-5);
+        for (row, out) in x.chunks(width).zip(normed.chunks(width)) {
+            let mean = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / width as f64;
+            for ((v, o), w) in row.iter().zip(out).zip(&weight) {
+                let want = *v as f64 / (mean + 1e-5).sqrt() * *w as f64;
+                assert!((*o as f64 - want).abs() < 1e-5 * want.abs().max(1.0));
+            }
+        }
+        let gate_up: Vec<f32> = x[..rows * 2 * 20].to_vec();
+        let out = swiglu(&gate_up, 20);
+        for (row, out) in gate_up.chunks(40).zip(out.chunks(20)) {
+            for i in 0..20 {
+                let (g, u) = (row[i] as f64, row[20 + i] as f64);
+                let want = g / (1.0 + (-g).exp()) * u;
+                assert!((out[i] as f64 - want).abs() < 1e-5 * want.abs().max(1.0));
+            }
+        }
+    }
+
+    #[test]
+    fn exp_is_accurate_across_the_range() {
+        assert!(worst(exp, f64::exp, true) < 3e-7);
+        assert_eq!(exp(-200.0), exp(-87.0));
+        assert!(exp(-87.0) > 0.0 && exp(88.0).is_finite());
+    }
+
+    #[test]
+    fn activations_match_their_definitions() {
+        let sigmoid = |z: f64| 1.0 / (1.0 + (-z).exp());
+        let quick = worst(quick_gelu, |x| x * sigmoid(1.702 * x), false);
+        let tanh = worst(
+            gelu_tanh,
+            |x| {
+                0.5 * x
+                    * (1.0
+                        + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+            },
+            false,
+        );
+        let exact = worst(gelu, |x| 0.5 * x * (1.0 + erf64(x / 2f64.sqrt())), false);
+        let pdf = |x: f64| (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+        let slope = worst(
+            crate::math::gelu_derivative,
+            |x| 0.5 * (1.0 + erf64(x / 2f64.sqrt())) + x * pdf(x),
+            false,
+        );
+        // f32 itself rounds to 6e-8 relative.
+        assert!(
+            quick < 1e-6 && tanh < 1e-6 && exact < 1e-6 && slope < 1e-6,
+            "{quick} {tanh} {exact} {slope}"
+        );
+    }
+}
