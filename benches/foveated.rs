@@ -277,7 +277,8 @@ impl Suite for Foveated {
         let device = runner.device().clone();
         let synthetic = format!("foveated_step/synthetic,b={SYNTHETIC_CLIPS}");
         if runner.selects(&synthetic) {
-            let task = CueThenRead::new(3, 6, 4, 16, 0).map_err(BenchError::Io)?;
+            let task =
+                CueThenRead::new(3, 6, 4, 16, 0).map_err(|e| BenchError::Io(e.to_string()))?;
             <Autodiff<B> as Backend>::seed(&device, 0);
             let model = model::synthetic_model(&task, 8, 16, Readout::Shallow, &device)
                 .map_err(BenchError::Io)?

@@ -7,55 +7,66 @@
 //!
 //! ```
 //! assert_eq!(kiln::cli::positive("0.5"), Ok(0.5));
-//! assert!(kiln::cli::positive("0").unwrap_err().contains("> 0"));
-//! assert!(kiln::cli::non_negative("nan").unwrap_err().contains("finite"));
+//! assert_eq!(kiln::cli::positive("0").unwrap_err().to_string(), "must be a finite number > 0");
+//! assert!(kiln::cli::non_negative("nan").unwrap_err().domain.contains("finite"));
 //! assert!(kiln::cli::probability("1.5").is_err());
 //! assert_eq!(kiln::cli::count("3"), Ok(3));
-//! assert!(kiln::cli::count("0").unwrap_err().contains("at least 1"));
+//! assert_eq!(kiln::cli::count("0").unwrap_err().domain, "at least 1");
 //! ```
 
+/// A value outside its flag's domain: `must be {domain}`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("must be {domain}")]
+pub struct OutOfDomain {
+    /// What the value must be: `a finite number > 0`, `at most 100 fs`.
+    pub domain: String,
+}
+
+fn outside(domain: impl Into<String>) -> OutOfDomain {
+    OutOfDomain {
+        domain: domain.into(),
+    }
+}
+
 /// A finite number.
-fn finite(text: &str) -> Result<f64, String> {
-    let value: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| "must be a number".to_string())?;
+fn finite(text: &str) -> Result<f64, OutOfDomain> {
+    let value: f64 = text.trim().parse().map_err(|_| outside("a number"))?;
     if !value.is_finite() {
-        return Err("must be a finite number".into());
+        return Err(outside("a finite number"));
     }
     Ok(value)
 }
 
 /// A finite number > 0 (a time step, a learning rate, a cutoff radius).
-pub fn positive(text: &str) -> Result<f64, String> {
+pub fn positive(text: &str) -> Result<f64, OutOfDomain> {
     finite(text)
         .ok()
         .filter(|value| *value > 0.0)
-        .ok_or_else(|| "must be a finite number > 0".into())
+        .ok_or_else(|| outside("a finite number > 0"))
 }
 
 /// A finite number ≥ 0 (a temperature in K, a loss weight, a skin).
-pub fn non_negative(text: &str) -> Result<f64, String> {
+pub fn non_negative(text: &str) -> Result<f64, OutOfDomain> {
     finite(text)
         .ok()
         .filter(|value| *value >= 0.0)
-        .ok_or_else(|| "must be a finite number ≥ 0".into())
+        .ok_or_else(|| outside("a finite number ≥ 0"))
 }
 
 /// A probability mass in (0, 1] (nucleus sampling's top-p).
-pub fn probability(text: &str) -> Result<f64, String> {
+pub fn probability(text: &str) -> Result<f64, OutOfDomain> {
     finite(text)
         .ok()
         .filter(|value| *value > 0.0 && *value <= 1.0)
-        .ok_or_else(|| "must be a number in (0, 1]".into())
+        .ok_or_else(|| outside("a number in (0, 1]"))
 }
 
 /// A whole number ≥ 1 (a batch size, a step count, an interval).
-pub fn count(text: &str) -> Result<usize, String> {
+pub fn count(text: &str) -> Result<usize, OutOfDomain> {
     match text.trim().parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
+        Ok(0) => Err(outside("at least 1")),
         Ok(value) => Ok(value),
-        Err(_) => Err("must be a whole number ≥ 1".into()),
+        Err(_) => Err(outside("a whole number ≥ 1")),
     }
 }
 
@@ -65,17 +76,17 @@ pub fn count(text: &str) -> Result<usize, String> {
 /// ```
 /// let timestep = |t: &str| kiln::cli::at_most(kiln::cli::positive(t)?, 100.0, "fs");
 /// assert_eq!(timestep("0.5"), Ok(0.5));
-/// assert_eq!(timestep("1e300").unwrap_err(), "must be at most 100 fs");
+/// assert_eq!(timestep("1e300").unwrap_err().to_string(), "must be at most 100 fs");
 /// ```
-pub fn at_most(value: f64, most: f64, unit: &str) -> Result<f64, String> {
+pub fn at_most(value: f64, most: f64, unit: &str) -> Result<f64, OutOfDomain> {
     if value <= most {
         Ok(value)
     } else {
-        Err(format!("must be at most {most} {unit}"))
+        Err(outside(format!("at most {most} {unit}")))
     }
 }
 
 /// A whole number ≥ 1 counted in steps or epochs.
-pub fn count_u64(text: &str) -> Result<u64, String> {
+pub fn count_u64(text: &str) -> Result<u64, OutOfDomain> {
     count(text).map(|value| value as u64)
 }

@@ -34,6 +34,7 @@
 //!   checkpoints, matching transformers, with precision policies and Monte-Carlo dropout.
 //!
 //! [`cli`] holds the domains of the examples' numeric flags, for programs of your own.
+//! [`Error`] wraps every crate's error, for programs that do not care which crate failed.
 //!
 //! Library warnings go through the `log` crate; [`log_to_stderr`] shows them on stderr.
 //!
@@ -50,9 +51,11 @@
 //! ```
 
 pub mod cli;
+mod error;
 mod logging;
 
 pub use burn;
+pub use error::Error;
 pub use kiln_bench as bench;
 pub use kiln_cache as cache;
 pub use kiln_core as core;

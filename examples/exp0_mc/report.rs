@@ -205,4 +205,5 @@ fn plot(path: &Path, experiment: &Experiment, rows: &[SummaryRow]) -> Result<(),
         }
         Ok(())
     })
+    .map_err(|e| e.to_string())
 }

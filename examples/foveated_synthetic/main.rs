@@ -154,7 +154,8 @@ impl Args {
                 self.cell * self.grid
             ));
         }
-        CueThenRead::new(self.grid, self.cell, self.frames, self.classes, self.seed)?;
+        CueThenRead::new(self.grid, self.cell, self.frames, self.classes, self.seed)
+            .map_err(|e| e.to_string())?;
         if self.token_width < 2 || !self.token_width.is_multiple_of(2) {
             return Err(format!(
                 "--token-width {}: must be an even number ≥ 2 (DINOv2's two heads split it)",
@@ -172,7 +173,10 @@ impl Args {
 
     /// The control's stages: the starting boards (when they differ), then the final ones.
     fn stages(&self, control: &str) -> Result<Vec<Stage>, String> {
-        let task = |grid| CueThenRead::new(grid, self.cell, self.frames, self.classes, self.seed);
+        let task = |grid| {
+            CueThenRead::new(grid, self.cell, self.frames, self.classes, self.seed)
+                .map_err(|e| e.to_string())
+        };
         let dir = self.out.join(control);
         let (start_steps, steps) = self.split(control);
         let mut stages = Vec::new();
@@ -286,7 +290,7 @@ impl Args {
         config.eval_every = self.eval_every;
         config.checkpoint_every = self.eval_every;
         config.seed = self.seed;
-        config.validate()?;
+        config.validate().map_err(|e| e.to_string())?;
         Ok(config)
     }
 }
@@ -466,6 +470,7 @@ fn plot(out: &Path, controls: &[String], chance: f64) -> Result<(), String> {
             .draw()?;
         Ok(())
     })
+    .map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {

@@ -134,7 +134,7 @@ impl Args {
         config.eval_every = self.eval_every;
         config.checkpoint_every = self.eval_every;
         config.seed = self.seed;
-        config.validate()?;
+        config.validate().map_err(|e| e.to_string())?;
         if self.frames > MAX_FRAMES {
             return Err(format!(
                 "--frames {}: at most {MAX_FRAMES} frames a clip",

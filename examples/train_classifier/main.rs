@@ -93,7 +93,7 @@ impl Args {
             higher_is_better: true,
         });
         config.seed = self.seed;
-        config.validate()?;
+        config.validate().map_err(|e| e.to_string())?;
         Ok(config)
     }
 
@@ -129,7 +129,7 @@ impl DeviceJob for Args {
             .output_dir("--out", &self.out)
             .check()
             .map_err(|e| e.to_string())?;
-        let parallel = DataParallel::from_env()?;
+        let parallel = DataParallel::from_env().map_err(|e| e.to_string())?;
         let main = parallel.as_ref().is_none_or(DataParallel::is_main);
         let options = RunOptions {
             parallel,
@@ -162,12 +162,14 @@ impl DeviceJob for Args {
             train.to_device::<Autodiff<B>>(device, policy.compute, Residency::Device),
             labels(&train)?,
             self.batch,
-        )?;
+        )
+        .map_err(|e| e.to_string())?;
         let eval = LabelledImages::new(
             eval.to_device::<B>(device, policy.compute, Residency::Device),
             labels(&eval)?,
             self.batch,
-        )?;
+        )
+        .map_err(|e| e.to_string())?;
         <Autodiff<B> as Backend>::seed(device, self.seed);
         let model = Classifier::<Autodiff<B>>::new(shapes::CLASSES, &policy, device);
         let outcome = trainer

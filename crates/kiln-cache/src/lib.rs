@@ -74,6 +74,10 @@ pub enum CacheError {
     /// A processor config kiln cannot use.
     #[error("{0}")]
     Config(String),
+    /// A cache's `manifest.json` that cannot be used (unreadable, another format version,
+    /// impossible sizes).
+    #[error("{0}")]
+    Manifest(String),
     /// The preprocessing gives images of different sizes.
     #[error(
         "the preprocessing gives each image its own size (a shortest-edge resize without a crop): add a centre crop or an exact resize to cache images as one tensor"

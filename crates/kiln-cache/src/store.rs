@@ -112,7 +112,11 @@ impl Manifest {
     /// Parses and checks a `manifest.json` on its own: the format version, frame and item sizes
     /// that fit in memory arithmetic, shard files named inside the entry, and as many stored items
     /// as sources. Whatever the text, an error, never a panic.
-    pub fn from_json(text: &str) -> Result<Self, String> {
+    pub fn from_json(text: &str) -> Result<Self, CacheError> {
+        Self::parse(text).map_err(CacheError::Manifest)
+    }
+
+    fn parse(text: &str) -> Result<Self, String> {
         let manifest: Manifest =
             serde_json::from_str(text).map_err(|e| format!("unreadable manifest ({e})"))?;
         if manifest.format != FORMAT_VERSION {
@@ -203,7 +207,7 @@ pub fn open_entry(dir: &Path, key: &str) -> Result<(Manifest, Vec<Shard>), Inval
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Invalid::Missing),
         Err(e) => return Err(Invalid::Stale(format!("{}: {e}", manifest_path.display()))),
     };
-    let manifest = Manifest::from_json(&text).map_err(Invalid::Stale)?;
+    let manifest = Manifest::parse(&text).map_err(Invalid::Stale)?;
     if manifest.key != key {
         return Err(Invalid::Stale(format!(
             "manifest names key {}",
@@ -359,7 +363,9 @@ mod tests {
 
     #[test]
     fn manifests_claiming_the_impossible_are_refused() {
-        let parse = |value: &serde_json::Value| Manifest::from_json(&value.to_string());
+        let parse = |value: &serde_json::Value| {
+            Manifest::from_json(&value.to_string()).map_err(|e| e.to_string())
+        };
         assert!(parse(&manifest()).is_ok());
         for (field, value, want) in [
             ("format", serde_json::json!(3), "format version 3"),

@@ -19,6 +19,18 @@ pub const MAX_LAYERS: usize = 1024;
 /// products of sizes a model computes cannot overflow.
 pub const MAX_WIDTH: usize = 1 << 24;
 
+/// A size above its stated limit (`check_limits`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{setting} = {value}: at most {most} (a stated limit; no released model comes near it)")]
+pub struct LimitError {
+    /// The setting's name as the config spells it.
+    pub setting: String,
+    /// Its value.
+    pub value: usize,
+    /// The limit.
+    pub most: usize,
+}
+
 /// Refuses the first `(setting, value, most)` whose value exceeds its stated limit, naming it:
 /// `hidden_size = 1000000000: at most 16777216`.
 ///
@@ -26,13 +38,16 @@ pub const MAX_WIDTH: usize = 1 << 24;
 /// use kiln_core::{MAX_LAYERS, MAX_WIDTH, check_limits};
 /// assert!(check_limits(&[("hidden_size", 768, MAX_WIDTH), ("num_hidden_layers", 12, MAX_LAYERS)]).is_ok());
 /// let err = check_limits(&[("num_hidden_layers", 1_000_000, MAX_LAYERS)]).unwrap_err();
-/// assert_eq!(err, "num_hidden_layers = 1000000: at most 1024 (a stated limit; no released model comes near it)");
+/// assert_eq!((err.setting.as_str(), err.value, err.most), ("num_hidden_layers", 1_000_000, 1024));
+/// assert_eq!(err.to_string(), "num_hidden_layers = 1000000: at most 1024 (a stated limit; no released model comes near it)");
 /// ```
-pub fn check_limits(sizes: &[(&str, usize, usize)]) -> Result<(), String> {
+pub fn check_limits(sizes: &[(&str, usize, usize)]) -> Result<(), LimitError> {
     match sizes.iter().find(|(_, value, most)| value > most) {
-        Some((key, value, most)) => Err(format!(
-            "{key} = {value}: at most {most} (a stated limit; no released model comes near it)"
-        )),
+        Some(&(setting, value, most)) => Err(LimitError {
+            setting: setting.to_string(),
+            value,
+            most,
+        }),
         None => Ok(()),
     }
 }
@@ -150,31 +165,51 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// Memory a run would need that the machine or device does not have (`check_memory`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{what} need at least {}, but {} {} available: choose smaller sizes",
+    human_bytes(*needed),
+    if *on_device { "the device has" } else { "this machine has" },
+    human_bytes(*available)
+)]
+pub struct MemoryError {
+    /// What needs it, in the user's terms.
+    pub what: String,
+    /// Bytes needed.
+    pub needed: u64,
+    /// Bytes available.
+    pub available: u64,
+    /// Whether it is a GPU's memory (else the host's).
+    pub on_device: bool,
+}
+
 /// Refuses `needed` bytes when `device` cannot take them ([`free_memory`]: the host's available
 /// memory for CPU backends, the GPU's free memory on CUDA), before anything is allocated; `what`
 /// says what needs them, in the user's terms ("the model's weights (n_atom_basis = 100000)").
 /// Where the free memory cannot be read (wgpu), nothing is refused.
-pub fn check_memory<B: Backend>(device: &B::Device, needed: u64, what: &str) -> Result<(), String> {
-    let place = if is_host_backend::<B>(device) {
-        "this machine has"
-    } else {
-        "the device has"
-    };
-    check_memory_against(needed, free_memory::<B>(device), place, what)
+pub fn check_memory<B: Backend>(
+    device: &B::Device,
+    needed: u64,
+    what: &str,
+) -> Result<(), MemoryError> {
+    let on_device = !is_host_backend::<B>(device);
+    check_memory_against(needed, free_memory::<B>(device), on_device, what)
 }
 
 fn check_memory_against(
     needed: u64,
     available: Option<u64>,
-    place: &str,
+    on_device: bool,
     what: &str,
-) -> Result<(), String> {
+) -> Result<(), MemoryError> {
     match available {
-        Some(available) if needed > available => Err(format!(
-            "{what} need at least {}, but {place} {} available: choose smaller sizes",
-            human_bytes(needed),
-            human_bytes(available)
-        )),
+        Some(available) if needed > available => Err(MemoryError {
+            what: what.to_string(),
+            needed,
+            available,
+            on_device,
+        }),
         _ => Ok(()),
     }
 }
@@ -208,7 +243,8 @@ mod tests {
         );
         assert_eq!(parameter_count(&model), 1_000_000_000_000 + 1_000_000);
         let err = check_memory::<Flex>(&device, parameter_count(&model) * 4, "the model's weights")
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(
             err.starts_with("the model's weights need at least 4.0 TB"),
             "{err}"
@@ -217,13 +253,13 @@ mod tests {
 
     #[test]
     fn memory_is_refused_only_beyond_what_is_available() {
-        let place = "this machine has";
-        assert!(check_memory_against(10, Some(10), place, "x").is_ok());
-        assert!(check_memory_against(u64::MAX, None, place, "x").is_ok());
+        assert!(check_memory_against(10, Some(10), false, "x").is_ok());
+        assert!(check_memory_against(u64::MAX, None, false, "x").is_ok());
         let err =
-            check_memory_against(2_500_000_000, Some(1_000_000_000), place, "weights").unwrap_err();
+            check_memory_against(2_500_000_000, Some(1_000_000_000), false, "weights").unwrap_err();
+        assert_eq!((err.needed, err.available), (2_500_000_000, 1_000_000_000));
         assert_eq!(
-            err,
+            err.to_string(),
             "weights need at least 2.5 GB, but this machine has 1.0 GB available: choose smaller sizes"
         );
         assert_eq!(human_bytes(999), "999 bytes");

@@ -51,8 +51,8 @@ pub use device::{
 };
 pub use dtype::{DtypeSpec, Precision};
 pub use footprint::{
-    MAX_LAYERS, MAX_WIDTH, ParameterShape, available_memory, check_limits, check_memory,
-    human_bytes, parameter_count, parameter_shapes,
+    LimitError, MAX_LAYERS, MAX_WIDTH, MemoryError, ParameterShape, available_memory, check_limits,
+    check_memory, human_bytes, parameter_count, parameter_shapes,
 };
 pub use kernel_cache::{KERNEL_CACHE_ENV, enable_kernel_cache, kernel_cache_dir};
 pub use loss_scale::{DynamicLossScale, LossScale, StepDecision};

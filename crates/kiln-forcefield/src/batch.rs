@@ -52,8 +52,7 @@ impl<B: Backend> Graph<B> {
         let mut volumes = Vec::with_capacity(structures.len());
         for (index, s) in structures.iter().enumerate() {
             s.validate(index, max_z)?;
-            let list = neighbor_list(s, cutoff)
-                .map_err(|reason| ForceFieldError::Structure { index, reason })?;
+            let list = neighbor_list(s, cutoff).map_err(|e| e.in_structure(index))?;
             let offset = numbers.len() as i64;
             idx_i.extend(list.i.iter().map(|&i| i64::from(i) + offset));
             idx_j.extend(list.j.iter().map(|&j| i64::from(j) + offset));

@@ -128,7 +128,7 @@ impl PainnConfig {
             ),
             ("max_z", self.max_z, MAX_WIDTH),
         ])
-        .map_err(ForceFieldError::Config)?;
+        .map_err(|e| ForceFieldError::Config(e.to_string()))?;
         if let Some(atomref) = &self.atomref {
             if atomref.len() != self.max_z {
                 return fail(format!(

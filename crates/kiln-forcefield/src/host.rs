@@ -116,8 +116,7 @@ pub(crate) fn predict<T: Real, B: Backend>(
         .enumerate()
         .map(|(index, s)| {
             s.validate(index, config.max_z)?;
-            let list = neighbor_list(s, config.cutoff)
-                .map_err(|reason| ForceFieldError::Structure { index, reason })?;
+            let list = neighbor_list(s, config.cutoff).map_err(|e| e.in_structure(index))?;
             Ok(potential.evaluate(s, &list, 1))
         })
         .collect();
@@ -172,8 +171,7 @@ pub(crate) fn loss_surrogate<T: Real, B: Backend>(
     let inputs = inputs
         .into_par_iter()
         .map(|(index, s, first_atom)| {
-            let list = neighbor_list(s, config.cutoff)
-                .map_err(|reason| ForceFieldError::Structure { index, reason })?;
+            let list = neighbor_list(s, config.cutoff).map_err(|e| e.in_structure(index))?;
             let u = |atom: usize| -> [f64; 3] {
                 std::array::from_fn(|a| seeds.force_gradient[3 * (first_atom + atom) + a])
             };

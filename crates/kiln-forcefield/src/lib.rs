@@ -50,7 +50,9 @@ pub use md::{
     BOLTZMANN, Conservation, MAX_TEMPERATURE_K, MAX_TIMESTEP_FS, MdState, NveConfig,
     UNCONSERVED_MEV_PER_ATOM, VerletList, kinetic_energy, maxwell_boltzmann, run_nve,
 };
-pub use neighbors::{NeighborList, NeighborMethod, neighbor_list, neighbor_list_with};
+pub use neighbors::{
+    NeighborError, NeighborList, NeighborMethod, neighbor_list, neighbor_list_with,
+};
 pub use painn::{Doubt, IMPLAUSIBLE_EV_PER_ATOM, Painn, Predictions};
 pub use structure::Structure;
 #[cfg(feature = "train")]

@@ -11,7 +11,7 @@ use rand_distr::{Distribution, StandardNormal};
 use crate::ForceFieldError;
 use crate::elements::atomic_mass;
 use crate::host::{HostPotential, parts_for};
-use crate::neighbors::{NeighborList, neighbor_list};
+use crate::neighbors::{NeighborError, NeighborList, neighbor_list};
 use crate::painn::Painn;
 use crate::structure::Structure;
 
@@ -102,7 +102,7 @@ pub const UNCONSERVED_MEV_PER_ATOM: f64 = 50.0;
 impl NveConfig {
     /// Refuses settings outside their domains: a time step in (0, [`MAX_TIMESTEP_FS`]], a
     /// temperature in [0, [`MAX_TEMPERATURE_K`]], a finite skin ≥ 0.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ForceFieldError> {
         // 1e300 as written, not as three hundred digits.
         let said = |x: f64| {
             if x.abs() < 1e6 {
@@ -112,19 +112,22 @@ impl NveConfig {
             }
         };
         if !(self.timestep_fs > 0.0 && self.timestep_fs <= MAX_TIMESTEP_FS) {
-            return Err(format!(
+            return Err(ForceFieldError::Config(format!(
                 "timestep {} fs: must be > 0 and at most {MAX_TIMESTEP_FS} fs",
                 said(self.timestep_fs)
-            ));
+            )));
         }
         if !(0.0..=MAX_TEMPERATURE_K).contains(&self.temperature_k) {
-            return Err(format!(
+            return Err(ForceFieldError::Config(format!(
                 "temperature {} K: must be ≥ 0 and at most {MAX_TEMPERATURE_K} K",
                 said(self.temperature_k)
-            ));
+            )));
         }
         if !(self.skin >= 0.0 && self.skin.is_finite()) {
-            return Err(format!("skin {} Å: must be a finite number ≥ 0", self.skin));
+            return Err(ForceFieldError::Config(format!(
+                "skin {} Å: must be a finite number ≥ 0",
+                self.skin
+            )));
         }
         Ok(())
     }
@@ -185,7 +188,7 @@ impl VerletList {
     }
 
     /// The pairs of `structure` within the cutoff, sorted by centre, neighbour and shift.
-    pub fn pairs(&mut self, structure: &Structure) -> Result<NeighborList, String> {
+    pub fn pairs(&mut self, structure: &Structure) -> Result<NeighborList, NeighborError> {
         let limit = 0.25 * self.skin * self.skin; // (skin / 2)²
         let moved = self.built_at.len() != structure.len()
             || self.skin == 0.0
@@ -258,7 +261,7 @@ impl<'m, B: AutodiffBackend> Forces<'m, B> {
 
     /// The potential energy and forces of `s`.
     fn evaluate(&mut self, s: &Structure) -> Result<(f64, Vec<[f64; 3]>), ForceFieldError> {
-        let fail = |reason: String| ForceFieldError::Structure { index: 0, reason };
+        let fail = |e: NeighborError| e.in_structure(0);
         let evaluated = match self {
             Forces::HostF32(potential, list) => {
                 potential.evaluate(s, &list.pairs(s).map_err(fail)?, parts_for(s.len()))
@@ -339,7 +342,7 @@ pub fn run_nve<B: AutodiffBackend>(
     mut observe: impl FnMut(&MdState),
 ) -> Result<Conservation, ForceFieldError> {
     let fail = |reason: String| ForceFieldError::Structure { index: 0, reason };
-    config.validate().map_err(ForceFieldError::Config)?;
+    config.validate()?;
     structure.validate(0, model.config().max_z)?;
     let masses: Vec<f64> = structure
         .numbers

@@ -64,10 +64,77 @@ impl NeighborList {
     }
 }
 
+/// Why a structure's neighbour list cannot be built; atoms are said 1-based.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum NeighborError {
+    /// The periodic lattice vectors do not span their directions.
+    #[error("the periodic lattice vectors are linearly dependent")]
+    DependentLattice,
+    /// A periodic cell so small against the cutoff that each atom would meet too many images.
+    #[error(
+        "the periodic cell is far smaller than the {cutoff} Å cutoff: each atom would meet \
+         {images:.0} images of the cell (more than {MAX_SHIFTS:.0}); are its lengths in Å?"
+    )]
+    CellTooSmall {
+        /// The cutoff, Å.
+        cutoff: f64,
+        /// The images each atom would meet.
+        images: f64,
+    },
+    /// An atom absurdly far from the periodic cell (or at a NaN position).
+    #[error(
+        "atom {} lies {cells:.1e} cells from the periodic cell (more than {MAX_CELLS_AWAY:.0e}); \
+         are its coordinates in Å?",
+        atom + 1
+    )]
+    FarFromCell {
+        /// The atom's 0-based index.
+        atom: usize,
+        /// How many cells away.
+        cells: f64,
+    },
+    /// More pairs within the cutoff than one structure can be evaluated with.
+    #[error(
+        "more than {MAX_PAIRS} neighbour pairs within {cutoff} Å: too dense to evaluate as one \
+         structure (are the lengths in Å?)"
+    )]
+    TooDense {
+        /// The cutoff, Å.
+        cutoff: f64,
+    },
+    /// Two atoms closer than 0.01 Å.
+    #[error("atoms {} and {} overlap ({distance:.1e} Å apart)", atoms.0 + 1, atoms.1 + 1)]
+    Overlap {
+        /// Their 0-based indices.
+        atoms: (usize, usize),
+        /// Their distance, Å.
+        distance: f64,
+    },
+    /// Atoms spread over too many cells for a brute-force list.
+    #[error(
+        "the atoms spread over {reach:?} cells: too many lattice images for a brute-force list \
+         (more than {MAX_SHIFTS:.0}); use the cell list"
+    )]
+    SpreadTooFar {
+        /// Cells reached along each lattice vector.
+        reach: [i32; 3],
+    },
+}
+
+impl NeighborError {
+    /// As the error of structure `index` (0-based) of an input.
+    pub fn in_structure(self, index: usize) -> crate::ForceFieldError {
+        crate::ForceFieldError::Structure {
+            index,
+            reason: self.to_string(),
+        }
+    }
+}
+
 /// The neighbour list of `structure` for `cutoff` (Å): brute force for up to 48 atoms, a cell
 /// list above. Overlapping atoms (closer than 0.01 Å) and a cell whose periodic lattice vectors
 /// are linearly dependent are errors.
-pub fn neighbor_list(structure: &Structure, cutoff: f64) -> Result<NeighborList, String> {
+pub fn neighbor_list(structure: &Structure, cutoff: f64) -> Result<NeighborList, NeighborError> {
     // Brute force visits every image within the atoms' spread; atoms spread over many cells
     // (unwrapped coordinates) go through the cell list, which wraps them first.
     let compact = Frame::new(structure)
@@ -99,17 +166,17 @@ pub fn neighbor_list_with(
     structure: &Structure,
     cutoff: f64,
     method: NeighborMethod,
-) -> Result<NeighborList, String> {
+) -> Result<NeighborList, NeighborError> {
     let frame = Frame::new(structure)?;
     let shifts: f64 = (0..3)
         .filter(|&k| structure.pbc[k])
         .map(|k| 2.0 * frame.padding(k, cutoff).ceil() + 1.0)
         .product();
     if shifts > MAX_SHIFTS {
-        return Err(format!(
-            "the periodic cell is far smaller than the {cutoff} Å cutoff: each atom would meet \
-             {shifts:.0} images of the cell (more than {MAX_SHIFTS:.0}); are its lengths in Å?"
-        ));
+        return Err(NeighborError::CellTooSmall {
+            cutoff,
+            images: shifts,
+        });
     }
     let far = structure
         .positions
@@ -123,11 +190,7 @@ pub fn neighbor_list_with(
                 .map(|cells| (atom, cells))
         });
     if let Some((atom, cells)) = far {
-        return Err(format!(
-            "atom {} lies {cells:.1e} cells from the periodic cell (more than {MAX_CELLS_AWAY:.0e}); \
-             are its coordinates in Å?",
-            atom + 1
-        ));
+        return Err(NeighborError::FarFromCell { atom, cells });
     }
     let mut list = NeighborList::default();
     let mut visit = |i: usize, j: usize, shift: [i32; 3], d: [f64; 3]| {
@@ -136,18 +199,13 @@ pub fn neighbor_list_with(
             return Ok(());
         }
         if list.len() >= MAX_PAIRS {
-            return Err(format!(
-                "more than {MAX_PAIRS} neighbour pairs within {cutoff} Å: too dense to evaluate \
-                 as one structure (are the lengths in Å?)"
-            ));
+            return Err(NeighborError::TooDense { cutoff });
         }
         if d2 < OVERLAP * OVERLAP {
-            return Err(format!(
-                "atoms {} and {} overlap ({:.1e} Å apart)",
-                i + 1,
-                j + 1,
-                d2.sqrt()
-            ));
+            return Err(NeighborError::Overlap {
+                atoms: (i, j),
+                distance: d2.sqrt(),
+            });
         }
         list.push(i, j, shift);
         Ok(())
@@ -165,15 +223,12 @@ fn brute_force(
     structure: &Structure,
     frame: &Frame,
     cutoff: f64,
-    visit: &mut impl FnMut(usize, usize, [i32; 3], [f64; 3]) -> Result<(), String>,
-) -> Result<(), String> {
+    visit: &mut impl FnMut(usize, usize, [i32; 3], [f64; 3]) -> Result<(), NeighborError>,
+) -> Result<(), NeighborError> {
     let positions = &structure.positions;
     let reach = brute_force_reach(structure, frame, cutoff);
     if shift_count(reach) > MAX_SHIFTS {
-        return Err(format!(
-            "the atoms spread over {reach:?} cells: too many lattice images for a brute-force \
-             list (more than {MAX_SHIFTS:.0}); use the cell list"
-        ));
+        return Err(NeighborError::SpreadTooFar { reach });
     }
     let shifts = lattice_shifts(reach);
     let vectors: Vec<[f64; 3]> = shifts
@@ -218,8 +273,8 @@ fn cell_list(
     structure: &Structure,
     frame: &Frame,
     cutoff: f64,
-    visit: &mut impl FnMut(usize, usize, [i32; 3], [f64; 3]) -> Result<(), String>,
-) -> Result<(), String> {
+    visit: &mut impl FnMut(usize, usize, [i32; 3], [f64; 3]) -> Result<(), NeighborError>,
+) -> Result<(), NeighborError> {
     let cell = &structure.cell;
     // Each atom wrapped into the cell: position, and the lattice shift that took it there.
     let wrapped: Vec<([f64; 3], [i32; 3])> = structure
@@ -310,7 +365,7 @@ struct Frame {
 }
 
 impl Frame {
-    fn new(structure: &Structure) -> Result<Self, String> {
+    fn new(structure: &Structure) -> Result<Self, NeighborError> {
         let mut rows = [[0.0; 3]; 3];
         // Gram–Schmidt basis of what the rows span so far, to find the open directions.
         let mut basis: Vec<[f64; 3]> = Vec::new();
@@ -330,7 +385,7 @@ impl Frame {
         };
         for k in (0..3).filter(|&k| structure.pbc[k]) {
             if add(structure.cell[k], &mut basis).is_none() {
-                return Err("the periodic lattice vectors are linearly dependent".into());
+                return Err(NeighborError::DependentLattice);
             }
             rows[k] = structure.cell[k];
         }
@@ -426,7 +481,11 @@ mod tests {
         let atom = |side| Structure::periodic(vec![14], vec![[0.0; 3]], cubic(side), [true; 3]);
         for method in [NeighborMethod::BruteForce, NeighborMethod::CellList] {
             let err = neighbor_list_with(&atom(0.01), 5.0, method).unwrap_err();
-            assert!(err.contains("far smaller than the 5 Å cutoff"), "{err}");
+            assert!(matches!(err, NeighborError::CellTooSmall { .. }), "{err}");
+            assert!(
+                err.to_string().contains("far smaller than the 5 Å cutoff"),
+                "{err}"
+            );
             assert!(neighbor_list_with(&atom(2.0), 5.0, method).is_ok());
         }
     }
@@ -445,10 +504,18 @@ mod tests {
         let far = neighbor_list(&at(1.0 + 160_000.0), 3.0).unwrap();
         assert_eq!(far.len(), near.len());
         let err = neighbor_list_with(&at(160_000.0), 3.0, NeighborMethod::BruteForce).unwrap_err();
-        assert!(err.contains("use the cell list"), "{err}");
+        assert!(matches!(err, NeighborError::SpreadTooFar { .. }), "{err}");
+        assert!(err.to_string().contains("use the cell list"), "{err}");
         for method in [NeighborMethod::BruteForce, NeighborMethod::CellList] {
             let err = neighbor_list_with(&at(1e300), 3.0, method).unwrap_err();
-            assert!(err.contains("atom 2 lies 2.5e299 cells"), "{err}");
+            assert!(
+                matches!(err, NeighborError::FarFromCell { atom: 1, .. }),
+                "{err}"
+            );
+            assert!(
+                err.to_string().contains("atom 2 lies 2.5e299 cells"),
+                "{err}"
+            );
         }
     }
 
@@ -464,7 +531,11 @@ mod tests {
         let overlapping = Structure::molecule(vec![1, 1], vec![[0.0; 3], [0.0, 0.0, 0.001]]);
         for method in [NeighborMethod::BruteForce, NeighborMethod::CellList] {
             let err = neighbor_list_with(&overlapping, 2.0, method).unwrap_err();
-            assert!(err.contains("atoms 1 and 2 overlap"), "{err}");
+            assert!(
+                matches!(err, NeighborError::Overlap { atoms: (0, 1), .. }),
+                "{err}"
+            );
+            assert!(err.to_string().contains("atoms 1 and 2 overlap"), "{err}");
         }
     }
 
@@ -473,7 +544,8 @@ mod tests {
         let cell = [[2.0, 0.0, 0.0], [4.0, 0.0, 0.0], [0.0, 0.0, 2.0]];
         let structure = Structure::periodic(vec![1], vec![[0.0; 3]], cell, [true; 3]);
         let err = neighbor_list(&structure, 2.0).unwrap_err();
-        assert!(err.contains("linearly dependent"), "{err}");
+        assert_eq!(err, NeighborError::DependentLattice);
+        assert!(err.to_string().contains("linearly dependent"), "{err}");
     }
 
     /// A deterministic stream of numbers in [0, 1) (no test-only dependency).

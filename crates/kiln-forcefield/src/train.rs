@@ -76,8 +76,7 @@ impl LabelledStructures {
         let mut unconnected = 0;
         for (index, (structure, labels)) in self.structures.iter().zip(&self.labels).enumerate() {
             structure.validate(index, max_z)?;
-            let pairs = neighbor_list(structure, cutoff)
-                .map_err(|reason| ForceFieldError::Structure { index, reason })?;
+            let pairs = neighbor_list(structure, cutoff).map_err(|e| e.in_structure(index))?;
             if structure.len() > 1 && pairs.i.is_empty() {
                 unconnected += 1;
             }
@@ -288,7 +287,9 @@ impl Recipe {
         });
         config.patience = self.patience;
         config.seed = self.seed;
-        config.validate().map_err(ForceFieldError::Config)?;
+        config
+            .validate()
+            .map_err(|e| ForceFieldError::Config(e.to_string()))?;
         Ok(config)
     }
 }

@@ -89,28 +89,31 @@ impl FoveatedConfig {
     /// it leaves out take [`FoveatedConfig::fvlm`]'s values.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, FoveatedError> {
         let (file, config): (_, FoveatedConfig) = kiln_core::read_config(path.as_ref())?;
-        config
-            .validate()
-            .map_err(|e| FoveatedError::Config(format!("{}: {e}", file.display())))
+        config.validate().map_err(|e| match e {
+            FoveatedError::Config(e) => FoveatedError::Config(format!("{}: {e}", file.display())),
+            other => other,
+        })
     }
 
     /// Refuses settings the model cannot run with.
-    pub fn validate(self) -> Result<Self, String> {
+    pub fn validate(self) -> Result<Self, FoveatedError> {
+        let fail = |what: String| Err(FoveatedError::Config(what));
         if self.query_dim == 0 {
-            return Err("query_dim must be at least 1".into());
+            return fail("query_dim must be at least 1".into());
         }
         kiln_core::check_limits(&[
             ("query_dim", self.query_dim, kiln_core::MAX_WIDTH),
             ("shallow_heads", self.shallow_heads, kiln_core::MAX_WIDTH),
-        ])?;
+        ])
+        .map_err(|e| FoveatedError::Config(e.to_string()))?;
         if self.shallow_heads == 0 {
-            return Err("shallow_heads must be at least 1".into());
+            return fail("shallow_heads must be at least 1".into());
         }
         if matches!(self.frame_head, FrameHead::Classes(n) if n < 2) {
-            return Err("a per-frame classifier needs at least 2 classes".into());
+            return fail("a per-frame classifier needs at least 2 classes".into());
         }
         if !(self.lambda_coarse >= 0.0 && self.lambda_coarse.is_finite()) {
-            return Err(format!(
+            return fail(format!(
                 "lambda_coarse {} is not a finite weight ≥ 0",
                 self.lambda_coarse
             ));

@@ -220,7 +220,7 @@ impl<B: Backend> FoveatedModel<B> {
         config: FoveatedConfig,
         device: &B::Device,
     ) -> Result<Self, FoveatedError> {
-        let config = config.validate().map_err(FoveatedError::Config)?;
+        let config = config.validate()?;
         let vision = dino.hidden_size();
         if config.readout == Readout::Shallow && !vision.is_multiple_of(config.shallow_heads) {
             return Err(FoveatedError::Config(format!(

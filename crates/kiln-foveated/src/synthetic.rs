@@ -27,7 +27,7 @@ use kiln_train::Loader;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::ClipBatch;
+use crate::{ClipBatch, FoveatedError};
 
 /// The task's shape and seed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,13 +90,13 @@ impl CueThenRead {
         frames: usize,
         classes: usize,
         seed: u64,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, FoveatedError> {
         if grid * grid < 2 || cell < 4 || frames < 2 || classes < 2 {
-            return Err(format!(
+            return Err(FoveatedError::Config(format!(
                 "cue-then-read needs at least 2 cells, 4-pixel cells, 2 frames and 2 classes \
                  (got a {grid}×{grid} grid of {cell}-pixel cells, {frames} frames, {classes} \
                  classes)"
-            ));
+            )));
         }
         let side = cell - 2;
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6c79_7068_7321);
@@ -107,10 +107,10 @@ impl CueThenRead {
                 break;
             }
             if attempt > 10_000 {
-                return Err(format!(
+                return Err(FoveatedError::Config(format!(
                     "{classes} glyph classes do not fit {side}×{side}-pixel glyphs: use larger \
                      cells"
-                ));
+                )));
             }
             let glyph: Vec<bool> = (0..side * side).map(|_| rng.random_bool(0.5)).collect();
             let distance =
@@ -447,7 +447,7 @@ mod tests {
     fn impossible_shapes_are_refused() {
         assert!(CueThenRead::new(1, 6, 4, 4, 0).is_err());
         assert!(CueThenRead::new(3, 3, 4, 4, 0).is_err());
-        let crowded = CueThenRead::new(3, 4, 4, 64, 0).unwrap_err();
+        let crowded = CueThenRead::new(3, 4, 4, 64, 0).unwrap_err().to_string();
         assert!(crowded.contains("larger cells"), "{crowded}");
     }
 }

@@ -251,7 +251,7 @@ impl TextConfig {
             ("num_key_value_heads", self.num_key_value_heads, MAX_WIDTH),
             ("head_dim", self.head_dim.unwrap_or(0), MAX_WIDTH),
         ]) {
-            Some(over)
+            Some(over.to_string())
         } else if self.vocab_size == 0 || self.hidden_size == 0 {
             Some("vocab_size and hidden_size must be positive".to_string())
         } else if self.intermediate_size == 0 || self.max_position_embeddings == 0 {

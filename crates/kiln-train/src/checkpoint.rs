@@ -205,7 +205,7 @@ impl Checkpoints {
         let record: GroupedAdamWRecord<B, M> =
             Recorder::<B>::load(&recorder(), path.join(OPTIMIZER), device)
                 .map_err(|e| failed(&e))?;
-        optimizer.load_record(record).map_err(|e| failed(&e))
+        optimizer.load_record(record)
     }
 }
 
@@ -229,12 +229,12 @@ fn intact(path: &Path) -> Result<CheckpointState, String> {
 }
 
 /// Why a checkpoint written with `saved` settings and parameters cannot continue a run with
-/// `settings` and `params`: every difference, named.
+/// `settings` and `params`: every difference, named, one per entry (at most ten, then a count).
 pub fn compatible(
     saved: &CheckpointState,
     settings: &Value,
     params: &[ParamInfo],
-) -> Result<(), String> {
+) -> Result<(), Vec<String>> {
     let mut differences = settings_differences(&saved.settings, settings, "checkpoint");
     for param in &saved.params {
         match params.iter().find(|p| p.path == param.path) {
@@ -260,7 +260,7 @@ pub fn compatible(
     if differences.is_empty() {
         return Ok(());
     }
-    Err(shown(&differences).join("\n  "))
+    Err(shown(&differences))
 }
 
 /// Every difference between settings recorded `before` and the ones `now`, by dotted key (at
@@ -356,7 +356,8 @@ mod tests {
             &json!({"lr": 0.002, "model": {"hidden": 64, "layers": 2}, "extra": true}),
             &[param("fc.weight", &[4, 5]), param("head.bias", &[5])],
         )
-        .unwrap_err();
+        .unwrap_err()
+        .join("\n");
         for needle in [
             "lr: checkpoint 0.001, this run 0.002",
             "extra: checkpoint has none",

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::TrainError;
 use crate::optim::OptimizerConfig;
 use crate::schedule::Schedule;
 
@@ -82,7 +83,12 @@ impl TrainConfig {
     }
 
     /// Why the run cannot start, said before any work.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), TrainError> {
+        self.check().map_err(TrainError::Config)
+    }
+
+    /// Why the run cannot start, said before any work.
+    pub(crate) fn check(&self) -> Result<(), String> {
         if self.steps == 0 {
             return Err("the number of optimizer steps (steps) must be at least 1".into());
         }
@@ -91,8 +97,8 @@ impl TrainConfig {
                 "the micro-batches per optimizer step (accumulate) must be at least 1".into(),
             );
         }
-        self.optimizer.validate()?;
-        self.schedule.validate()?;
+        self.optimizer.check()?;
+        self.schedule.check()?;
         if self.schedule.total_steps != self.steps {
             return Err(format!(
                 "the schedule ends at step {} but the run has {} steps",
@@ -129,23 +135,31 @@ mod tests {
     #[test]
     fn bad_settings_are_refused_before_any_work() {
         assert!(TrainConfig::new(10, 1e-3).validate().is_ok());
-        let e = TrainConfig::new(0, 1e-3).validate().unwrap_err();
+        let e = TrainConfig::new(0, 1e-3)
+            .validate()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("(steps)") && !e.contains("--"), "{e}");
         let e = TrainConfig {
             accumulate: 0,
             ..TrainConfig::new(10, 1e-3)
         }
         .validate()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("(accumulate)") && !e.contains("--"), "{e}");
-        let e = TrainConfig::new(10, -1.0).validate().unwrap_err();
+        let e = TrainConfig::new(10, -1.0)
+            .validate()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("learning rate"), "{e}");
         let e = TrainConfig {
             patience: Some(3),
             ..TrainConfig::new(10, 1e-3)
         }
         .validate()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("best metric"), "{e}");
     }
 }

@@ -7,6 +7,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use kiln_cache::DeviceImages;
 use kiln_core::Order;
 
+use crate::TrainError;
 use crate::data::Loader;
 
 /// Images with a class label each: a batch is `pixels` `[n, 3, H, W]` (normalised) and `labels`
@@ -29,16 +30,22 @@ pub struct LabelledImages<B: Backend> {
 
 impl<B: Backend> LabelledImages<B> {
     /// `labels[i]` is the class of the feed's image `i`.
-    pub fn new(feed: DeviceImages<B>, labels: Vec<i64>, batch_size: usize) -> Result<Self, String> {
+    pub fn new(
+        feed: DeviceImages<B>,
+        labels: Vec<i64>,
+        batch_size: usize,
+    ) -> Result<Self, TrainError> {
         if labels.len() != feed.images().len() {
-            return Err(format!(
+            return Err(TrainError::Data(format!(
                 "{} labels for {} images",
                 labels.len(),
                 feed.images().len()
-            ));
+            )));
         }
         if batch_size == 0 {
-            return Err("the batch size must be at least 1".into());
+            return Err(TrainError::Config(
+                "the batch size must be at least 1".into(),
+            ));
         }
         Ok(LabelledImages {
             feed,

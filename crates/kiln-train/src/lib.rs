@@ -65,7 +65,7 @@ pub use optim::{
 };
 pub use optimization::{Averaging, Optimization, StepReport};
 pub use parallel::{DataParallel, Network};
-pub use plot::plot_curves;
+pub use plot::{PlotError, plot_curves};
 pub use run_dir::{RUN_RECORD, claim};
 pub use schedule::{Decay, Schedule};
 pub use step::{BadBatch, EvalOutput, EvalStep, EvalSum, StepContext, StepOutput, TrainStep};

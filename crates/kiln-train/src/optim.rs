@@ -19,6 +19,8 @@ use kiln_core::parameter_shapes;
 use kiln_kernels::{AdamWStep, adamw_on_host};
 use serde::{Deserialize, Serialize};
 
+use crate::TrainError;
+
 /// Parameters selected by path, with their own learning rate and weight decay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GroupConfig {
@@ -102,7 +104,12 @@ impl OptimizerConfig {
     }
 
     /// Why these settings cannot be used, if they cannot.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), TrainError> {
+        self.check().map_err(TrainError::Config)
+    }
+
+    /// Why these settings cannot be used, if they cannot.
+    pub(crate) fn check(&self) -> Result<(), String> {
         let rate = |name: &str, lr: f64, wd: f64| {
             if !(lr.is_finite() && lr > 0.0) {
                 return Err(format!(
@@ -335,13 +342,13 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> GroupedAdamW<B, M> {
     }
 
     /// Restores moments saved by [`Self::to_record`] with the same configuration.
-    pub fn load_record(mut self, record: GroupedAdamWRecord<B, M>) -> Result<Self, String> {
+    pub fn load_record(mut self, record: GroupedAdamWRecord<B, M>) -> Result<Self, TrainError> {
         if record.len() != self.slots.len() {
-            return Err(format!(
+            return Err(TrainError::Checkpoint(format!(
                 "the checkpoint's optimizer has {} parameter groups, this configuration {}",
                 record.len(),
                 self.slots.len()
-            ));
+            )));
         }
         self.slots = self
             .slots
@@ -399,12 +406,16 @@ mod tests {
 
     #[test]
     fn bad_rates_are_refused_with_the_group_named() {
-        let e = OptimizerConfig::adamw(0.0).validate().unwrap_err();
+        let e = OptimizerConfig::adamw(0.0)
+            .validate()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`default`") && e.contains("positive"), "{e}");
         let e = OptimizerConfig::adamw(1e-3)
             .with_group("head", &["head"], -1.0, 0.0)
             .validate()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`head`"), "{e}");
         assert!(OptimizerConfig::adamw(f64::NAN).validate().is_err());
     }

@@ -12,6 +12,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::TrainError;
+
 /// This participant's place in a data-parallel run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DataParallel {
@@ -53,12 +55,16 @@ impl DataParallel {
     /// `MASTER_ADDR`, `MASTER_PORT`) or Slurm's (`SLURM_PROCID`, `SLURM_NTASKS`, with
     /// `MASTER_ADDR` and `MASTER_PORT` exported by the batch script). `None` for a single
     /// process.
-    pub fn from_env() -> Result<Option<Self>, String> {
+    pub fn from_env() -> Result<Option<Self>, TrainError> {
         Self::from_vars(|name| std::env::var(name).ok())
     }
 
     /// [`Self::from_env`] over any variable source.
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, String> {
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, TrainError> {
+        Self::read_vars(var).map_err(TrainError::Parallel)
+    }
+
+    fn read_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, String> {
         let number = |name: &str| -> Result<Option<usize>, String> {
             var(name)
                 .map(|v| {
@@ -123,7 +129,12 @@ impl DataParallel {
     }
 
     /// Why this description cannot work, if it cannot.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), TrainError> {
+        self.check().map_err(TrainError::Parallel)
+    }
+
+    /// Why this description cannot work, if it cannot.
+    pub(crate) fn check(&self) -> Result<(), String> {
         if self.world == 0 || self.rank >= self.world {
             return Err(format!(
                 "participant {} of {} does not exist",
@@ -180,7 +191,7 @@ mod collective {
             parallel: &DataParallel,
             device: &B::Device,
         ) -> Result<Self, TrainError> {
-            parallel.validate().map_err(TrainError::Parallel)?;
+            parallel.validate()?;
             let mut config = CollectiveConfig::default().with_num_devices(parallel.local);
             if let Some(network) = &parallel.network {
                 if parallel.rank == 0 {
@@ -300,18 +311,25 @@ mod tests {
 
     #[test]
     fn inconsistent_variables_are_refused_with_the_reason() {
-        let e = DataParallel::from_vars(vars(&[("RANK", "2"), ("WORLD_SIZE", "2")])).unwrap_err();
+        let e = DataParallel::from_vars(vars(&[("RANK", "2"), ("WORLD_SIZE", "2")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not below"), "{e}");
-        let e = DataParallel::from_vars(vars(&[("RANK", "x"), ("WORLD_SIZE", "2")])).unwrap_err();
+        let e = DataParallel::from_vars(vars(&[("RANK", "x"), ("WORLD_SIZE", "2")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("RANK=x"), "{e}");
-        let e = DataParallel::from_vars(vars(&[("RANK", "0")])).unwrap_err();
+        let e = DataParallel::from_vars(vars(&[("RANK", "0")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("go together"), "{e}");
         let e = DataParallel::from_vars(vars(&[
             ("RANK", "0"),
             ("WORLD_SIZE", "2"),
             ("MASTER_ADDR", "10.0.0.1"),
         ]))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("KILN_NODE_ADDR"), "{e}");
         assert!(DataParallel::threads(2, 2).validate().is_err());
     }

@@ -3,7 +3,7 @@
 //! step with the evaluation loss beside it, and each group's learning rate, drawn at every
 //! evaluation and at the end.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use image::ImageEncoder;
 use plotters::coord::Shift;
@@ -16,6 +16,22 @@ pub type Figure<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
 
 /// What drawing on a [`Figure`] gives: plotters' errors pass through `?`.
 pub type Drawn = Result<(), Box<dyn std::error::Error>>;
+
+/// Why a figure could not be drawn or written.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// The drawing failed (plotters' error, or the bundled font).
+    #[error("{}: {reason}", path.display())]
+    Draw {
+        /// The figure's file.
+        path: PathBuf,
+        /// plotters' words.
+        reason: String,
+    },
+    /// The PNG could not be written (the disk is full, the directory is not writable).
+    #[error(transparent)]
+    Write(#[from] kiln_io::FileError),
+}
 
 /// Draws a `width` × `height` figure with `draw` and writes it to `path` as a PNG, whole or
 /// not at all (a reader never sees half a plot).
@@ -38,8 +54,11 @@ pub fn draw_png(
     path: &Path,
     (width, height): (u32, u32),
     draw: impl FnOnce(&Figure) -> Drawn,
-) -> Result<(), String> {
-    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+) -> Result<(), PlotError> {
+    let fail = |e: &dyn std::fmt::Display| PlotError::Draw {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
     plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
         .map_err(|_| fail(&"the bundled font"))?;
     let mut buffer = vec![0u8; (width * height * 3) as usize];
@@ -53,11 +72,11 @@ pub fn draw_png(
     image::codecs::png::PngEncoder::new(&mut png)
         .write_image(&buffer, width, height, image::ExtendedColorType::Rgb8)
         .map_err(|e| fail(&e))?;
-    kiln_io::write_atomic(path, &png).map_err(|e| e.to_string())
+    Ok(kiln_io::write_atomic(path, &png)?)
 }
 
 /// Draws `points` into `path`.
-pub fn plot_curves(path: &Path, points: &[StepPoint], groups: &[String]) -> Result<(), String> {
+pub fn plot_curves(path: &Path, points: &[StepPoint], groups: &[String]) -> Result<(), PlotError> {
     let last = points.last().map_or(1, |p| p.step).max(1) as f64;
     let train: Vec<(f64, f64)> = points
         .iter()

@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::TrainError;
+
 /// What follows the warm-up.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
@@ -79,7 +81,12 @@ impl Schedule {
     }
 
     /// Why the schedule cannot be used, if it cannot.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), TrainError> {
+        self.check().map_err(TrainError::Config)
+    }
+
+    /// Why the schedule cannot be used, if it cannot.
+    pub(crate) fn check(&self) -> Result<(), String> {
         let fraction = |name: &str, v: f64| {
             if v.is_finite() && (0.0..=1.0).contains(&v) {
                 Ok(())

@@ -140,7 +140,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 .map(|(key, n)| format!("{key} = {n}"))
                 .collect();
             TrainError::Config(if named.is_empty() {
-                problem
+                problem.to_string()
             } else {
                 format!("{problem} (the largest: {})", named.join(", "))
             })
@@ -184,7 +184,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         E: Loader,
     {
         let config = &self.config;
-        config.validate().map_err(TrainError::Config)?;
+        config.validate()?;
         if train.batches_per_epoch() == 0 {
             return Err(TrainError::Data("the training set has no batches".into()));
         }
@@ -227,7 +227,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             compatible(&saved, &settings, &params).map_err(|differences| {
                 TrainError::Incompatible {
                     path: path.clone(),
-                    differences,
+                    differences: differences.join("\n  "),
                 }
             })?;
             model = Checkpoints::load_model(&path, model, &self.device)?;

@@ -344,7 +344,7 @@ impl VisionConfig {
             ("image_size", image, 1 << 16),
             ("num_channels", channels, 64),
         ])
-        .map_err(VisionError::Config)?;
+        .map_err(|e| VisionError::Config(e.to_string()))?;
         if patch > image {
             return Err(VisionError::Config(format!(
                 "patch_size = {patch} is larger than image_size = {image}: no patch fits"
