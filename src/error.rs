@@ -4,13 +4,16 @@
 /// is the crate's).
 ///
 /// ```
-/// fn load(dir: &str) -> Result<(), kiln::Error> {
+/// use std::collections::BTreeMap;
+/// use std::path::Path;
+///
+/// fn settings(dir: &Path) -> Result<BTreeMap<String, u64>, kiln::Error> {
 ///     let device: kiln::core::DeviceSpec = "cpu".parse()?;
-///     let _ = device;
-///     kiln::core::checkpoint_dir(dir)?;
-///     Ok(())
+///     device.report()?;
+///     let (_, config) = kiln::core::read_config(dir)?;
+///     Ok(config)
 /// }
-/// let err = load("/no/such/checkpoint").unwrap_err();
+/// let err = settings(Path::new("/no/such/checkpoint")).unwrap_err();
 /// assert!(matches!(err, kiln::Error::Checkpoint(_)), "{err}");
 /// ```
 #[derive(Debug, thiserror::Error)]
