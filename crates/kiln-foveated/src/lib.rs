@@ -12,6 +12,9 @@
 //! first frame) — it decides where to look from what it saw before — and runs the LM again over
 //! `[prompt, fine token, z_1 … z_T, target]`. The loss is `fine + λ·coarse`.
 //!
+//! Training support (`TrainStep` / `EvalStep`, [`fvlm_recipe`], the captioned-clip loader and
+//! the cue-then-read task in [`synthetic`]) is behind the `train` feature, on in the facade.
+//!
 //! ```no_run
 //! use burn::backend::Flex;
 //! use kiln_foveated::{ClipBatch, FoveatedConfig, FoveatedModel, Mode};
@@ -27,19 +30,24 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "train")]
 mod captions;
 mod config;
 mod connectors;
 mod diagnostics;
 mod model;
 mod saved;
+#[cfg(feature = "train")]
 pub mod synthetic;
+#[cfg(feature = "train")]
 mod train;
 
+#[cfg(feature = "train")]
 pub use captions::{Caption, CaptionedClips, match_captions, read_captions};
 pub use config::{FoveatedConfig, FrameHead, Readout};
 pub use connectors::Connectors;
 pub use model::{ClipBatch, FoveatedModel, FoveatedOutput, Glimpse, Losses, Mode, PassOutput};
+#[cfg(feature = "train")]
 pub use train::fvlm_recipe;
 
 /// Why the foveated model could not be built or run.
