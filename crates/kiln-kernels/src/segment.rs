@@ -23,6 +23,10 @@ pub fn segment_sum_launches() -> u64 {
 
 /// Whether the kernel serves `B` (burn's CUDA or wgpu backend, as compiled in, or either under
 /// autodiff).
+#[cfg_attr(
+    not(any(feature = "cuda", feature = "wgpu")),
+    allow(clippy::extra_unused_type_parameters)
+)]
 pub(crate) fn serves<B: Backend>() -> bool {
     #[cfg(feature = "cuda")]
     if cube::serves::<B, cubecl::cuda::CudaRuntime, u8>() {

@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::TextError;
-use crate::cache::KvCache;
+use crate::KvCache;
 use crate::input::TextInput;
 use crate::llama::CausalLm;
 

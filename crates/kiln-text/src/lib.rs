@@ -20,20 +20,18 @@
 //! # Ok::<(), kiln_text::TextError>(())
 //! ```
 
-mod cache;
 mod config;
 mod generate;
 mod input;
 mod llama;
 mod load;
-mod rope;
 mod tokenizer;
 
-pub use cache::KvCache;
+pub use kiln_transformer::decoder::{KvCache, TokensError};
 pub use config::{Family, MODEL_TYPES, RopeScaling, TextConfig};
 pub use generate::{GenerationConfig, Sampling, generate};
 pub use input::{Logits, TextInput, Tokens};
-pub use llama::{Attention, CausalLm, CausalLmOutput, DecoderLayer, LlamaModel, Mlp};
+pub use llama::{CausalLm, CausalLmOutput, DecoderLayer, LlamaModel};
 pub use tokenizer::{Message, TextTokenizer, TokenCache};
 
 /// Why a checkpoint or an input cannot be used.
@@ -45,9 +43,12 @@ pub enum TextError {
     /// A checkpoint that cannot be found, read or loaded (which tensors, which file).
     #[error(transparent)]
     Checkpoint(#[from] kiln_core::CheckpointError),
-    /// Tokens, masks or positions the model cannot take.
+    /// Tokens the model cannot take (ids outside the vocabulary, sequences of unequal length).
     #[error("{0}")]
     Input(String),
+    /// New tokens, masks or positions the model cannot take after what its cache holds.
+    #[error(transparent)]
+    Tokens(#[from] TokensError),
     /// A tokenizer or chat template that cannot be used.
     #[error("{0}")]
     Tokenizer(String),

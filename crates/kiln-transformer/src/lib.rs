@@ -7,6 +7,9 @@
 //!   residual add), and self-attention's q, k and v as one product; in training on Flex one
 //!   autodiff operation with its gradients as products per block of rows;
 //! - [`prepared`]: projection weights packed once per weight, not once per forward;
+//! - [`decoder`]: the layers of Llama-family language models (causal grouped-query attention
+//!   with rotary embeddings and a key/value cache, the SwiGLU MLP) written once per layer, each
+//!   choosing host, autodiff or tensor execution itself;
 //! - [`Pass`]: one forward's precision policy (compute-dtype casts, norms and softmax in f32)
 //!   and its Monte-Carlo dropout, whose masks come from a counter-based hash of
 //!   `(seed, item, pass, site, element)` so they are the same on every backend and in any
@@ -32,6 +35,7 @@
 //! ```
 
 mod activation;
+pub mod decoder;
 mod layers;
 mod linear_op;
 mod pass;

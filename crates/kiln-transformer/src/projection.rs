@@ -5,6 +5,7 @@
 //! product that the attention kernel reads in place; on the other backends these are burn
 //! operations.
 
+use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
@@ -58,11 +59,27 @@ pub fn project<B: Backend, const D: usize>(
 }
 
 /// `x Eᵀ` of `x` `[batch, tokens, in]` and a table `E` `[out, in]` (a language model's head
-/// tied to its token embeddings), never copying the transposed table: in training on Flex one
-/// autodiff operation of kiln's (as [`project`]; burn's backward of the strided view copied the
-/// 113 MB table of SmolLM2-135M each pass), elsewhere burn's product reading `E` by strides.
-pub fn project_by_table<B: Backend>(x: Tensor<B, 3>, table: Tensor<B, 2>) -> Tensor<B, 3> {
+/// tied to its token embeddings), never copying the transposed table per forward: on host
+/// backends in f32 a product with the table transposed once ([`PreparedWeights::transposed`]);
+/// in training on Flex one autodiff operation of kiln's (as [`project`]; burn's backward of the
+/// strided view copied the 113 MB table of SmolLM2-135M each pass); elsewhere burn's product
+/// reading `E` by strides.
+///
+/// [`PreparedWeights::transposed`]: crate::PreparedWeights::transposed
+pub fn project_by_table<B: Backend>(
+    x: Tensor<B, 3>,
+    table: &Param<Tensor<B, 2>>,
+    pass: &Pass,
+) -> Tensor<B, 3> {
     let [batch, tokens, inputs] = x.dims();
+    if host::serves(&x) {
+        let device = x.device();
+        let weight = pass.prepared().transposed(table);
+        let y = product_then(x.into_data(), &weight, |v| v);
+        let shape = [batch, tokens, weight.columns()];
+        return Tensor::from_data(TensorData::new(y, shape), &device);
+    }
+    let table = table.val();
     let rows = x.clone().reshape([batch * tokens, inputs]);
     match trained_product_by_table(&rows, &table) {
         Some(y) => y.reshape([batch, tokens, table.dims()[0]]),

@@ -6,11 +6,68 @@ use burn::tensor::{Tensor, TensorData};
 
 use kiln_kernels::host::Rows;
 
-use crate::TextError;
-use crate::input::TextInput;
+/// New tokens a decoder cannot take after what its cache holds; the message says which.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokensError {
+    /// No sequence, or sequences of no token.
+    #[error("the input has no tokens (an empty prompt?)")]
+    Empty,
+    /// Another batch size than the cache's.
+    #[error("a batch of {batch} after a cache of {cached} sequences")]
+    BatchChanged {
+        /// Sequences in the new tokens.
+        batch: usize,
+        /// Sequences the cache holds.
+        cached: usize,
+    },
+    /// A per-token table (`attention_mask`, `position_ids`) of another shape than the tokens'.
+    #[error("{table} must be [{batch}][{tokens}], one entry per new token")]
+    Shape {
+        /// The table's name.
+        table: &'static str,
+        /// Sequences in the new tokens.
+        batch: usize,
+        /// New tokens per sequence.
+        tokens: usize,
+    },
+    /// A sequence with no real token, cached or new (1-based).
+    #[error("sequence {sequence} is all padding (an empty prompt?)")]
+    AllPadding {
+        /// The sequence, 1-based.
+        sequence: usize,
+    },
+    /// A position the model has no embedding for.
+    #[error(
+        "sequence {sequence}: position {position} is beyond the model's max_position_embeddings \
+         = {max_positions} (the prompt, with what was generated, is too long)"
+    )]
+    BeyondPositions {
+        /// The sequence, 1-based.
+        sequence: usize,
+        /// The first position at or beyond `max_positions`.
+        position: usize,
+        /// The model's `max_position_embeddings`.
+        max_positions: usize,
+    },
+}
 
-/// Keys and values of the tokens a model has seen, per layer, for [`crate::CausalLm::forward_cached`].
-/// A new cache is empty; each forward appends its tokens.
+/// A forward's new tokens as the cache sees them: `batch` sequences of `tokens` each, with their
+/// padding mask and positions when the caller gives them (`None`: all real, and positions
+/// following on from the cache's).
+#[derive(Debug, Clone, Copy)]
+pub struct NewTokens<'a> {
+    /// Sequences.
+    pub batch: usize,
+    /// New tokens per sequence.
+    pub tokens: usize,
+    /// `[batch][tokens]`, `false` for padding.
+    pub attention_mask: Option<&'a [Vec<bool>]>,
+    /// `[batch][tokens]` rotary positions.
+    pub position_ids: Option<&'a [Vec<usize>]>,
+}
+
+/// Keys and values of the tokens a decoder has seen, per layer. A new cache is empty; each
+/// forward appends its tokens.
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {
     layers: Vec<LayerCache<B>>,
@@ -24,14 +81,17 @@ pub struct KvCache<B: Backend> {
 
 /// One layer's keys and values, rotated, for every token so far.
 #[derive(Debug, Clone)]
-pub(crate) enum LayerCache<B: Backend> {
+pub struct LayerCache<B: Backend>(Held<B>);
+
+#[derive(Debug, Clone)]
+enum Held<B: Backend> {
     /// Nothing yet.
     Empty,
     /// Nothing, ever: the cache of a forward pass that keeps no keys and values.
     Discarded,
     /// Tensors `[batch, kv_heads, tokens so far, head_dim]` (burn's operations).
     Tensors(Tensor<B, 4>, Tensor<B, 4>),
-    /// Row-major host keys and values `[batch, capacity, kv_heads · head_dim]`, each image's
+    /// Row-major host keys and values `[batch, capacity, kv_heads · head_dim]`, each sequence's
     /// tokens so far first (the host kernels). The capacity at least doubles when it grows, so
     /// a decoding step copies its own tokens, not the whole cache.
     Host {
@@ -43,32 +103,32 @@ pub(crate) enum LayerCache<B: Backend> {
 
 impl<B: Backend> LayerCache<B> {
     /// The keys and values so far with `key` and `value` appended along the tokens.
-    pub fn append(
+    pub(crate) fn append(
         &mut self,
         key: Tensor<B, 4>,
         value: Tensor<B, 4>,
     ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let joined = match std::mem::replace(self, LayerCache::Empty) {
-            LayerCache::Discarded => {
-                *self = LayerCache::Discarded;
+        let joined = match std::mem::replace(&mut self.0, Held::Empty) {
+            Held::Discarded => {
+                self.0 = Held::Discarded;
                 return (key, value);
             }
-            LayerCache::Tensors(keys, values) => (
+            Held::Tensors(keys, values) => (
                 Tensor::cat(vec![keys, key], 2),
                 Tensor::cat(vec![values, value], 2),
             ),
             _ => (key, value),
         };
-        *self = LayerCache::Tensors(joined.0.clone(), joined.1.clone());
+        self.0 = Held::Tensors(joined.0.clone(), joined.1.clone());
         joined
     }
 
     /// Appends the new tokens' keys and values, each `width` columns of the `[batch · tokens,
     /// row_stride]` rows `new` from columns `key_column` and `value_column`, after the `past`
-    /// tokens held; returns the keys and values so far (`past + tokens` per image), or `None`
+    /// tokens held; returns the keys and values so far (`past + tokens` per sequence), or `None`
     /// for a discarded cache (the new tokens' are all there are, in `new`).
     #[allow(clippy::too_many_arguments)]
-    pub fn append_host(
+    pub(crate) fn append_host(
         &mut self,
         new: &[f32],
         row_stride: usize,
@@ -80,22 +140,22 @@ impl<B: Backend> LayerCache<B> {
     ) -> Option<(Rows<'_>, Rows<'_>)> {
         let tokens = new.len() / row_stride / batch.max(1);
         let total = past + tokens;
-        match self {
-            LayerCache::Discarded => return None,
-            LayerCache::Host { .. } => {}
+        match self.0 {
+            Held::Discarded => return None,
+            Held::Host { .. } => {}
             _ => {
-                *self = LayerCache::Host {
+                self.0 = Held::Host {
                     keys: Vec::new(),
                     values: Vec::new(),
                     capacity: 0,
                 }
             }
         }
-        let LayerCache::Host {
+        let Held::Host {
             keys,
             values,
             capacity,
-        } = self
+        } = &mut self.0
         else {
             unreachable!("just made a host cache")
         };
@@ -103,18 +163,18 @@ impl<B: Backend> LayerCache<B> {
             let grown = total.max(2 * *capacity);
             for held in [&mut *keys, &mut *values] {
                 let mut larger = vec![0f32; batch * grown * width];
-                for (image, to) in larger.chunks_exact_mut(grown * width).enumerate() {
+                for (sequence, to) in larger.chunks_exact_mut(grown * width).enumerate() {
                     to[..past * width]
-                        .copy_from_slice(&held[image * *capacity * width..][..past * width]);
+                        .copy_from_slice(&held[sequence * *capacity * width..][..past * width]);
                 }
                 *held = larger;
             }
             *capacity = grown;
         }
         let stride = *capacity * width;
-        for (image, rows) in new.chunks_exact(tokens * row_stride).enumerate() {
+        for (sequence, rows) in new.chunks_exact(tokens * row_stride).enumerate() {
             for (t, row) in rows.chunks_exact(row_stride).enumerate() {
-                let at = image * stride + (past + t) * width;
+                let at = sequence * stride + (past + t) * width;
                 keys[at..at + width].copy_from_slice(&row[key_column..key_column + width]);
                 values[at..at + width].copy_from_slice(&row[value_column..value_column + width]);
             }
@@ -134,7 +194,8 @@ impl<B: Backend> Default for KvCache<B> {
 }
 
 /// Where a forward's new tokens sit: their positions and which tokens each may attend to.
-pub(crate) struct Positions {
+#[derive(Debug, Clone)]
+pub struct Positions {
     /// `[batch][new tokens]`.
     pub ids: Vec<Vec<usize>>,
     /// `[batch][tokens so far + new]`, `false` for padding.
@@ -186,7 +247,7 @@ impl<B: Backend> KvCache<B> {
 
     /// A cache for one forward pass over whole sequences, which keeps no keys and values (their
     /// copies were 2–3% of a batch's prefill).
-    pub(crate) fn discarding() -> Self {
+    pub fn discarding() -> Self {
         KvCache {
             keeps: false,
             ..Self::new()
@@ -194,7 +255,7 @@ impl<B: Backend> KvCache<B> {
     }
 
     /// Whether the cache keeps the keys and values of its forwards.
-    pub(crate) fn keeps(&self) -> bool {
+    pub fn keeps(&self) -> bool {
         self.keeps
     }
 
@@ -208,64 +269,55 @@ impl<B: Backend> KvCache<B> {
         self.len() == 0
     }
 
-    /// The layers' caches, made on first use.
-    pub(crate) fn layers(&mut self, count: usize) -> std::slice::IterMut<'_, LayerCache<B>> {
+    /// The caches of a decoder's `count` layers, made on first use.
+    pub fn layers(&mut self, count: usize) -> std::slice::IterMut<'_, LayerCache<B>> {
         if self.layers.is_empty() {
-            let empty = if self.keeps {
-                LayerCache::Empty
+            let held = if self.keeps {
+                Held::Empty
             } else {
-                LayerCache::Discarded
+                Held::Discarded
             };
-            self.layers = (0..count).map(|_| empty.clone()).collect();
+            self.layers = (0..count).map(|_| LayerCache(held.clone())).collect();
         }
         self.layers.iter_mut()
     }
 
-    /// Checks `input` against what the cache holds and records its tokens: their positions and
-    /// the mask of everything so far. Refuses an empty input, rows of different lengths, another
-    /// batch size than the cache's, a sequence with no real token, and positions at or beyond
-    /// `max_positions`.
-    pub(crate) fn extend(
+    /// Checks `new` against what the cache holds and records its tokens: their positions and
+    /// the mask of everything so far. Refuses an empty input, another batch size than the
+    /// cache's, tables of another shape than the tokens', a sequence with no real token, and
+    /// positions at or beyond `max_positions`.
+    pub fn extend(
         &mut self,
-        input: &TextInput<B>,
+        new: NewTokens<'_>,
         max_positions: usize,
-    ) -> Result<Positions, TextError> {
-        let (batch, tokens) = input.tokens.dims();
+    ) -> Result<Positions, TokensError> {
+        let NewTokens { batch, tokens, .. } = new;
         if batch == 0 || tokens == 0 {
-            return Err(TextError::Input(
-                "the input has no tokens (an empty prompt?)".into(),
-            ));
-        }
-        if let crate::Tokens::Ids(ids) = &input.tokens
-            && let Some(row) = ids.iter().position(|row| row.len() != tokens)
-        {
-            return Err(TextError::Input(format!(
-                "sequence {} has {} tokens and sequence 1 has {tokens}: pad them to one length",
-                row + 1,
-                ids[row].len()
-            )));
+            return Err(TokensError::Empty);
         }
         let past = self.len();
         if past > 0 && self.mask.len() != batch {
-            return Err(TextError::Input(format!(
-                "a batch of {batch} after a cache of {} sequences",
-                self.mask.len()
-            )));
+            return Err(TokensError::BatchChanged {
+                batch,
+                cached: self.mask.len(),
+            });
         }
-        let mask = input
-            .attention_mask
-            .clone()
-            .unwrap_or_else(|| vec![vec![true; tokens]; batch]);
-        check_shape(&mask, batch, tokens, "attention_mask")?;
+        let mask = match new.attention_mask {
+            Some(mask) => {
+                check_shape(mask, batch, tokens, "attention_mask")?;
+                mask.to_vec()
+            }
+            None => vec![vec![true; tokens]; batch],
+        };
         let (mut so_far, mut next_position) = if past == 0 {
             (vec![Vec::new(); batch], vec![0; batch])
         } else {
             (self.mask.clone(), self.next_position.clone())
         };
-        let ids = match &input.position_ids {
+        let ids = match new.position_ids {
             Some(ids) => {
                 check_shape(ids, batch, tokens, "position_ids")?;
-                ids.clone()
+                ids.to_vec()
             }
             None => mask
                 .iter()
@@ -284,17 +336,14 @@ impl<B: Backend> KvCache<B> {
         };
         for (row, (mask, positions)) in mask.iter().zip(&ids).enumerate() {
             if !so_far[row].iter().chain(mask).any(|&real| real) {
-                return Err(TextError::Input(format!(
-                    "sequence {} is all padding (an empty prompt?)",
-                    row + 1
-                )));
+                return Err(TokensError::AllPadding { sequence: row + 1 });
             }
-            if let Some(&beyond) = positions.iter().find(|&&p| p >= max_positions) {
-                return Err(TextError::Input(format!(
-                    "sequence {}: position {beyond} is beyond the model's max_position_embeddings \
-                     = {max_positions} (the prompt, with what was generated, is too long)",
-                    row + 1
-                )));
+            if let Some(&position) = positions.iter().find(|&&p| p >= max_positions) {
+                return Err(TokensError::BeyondPositions {
+                    sequence: row + 1,
+                    position,
+                    max_positions,
+                });
             }
         }
         for (row, mask) in mask.iter().enumerate() {
@@ -316,12 +365,14 @@ fn check_shape<T>(
     table: &[Vec<T>],
     batch: usize,
     tokens: usize,
-    name: &str,
-) -> Result<(), TextError> {
+    name: &'static str,
+) -> Result<(), TokensError> {
     if table.len() != batch || table.iter().any(|row| row.len() != tokens) {
-        return Err(TextError::Input(format!(
-            "{name} must be [{batch}][{tokens}], one entry per new token"
-        )));
+        return Err(TokensError::Shape {
+            table: name,
+            batch,
+            tokens,
+        });
     }
     Ok(())
 }

@@ -5,24 +5,20 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
-use crate::config::{RopeScaling, TextConfig};
-
 /// A model's rotary frequencies.
 #[derive(Debug, Clone)]
-pub(crate) struct Rope {
+pub struct Rope {
     /// One per pair of columns, `d / 2` of them, in f64.
     inverse_frequencies: Vec<f64>,
 }
 
 impl Rope {
-    pub fn new(config: &TextConfig) -> Self {
-        let dim = config.head_dim();
-        let divisor = match config.rope_scaling {
-            RopeScaling::None => 1.0,
-            RopeScaling::Linear { factor } => factor,
-        };
+    /// The frequencies `θ^(−2i/d) / divisor` of heads of `head_dim` columns (`divisor`: the
+    /// factor of `linear` scaling, 1 without).
+    pub fn new(head_dim: usize, theta: f64, divisor: f64) -> Self {
+        let dim = head_dim;
         let inverse_frequencies = (0..dim / 2)
-            .map(|i| config.rope_theta.powf(-((2 * i) as f64) / dim as f64) / divisor)
+            .map(|i| theta.powf(-((2 * i) as f64) / dim as f64) / divisor)
             .collect();
         Rope {
             inverse_frequencies,
@@ -86,13 +82,7 @@ mod tests {
     /// positions m and n depends on m − n only (RoPE's defining property).
     #[test]
     fn scores_depend_on_relative_position_only() {
-        let config = TextConfig {
-            hidden_size: 16,
-            num_attention_heads: 2,
-            num_key_value_heads: 2,
-            ..TextConfig::smollm2_135m()
-        };
-        let rope = Rope::new(&config);
+        let rope = Rope::new(8, 100_000.0, 1.0);
         let device = Default::default();
         let q = Tensor::<Flex, 4>::from_floats(
             [[[[0.3, -1.2, 0.7, 2.0, -0.4, 0.9, 1.1, -0.8]]]],
