@@ -16,7 +16,7 @@ use kiln::burn;
 use kiln::cache::{ImageCache, ImageSource, Preprocess, Residency};
 use kiln::core::Precision;
 use kiln::mc::{Experiment, Timings, TrialRunner, demo_images, naive_trial};
-use kiln::vision::{ClipVisionConfig, DropoutSites, VisionConfig, VisionModel};
+use kiln::vision::{DropoutSites, Preset, VisionModel};
 
 const IMAGES: usize = 16;
 const ROWS: usize = 64;
@@ -31,8 +31,8 @@ fn main() {
     cache.load(&source, &preprocess).expect("cache built"); // cold: not timed
 
     let device = Default::default();
-    let config = VisionConfig::Clip(ClipVisionConfig::vit_base_patch32());
-    let model = VisionModel::<Flex>::from_config(&config, &device)
+    let preset = Preset::named("clip-b32").expect("a preset");
+    let model = VisionModel::<Flex>::from_config(&preset.config, &device)
         .with_dropout(DropoutSites::all(0.1))
         .expect("a valid rate");
     let experiment = Experiment {

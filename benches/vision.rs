@@ -19,10 +19,7 @@ use std::process::ExitCode;
 use kiln::bench::{BenchError, Benchmark, Runner, Suite, Work, cli};
 use kiln::burn::tensor::backend::Backend;
 use kiln::burn::tensor::{Distribution, Tensor};
-use kiln::vision::{
-    ClipVisionConfig, Dinov2Config, Draw, DropoutSites, SiglipVisionConfig, Tower, VisionConfig,
-    VisionModel,
-};
+use kiln::vision::{Draw, DropoutSites, Preset, VisionModel};
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
 #[path = "../examples/shared/allocator.rs"]
@@ -68,45 +65,27 @@ impl<B: Backend> Benchmark<B> for Forward<B> {
     }
 }
 
-/// The towers of the Monte-Carlo job at their benchmark resolutions.
-fn towers() -> [(&'static str, VisionConfig, usize); 3] {
-    [
-        (
-            "clip_b32",
-            VisionConfig::Clip(ClipVisionConfig::vit_base_patch32()),
-            224,
-        ),
-        (
-            "siglip2_b16",
-            VisionConfig::Siglip(SiglipVisionConfig::base_patch16(224)),
-            224,
-        ),
-        ("dinov2_s", VisionConfig::Dinov2(Dinov2Config::small()), 256),
-    ]
-}
+/// The towers of the Monte-Carlo job (kiln-vision's presets) at their benchmark resolutions,
+/// under the names the saved baselines use.
+const TOWERS: [(&str, &str, usize); 3] = [
+    ("clip_b32", "clip-b32", 224),
+    ("siglip2_b16", "siglip2-b16", 224),
+    ("dinov2_s", "dinov2-s", 256),
+];
 
 struct Vision;
 
 impl Suite for Vision {
     fn run<B: Backend>(&self, runner: &mut Runner<'_, B>) -> Result<(), BenchError> {
         let (device, policy) = (runner.device(), runner.policy());
-        for (name, config, size) in towers() {
+        for (name, preset, size) in TOWERS {
             let plain = format!("{name}/{size}px,b={BATCH}");
             let sampled = format!("{plain}/mc");
             if !runner.selects(&plain) && !runner.selects(&sampled) {
                 continue; // not even initialised: on a GPU that compiles kernels
             }
-            let model = match &config {
-                VisionConfig::Clip(c) => {
-                    VisionModel::Clip(Box::new(c.init(device).with_policy(&policy)))
-                }
-                VisionConfig::Siglip(c) => {
-                    VisionModel::Siglip(Box::new(c.init(device).with_policy(&policy)))
-                }
-                VisionConfig::Dinov2(c) => {
-                    VisionModel::Dinov2(Box::new(c.init(device).with_policy(&policy)))
-                }
-            };
+            let config = Preset::named(preset).expect("a preset").config;
+            let model = config.init(device).with_policy(&policy);
             let flops_per_image = config.forward_flops(size, size);
             runner.bench(&Forward {
                 name: plain,

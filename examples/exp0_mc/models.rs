@@ -8,10 +8,8 @@ use burn::tensor::backend::Backend;
 use kiln::burn;
 use kiln::cache::{CachedImages, DeviceImages, ImageCache, ImageSource, Preprocess, Residency};
 use kiln::core::{Policy, checkpoint_dir, is_host_backend};
-use kiln::mc::batch_rows;
-use kiln::vision::{
-    ClipVisionConfig, Dinov2Config, DropoutSites, SiglipVisionConfig, VisionConfig, VisionModel,
-};
+use kiln::mc::{batch_rows, preprocess};
+use kiln::vision::{DropoutSites, Preset, VisionConfig, VisionModel};
 
 use crate::Args;
 use crate::report::Clock;
@@ -27,68 +25,13 @@ pub struct ModelSpec {
 }
 
 impl ModelSpec {
-    /// A released architecture with random weights.
+    /// A released architecture with random weights (kiln-vision's presets).
     pub fn preset(name: &str) -> Result<Self, String> {
-        // The "mini" presets: the released architectures at 192 wide, 4 layers, 3 heads.
-        let (config, preprocess) = match name {
-            "clip-mini" => {
-                let config = ClipVisionConfig {
-                    hidden_size: 192,
-                    intermediate_size: 768,
-                    num_hidden_layers: 4,
-                    num_attention_heads: 3,
-                    projection_dim: 128,
-                    ..ClipVisionConfig::vit_base_patch32()
-                };
-                (VisionConfig::Clip(config), Preprocess::clip(224))
-            }
-            "dinov2-mini" => {
-                let config = Dinov2Config {
-                    hidden_size: 192,
-                    num_hidden_layers: 4,
-                    num_attention_heads: 3,
-                    patch_size: 28,
-                    image_size: 224,
-                    ..Dinov2Config::small()
-                };
-                (VisionConfig::Dinov2(config), Preprocess::dinov2(256, 224))
-            }
-            "clip-b32" => (
-                VisionConfig::Clip(ClipVisionConfig::vit_base_patch32()),
-                Preprocess::clip(224),
-            ),
-            "clip-l14" => (
-                VisionConfig::Clip(ClipVisionConfig::vit_large_patch14()),
-                Preprocess::clip(224),
-            ),
-            "siglip2-b16" => (
-                VisionConfig::Siglip(SiglipVisionConfig::base_patch16(224)),
-                Preprocess::siglip(224),
-            ),
-            "siglip2-so400m" => (
-                VisionConfig::Siglip(SiglipVisionConfig::so400m_patch14_384()),
-                Preprocess::siglip(384),
-            ),
-            "dinov2-s" => (
-                VisionConfig::Dinov2(Dinov2Config::small()),
-                Preprocess::dinov2(256, 224),
-            ),
-            "dinov2-b" => (
-                VisionConfig::Dinov2(Dinov2Config::base()),
-                Preprocess::dinov2(256, 224),
-            ),
-            other => {
-                return Err(format!(
-                    "unknown model `{other}`: expected clip-mini, dinov2-mini, clip-b32, \
-                     clip-l14, siglip2-b16, siglip2-so400m, dinov2-s or dinov2-b (or give \
-                     --model-dir)"
-                ));
-            }
-        };
+        let preset = Preset::named(name).map_err(|e| format!("{e} (or give --model-dir)"))?;
         Ok(ModelSpec {
             name: name.to_string(),
-            config,
-            preprocess,
+            config: preset.config,
+            preprocess: preprocess(preset.processor),
             dir: None,
         })
     }

@@ -199,9 +199,9 @@ impl<B: Backend> FoveatedModel<B> {
         policy: &Policy,
     ) -> Result<Self, FoveatedError> {
         let dino_dir = dino.as_ref();
-        let dino = match VisionModel::from_hf_dir(dino_dir, device, policy)? {
-            VisionModel::Dinov2(model) => *model,
-            other => {
+        let dino = match VisionModel::from_hf_dir(dino_dir, device, policy)?.into_tower() {
+            Ok(model) => model,
+            Err(other) => {
                 return Err(FoveatedError::Config(format!(
                     "{}: a {} vision tower; the foveated model reads frames with DINOv2",
                     dino_dir.display(),

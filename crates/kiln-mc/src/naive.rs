@@ -7,7 +7,7 @@ use burn::tensor::FloatDType;
 use burn::tensor::backend::Backend;
 use kiln_cache::{Preprocess, SourceFile, decode, normalize_on_device, to_chw};
 use kiln_core::Precision;
-use kiln_vision::{Draw, VisionModel};
+use kiln_vision::{Draw, Embedder};
 
 use crate::McError;
 use crate::welford::EmbeddingStats;
@@ -17,7 +17,7 @@ use crate::welford::EmbeddingStats;
 /// statistics on the host. Images are numbered in `files` order, as the cache numbers them.
 #[allow(clippy::too_many_arguments)]
 pub fn naive_trial<B: Backend>(
-    model: &VisionModel<B>,
+    model: &dyn Embedder<B>,
     files: &[SourceFile],
     preprocess: &Preprocess,
     passes: u32,
@@ -41,7 +41,7 @@ pub fn naive_trial<B: Backend>(
             let pixels = normalize_on_device::<B>(preprocess, bytes, shape, device, precision);
             let draw = Draw::pass(seed, pass, (first..first + chunk.len()).map(|i| i as u64));
             let values = model
-                .forward_sampled(pixels, &draw)?
+                .embed_sampled(pixels, &draw)?
                 .cast(FloatDType::F32)
                 .into_data()
                 .to_vec::<f32>()

@@ -13,7 +13,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, FloatDType, Tensor};
 use kiln_cache::{DeviceImages, Order};
 use kiln_core::{Precision, computes_in, is_host_backend, on_host_pool};
-use kiln_vision::{Draw, Sample, VisionModel};
+use kiln_vision::{Draw, Embedder, Sample};
 use serde::{Deserialize, Serialize};
 
 use crate::McError;
@@ -115,7 +115,8 @@ pub struct Trial {
     pub timings: Timings,
 }
 
-/// Runs trials of a model over a dataset bound to its device.
+/// Runs trials of a model (any [`Embedder`]: a [`kiln_vision::VisionModel`] or a tower) over a
+/// dataset bound to its device.
 ///
 /// ```no_run
 /// use burn::backend::Flex;
@@ -136,7 +137,7 @@ pub struct Trial {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct TrialRunner<'a, B: Backend> {
-    model: &'a VisionModel<B>,
+    model: &'a dyn Embedder<B>,
     feed: &'a DeviceImages<B>,
     device: B::Device,
     rows: usize,
@@ -147,7 +148,7 @@ pub struct TrialRunner<'a, B: Backend> {
 impl<'a, B: Backend> TrialRunner<'a, B> {
     /// A runner of `model` (with its Monte-Carlo dropout sites set) over `feed`: 32 rows a batch,
     /// accumulation as [`Accumulation::for_device`] picks.
-    pub fn new(model: &'a VisionModel<B>, feed: &'a DeviceImages<B>) -> Self {
+    pub fn new(model: &'a dyn Embedder<B>, feed: &'a DeviceImages<B>) -> Self {
         let device = feed.device().clone();
         TrialRunner {
             model,
@@ -260,7 +261,7 @@ impl<'a, B: Backend> TrialRunner<'a, B> {
                 // operation's work instead of waiting beside the pool (see `on_host_pool`).
                 let pixels = batch.pixels.clone();
                 let embeddings = on_host_pool::<B, _>(&self.device, || {
-                    self.model.forward_sampled(pixels, &draw)
+                    self.model.embed_sampled(pixels, &draw)
                 })?;
                 timings.forward += clock.lap()?;
                 let dims = embeddings.dims()[1];

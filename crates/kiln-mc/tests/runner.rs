@@ -58,7 +58,7 @@ fn model(dropout: f64) -> VisionModel<Flex> {
         projection_dim: 16,
         ..ClipVisionConfig::vit_base_patch32()
     };
-    VisionModel::Clip(Box::new(config.init(&device)))
+    VisionModel::new(config.init(&device))
         .with_dropout(DropoutSites::all(dropout))
         .unwrap()
 }

@@ -13,12 +13,81 @@ use burn::tensor::backend::Backend;
 
 use crate::TowerSettings;
 use crate::VisionError;
-use crate::config::ClipVisionConfig;
+use crate::config::{TowerConfig, TowerShape};
 use crate::encoder::{Encoder, EncoderShape};
 use crate::patches::{check_pixels, learned_positions, patch_tokens};
 use crate::tower::{Tower, in_compute_dtype};
-use kiln_transformer::PreparedWeights;
+use kiln_transformer::{Activation, PreparedWeights};
+use serde::Deserialize;
 use kiln_transformer::{Draw, Pass};
+
+/// The family's name as its paper gives it.
+const FAMILY: &str = "CLIP";
+
+/// CLIP's vision tower and its projection (transformers `CLIPVisionConfig`; the projection width
+/// of a full `CLIPModel` is its top-level `projection_dim`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ClipVisionConfig {
+    /// Token width.
+    pub hidden_size: usize,
+    /// MLP width.
+    pub intermediate_size: usize,
+    /// Encoder layers.
+    pub num_hidden_layers: usize,
+    /// Attention heads.
+    pub num_attention_heads: usize,
+    /// Input channels.
+    pub num_channels: usize,
+    /// Input side in pixels (the position table covers `(image_size / patch_size)²` patches).
+    pub image_size: usize,
+    /// Patch side in pixels.
+    pub patch_size: usize,
+    /// LayerNorm epsilon.
+    pub layer_norm_eps: f64,
+    /// MLP activation.
+    pub hidden_act: Activation,
+    /// Width of `image_embeds`.
+    pub projection_dim: usize,
+}
+
+impl Default for ClipVisionConfig {
+    /// transformers' defaults: ViT-B/32.
+    fn default() -> Self {
+        ClipVisionConfig {
+            hidden_size: 768,
+            intermediate_size: 3072,
+            num_hidden_layers: 12,
+            num_attention_heads: 12,
+            num_channels: 3,
+            image_size: 224,
+            patch_size: 32,
+            layer_norm_eps: 1e-5,
+            hidden_act: Activation::QuickGelu,
+            projection_dim: 512,
+        }
+    }
+}
+
+impl ClipVisionConfig {
+    /// openai/clip-vit-base-patch32.
+    pub fn vit_base_patch32() -> Self {
+        Self::default()
+    }
+
+    /// openai/clip-vit-large-patch14.
+    pub fn vit_large_patch14() -> Self {
+        ClipVisionConfig {
+            hidden_size: 1024,
+            intermediate_size: 4096,
+            num_hidden_layers: 24,
+            num_attention_heads: 16,
+            patch_size: 14,
+            projection_dim: 768,
+            ..Self::default()
+        }
+    }
+}
 
 /// Patch, class and position embeddings (`vision_model.embeddings`).
 #[derive(Module, Debug)]
@@ -80,6 +149,10 @@ pub struct ClipVisionModel<B: Backend> {
 
 impl<B: Backend> Tower<B> for ClipVisionModel<B> {
     type Output = ClipOutput<B>;
+
+    fn family(&self) -> &'static str {
+        FAMILY
+    }
 
     fn check_pixels(&self, dims: [usize; 4]) -> Result<(), VisionError> {
         let embeddings = &self.vision_model.embeddings;
@@ -172,5 +245,31 @@ impl ClipVisionConfig {
             settings: TowerSettings::default(),
             prepared: PreparedWeights::default(),
         }
+    }
+}
+
+impl TowerConfig for ClipVisionConfig {
+    fn family(&self) -> &'static str {
+        FAMILY
+    }
+
+    fn shape(&self) -> TowerShape {
+        TowerShape {
+            hidden: self.hidden_size,
+            intermediate: self.intermediate_size,
+            intermediate_setting: "intermediate_size",
+            layers: self.num_hidden_layers,
+            heads: self.num_attention_heads,
+            patch: self.patch_size,
+            image: self.image_size,
+            channels: self.num_channels,
+            eps: self.layer_norm_eps,
+            class_tokens: 1,
+        }
+    }
+
+    /// `visual_projection` of the class token.
+    fn head_flops(&self, _patches: usize) -> f64 {
+        2.0 * self.hidden_size as f64 * self.projection_dim as f64
     }
 }

@@ -15,14 +15,109 @@ use burn::tensor::{DType, Tensor, TensorData};
 
 use crate::TowerSettings;
 use crate::VisionError;
-use crate::config::Dinov2Config;
+use crate::config::{TowerConfig, TowerShape};
 use crate::encoder::Mlp;
 use crate::patches::{check_pixels, patch_tokens};
 use crate::tower::{Tower, in_compute_dtype};
-use kiln_transformer::PreparedWeights;
+use kiln_transformer::{Activation, PreparedWeights};
+use serde::{Deserialize, Serialize};
 use kiln_transformer::projection::{Then, project, project_dropped, self_attention};
 use kiln_transformer::run_layers;
 use kiln_transformer::{Draw, Pass, Site};
+
+/// The family's name as its paper gives it.
+const FAMILY: &str = "DINOv2";
+
+/// DINOv2 (transformers `Dinov2Config`).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct Dinov2Config {
+    /// Token width.
+    pub hidden_size: usize,
+    /// Encoder layers.
+    pub num_hidden_layers: usize,
+    /// Attention heads.
+    pub num_attention_heads: usize,
+    /// MLP width over token width.
+    pub mlp_ratio: usize,
+    /// Input channels.
+    pub num_channels: usize,
+    /// Side in pixels the position table was trained for (other sizes interpolate it).
+    pub image_size: usize,
+    /// Patch side in pixels.
+    pub patch_size: usize,
+    /// LayerNorm epsilon.
+    pub layer_norm_eps: f64,
+    /// Initial LayerScale (the checkpoint holds the trained values).
+    pub layerscale_value: f64,
+    /// MLP activation.
+    pub hidden_act: Activation,
+    /// Whether query, key and value have biases.
+    pub qkv_bias: bool,
+    /// SwiGLU MLPs (DINOv2 giant), which kiln does not implement.
+    pub use_swiglu_ffn: bool,
+    /// Std of the CLS token and position table at initialisation (a model trained from
+    /// scratch; the linear layers take burn's defaults).
+    pub initializer_range: f64,
+}
+
+impl Default for Dinov2Config {
+    /// transformers' defaults: ViT-B/14 shapes.
+    fn default() -> Self {
+        Dinov2Config {
+            hidden_size: 768,
+            num_hidden_layers: 12,
+            num_attention_heads: 12,
+            mlp_ratio: 4,
+            num_channels: 3,
+            image_size: 224,
+            patch_size: 14,
+            layer_norm_eps: 1e-6,
+            layerscale_value: 1.0,
+            hidden_act: Activation::Gelu,
+            qkv_bias: true,
+            use_swiglu_ffn: false,
+            initializer_range: 0.02,
+        }
+    }
+}
+
+impl Dinov2Config {
+    /// facebook/dinov2-small.
+    pub fn small() -> Self {
+        Dinov2Config {
+            hidden_size: 384,
+            num_attention_heads: 6,
+            image_size: 518,
+            ..Self::default()
+        }
+    }
+
+    /// facebook/dinov2-base.
+    pub fn base() -> Self {
+        Dinov2Config {
+            image_size: 518,
+            ..Self::default()
+        }
+    }
+
+    /// facebook/dinov2-large.
+    pub fn large() -> Self {
+        Dinov2Config {
+            hidden_size: 1024,
+            num_hidden_layers: 24,
+            num_attention_heads: 16,
+            image_size: 518,
+            ..Self::default()
+        }
+    }
+
+    /// MLP width.
+    pub fn intermediate_size(&self) -> usize {
+        // Saturating: a config is checked against the stated limits after this is read.
+        self.hidden_size.saturating_mul(self.mlp_ratio)
+    }
+}
 
 /// The patch projection (`embeddings.patch_embeddings`).
 #[derive(Module, Debug)]
@@ -344,6 +439,10 @@ pub struct Dinov2Model<B: Backend> {
 impl<B: Backend> Tower<B> for Dinov2Model<B> {
     type Output = Dinov2Output<B>;
 
+    fn family(&self) -> &'static str {
+        FAMILY
+    }
+
     /// DINOv2 resizes its position table to any patch grid.
     fn check_pixels(&self, dims: [usize; 4]) -> Result<(), VisionError> {
         check_pixels(&self.embeddings.patch_embeddings.projection, None, dims)
@@ -601,6 +700,42 @@ impl<B: Backend> Dinov2Model<B> {
     /// a patch grid).
     pub fn embeddings(&self) -> &Dinov2Embeddings<B> {
         &self.embeddings
+    }
+}
+
+impl TowerConfig for Dinov2Config {
+    fn family(&self) -> &'static str {
+        FAMILY
+    }
+
+    fn shape(&self) -> TowerShape {
+        TowerShape {
+            hidden: self.hidden_size,
+            intermediate: self.intermediate_size(),
+            intermediate_setting: "hidden_size × mlp_ratio",
+            layers: self.num_hidden_layers,
+            heads: self.num_attention_heads,
+            patch: self.patch_size,
+            image: self.image_size,
+            channels: self.num_channels,
+            eps: self.layer_norm_eps,
+            class_tokens: 1,
+        }
+    }
+
+    fn limits(&self) -> Vec<(&'static str, usize, usize)> {
+        vec![("mlp_ratio", self.mlp_ratio, 64)]
+    }
+
+    fn check(&self) -> Result<(), VisionError> {
+        if self.use_swiglu_ffn {
+            return Err(VisionError::Config(
+                "DINOv2 with SwiGLU MLPs (giant) is not supported: kiln implements small, base \
+                 and large"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -34,14 +34,18 @@ mod dinov2;
 mod encoder;
 mod model;
 mod patches;
+mod presets;
 mod siglip;
 mod tower;
 mod weights;
 
-pub use clip::{ClipEmbeddings, ClipOutput, ClipVisionModel, ClipVisionTransformer};
-pub use config::{ClipVisionConfig, Dinov2Config, MODEL_TYPES, SiglipVisionConfig, VisionConfig};
+pub use clip::{
+    ClipEmbeddings, ClipOutput, ClipVisionConfig, ClipVisionModel, ClipVisionTransformer,
+};
+pub use config::{MODEL_TYPES, TowerConfig, TowerShape, VisionConfig};
 pub use dinov2::{
-    AttentionOutput, Dinov2Attention, Dinov2Embeddings, Dinov2Encoder, Dinov2Layer, Dinov2Model,
+    AttentionOutput, Dinov2Attention, Dinov2Config, Dinov2Embeddings, Dinov2Encoder, Dinov2Layer,
+    Dinov2Model,
     Dinov2Output, Dinov2Patches, LayerScale, PatchEmbeddings, QueryKeyValue, Reading,
 };
 pub use encoder::{Encoder, EncoderLayer, Mlp, SelfAttention};
@@ -50,11 +54,12 @@ pub use kiln_transformer::{
     Activation, Draw, DropoutError, DropoutSites, Sample, Settings as TowerSettings,
 };
 pub use model::VisionModel;
+pub use presets::{PRESETS, Preset, Processor};
 pub use siglip::{
-    FusedAttention, PoolingHead, SiglipEmbeddings, SiglipOutput, SiglipVisionModel,
-    SiglipVisionTransformer,
+    FusedAttention, PoolingHead, SiglipEmbeddings, SiglipOutput, SiglipVisionConfig,
+    SiglipVisionModel, SiglipVisionTransformer,
 };
-pub use tower::Tower;
+pub use tower::{Embedder, Tower};
 pub use weights::load_hf_weights;
 
 /// Why a checkpoint cannot be used.
@@ -75,6 +80,12 @@ pub enum VisionError {
     /// Queries that do not fit the patches they read (`Dinov2Model::read`).
     #[error("{0}")]
     Queries(String),
+    /// A preset name that is not one of [`PRESETS`].
+    #[error("unknown model `{name}`: expected {}", PRESETS.join(", "))]
+    UnknownPreset {
+        /// The name asked for.
+        name: String,
+    },
 }
 
 impl From<DropoutError> for VisionError {

@@ -15,13 +15,93 @@ use burn::tensor::module::linear;
 
 use crate::TowerSettings;
 use crate::VisionError;
-use crate::config::SiglipVisionConfig;
+use crate::config::{TowerConfig, TowerShape};
 use crate::encoder::{Encoder, EncoderShape, Mlp};
 use crate::patches::{check_pixels, learned_positions, patch_tokens};
 use crate::tower::{Tower, in_compute_dtype};
-use kiln_transformer::PreparedWeights;
+use kiln_transformer::{Activation, PreparedWeights};
+use serde::Deserialize;
 use kiln_transformer::projection::Then;
 use kiln_transformer::{Draw, Pass};
+
+/// The family's name as its paper gives it.
+const FAMILY: &str = "SigLIP";
+
+/// SigLIP's vision tower (transformers `SiglipVisionConfig`), which also describes the
+/// fixed-resolution SigLIP2 checkpoints.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct SiglipVisionConfig {
+    /// Token width.
+    pub hidden_size: usize,
+    /// MLP width.
+    pub intermediate_size: usize,
+    /// Encoder layers.
+    pub num_hidden_layers: usize,
+    /// Attention heads.
+    pub num_attention_heads: usize,
+    /// Input channels.
+    pub num_channels: usize,
+    /// Input side in pixels.
+    pub image_size: usize,
+    /// Patch side in pixels.
+    pub patch_size: usize,
+    /// LayerNorm epsilon (also the pooling head's).
+    pub layer_norm_eps: f64,
+    /// MLP activation.
+    pub hidden_act: Activation,
+    /// Whether the multi-head attention pooling head exists (it gives `pooler_output`).
+    pub vision_use_head: bool,
+}
+
+impl Default for SiglipVisionConfig {
+    /// transformers' defaults: B/16 at 224 px.
+    fn default() -> Self {
+        SiglipVisionConfig {
+            hidden_size: 768,
+            intermediate_size: 3072,
+            num_hidden_layers: 12,
+            num_attention_heads: 12,
+            num_channels: 3,
+            image_size: 224,
+            patch_size: 16,
+            layer_norm_eps: 1e-6,
+            hidden_act: Activation::GeluTanh,
+            vision_use_head: true,
+        }
+    }
+}
+
+impl SiglipVisionConfig {
+    /// google/siglip2-base-patch16-{224,256,384,512} (and siglip-base-patch16-*).
+    pub fn base_patch16(image_size: usize) -> Self {
+        SiglipVisionConfig {
+            image_size,
+            ..Self::default()
+        }
+    }
+
+    /// google/siglip-so400m-patch14-384 and siglip2-so400m-patch14-384.
+    pub fn so400m_patch14_384() -> Self {
+        SiglipVisionConfig {
+            patch_size: 14,
+            image_size: 384,
+            ..Self::so400m_patch16(384)
+        }
+    }
+
+    /// google/siglip2-so400m-patch16-{256,384,512}.
+    pub fn so400m_patch16(image_size: usize) -> Self {
+        SiglipVisionConfig {
+            hidden_size: 1152,
+            intermediate_size: 4304,
+            num_hidden_layers: 27,
+            num_attention_heads: 16,
+            image_size,
+            ..Self::default()
+        }
+    }
+}
 
 /// Patch and position embeddings (`vision_model.embeddings`).
 #[derive(Module, Debug)]
@@ -133,6 +213,10 @@ pub struct SiglipVisionModel<B: Backend> {
 impl<B: Backend> Tower<B> for SiglipVisionModel<B> {
     type Output = SiglipOutput<B>;
 
+    fn family(&self) -> &'static str {
+        FAMILY
+    }
+
     fn check_pixels(&self, dims: [usize; 4]) -> Result<(), VisionError> {
         let embeddings = &self.vision_model.embeddings;
         let positions = embeddings.position_embedding.weight.val().dims()[0];
@@ -236,5 +320,39 @@ impl SiglipVisionConfig {
             settings: TowerSettings::default(),
             prepared: PreparedWeights::default(),
         }
+    }
+}
+
+impl TowerConfig for SiglipVisionConfig {
+    fn family(&self) -> &'static str {
+        FAMILY
+    }
+
+    fn shape(&self) -> TowerShape {
+        TowerShape {
+            hidden: self.hidden_size,
+            intermediate: self.intermediate_size,
+            intermediate_setting: "intermediate_size",
+            layers: self.num_hidden_layers,
+            heads: self.num_attention_heads,
+            patch: self.patch_size,
+            image: self.image_size,
+            channels: self.num_channels,
+            eps: self.layer_norm_eps,
+            class_tokens: 0,
+        }
+    }
+
+    /// The pooling head: one query over every token, its out projection and MLP.
+    fn head_flops(&self, patches: usize) -> f64 {
+        if !self.vision_use_head {
+            return 0.0;
+        }
+        let (h, i, p) = (
+            self.hidden_size as f64,
+            self.intermediate_size as f64,
+            patches as f64,
+        );
+        2.0 * h * h * (2.0 * p + 2.0) + 4.0 * p * h + 4.0 * h * i
     }
 }

@@ -19,6 +19,9 @@ pub trait Tower<B: Backend>: Module<B> {
     /// Everything a forward pass gives, in the policy's output dtype.
     type Output;
 
+    /// The tower's family as its paper names it (`CLIP`, `SigLIP`, `DINOv2`).
+    fn family(&self) -> &'static str;
+
     /// One forward pass of normalised `pixels` `[batch, 3, H, W]`: every output, the hidden
     /// states only with `keep_hidden_states`, dropout only with a `draw` (whose length the
     /// provided methods check).
@@ -104,6 +107,22 @@ pub trait Tower<B: Backend>: Module<B> {
         self.settings_mut().dropout = sites.validate()?;
         Ok(self)
     }
+}
+
+/// What turns normalised pixels into embeddings, with or without Monte-Carlo dropout: what
+/// kiln-mc's trial runner takes. [`crate::VisionModel`] is one (any [`Tower`] behind it:
+/// `VisionModel::new(tower)`); a model kiln does not build can implement it too.
+pub trait Embedder<B: Backend>: Sync {
+    /// The embeddings `[batch, D]` of normalised `pixels` `[batch, 3, H, W]`, deterministic.
+    fn embed(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2>;
+
+    /// The embeddings with Monte-Carlo dropout, masks from `draw` (one or the same number of
+    /// samples per image, as [`Tower::forward_sampled`]).
+    fn embed_sampled(&self, pixels: Tensor<B, 4>, draw: &Draw)
+    -> Result<Tensor<B, 2>, VisionError>;
+
+    /// Refuses pixels `[batch, channels, H, W]` the model cannot take.
+    fn accepts(&self, dims: [usize; 4]) -> Result<(), VisionError>;
 }
 
 /// `tower` as a pass computes with it ([`kiln_transformer::in_compute_dtype`] under its own
