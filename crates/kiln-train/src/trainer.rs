@@ -1,10 +1,10 @@
 //! The loop around [`Optimization::step`]: resume from the newest checkpoint, then per
 //! optimizer step the `metrics.jsonl` line, evaluation, checkpoint and plot as they fall due.
 
-use std::path::PathBuf;
-use std::time::Instant;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use burn::module::Module;
+use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -18,7 +18,7 @@ use crate::config::TrainConfig;
 use crate::data::Loader;
 use crate::metrics::MetricsLog;
 use crate::optim::{GroupedAdamW, parameters};
-use crate::optimization::{Averaging, Optimization, loss_scale, loss_scale_state};
+use crate::optimization::{Averaging, Optimization, StepReport, loss_scale, loss_scale_state};
 use crate::parallel::DataParallel;
 use crate::plot::plot_curves;
 use crate::step::{EvalStep, StepContext, TrainStep};
@@ -184,87 +184,20 @@ impl<B: AutodiffBackend> Trainer<B> {
         E: Loader,
     {
         let config = &self.config;
-        config.validate()?;
-        if train.batches_per_epoch() == 0 {
-            return Err(TrainError::Data("the training set has no batches".into()));
-        }
-        let out = &self.options.out;
-        self.check_memory(&model)?;
-        let params = parameters(&model);
-        if let Some((items, batch)) = train.sizes()
-            && batch > items
-            && self.is_main()
-        {
-            eprintln!(
-                "warning: the batch size ({batch}) is larger than the training set ({items} \
-                 items): every step takes all {items}"
-            );
-        }
-        self.claim()?;
-        std::fs::create_dir_all(out).map_err(|e| TrainError::io(out, e))?;
-        let groups = config.optimizer.group_names();
-        let settings = self.settings();
-        let checkpoints = Checkpoints::new(out.join("checkpoints"));
-        let mut model = model;
-        let mut state = CheckpointState {
-            step: 0,
-            epoch: 0,
-            batch: 0,
-            loss_scale: loss_scale_state(&loss_scale(config.loss_scaling, None)),
-            best: None,
-            evals_since_best: 0,
-            skipped: (0, 0),
-            stopped_early: false,
-            settings: settings.clone(),
-            params: params.clone(),
-            files: Default::default(),
-        };
-        let mut last_checkpoint = None;
+        self.prepare(&model, train)?;
         let main = self.is_main();
         let averaging = self.averaging()?;
         let progress = progress_bar(config.steps, self.options.progress && main);
-        if let Some((path, saved)) = checkpoints.latest()? {
-            compatible(&saved, &settings, &params).map_err(|differences| {
-                TrainError::Incompatible {
-                    path: path.clone(),
-                    differences: differences.join("\n  "),
-                }
-            })?;
-            model = Checkpoints::load_model(&path, model, &self.device)?;
-            say(
-                &progress,
-                main,
-                format!(
-                    "resuming from {} (step {}, epoch {}, batch {})",
-                    path.display(),
-                    saved.step,
-                    saved.epoch,
-                    saved.batch
-                ),
-            );
-            state = saved;
-            last_checkpoint = Some(path);
-        }
-        // Built for the parameters' ids, which a loaded checkpoint sets.
-        let params = parameters(&model);
-        let mut optimizer = GroupedAdamW::new(&config.optimizer, &params);
-        if let Some(path) = &last_checkpoint {
-            optimizer = Checkpoints::load_optimizer(path, optimizer, &self.device)?;
-        } else {
-            say(&progress, main, format!("schedule: {}", config.schedule));
-            for line in optimizer.describe(&config.optimizer, &params) {
-                say(&progress, main, line);
-            }
-        }
-        let saved_scale = last_checkpoint.as_ref().map(|_| state.loss_scale);
-        let loss_scale = loss_scale(config.loss_scaling, saved_scale);
-        let mut optimization = Optimization::new(config, optimizer, loss_scale, &self.device);
-        if let Some(averaging) = averaging {
-            optimization = optimization.with_averaging(averaging);
-        }
+        let checkpoints = Checkpoints::new(self.options.out.join("checkpoints"));
+        let (mut model, mut state, mut last_checkpoint) =
+            self.resume(model, &checkpoints, &progress)?;
+        let resumed_from = last_checkpoint.as_deref();
+        let mut optimization =
+            self.optimization(&model, &state, resumed_from, averaging, &progress)?;
+        let groups = config.optimizer.group_names();
         let mut log = match main {
             true => Some(MetricsLog::open(
-                &out.join("metrics.jsonl"),
+                &self.options.out.join("metrics.jsonl"),
                 state.step,
                 &groups,
             )?),
@@ -288,68 +221,20 @@ impl<B: AutodiffBackend> Trainer<B> {
             let epoch = cursor.epoch;
             let (trained, step) = optimization.step(model, state.step, || cursor.next())?;
             model = trained;
-            if step.applied {
-                state.skipped.1 = 0;
-            } else {
-                state.skipped.0 += 1;
-                state.skipped.1 += 1;
-                say(
-                    &progress,
-                    main,
-                    format!(
-                        "warning: step {} skipped: loss {}, gradient norm {} (loss scale {})",
-                        state.step + 1,
-                        step.loss,
-                        step.grad_norm,
-                        step.loss_scale
-                    ),
-                );
-            }
+            self.count_skipped(&mut state, &step, &progress);
             state.step += 1;
             (state.epoch, state.batch) = (cursor.epoch, cursor.batch);
             state.loss_scale = optimization.loss_scale_state();
-            let seconds = started.elapsed().as_secs_f64();
-            let mut line = Map::new();
-            line.insert("step".into(), json!(state.step));
-            line.insert("epoch".into(), json!(epoch));
-            line.insert("loss".into(), json!(finite_or_null(step.loss)));
-            for (name, value) in &step.parts {
-                line.insert(name.clone(), json!(finite_or_null(*value)));
-            }
-            for (group, lr) in groups.iter().zip(&step.lrs) {
-                line.insert(format!("lr_{group}"), json!(lr));
-            }
-            line.insert("lr".into(), json!(step.lrs.last()));
-            line.insert("grad_norm".into(), json!(finite_or_null(step.grad_norm)));
-            line.insert("loss_scale".into(), json!(step.loss_scale));
-            line.insert("skipped".into(), json!(!step.applied));
-            line.insert("step_time_s".into(), json!(seconds));
-            line.insert("data_wait_s".into(), json!(step.data_wait.as_secs_f64()));
-            line.insert("items_per_s".into(), json!(step.items as f64 / seconds));
+            let mut line = metrics_line(&state, epoch, &step, &groups, started.elapsed());
             let evaluate_now = state.step == config.steps
                 || (config.eval_every > 0 && state.step.is_multiple_of(config.eval_every));
             let mut improved = false;
             if let (true, Some(eval)) = (evaluate_now, eval) {
-                self.seed_evaluation(state.step);
-                self.seed_evaluation(state.step);
-                last_eval = evaluate(&model.valid(), eval)?;
+                last_eval = self.evaluate_at(state.step, &model, eval, &progress)?;
                 for (name, value) in &last_eval {
                     line.insert(format!("eval_{name}"), json!(finite_or_null(*value)));
                 }
                 improved = self.track_best(&mut state, &last_eval);
-                say(
-                    &progress,
-                    main,
-                    format!(
-                        "step {}: eval {}",
-                        state.step,
-                        last_eval
-                            .iter()
-                            .map(|(k, v)| format!("{k} {v:.4}"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                );
             }
             if let Some(log) = &mut log {
                 log.append(line, &groups)?;
@@ -407,6 +292,151 @@ impl<B: AutodiffBackend> Trainer<B> {
             best: state.best,
             skipped_steps: state.skipped.0,
         })
+    }
+
+    /// Everything checked before a run starts: the settings, a training set with batches, the
+    /// memory, this directory claimed for the run and made.
+    fn prepare<M: Module<B>, L: Loader>(&self, model: &M, train: &L) -> Result<(), TrainError> {
+        self.config.validate()?;
+        if train.batches_per_epoch() == 0 {
+            return Err(TrainError::Data("the training set has no batches".into()));
+        }
+        self.check_memory(model)?;
+        if let Some((items, batch)) = train.sizes()
+            && batch > items
+            && self.is_main()
+        {
+            eprintln!(
+                "warning: the batch size ({batch}) is larger than the training set ({items} \
+                 items): every step takes all {items}"
+            );
+        }
+        self.claim()?;
+        let out = &self.options.out;
+        std::fs::create_dir_all(out).map_err(|e| TrainError::io(out, e))
+    }
+
+    /// `model` and the run's state from the newest intact checkpoint in `checkpoints` (with
+    /// its path), or as they start when there is none. A checkpoint of other settings or
+    /// parameters is an error naming the differences.
+    fn resume<M: AutodiffModule<B>>(
+        &self,
+        model: M,
+        checkpoints: &Checkpoints,
+        progress: &ProgressBar,
+    ) -> Result<(M, CheckpointState, Option<PathBuf>), TrainError> {
+        let settings = self.settings();
+        let params = parameters(&model);
+        let Some((path, saved)) = checkpoints.latest()? else {
+            let state = CheckpointState {
+                step: 0,
+                epoch: 0,
+                batch: 0,
+                loss_scale: loss_scale_state(&loss_scale(self.config.loss_scaling, None)),
+                best: None,
+                evals_since_best: 0,
+                skipped: (0, 0),
+                stopped_early: false,
+                settings,
+                params,
+                files: Default::default(),
+            };
+            return Ok((model, state, None));
+        };
+        compatible(&saved, &settings, &params).map_err(|differences| TrainError::Incompatible {
+            path: path.clone(),
+            differences: differences.join("\n  "),
+        })?;
+        let model = Checkpoints::load_model(&path, model, &self.device)?;
+        say(
+            progress,
+            self.is_main(),
+            format!(
+                "resuming from {} (step {}, epoch {}, batch {})",
+                path.display(),
+                saved.step,
+                saved.epoch,
+                saved.batch
+            ),
+        );
+        Ok((model, saved, Some(path)))
+    }
+
+    /// The optimizer (parameter groups, schedule, loss scaling, averaging across participants)
+    /// for `model`'s parameters, whose ids a loaded checkpoint sets: a resumed run's from its
+    /// checkpoint (`resumed_from`), with the loss scale of `state`; a new run's said.
+    fn optimization<M: TrainStep<B>>(
+        &self,
+        model: &M,
+        state: &CheckpointState,
+        resumed_from: Option<&Path>,
+        averaging: Option<Box<dyn Averaging<B::InnerBackend>>>,
+        progress: &ProgressBar,
+    ) -> Result<Optimization<B, M>, TrainError> {
+        let config = &self.config;
+        let params = parameters(model);
+        let mut optimizer = GroupedAdamW::new(&config.optimizer, &params);
+        if let Some(path) = resumed_from {
+            optimizer = Checkpoints::load_optimizer(path, optimizer, &self.device)?;
+        } else {
+            let main = self.is_main();
+            say(progress, main, format!("schedule: {}", config.schedule));
+            for line in optimizer.describe(&config.optimizer, &params) {
+                say(progress, main, line);
+            }
+        }
+        let saved_scale = resumed_from.map(|_| state.loss_scale);
+        let loss_scale = loss_scale(config.loss_scaling, saved_scale);
+        let optimization = Optimization::new(config, optimizer, loss_scale, &self.device);
+        Ok(match averaging {
+            Some(averaging) => optimization.with_averaging(averaging),
+            None => optimization,
+        })
+    }
+
+    /// Counts a step the loss scaler skipped (overall and in a row), warning of it.
+    fn count_skipped(&self, state: &mut CheckpointState, step: &StepReport, progress: &ProgressBar) {
+        if step.applied {
+            state.skipped.1 = 0;
+            return;
+        }
+        state.skipped.0 += 1;
+        state.skipped.1 += 1;
+        say(
+            progress,
+            self.is_main(),
+            format!(
+                "warning: step {} skipped: loss {}, gradient norm {} (loss scale {})",
+                state.step + 1,
+                step.loss,
+                step.grad_norm,
+                step.loss_scale
+            ),
+        );
+    }
+
+    /// The evaluation after `step` steps, seeded ([`Self::seed_evaluation`]) and said.
+    fn evaluate_at<M, E>(
+        &self,
+        step: u64,
+        model: &M,
+        eval: &E,
+        progress: &ProgressBar,
+    ) -> Result<Vec<(String, f64)>, TrainError>
+    where
+        M: TrainStep<B>,
+        M::InnerModule: EvalStep<B::InnerBackend, Batch = E::Batch>,
+        E: Loader,
+    {
+        self.seed_evaluation(step);
+        let metrics = evaluate(&model.valid(), eval)?;
+        let said: Vec<String> = metrics.iter().map(|(k, v)| format!("{k} {v:.4}")).collect();
+        say(
+            progress,
+            self.is_main(),
+            format!("step {step}: eval {}", said.join(", ")),
+        );
+        Ok(metrics)
     }
 
     /// Seeds the device's generator for the evaluation after `step` steps, so a model that
@@ -565,6 +595,36 @@ where
             (name, if root { mean.sqrt() } else { mean })
         })
         .collect())
+}
+
+/// A step's line of `metrics.jsonl`: the step and epoch, the loss and its parts, the learning
+/// rates, the gradient norm, loss scale and skip, and the step's time, data wait and speed.
+fn metrics_line(
+    state: &CheckpointState,
+    epoch: u64,
+    step: &StepReport,
+    groups: &[String],
+    took: Duration,
+) -> Map<String, Value> {
+    let seconds = took.as_secs_f64();
+    let mut line = Map::new();
+    line.insert("step".into(), json!(state.step));
+    line.insert("epoch".into(), json!(epoch));
+    line.insert("loss".into(), json!(finite_or_null(step.loss)));
+    for (name, value) in &step.parts {
+        line.insert(name.clone(), json!(finite_or_null(*value)));
+    }
+    for (group, lr) in groups.iter().zip(&step.lrs) {
+        line.insert(format!("lr_{group}"), json!(lr));
+    }
+    line.insert("lr".into(), json!(step.lrs.last()));
+    line.insert("grad_norm".into(), json!(finite_or_null(step.grad_norm)));
+    line.insert("loss_scale".into(), json!(step.loss_scale));
+    line.insert("skipped".into(), json!(!step.applied));
+    line.insert("step_time_s".into(), json!(seconds));
+    line.insert("data_wait_s".into(), json!(step.data_wait.as_secs_f64()));
+    line.insert("items_per_s".into(), json!(step.items as f64 / seconds));
+    line
 }
 
 /// JSON has no NaN or infinity: those are logged as null.

@@ -36,6 +36,7 @@
 
 mod activation;
 pub mod decoder;
+mod dropout;
 mod layers;
 mod linear_op;
 mod pass;
@@ -44,5 +45,6 @@ pub mod projection;
 
 pub use activation::Activation;
 pub use layers::run_layers;
-pub use pass::{Draw, DropoutError, DropoutSites, Pass, Sample, Settings, Site, in_compute_dtype};
+pub use dropout::{DropoutError, DropoutSites, Draw, Sample, Site};
+pub use pass::{Pass, Settings, in_compute_dtype};
 pub use prepared::PreparedWeights;

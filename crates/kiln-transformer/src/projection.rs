@@ -12,7 +12,7 @@ use burn::tensor::{Tensor, TensorData};
 
 use crate::Activation;
 use crate::linear_op::{trained_linear, trained_product_by_table};
-use crate::pass::{Pass, Site};
+use crate::{Pass, Site};
 use crate::prepared::{HostWeight, Operand};
 use kiln_kernels::host;
 use kiln_kernels::matmul::{Threads, View, Write, matmul};

@@ -72,8 +72,8 @@ pub enum VisionError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     /// Dropout rates or a draw that cannot be used.
-    #[error("{0}")]
-    Dropout(String),
+    #[error(transparent)]
+    Dropout(#[from] DropoutError),
     /// Pixels the model cannot take (count, channels or size).
     #[error("{0}")]
     Pixels(String),
@@ -86,10 +86,4 @@ pub enum VisionError {
         /// The name asked for.
         name: String,
     },
-}
-
-impl From<DropoutError> for VisionError {
-    fn from(error: DropoutError) -> Self {
-        VisionError::Dropout(error.0)
-    }
 }

@@ -10,7 +10,7 @@ use kiln_core::Policy;
 
 use crate::TowerSettings;
 use crate::VisionError;
-use kiln_transformer::{Draw, DropoutSites};
+use kiln_transformer::{Draw, DropoutError, DropoutSites};
 
 /// A vision tower that loads from Hugging Face checkpoints and runs under [`TowerSettings`]:
 /// `forward` (deterministic embeddings), `forward_sampled` (with Monte-Carlo dropout) and
@@ -58,10 +58,7 @@ pub trait Tower<B: Backend>: Module<B> {
         let batch = pixels.dims()[0];
         let samples = draw.rows.len();
         if samples < batch || !samples.is_multiple_of(batch) {
-            return Err(VisionError::Dropout(format!(
-                "the draw names {samples} sample(s) for a batch of {batch}: give one per image or \
-                 the same number per image"
-            )));
+            return Err(DropoutError::DrawSize { samples, batch }.into());
         }
         Ok(Self::embeddings_of(self.run(pixels, false, Some(draw))))
     }
