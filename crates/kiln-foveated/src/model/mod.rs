@@ -1,4 +1,9 @@
-//! The model: backbones, connectors, the readouts and the two passes.
+//! The model: backbones, connectors, the readouts and the two passes. Its batches and their
+//! checks are in `batch.rs`, what a forward gives in `output.rs`, the loss in `loss.rs`.
+
+mod batch;
+mod loss;
+mod output;
 
 use std::path::Path;
 
@@ -7,11 +12,13 @@ use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use kiln_core::{Policy, load_checkpoint};
-use kiln_kernels::cross_entropy;
 use kiln_text::{CausalLm, KvCache, TextInput};
 use kiln_vision::{Dinov2Model, Dinov2Patches, VisionModel};
 
-use crate::{Connectors, FoveatedConfig, FoveatedError, FrameHead, Readout};
+use crate::{Connectors, FoveatedConfig, FoveatedError, Readout};
+
+pub use batch::ClipBatch;
+pub use output::{FoveatedOutput, Glimpse, Losses, PassOutput};
 
 /// Which passes run, and where the fine pass's queries come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,148 +36,6 @@ pub enum Mode {
     /// A control: no readout, the LM sees every token of every frame (in
     /// [`FoveatedOutput::fine`]) — the upper bound with nothing compressed.
     AllPatches,
-}
-
-/// A batch of clips: normalised frames and, optionally, text around them.
-#[derive(Debug, Clone)]
-pub struct ClipBatch<B: Backend> {
-    /// Normalised frames `[clips, frames, 3, H, W]`.
-    pub pixels: Tensor<B, 5>,
-    /// Token ids before the visual tokens, the same number per clip.
-    pub prompt: Vec<Vec<u32>>,
-    /// Token ids after them (captions, answers), the same number per clip; the text loss
-    /// predicts each from the position before it.
-    pub target: Vec<Vec<u32>>,
-    /// Per clip, how many of its target tokens the text loss counts (the rest are padding);
-    /// empty: all of them.
-    pub target_lengths: Vec<usize>,
-    /// Per clip and frame, the class the per-frame head should give (negative: none).
-    pub frame_targets: Vec<Vec<i64>>,
-}
-
-impl<B: Backend> ClipBatch<B> {
-    /// Frames only: no text, no per-frame targets.
-    pub fn new(pixels: Tensor<B, 5>) -> Self {
-        ClipBatch {
-            pixels,
-            prompt: Vec::new(),
-            target: Vec::new(),
-            target_lengths: Vec::new(),
-            frame_targets: Vec::new(),
-        }
-    }
-
-    /// With token ids before the visual tokens.
-    pub fn with_prompt(mut self, prompt: Vec<Vec<u32>>) -> Self {
-        self.prompt = prompt;
-        self
-    }
-
-    /// With target token ids after the visual tokens.
-    pub fn with_target(mut self, target: Vec<Vec<u32>>) -> Self {
-        self.target = target;
-        self
-    }
-
-    /// With target texts of any lengths (captions), padded with `pad` to the longest; the
-    /// padding is outside the text loss.
-    pub fn with_captions(mut self, captions: Vec<Vec<u32>>, pad: u32) -> Self {
-        let longest = captions.iter().map(Vec::len).max().unwrap_or(0);
-        self.target_lengths = captions.iter().map(Vec::len).collect();
-        self.target = captions
-            .into_iter()
-            .map(|mut ids| {
-                ids.resize(longest, pad);
-                ids
-            })
-            .collect();
-        self
-    }
-
-    /// With per-frame classes (negative for frames without one).
-    pub fn with_frame_targets(mut self, frame_targets: Vec<Vec<i64>>) -> Self {
-        self.frame_targets = frame_targets;
-        self
-    }
-
-    fn clips(&self) -> usize {
-        self.pixels.dims()[0]
-    }
-
-    fn frames(&self) -> usize {
-        self.pixels.dims()[1]
-    }
-}
-
-/// One pass of the LM over `[prompt, mode token, visual tokens, target]`.
-#[derive(Debug, Clone)]
-pub struct PassOutput<B: Backend> {
-    /// The visual tokens `[clips, frames · per_frame, vision hidden]` (before `dino_to_llm`):
-    /// the readout's, one per frame, or every token of every frame ([`Mode::AllPatches`]).
-    pub tokens: Tensor<B, 3>,
-    /// Visual tokens per frame.
-    pub per_frame: usize,
-    /// The LM's last hidden state over the whole sequence, `[clips, sequence, lm hidden]`.
-    pub hidden: Tensor<B, 3>,
-    /// The logits that predict the target's tokens, `[clips, target, vocab]` (empty without
-    /// target).
-    pub text_logits: Tensor<B, 3>,
-    /// The per-frame head's logits at each frame's last visual token, `[clips, frames,
-    /// classes]`.
-    pub frame_logits: Option<Tensor<B, 3>>,
-    /// Where the visual tokens start in the sequence.
-    pub first_visual: usize,
-    /// Where the readout looked: attention probabilities `[clips · frames, layers · heads,
-    /// tokens]` (the deep readout's every layer; none in [`Mode::AllPatches`]).
-    pub attention: Option<Tensor<B, 3>>,
-}
-
-impl<B: Backend> PassOutput<B> {
-    /// The LM's hidden states at each frame's last visual token, `[clips, frames, lm hidden]`.
-    pub fn at_frames(&self) -> Tensor<B, 3> {
-        let [clips, _, width] = self.hidden.dims();
-        let (visual, per_frame) = (self.tokens.dims()[1], self.per_frame);
-        let (start, frames) = (self.first_visual, visual / per_frame);
-        self.hidden
-            .clone()
-            .slice([0..clips, start..start + visual, 0..width])
-            .reshape([clips, frames, per_frame, width])
-            .slice([0..clips, 0..frames, per_frame - 1..per_frame, 0..width])
-            .reshape([clips, frames, width])
-    }
-}
-
-/// What a readout gives for a batch of frames, one query each.
-#[derive(Debug, Clone)]
-pub struct Glimpse<B: Backend> {
-    /// The visual tokens `[frames, vision hidden]` (after `output_proj`).
-    pub tokens: Tensor<B, 2>,
-    /// The attention probabilities over each frame's tokens, `[frames, layers · heads,
-    /// tokens]` (one layer for the shallow readout).
-    pub attention: Tensor<B, 3>,
-}
-
-/// What [`FoveatedModel::forward`] gives.
-#[derive(Debug, Clone)]
-pub struct FoveatedOutput<B: Backend> {
-    /// The coarse pass (all modes but [`Mode::Autoregressive`]).
-    pub coarse: Option<PassOutput<B>>,
-    /// The fine pass (all modes but [`Mode::CoarseOnly`]; for [`Mode::AllPatches`] its one
-    /// pass over every token).
-    pub fine: Option<PassOutput<B>>,
-    /// The fine pass's queries, `[clips, frames, query_dim]` (`q_init` first).
-    pub queries: Option<Tensor<B, 3>>,
-}
-
-/// The losses of one forward.
-#[derive(Debug, Clone)]
-pub struct Losses<B: Backend> {
-    /// The coarse pass's (text plus per-frame), when it ran.
-    pub coarse: Option<Tensor<B, 1>>,
-    /// The fine pass's, when it ran.
-    pub fine: Option<Tensor<B, 1>>,
-    /// `fine + λ·coarse` (either alone when the other did not run).
-    pub total: Tensor<B, 1>,
 }
 
 /// fVLM's foveated model: DINOv2, the LM, and the [`Connectors`] between them.
@@ -403,62 +268,6 @@ impl<B: Backend> FoveatedModel<B> {
         })
     }
 
-    /// `fine + λ·coarse` of the passes in `output`, each the target's cross-entropy plus the
-    /// per-frame head's (whichever the batch has targets for).
-    pub fn loss(
-        &self,
-        output: &FoveatedOutput<B>,
-        batch: &ClipBatch<B>,
-    ) -> Result<Losses<B>, FoveatedError> {
-        let pass_loss = |pass: &PassOutput<B>| self.pass_loss(pass, batch);
-        let coarse = output.coarse.as_ref().map(pass_loss).transpose()?;
-        let fine = output.fine.as_ref().map(pass_loss).transpose()?;
-        let total = match (&coarse, &fine) {
-            (Some(coarse), Some(fine)) => fine.clone() + coarse.clone() * self.config.lambda_coarse,
-            (Some(only), None) | (None, Some(only)) => only.clone(),
-            (None, None) => unreachable!("every mode runs a pass"),
-        };
-        Ok(Losses {
-            coarse,
-            fine,
-            total,
-        })
-    }
-
-    fn pass_loss(
-        &self,
-        pass: &PassOutput<B>,
-        batch: &ClipBatch<B>,
-    ) -> Result<Tensor<B, 1>, FoveatedError> {
-        let mut parts = Vec::new();
-        if !batch.target.is_empty() {
-            let [clips, tokens, vocab] = pass.text_logits.dims();
-            let counted = |clip: usize| batch.target_lengths.get(clip).copied();
-            let targets: Vec<i64> = (batch.target.iter().enumerate())
-                .flat_map(|(clip, ids)| {
-                    let counted = counted(clip).unwrap_or(ids.len());
-                    (ids.iter().enumerate())
-                        .map(move |(at, &id)| if at < counted { id as i64 } else { -1 })
-                })
-                .collect();
-            let logits = pass.text_logits.clone().reshape([clips * tokens, vocab]);
-            parts.extend(cross_entropy(logits, &targets));
-        }
-        if let (Some(logits), false) = (&pass.frame_logits, batch.frame_targets.is_empty()) {
-            let [clips, frames, classes] = logits.dims();
-            let targets: Vec<i64> = batch.frame_targets.iter().flatten().copied().collect();
-            let logits = logits.clone().reshape([clips * frames, classes]);
-            parts.extend(cross_entropy(logits, &targets));
-        }
-        parts.into_iter().reduce(|a, b| a + b).ok_or_else(|| {
-            FoveatedError::Input(
-                "nothing to learn from: the batch has no target text and no frame targets \
-                     (or the model no per-frame head)"
-                    .into(),
-            )
-        })
-    }
-
     /// The fine pass alone, each frame's query from the fine pass's hidden state at the frame
     /// before: the LM runs one token a frame over `[prompt, fine token, z_1 … z_t]`, keeping its
     /// keys and values, then once over the whole sequence with the target for the outputs.
@@ -596,104 +405,15 @@ impl<B: Backend> FoveatedModel<B> {
         }
     }
 
-    /// Refuses a batch the model cannot take, naming the clip, frame or token (1-based):
-    /// text of unequal lengths or outside the vocabulary, per-frame targets that do not fit.
-    /// [`FoveatedModel::forward`] checks; loaders for kiln-train check as they make batches.
-    pub fn check(&self, batch: &ClipBatch<B>) -> Result<(), FoveatedError> {
-        let (clips, frames) = (batch.clips(), batch.frames());
-        if clips == 0 || frames == 0 {
-            return Err(FoveatedError::Input(format!(
-                "a batch of {clips} clip(s) of {frames} frame(s): nothing to read"
-            )));
-        }
-        let vocab = self.lm.config().vocab_size;
-        for (name, ids) in [("prompt", &batch.prompt), ("target", &batch.target)] {
-            if ids.is_empty() {
-                continue;
-            }
-            if ids.len() != clips {
-                return Err(FoveatedError::Input(format!(
-                    "{} {name}(s) for {clips} clip(s)",
-                    ids.len()
-                )));
-            }
-            let length = ids[0].len();
-            for (c, ids) in ids.iter().enumerate() {
-                if ids.len() != length {
-                    return Err(FoveatedError::Input(format!(
-                        "clip {}: a {name} of {} token(s), clip 1's has {length}: pad them to one \
-                         length",
-                        c + 1,
-                        ids.len()
-                    )));
-                }
-                if let Some(at) = ids.iter().position(|&id| id as usize >= vocab) {
-                    return Err(FoveatedError::Input(format!(
-                        "clip {}, {name} token {}: id {} is not below the vocabulary size {vocab}",
-                        c + 1,
-                        at + 1,
-                        ids[at]
-                    )));
-                }
-            }
-        }
-        if !batch.target_lengths.is_empty() {
-            let length = batch.target.first().map_or(0, Vec::len);
-            if batch.target_lengths.len() != clips {
-                return Err(FoveatedError::Input(format!(
-                    "target lengths for {} clip(s), the batch has {clips}",
-                    batch.target_lengths.len()
-                )));
-            }
-            if let Some(c) = batch.target_lengths.iter().position(|&n| n > length) {
-                return Err(FoveatedError::Input(format!(
-                    "clip {}: {} target token(s) counted of {length}",
-                    c + 1,
-                    batch.target_lengths[c]
-                )));
-            }
-        }
-        if !batch.frame_targets.is_empty() {
-            let FrameHead::Classes(classes) = self.config.frame_head else {
-                return Err(FoveatedError::Input(
-                    "frame targets for a model without a per-frame head".into(),
-                ));
-            };
-            if batch.frame_targets.len() != clips {
-                return Err(FoveatedError::Input(format!(
-                    "frame targets for {} clip(s), the batch has {clips}",
-                    batch.frame_targets.len()
-                )));
-            }
-            for (c, targets) in batch.frame_targets.iter().enumerate() {
-                if targets.len() != frames {
-                    return Err(FoveatedError::Input(format!(
-                        "clip {}: {} frame target(s) for {frames} frame(s)",
-                        c + 1,
-                        targets.len()
-                    )));
-                }
-                if let Some(t) = targets.iter().position(|&k| k >= classes as i64) {
-                    return Err(FoveatedError::Input(format!(
-                        "clip {}, frame {}: class {} is not below the head's {classes} classes",
-                        c + 1,
-                        t + 1,
-                        targets[t]
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
-/// The text around the visual tokens, embedded.
 /// A mode token `[W]` as one input embedding per clip, `[clips, 1, W]`.
 fn mode_embedding<B: Backend>(mode_token: Tensor<B, 1>, clips: usize) -> Tensor<B, 3> {
     let width = mode_token.dims()[0];
     mode_token.reshape([1, 1, width]).expand([clips, 1, width])
 }
 
+/// The text around the visual tokens, embedded.
 struct Text<B: Backend> {
     prompt: Option<Tensor<B, 3>>,
     target: Option<Tensor<B, 3>>,
