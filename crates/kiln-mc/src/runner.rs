@@ -260,9 +260,8 @@ impl<'a, B: Backend> TrialRunner<'a, B> {
                 // On host backends, driven from one of rayon's threads, which then shares each
                 // operation's work instead of waiting beside the pool (see `on_host_pool`).
                 let pixels = batch.pixels.clone();
-                let embeddings = on_host_pool::<B, _>(&self.device, || {
-                    self.model.embed_sampled(pixels, &draw)
-                })?;
+                let embeddings =
+                    on_host_pool::<B, _>(&self.device, || self.model.embed_sampled(pixels, &draw))?;
                 timings.forward += clock.lap()?;
                 let dims = embeddings.dims()[1];
                 let accumulator = accumulator.get_or_insert_with(|| {

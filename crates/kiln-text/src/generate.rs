@@ -7,8 +7,8 @@ use burn::tensor::{FloatDType, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::TextError;
 use crate::KvCache;
+use crate::TextError;
 use crate::input::TextInput;
 use crate::llama::CausalLm;
 

@@ -27,10 +27,10 @@ mod llama;
 mod load;
 mod tokenizer;
 
-pub use kiln_transformer::decoder::{KvCache, TokensError};
 pub use config::{Family, MODEL_TYPES, RopeScaling, TextConfig};
 pub use generate::{GenerationConfig, Sampling, generate};
 pub use input::{Logits, TextInput, Tokens};
+pub use kiln_transformer::decoder::{KvCache, TokensError};
 pub use llama::{CausalLm, CausalLmOutput, DecoderLayer, LlamaModel};
 pub use tokenizer::{Message, TextTokenizer, TokenCache};
 

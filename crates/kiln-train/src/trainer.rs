@@ -395,7 +395,12 @@ impl<B: AutodiffBackend> Trainer<B> {
     }
 
     /// Counts a step the loss scaler skipped (overall and in a row), warning of it.
-    fn count_skipped(&self, state: &mut CheckpointState, step: &StepReport, progress: &ProgressBar) {
+    fn count_skipped(
+        &self,
+        state: &mut CheckpointState,
+        step: &StepReport,
+        progress: &ProgressBar,
+    ) {
         if step.applied {
             state.skipped.1 = 0;
             return;

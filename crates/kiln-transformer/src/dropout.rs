@@ -230,7 +230,10 @@ pub enum Site {
 /// place, each element's factor hashed as it is read (no mask in memory); on burn's CUDA and
 /// wgpu backends times a mask one kernel makes on the device in `x`'s dtype; elsewhere times a
 /// mask made on the host, then uploaded.
-pub(crate) fn apply_mask<B: Backend, const D: usize>(hashed: &HashedMask, x: Tensor<B, D>) -> Tensor<B, D> {
+pub(crate) fn apply_mask<B: Backend, const D: usize>(
+    hashed: &HashedMask,
+    x: Tensor<B, D>,
+) -> Tensor<B, D> {
     let device = x.device();
     if host::serves(&x) {
         let per_row = x.dims()[1..].iter().product();

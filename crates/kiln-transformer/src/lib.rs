@@ -44,7 +44,7 @@ pub mod prepared;
 pub mod projection;
 
 pub use activation::Activation;
+pub use dropout::{Draw, DropoutError, DropoutSites, Sample, Site};
 pub use layers::run_layers;
-pub use dropout::{DropoutError, DropoutSites, Draw, Sample, Site};
 pub use pass::{Pass, Settings, in_compute_dtype};
 pub use prepared::PreparedWeights;

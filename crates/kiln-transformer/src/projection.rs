@@ -12,8 +12,8 @@ use burn::tensor::{Tensor, TensorData};
 
 use crate::Activation;
 use crate::linear_op::{trained_linear, trained_product_by_table};
-use crate::{Pass, Site};
 use crate::prepared::{HostWeight, Operand};
+use crate::{Pass, Site};
 use kiln_kernels::host;
 use kiln_kernels::matmul::{Threads, View, Write, matmul};
 use kiln_kernels::sgemm;

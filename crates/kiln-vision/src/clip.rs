@@ -18,8 +18,8 @@ use crate::encoder::{Encoder, EncoderShape};
 use crate::patches::{check_pixels, learned_positions, patch_tokens};
 use crate::tower::{Tower, in_compute_dtype};
 use kiln_transformer::{Activation, PreparedWeights};
-use serde::Deserialize;
 use kiln_transformer::{Draw, Pass};
+use serde::Deserialize;
 
 /// The family's name as its paper gives it.
 const FAMILY: &str = "CLIP";

@@ -255,7 +255,8 @@ impl VisionConfig {
         let patches = (height / patch) * (width / patch);
         let projection = 2.0 * patches as f64 * (3 * patch * patch) as f64 * h;
         let tokens = (patches + class_tokens) as f64;
-        let layer = 2.0 * tokens * 4.0 * h * h + 2.0 * tokens * 2.0 * h * i + 4.0 * tokens * tokens * h;
+        let layer =
+            2.0 * tokens * 4.0 * h * h + 2.0 * tokens * 2.0 * h * i + 4.0 * tokens * tokens * h;
         projection + layers as f64 * layer + tower.head_flops(patches)
     }
 

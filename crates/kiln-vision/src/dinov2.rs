@@ -19,11 +19,11 @@ use crate::config::{TowerConfig, TowerShape};
 use crate::encoder::Mlp;
 use crate::patches::{check_pixels, patch_tokens};
 use crate::tower::{Tower, in_compute_dtype};
-use kiln_transformer::{Activation, PreparedWeights};
-use serde::{Deserialize, Serialize};
 use kiln_transformer::projection::{Then, project, project_dropped, self_attention};
 use kiln_transformer::run_layers;
+use kiln_transformer::{Activation, PreparedWeights};
 use kiln_transformer::{Draw, Pass, Site};
+use serde::{Deserialize, Serialize};
 
 /// The family's name as its paper gives it.
 const FAMILY: &str = "DINOv2";

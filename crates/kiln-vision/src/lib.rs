@@ -45,8 +45,7 @@ pub use clip::{
 pub use config::{MODEL_TYPES, TowerConfig, TowerShape, VisionConfig};
 pub use dinov2::{
     AttentionOutput, Dinov2Attention, Dinov2Config, Dinov2Embeddings, Dinov2Encoder, Dinov2Layer,
-    Dinov2Model,
-    Dinov2Output, Dinov2Patches, LayerScale, PatchEmbeddings, QueryKeyValue, Reading,
+    Dinov2Model, Dinov2Output, Dinov2Patches, LayerScale, PatchEmbeddings, QueryKeyValue, Reading,
 };
 pub use encoder::{Encoder, EncoderLayer, Mlp, SelfAttention};
 use kiln_core::CheckpointError;

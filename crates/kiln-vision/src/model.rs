@@ -24,16 +24,24 @@ pub struct VisionModel<B: Backend>(Box<dyn AnyTower<B>>);
 /// A [`Tower`] behind `dyn`: what [`VisionModel`] holds.
 trait AnyTower<B: Backend>: Any + std::fmt::Debug + Send + Sync {
     fn forward(&self, pixels: Tensor<B, 4>) -> Tensor<B, 2>;
-    fn forward_sampled(&self, pixels: Tensor<B, 4>, draw: &Draw)
-    -> Result<Tensor<B, 2>, VisionError>;
+    fn forward_sampled(
+        &self,
+        pixels: Tensor<B, 4>,
+        draw: &Draw,
+    ) -> Result<Tensor<B, 2>, VisionError>;
     fn check_pixels(&self, dims: [usize; 4]) -> Result<(), VisionError>;
     fn family(&self) -> &'static str;
     fn num_params(&self) -> usize;
     fn with_policy(self: Box<Self>, policy: &Policy) -> Box<dyn AnyTower<B>>;
-    fn with_dropout(self: Box<Self>, sites: DropoutSites)
-    -> Result<Box<dyn AnyTower<B>>, VisionError>;
-    fn load(self: Box<Self>, dir: &Path, policy: &Policy)
-    -> Result<Box<dyn AnyTower<B>>, VisionError>;
+    fn with_dropout(
+        self: Box<Self>,
+        sites: DropoutSites,
+    ) -> Result<Box<dyn AnyTower<B>>, VisionError>;
+    fn load(
+        self: Box<Self>,
+        dir: &Path,
+        policy: &Policy,
+    ) -> Result<Box<dyn AnyTower<B>>, VisionError>;
     fn clone_box(&self) -> Box<dyn AnyTower<B>>;
 }
 
@@ -270,7 +278,10 @@ mod tests {
             .unwrap();
         assert_eq!(model.family(), "ChannelMeans");
         assert_eq!(model.num_params(), 3 * 5 + 5);
-        model.forward(pixels.clone()).into_data().assert_eq(&expected, true);
+        model
+            .forward(pixels.clone())
+            .into_data()
+            .assert_eq(&expected, true);
         assert!(model.check_pixels([2, 1, 4, 4]).is_err());
         let draw = Draw::pass(0, 0, [7, 8]);
         assert_eq!(model.forward_sampled(pixels, &draw).unwrap().dims(), [2, 5]);

@@ -153,6 +153,9 @@ mod tests {
             assert!(fits, "{name}");
         }
         let error = Preset::named("clip-b64").unwrap_err().to_string();
-        assert!(error.contains("clip-b64") && error.contains("dinov2-b"), "{error}");
+        assert!(
+            error.contains("clip-b64") && error.contains("dinov2-b"),
+            "{error}"
+        );
     }
 }

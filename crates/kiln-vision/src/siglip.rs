@@ -19,10 +19,10 @@ use crate::config::{TowerConfig, TowerShape};
 use crate::encoder::{Encoder, EncoderShape, Mlp};
 use crate::patches::{check_pixels, learned_positions, patch_tokens};
 use crate::tower::{Tower, in_compute_dtype};
-use kiln_transformer::{Activation, PreparedWeights};
-use serde::Deserialize;
 use kiln_transformer::projection::Then;
+use kiln_transformer::{Activation, PreparedWeights};
 use kiln_transformer::{Draw, Pass};
+use serde::Deserialize;
 
 /// The family's name as its paper gives it.
 const FAMILY: &str = "SigLIP";

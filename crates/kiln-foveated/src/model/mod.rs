@@ -404,7 +404,6 @@ impl<B: Backend> FoveatedModel<B> {
             target: embed(&batch.target),
         }
     }
-
 }
 
 /// A mode token `[W]` as one input embedding per clip, `[clips, 1, W]`.

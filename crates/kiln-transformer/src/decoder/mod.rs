@@ -362,7 +362,11 @@ mod tests {
         let input = x.to_data().to_vec::<f32>().unwrap();
         let on_autodiff = || Layer::<Autodiff<Flex>>::from_inner(layer.clone());
         let host = run(&layer, x.clone(), KvCache::new());
-        let tensors = run(&on_autodiff(), Tensor::from_inner(x.clone()), KvCache::new());
+        let tensors = run(
+            &on_autodiff(),
+            Tensor::from_inner(x.clone()),
+            KvCache::new(),
+        );
         let trained = run(&on_autodiff(), Tensor::from_inner(x), KvCache::discarding());
         assert_eq!(host.len(), 2 * 5 * 16 + 2 * 16);
         let differ = |a: &[f32], b: &[f32]| {

@@ -23,7 +23,7 @@ use kiln_core::{Policy, Precision, cast_module};
 use kiln_kernels::host;
 use kiln_kernels::{HashedMask, HostValues, dropout_mask};
 
-use crate::dropout::{DropoutSites, Draw, Site, apply_mask};
+use crate::dropout::{Draw, DropoutSites, Site, apply_mask};
 use crate::prepared::PreparedWeights;
 
 /// How a model runs: its precision policy (set when its weights are loaded) and its Monte-Carlo
