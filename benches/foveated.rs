@@ -21,9 +21,6 @@
 //! cargo bench --bench foveated -- --filter synthetic --save main    # then `--compare main`
 //! ```
 
-#[path = "../examples/foveated_synthetic/model.rs"]
-mod model;
-
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -34,7 +31,7 @@ use kiln::burn::module::{Module, ModuleVisitor, Param, ParamId};
 use kiln::burn::optim::GradientsParams;
 use kiln::burn::tensor::backend::Backend;
 use kiln::burn::tensor::{Distribution, Tensor};
-use kiln::foveated::synthetic::CueThenRead;
+use kiln::foveated::synthetic::{self, CueThenRead};
 use kiln::foveated::{ClipBatch, FoveatedConfig, FoveatedModel, Mode, Readout, fvlm_recipe};
 use kiln::text::TextConfig;
 use kiln::train::{GroupedAdamW, Optimization, TrainConfig, parameters};
@@ -280,10 +277,11 @@ impl Suite for Foveated {
             let task =
                 CueThenRead::new(3, 6, 4, 16, 0).map_err(|e| BenchError::Io(e.to_string()))?;
             <Autodiff<B> as Backend>::seed(&device, 0);
-            let model = model::synthetic_model(&task, 8, 16, Readout::Shallow, &device)
-                .map_err(BenchError::Io)?
+            let model = task
+                .model(8, 16, Readout::Shallow, &device)
+                .map_err(|e| BenchError::Io(e.to_string()))?
                 .with_training_mode(Mode::CoarseFine);
-            let config = model::recipe(4000, 2e-3, 0.0);
+            let config = synthetic::recipe(4000, 2e-3, 0.0);
             let workload = Workload::Synthetic(task);
             runner.bench(&TrainingStep::new(
                 &synthetic, workload, model, &config, &device,

@@ -68,4 +68,4 @@ pub use kiln_text as text;
 pub use kiln_train as train;
 pub use kiln_transformer as transformer;
 pub use kiln_vision as vision;
-pub use logging::{exit_status, log_to_stderr};
+pub use logging::{exit_status, log_to_stderr, run_job};

@@ -64,3 +64,37 @@ pub fn exit_status<E: std::fmt::Display>(result: Result<(), E>) -> std::process:
         }
     }
 }
+
+/// What an example's `main` does once its flags are parsed: logs to stderr
+/// ([`log_to_stderr`]), runs `job` on `device`, and ends as [`exit_status`] says (the device's
+/// error or the job's printed once).
+///
+/// ```no_run
+/// use kiln::core::{DeviceJob, DeviceSpec};
+/// use kiln::burn::tensor::backend::Backend;
+///
+/// struct Hello;
+/// impl DeviceJob for Hello {
+///     type Output = Result<(), String>;
+///     fn run<B: Backend>(self, _device: &B::Device) -> Self::Output {
+///         println!("hello from {}", B::name(&Default::default()));
+///         Ok(())
+///     }
+/// }
+///
+/// fn main() -> std::process::ExitCode {
+///     kiln::run_job(DeviceSpec::Flex, Hello)
+/// }
+/// ```
+pub fn run_job<J, E>(device: kiln_core::DeviceSpec, job: J) -> std::process::ExitCode
+where
+    J: kiln_core::DeviceJob<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    log_to_stderr();
+    let result = match device.run(job) {
+        Ok(done) => done.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    exit_status(result)
+}

@@ -34,13 +34,11 @@ use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
 use kiln::core::{DeviceJob, DeviceSpec};
-use kiln::foveated::synthetic::{CueThenRead, SyntheticClips};
+use kiln::foveated::synthetic::{self, CueThenRead, SyntheticClips};
 use kiln::foveated::{FoveatedModel, Mode, Readout};
 use kiln::train::plot::draw_png;
 use kiln::train::{Outcome, RunOptions, TrainConfig, Trainer, read_metrics};
 use serde_json::{Value, json};
-
-mod model;
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
 #[path = "../shared/allocator.rs"]
@@ -222,13 +220,9 @@ impl Args {
         B::seed(device, self.seed);
         let cells = stages.iter().map(|s| s.task.grid * s.task.grid).max();
         let last = &stages[stages.len() - 1].task;
-        let model = model::synthetic_model(
-            last,
-            self.token_width,
-            cells.unwrap_or(0),
-            self.readout,
-            device,
-        )?;
+        let model = last
+            .model(self.token_width, cells.unwrap_or(0), self.readout, device)
+            .map_err(|e| e.to_string())?;
         Ok(model.with_training_mode(mode))
     }
 
@@ -286,7 +280,7 @@ impl Args {
     }
 
     fn train_config(&self, steps: u64, (lr, end): (f64, f64)) -> Result<TrainConfig, String> {
-        let mut config = model::recipe(steps, lr, end);
+        let mut config = synthetic::recipe(steps, lr, end);
         config.eval_every = self.eval_every;
         config.checkpoint_every = self.eval_every;
         config.seed = self.seed;
@@ -475,8 +469,6 @@ fn plot(out: &Path, controls: &[String], chance: f64) -> Result<(), String> {
 
 fn main() -> ExitCode {
     allocator::keep_freed_memory();
-    kiln::log_to_stderr();
     let args = Args::parse();
-    let device = args.device;
-    kiln::exit_status(device.run(args).map_err(|e| e.to_string()).and_then(|r| r))
+    kiln::run_job(args.device, args)
 }

@@ -223,8 +223,6 @@ impl DeviceJob for Args {
 
 fn main() -> ExitCode {
     allocator::keep_freed_memory();
-    kiln::log_to_stderr();
     let args = Args::parse();
-    let device = args.device;
-    kiln::exit_status(device.run(args).map_err(|e| e.to_string()).and_then(|r| r))
+    kiln::run_job(args.device, args)
 }

@@ -23,11 +23,13 @@ use kiln_cache::{
     IMAGENET_MEAN, IMAGENET_STD, Normalize, Order, Prefetch, PreparedPixels, Preprocess,
 };
 use kiln_core::Precision;
-use kiln_train::Loader;
+use kiln_text::TextConfig;
+use kiln_train::{Loader, OptimizerConfig, Schedule, TrainConfig};
+use kiln_vision::Dinov2Config;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::{ClipBatch, FoveatedError};
+use crate::{ClipBatch, FoveatedConfig, FoveatedError, FoveatedModel, FrameHead, Readout};
 
 /// The task's shape and seed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -297,6 +299,64 @@ impl<B: Backend> Loader for SyntheticClips<B> {
         });
         Box::new(prepared.map(|clips| clips.upload(&self.device)))
     }
+}
+
+impl CueThenRead {
+    /// A small DINOv2 and LM from scratch for this task (DINOv2's position table has a row for
+    /// each cell of its boards; other boards read it resized): the visual token is narrow
+    /// (`token_width`, 8 in the example, 2 heads), so one static token cannot carry every cell's
+    /// glyph (16 wide, it learned to carry part of the board: docs/FOVEATED.md). The position
+    /// table starts at std 1, not transformers' 0.02: a trained tower's positions are plain to
+    /// see, and a from-scratch one's at 0.02 are not, so no query could point at a cell
+    /// (docs/FOVEATED.md). The LM's vocabulary is at least `vocab` and the board's cells (the
+    /// captions name the cued cell). Weights come from the backend's generator.
+    pub fn model<B: Backend>(
+        &self,
+        token_width: usize,
+        vocab: usize,
+        readout: Readout,
+        device: &B::Device,
+    ) -> Result<FoveatedModel<B>, FoveatedError> {
+        let dino = Dinov2Config {
+            hidden_size: token_width,
+            num_hidden_layers: 2,
+            num_attention_heads: 2,
+            mlp_ratio: 4,
+            image_size: self.image_size(),
+            patch_size: self.cell,
+            initializer_range: 1.0,
+            ..Dinov2Config::default()
+        }
+        .init(device);
+        let lm = TextConfig {
+            vocab_size: vocab.max(self.grid * self.grid),
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            max_position_embeddings: 1024,
+            ..TextConfig::smollm2_135m()
+        }
+        .init(device);
+        let config = FoveatedConfig {
+            query_dim: 16,
+            readout,
+            frame_head: FrameHead::Classes(self.classes),
+            ..FoveatedConfig::fvlm()
+        };
+        FoveatedModel::new(dino, lm, config, device)
+    }
+}
+
+/// The synthetic task's training recipe: AdamW at peak `lr` (weight decay 0.01), warm-up over
+/// the first 5% of `steps`, cosine to `end` × `lr`, clipping at 1.0.
+pub fn recipe(steps: u64, lr: f64, end: f64) -> TrainConfig {
+    let mut config = TrainConfig::new(steps, lr);
+    config.optimizer = OptimizerConfig::adamw(lr).with_weight_decay(0.01);
+    config.schedule = Schedule::warmup_cosine(steps / 20, 0.0, end, steps);
+    config.max_grad_norm = Some(1.0);
+    config
 }
 
 #[cfg(test)]
