@@ -115,8 +115,8 @@ pub struct Trial {
     pub timings: Timings,
 }
 
-/// Runs trials of a model (any [`Embedder`]: a [`kiln_vision::VisionModel`] or a tower) over a
-/// dataset bound to its device.
+/// Runs trials of a model (any [`Embedder`]: a [`kiln_vision::VisionModel`], holding any tower)
+/// over a dataset bound to its device.
 ///
 /// ```no_run
 /// use burn::backend::Flex;
