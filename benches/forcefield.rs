@@ -32,6 +32,7 @@ use kiln::forcefield::{
     CutoffFn, ForceBatch, Frame, Labels, Painn, PainnConfig, Predictions, RadialBasisKind, Recipe,
     Structure, write_extxyz,
 };
+use kiln::io::FileError;
 use kiln::train::Optimization;
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
@@ -223,7 +224,7 @@ fn labels<B: Backend>(
 ) -> Result<Vec<Labels>, BenchError> {
     let predicted = teacher
         .predict(structures, device)
-        .map_err(|e| BenchError::Io(e.to_string()))?;
+        .map_err(BenchError::workload)?;
     let mut first = 0;
     let mut frames = Vec::new();
     let labels = structures
@@ -250,8 +251,8 @@ fn labels<B: Backend>(
             }
         })
         .collect();
-    std::fs::write(out.join("train_batch.extxyz"), write_extxyz(&frames))
-        .map_err(|e| BenchError::Io(e.to_string()))?;
+    let batch = out.join("train_batch.extxyz");
+    std::fs::write(&batch, write_extxyz(&frames)).map_err(|e| FileError::io(&batch, e))?;
     Ok(labels)
 }
 
@@ -267,10 +268,11 @@ impl Suite for Forcefield {
         let device = runner.device().clone();
         let pool = molecules(MOLECULES);
         let out = output_dir();
-        std::fs::create_dir_all(&out).map_err(|e| BenchError::Io(e.to_string()))?;
+        std::fs::create_dir_all(&out).map_err(|e| FileError::io(&out, e))?;
         let frames: Vec<Frame> = pool.iter().cloned().map(Frame::new).collect();
-        std::fs::write(out.join("molecules.extxyz"), write_extxyz(&frames))
-            .map_err(|e| BenchError::Io(e.to_string()))?;
+        let molecules = out.join("molecules.extxyz");
+        std::fs::write(&molecules, write_extxyz(&frames))
+            .map_err(|e| FileError::io(&molecules, e))?;
         let mean_atoms = pool.iter().map(Structure::len).sum::<usize>() as f64 / pool.len() as f64;
         eprintln!("{MOLECULES} molecules of 3–60 atoms, {mean_atoms:.1} on average");
         let train_batch = pool[..TRAIN_BATCH].to_vec();
@@ -278,9 +280,7 @@ impl Suite for Forcefield {
         for (label, config) in [("seed", painn(128, 3, 20)), ("tiny", painn(16, 2, 8))] {
             Autodiff::<B>::seed(&device, 7);
             let model = config.init::<Autodiff<B>>(&device);
-            model
-                .save(out.join(label))
-                .map_err(|e| BenchError::Io(e.to_string()))?;
+            model.save(out.join(label)).map_err(BenchError::workload)?;
             let make = |batch: usize| Predict {
                 name: format!("painn/{label}/b={batch}"),
                 model: &model,
@@ -303,11 +303,11 @@ impl Suite for Forcefield {
                 let student_model = student.init::<Autodiff<B>>(&device);
                 student_model
                     .save(out.join(format!("{label}-train")))
-                    .map_err(|e| BenchError::Io(e.to_string()))?;
+                    .map_err(BenchError::workload)?;
                 let recipe = Recipe::default();
                 let train_config = recipe
                     .train_config(1_000_000)
-                    .map_err(|e| BenchError::Io(e.to_string()))?;
+                    .map_err(BenchError::workload)?;
                 let optimization = Optimization::fresh(&train_config, &student_model, &device);
                 runner.bench(&TrainingStep {
                     name: train_name,

@@ -274,12 +274,11 @@ impl Suite for Foveated {
         let device = runner.device().clone();
         let synthetic = format!("foveated_step/synthetic,b={SYNTHETIC_CLIPS}");
         if runner.selects(&synthetic) {
-            let task =
-                CueThenRead::new(3, 6, 4, 16, 0).map_err(|e| BenchError::Io(e.to_string()))?;
+            let task = CueThenRead::new(3, 6, 4, 16, 0).map_err(BenchError::workload)?;
             <Autodiff<B> as Backend>::seed(&device, 0);
             let model = task
                 .model(8, 16, Readout::Shallow, &device)
-                .map_err(|e| BenchError::Io(e.to_string()))?
+                .map_err(BenchError::workload)?
                 .with_training_mode(Mode::CoarseFine);
             let config = synthetic::recipe(4000, 2e-3, 0.0);
             let workload = Workload::Synthetic(task);
@@ -295,7 +294,7 @@ impl Suite for Foveated {
                 FoveatedConfig::fvlm(),
                 &device,
             )
-            .map_err(|e| BenchError::Io(e.to_string()))
+            .map_err(BenchError::workload)
         };
         let fvlm_config = fvlm_recipe(1000, 1e-3, 1e-5);
         let fvlm = format!("foveated_step/fvlm,b={},T={}", FVLM.0, FVLM.1);

@@ -7,7 +7,7 @@ use std::time::Instant;
 use burn::tensor::backend::Backend;
 use kiln::burn;
 use kiln::cache::{CachedImages, DeviceImages, ImageCache, ImageSource, Preprocess, Residency};
-use kiln::core::{Policy, checkpoint_dir, is_host_backend};
+use kiln::core::{Policy, checkpoint_dir, is_host_backend, weights_identity};
 use kiln::mc::{batch_rows, preprocess};
 use kiln::vision::{DropoutSites, Preset, VisionConfig, VisionModel};
 
@@ -69,25 +69,7 @@ impl ModelSpec {
     pub fn weights_id(&self, seed: u64) -> String {
         match &self.dir {
             None => format!("random init, seed {seed}"),
-            Some(dir) => {
-                let file = ["model.safetensors", "model.safetensors.index.json"]
-                    .iter()
-                    .map(|f| dir.join(f))
-                    .find(|p| p.exists());
-                let stamp = file
-                    .as_ref()
-                    .and_then(|f| std::fs::metadata(f).ok())
-                    .map(|m| {
-                        let modified = m
-                            .modified()
-                            .ok()
-                            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                            .map_or(0, |d| d.as_secs());
-                        format!("{} bytes, modified {modified}", m.len())
-                    })
-                    .unwrap_or_default();
-                format!("{} ({stamp})", dir.display())
-            }
+            Some(dir) => weights_identity(dir),
         }
     }
 

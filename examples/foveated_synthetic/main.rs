@@ -34,7 +34,7 @@ use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
 use kiln::core::{DeviceJob, DeviceSpec};
-use kiln::foveated::synthetic::{self, CueThenRead, SyntheticClips};
+use kiln::foveated::synthetic::{self, CueThenRead, Curriculum, Stage, SyntheticClips};
 use kiln::foveated::{FoveatedModel, Mode, Readout};
 use kiln::train::plot::draw_png;
 use kiln::train::{Outcome, RunOptions, TrainConfig, Trainer, read_metrics};
@@ -129,14 +129,6 @@ const CONTROLS: [(&str, Mode); 4] = [
 /// Held-out clips come from indices far past any training clip.
 const EVAL_FIRST: u64 = 1 << 40;
 
-/// One stage of a control's training: `steps` steps on the boards of `task`, in kiln-train's
-/// run directory `dir`.
-struct Stage {
-    task: CueThenRead,
-    steps: u64,
-    dir: PathBuf,
-}
-
 /// The largest cell (pixels per side) --cell takes: boards are grid · cell pixels per side,
 /// every frame through DINOv2 at once.
 const MAX_CELL: usize = 64;
@@ -152,8 +144,7 @@ impl Args {
                 self.cell * self.grid
             ));
         }
-        CueThenRead::new(self.grid, self.cell, self.frames, self.classes, self.seed)
-            .map_err(|e| e.to_string())?;
+        self.task()?;
         if self.token_width < 2 || !self.token_width.is_multiple_of(2) {
             return Err(format!(
                 "--token-width {}: must be an even number ≥ 2 (DINOv2's two heads split it)",
@@ -169,39 +160,46 @@ impl Args {
         Ok(())
     }
 
-    /// The control's stages: the starting boards (when they differ), then the final ones.
-    fn stages(&self, control: &str) -> Result<Vec<Stage>, String> {
-        let task = |grid| {
-            CueThenRead::new(grid, self.cell, self.frames, self.classes, self.seed)
-                .map_err(|e| e.to_string())
-        };
-        let dir = self.out.join(control);
-        let (start_steps, steps) = self.split(control);
-        let mut stages = Vec::new();
-        if start_steps > 0 && self.start_grid != self.grid {
-            stages.push(Stage {
-                task: task(self.start_grid)?,
-                steps: start_steps,
-                dir: dir.join("start"),
-            });
-        }
-        stages.push(Stage {
-            task: task(self.grid)?,
-            steps,
-            dir,
-        });
-        Ok(stages)
+    /// The task the controls are scored on.
+    fn task(&self) -> Result<CueThenRead, String> {
+        CueThenRead::new(self.grid, self.cell, self.frames, self.classes, self.seed)
+            .map_err(|e| e.to_string())
     }
 
-    /// The control's steps on the starting boards and on the final ones: `--start-steps` and
-    /// `--steps`, but for `all_patches`, the same total split at `--all-patches-start-steps`.
-    fn split(&self, control: &str) -> (u64, u64) {
-        if control != "all_patches" || self.start_steps == 0 || self.start_grid == self.grid {
-            return (self.start_steps, self.steps);
+    /// The control's curriculum: `--start-steps` on the starting boards, then `--steps`; for
+    /// `all_patches`, the same total split at `--all-patches-start-steps`.
+    fn curriculum(&self, control: &str) -> Curriculum {
+        let curriculum = Curriculum {
+            start_grid: self.start_grid,
+            start_steps: self.start_steps,
+            steps: self.steps,
+        };
+        if control == "all_patches" && self.start_grid != self.grid {
+            curriculum.split_at(self.all_patches_start_steps)
+        } else {
+            curriculum
         }
-        let total = self.start_steps + self.steps;
-        let start = self.all_patches_start_steps.min(total / 2);
-        (start, total - start)
+    }
+
+    /// The control's stages, each with its kiln-train run directory: OUT/<control>/start/ for
+    /// the starting boards, OUT/<control>/ for the final ones.
+    fn stages(&self, control: &str) -> Result<Vec<(Stage, PathBuf)>, String> {
+        let dir = self.out.join(control);
+        let stages = self
+            .curriculum(control)
+            .stages(&self.task()?)
+            .map_err(|e| e.to_string())?;
+        Ok(stages
+            .into_iter()
+            .map(|stage| {
+                let dir = if stage.starting {
+                    dir.join("start")
+                } else {
+                    dir.clone()
+                };
+                (stage, dir)
+            })
+            .collect())
     }
 
     /// The control's model from scratch (seeded), made for the final boards: DINOv2's position
@@ -213,15 +211,13 @@ impl Args {
     /// cell of either board.
     fn model<B: Backend>(
         &self,
-        stages: &[Stage],
         mode: Mode,
         device: &B::Device,
     ) -> Result<FoveatedModel<B>, String> {
         B::seed(device, self.seed);
-        let cells = stages.iter().map(|s| s.task.grid * s.task.grid).max();
-        let last = &stages[stages.len() - 1].task;
-        let model = last
-            .model(self.token_width, cells.unwrap_or(0), self.readout, device)
+        let model = self
+            .task()?
+            .model(self.token_width, 0, self.readout, device)
             .map_err(|e| e.to_string())?;
         Ok(model.with_training_mode(mode))
     }
@@ -231,7 +227,7 @@ impl Args {
     fn train<B: Backend>(
         &self,
         control: &str,
-        stage: &Stage,
+        (stage, dir): &(Stage, PathBuf),
         model: FoveatedModel<Autodiff<B>>,
         device: &B::Device,
     ) -> Result<Outcome<FoveatedModel<Autodiff<B>>>, String> {
@@ -260,7 +256,7 @@ impl Args {
                 "readout": format!("{:?}", self.readout),
                 "task": format!("{task:?}"),
             }),
-            ..RunOptions::new(&stage.dir)
+            ..RunOptions::new(dir)
         };
         let config = self.train_config(stage.steps, self.rate(control))?;
         Trainer::<Autodiff<B>>::new(config, options, device.clone())
@@ -318,7 +314,7 @@ impl DeviceJob for Args {
             .filter(|(n, _)| self.controls.iter().any(|c| c == n))
         {
             let stages = self.stages(name)?;
-            let mut model = self.model::<Autodiff<B>>(&stages, mode, device)?;
+            let mut model = self.model::<Autodiff<B>>(mode, device)?;
             let mut outcome = None;
             for stage in &stages {
                 let done = self.train::<B>(name, stage, model, device)?;
@@ -364,7 +360,7 @@ impl DeviceJob for Args {
                 "batch": self.batch,
                 "lr": self.lr,
                 "all_patches_lr": self.all_patches_lr,
-                "all_patches_start_steps": self.split("all_patches").0,
+                "all_patches_start_steps": self.curriculum("all_patches").start_steps,
                 "eval_clips": self.eval_clips,
                 "device": self.device.to_string(),
                 "wall_seconds": started.elapsed().as_secs_f64(),

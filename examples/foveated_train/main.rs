@@ -30,14 +30,13 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
-use kiln::cache::{ClipSpec, ImageCache, Preprocess, Residency, VideoSource};
+use kiln::cache::{ClipSpec, ImageCache};
 use kiln::core::{DeviceJob, DeviceSpec, Policy, PolicySpec, Precision};
 use kiln::foveated::{
-    CaptionedClips, FoveatedConfig, FoveatedModel, Readout, fvlm_recipe, match_captions,
-    read_captions,
+    CaptionTokenizer, CaptionedClipReader, CaptionedClips, FoveatedConfig, FoveatedModel, Readout,
+    dinov2_frames, fvlm_recipe,
 };
 use kiln::io::RunFiles;
-use kiln::text::TextTokenizer;
 use kiln::train::{LossScaling, RunOptions, TrainConfig, Trainer};
 use serde_json::json;
 
@@ -178,93 +177,6 @@ impl Args {
         }
         Ok(data)
     }
-
-    /// How frames are resized and normalised: the DINOv2 directory's processor, else an exact
-    /// resize to the tower's image size with ImageNet's mean and std.
-    fn preprocess(&self, image_size: usize) -> Result<Preprocess, String> {
-        let processor = self.dino.join("preprocessor_config.json");
-        if processor.is_file() {
-            Preprocess::from_hf_config(&processor).map_err(|e| e.to_string())
-        } else {
-            Ok(Preprocess::dinov2(image_size as u32, image_size as u32))
-        }
-    }
-}
-
-/// How a split of captioned clips is read: the cache, the clips' frames, the text, the batch.
-struct Splits {
-    cache: ImageCache,
-    spec: ClipSpec,
-    text: Text,
-    batch: usize,
-    precision: Precision,
-}
-
-impl Splits {
-    /// The captioned clips of `clips` on `device`: decoded once into the cache, captions
-    /// matched and tokenised once.
-    fn load<B: Backend>(
-        &self,
-        clips: &Path,
-        captions: &Path,
-        device: &B::Device,
-    ) -> Result<CaptionedClips<B>, String> {
-        let lines = read_captions(captions).map_err(|e| e.to_string())?;
-        let videos = self
-            .cache
-            .load_clips(&VideoSource::Folder(clips.into()), &self.spec)
-            .map_err(|e| e.to_string())?;
-        let matched =
-            match_captions(videos.names(), &lines, captions).map_err(|e| e.to_string())?;
-        let ids = matched
-            .iter()
-            .map(|caption| self.text.caption(caption))
-            .collect::<Result<Vec<_>, _>>()?;
-        eprintln!(
-            "{}: {} clips of {} frames ({:?})",
-            clips.display(),
-            videos.len(),
-            videos.frames(),
-            videos.outcome()
-        );
-        let feed = videos.to_device::<B>(device, self.precision, Residency::Host);
-        let (prompt, end) = (self.text.prompt.clone(), self.text.end);
-        CaptionedClips::new(feed, prompt, ids, end, self.batch).map_err(|e| e.to_string())
-    }
-}
-
-/// The LM's tokenizer, the prompt's ids and the end-of-sequence token closing every caption.
-struct Text {
-    tokenizer: TextTokenizer,
-    prompt: Vec<u32>,
-    end: u32,
-}
-
-impl Text {
-    fn new(lm: &Path, prompt: &str) -> Result<Self, String> {
-        let tokenizer = TextTokenizer::from_hf_dir(lm).map_err(|e| e.to_string())?;
-        let end = tokenizer
-            .special("eos_token")
-            .and_then(|token| tokenizer.token_id(token))
-            .ok_or_else(|| {
-                format!(
-                    "{}: the tokenizer names no end-of-sequence token (eos_token) to end captions",
-                    lm.display()
-                )
-            })?;
-        let prompt = tokenizer.encode(prompt).map_err(|e| e.to_string())?;
-        Ok(Text {
-            tokenizer,
-            prompt,
-            end,
-        })
-    }
-
-    fn caption(&self, caption: &str) -> Result<Vec<u32>, String> {
-        let mut ids = self.tokenizer.encode(caption).map_err(|e| e.to_string())?;
-        ids.push(self.end);
-        Ok(ids)
-    }
 }
 
 impl DeviceJob for Args {
@@ -306,18 +218,20 @@ impl DeviceJob for Args {
             &self.dino, &self.lm, foveated, device, &policy,
         )
         .map_err(|e| e.to_string())?;
-        let preprocess = self.preprocess(model.dino.config().image_size)?;
-        let splits = Splits {
+        let frames =
+            dinov2_frames(&self.dino, model.dino.config().image_size).map_err(|e| e.to_string())?;
+        let reader = CaptionedClipReader {
             cache: ImageCache::new(self.cache_dir()),
-            spec: ClipSpec::new(self.frames as u32, preprocess).refusing_short_videos(),
-            text: Text::new(&self.lm, &self.prompt)?,
-            batch: self.batch,
+            spec: ClipSpec::new(self.frames as u32, frames).refusing_short_videos(),
+            tokens: CaptionTokenizer::from_lm_dir(&self.lm, &self.prompt)
+                .map_err(|e| e.to_string())?,
+            batch_size: self.batch,
             precision: policy.compute,
         };
-        let room = model.target_room(splits.text.prompt.len(), self.frames);
-        let train = splits.load::<Autodiff<B>>(&self.clips, &self.captions, device)?;
+        let room = model.target_room(reader.tokens.prompt().len(), self.frames);
+        let train = read::<Autodiff<B>>(&reader, &self.clips, &self.captions, device)?;
         let eval = match (&self.eval_clips, &self.eval_captions) {
-            (Some(clips), Some(captions)) => Some(splits.load::<B>(clips, captions, device)?),
+            (Some(clips), Some(captions)) => Some(read::<B>(&reader, clips, captions, device)?),
             _ => None,
         };
         train
@@ -358,6 +272,27 @@ impl DeviceJob for Args {
         println!("{} and {}", model_dir.display(), summary_path.display());
         Ok(())
     }
+}
+
+/// The captioned clips of `clips` on `device`, saying how many and how the cache served them.
+fn read<B: Backend>(
+    reader: &CaptionedClipReader,
+    clips: &Path,
+    captions: &Path,
+    device: &B::Device,
+) -> Result<CaptionedClips<B>, String> {
+    let split = reader
+        .read(clips, captions, device)
+        .map_err(|e| e.to_string())?;
+    let images = split.images();
+    eprintln!(
+        "{}: {} clips of {} frames ({:?})",
+        clips.display(),
+        split.len(),
+        images.frames(),
+        images.outcome()
+    );
+    Ok(split)
 }
 
 fn main() -> ExitCode {

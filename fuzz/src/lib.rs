@@ -1,6 +1,6 @@
 //! The fuzz harness: one function per cargo-fuzz target, each feeding arbitrary bytes to a parser
 //! that reads files users hand kiln. Any outcome but a panic, an abort or a hang is a pass. The
-//! targets in `fuzz_targets/` call these; the root package's `tests/parsers.rs` includes this file
+//! targets in `fuzz_targets/` call these; the root package's `tests/integration/parsers.rs` includes this file
 //! and replays `corpus/` through them in every `cargo test`.
 
 use std::path::PathBuf;

@@ -8,7 +8,7 @@
 #   cargo build --release --features cuda --example exp0_mc                  # exp0
 #   cargo bench --no-run --features cuda --bench vision --bench text --bench forcefield \
 #       --bench foveated
-#   cargo test --release --features cuda --no-run --test mc_backends --test forcefield_backends  # masks
+#   cargo test --release --features cuda --no-run --test integration  # masks (the facade's tests)
 #   scripts/bench/cuda_session.sh --collect        # .gpu/binaries.tar.xz
 #
 # schnetpack is not installed on the GPU machines: for `painn`, carry its wheels in .whl/ (the
@@ -51,7 +51,7 @@ if [ "${1:-}" = "--collect" ]; then
     # binaries last), and exp0_mc.
     mkdir -p "$BIN"
     names=()
-    for name in vision text forcefield foveated train mc_backends forcefield_backends; do
+    for name in vision text forcefield foveated train integration; do
         newest=$(ls -t target/release/deps/"$name"-* 2>/dev/null | grep -v '\.d$' | head -1)
         [ -n "$newest" ] && cp "$newest" "$BIN/$name" && names+=("$name")
     done
@@ -112,14 +112,15 @@ if [ -f "$BIN/kernels.tar.xz" ]; then
 fi
 
 masks() {
-    step masks 60 env KILN_REQUIRE_CUDA=1 "$BIN/mc_backends" --exact masks::cuda
-    step attention 90 env KILN_REQUIRE_CUDA=1 "$BIN/mc_backends" --exact attention::cuda
-    if [ -x "$BIN/forcefield_backends" ]; then
+    local tests="$BIN/integration"
+    step masks 60 env KILN_REQUIRE_CUDA=1 "$tests" --exact mc_backends::masks::cuda
+    step attention 90 env KILN_REQUIRE_CUDA=1 "$tests" --exact mc_backends::attention::cuda
+    if [ -x "$tests" ]; then
         # The fixtures where the test was built: this checkout, linked there if need be.
         local source
         source=$(cat "$BIN/source_dir" 2>/dev/null || echo "$PWD")
         [ -e "$source" ] || { mkdir -p "$(dirname "$source")" && ln -s "$PWD" "$source"; }
-        step segments 150 env KILN_REQUIRE_CUDA=1 "$BIN/forcefield_backends" --exact cuda
+        step segments 150 env KILN_REQUIRE_CUDA=1 "$tests" --exact forcefield_backends::cuda
     fi
 }
 

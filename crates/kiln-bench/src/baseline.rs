@@ -1,7 +1,9 @@
 //! Saved suite runs (baselines) and comparisons of a new run against one.
 
 use std::fmt::{self, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+use kiln_io::FileError;
 
 use crate::BenchError;
 use crate::report::{BenchResult, SuiteRun};
@@ -46,12 +48,11 @@ impl BaselineStore {
     /// interrupted save never destroys the previous baseline of that name.
     pub fn save(&self, name: &str, run: &SuiteRun) -> Result<PathBuf, BenchError> {
         check_name(name)?;
-        let io =
-            |path: &Path, e: std::io::Error| BenchError::Io(format!("{}: {e}", path.display()));
-        std::fs::create_dir_all(&self.dir).map_err(|e| io(&self.dir, e))?;
+        std::fs::create_dir_all(&self.dir).map_err(|e| FileError::io(&self.dir, e))?;
         let path = self.path(name);
-        let json = serde_json::to_string_pretty(run).map_err(|e| BenchError::Io(e.to_string()))?;
-        kiln_io::write_atomic(&path, json.as_bytes()).map_err(|e| BenchError::Io(e.to_string()))?;
+        let json = serde_json::to_string_pretty(run)
+            .map_err(|e| FileError::io(&path, std::io::Error::other(e)))?;
+        kiln_io::write_atomic(&path, json.as_bytes())?;
         Ok(path)
     }
 
@@ -68,13 +69,11 @@ impl BaselineStore {
                     names => names.join(", "),
                 },
             },
-            _ => BenchError::Io(format!("{}: {e}", path.display())),
+            _ => FileError::io(&path, e).into(),
         })?;
-        serde_json::from_str(&text).map_err(|e| {
-            BenchError::Io(format!(
-                "{} is not a kiln-bench baseline: {e}",
-                path.display()
-            ))
+        serde_json::from_str(&text).map_err(|e| BenchError::NotABaseline {
+            path,
+            reason: e.to_string(),
         })
     }
 }

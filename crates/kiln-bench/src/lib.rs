@@ -57,9 +57,21 @@ pub enum BenchError {
     /// A benchmark produced no usable sample.
     #[error("benchmark `{0}` produced no finite timing sample")]
     NoSamples(String),
-    /// Reading or writing a baseline failed.
-    #[error("{0}")]
-    Io(String),
+    /// A baseline file or directory could not be read or written.
+    #[error(transparent)]
+    File(#[from] kiln_io::FileError),
+    /// A file in the baselines directory that is not a kiln-bench baseline.
+    #[error("{} is not a kiln-bench baseline: {reason}", path.display())]
+    NotABaseline {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What its parser said.
+        reason: String,
+    },
+    /// The code being measured failed (a model that cannot be built, a fixture that cannot be
+    /// written): the workload's own error.
+    #[error("the benchmarked workload failed: {0}")]
+    Workload(Box<dyn std::error::Error + Send + Sync>),
     /// The baseline to compare with does not exist.
     #[error("no baseline `{name}` in {dir} (saved: {saved}); create it with `--save {name}`")]
     NoBaseline {
@@ -89,4 +101,11 @@ pub enum BenchError {
         /// Median seconds per item at the largest batch.
         batched_item: f64,
     },
+}
+
+impl BenchError {
+    /// The measured code's own error `e` ([`BenchError::Workload`]).
+    pub fn workload(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        BenchError::Workload(e.into())
+    }
 }

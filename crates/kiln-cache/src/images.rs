@@ -204,7 +204,7 @@ impl ImageCache {
         };
         let manifest = self.build(what, &dir, manifest, produce)?;
         let (manifest, shards) = store::open_entry(&dir, &manifest.key).map_err(|e| {
-            CacheError::Io(format!(
+            CacheError::Manifest(format!(
                 "{}: the entry just written cannot be read: {e:?}",
                 dir.display()
             ))

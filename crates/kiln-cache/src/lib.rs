@@ -60,9 +60,9 @@ pub use video::{ClipSpec, MP4_EXTENSIONS, ShortVideos, VideoSource, sample_frame
 /// Why images could not be cached or read.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
-    /// A file or directory could not be read or written.
-    #[error("{0}")]
-    Io(String),
+    /// A file or directory could not be read or written (which, and what the system said).
+    #[error(transparent)]
+    File(#[from] kiln_io::FileError),
     /// An image or video file could not be decoded.
     #[error("{path}: {reason}")]
     BadImage {
@@ -107,12 +107,6 @@ pub enum CacheError {
 impl CacheError {
     /// An I/O error on `path`.
     pub(crate) fn io(path: &Path, e: std::io::Error) -> Self {
-        CacheError::Io(format!("{}: {e}", path.display()))
-    }
-}
-
-impl From<kiln_io::FileError> for CacheError {
-    fn from(e: kiln_io::FileError) -> Self {
-        CacheError::Io(e.to_string())
+        CacheError::File(kiln_io::FileError::io(path, e))
     }
 }

@@ -305,7 +305,7 @@ mod tests {
     ];
 
     /// Weights are normalised before rounding, so a flat image stays flat at every size (bit
-    /// exactness against Pillow itself is tests/processor_parity.rs).
+    /// exactness against Pillow itself is tests/integration/processor_parity.rs).
     #[test]
     fn flat_images_stay_flat_at_every_size() {
         for resample in FILTERS {

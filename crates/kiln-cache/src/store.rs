@@ -277,9 +277,9 @@ pub fn write_shard(
     let path = dir.join(&file);
     let shape = [&[items][..], &manifest.item_shape()].concat();
     let view = TensorView::new(manifest.stored.dtype(), shape, pixels)
-        .map_err(|e| CacheError::Io(format!("{}: {e}", path.display())))?;
+        .map_err(|e| CacheError::io(&path, std::io::Error::other(e)))?;
     safetensors::serialize_to_file([(PIXELS, view)], None, &path)
-        .map_err(|e| CacheError::Io(format!("{}: {e}", path.display())))?;
+        .map_err(|e| CacheError::io(&path, std::io::Error::other(e)))?;
     File::open(&path)
         .and_then(|f| f.sync_all())
         .map_err(|e| CacheError::io(&path, e))?;
@@ -294,7 +294,8 @@ pub fn write_shard(
 /// stale one there. Callers hold the entry's [`BuildLock`], so no other process is writing it;
 /// one still reading a replaced entry keeps its mapping.
 pub fn commit_entry(staged: kiln_io::StagedDir, manifest: &Manifest) -> Result<(), CacheError> {
-    let json = serde_json::to_string_pretty(manifest).map_err(|e| CacheError::Io(e.to_string()))?;
+    let json = serde_json::to_string_pretty(manifest)
+        .map_err(|e| CacheError::Manifest(format!("the manifest cannot be written: {e}")))?;
     staged.write("manifest.json", json.as_bytes())?;
     staged.commit()?;
     Ok(())

@@ -2,6 +2,10 @@
 //! feed (decoded once, normalised on the device), the text tokenised once, batches for
 //! kiln-train.
 //!
+//! [`CaptionedClipReader`] does it all for a folder of clips and its captions file; the pieces
+//! ([`read_captions`], [`match_captions`], [`CaptionTokenizer`], [`CaptionedClips::new`]) serve
+//! other sources.
+//!
 //! A captions file is JSON Lines, one clip per line, named as the clip cache names it (a frame
 //! folder's or a video file's name below the clips folder):
 //!
@@ -14,7 +18,11 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use burn::tensor::backend::Backend;
-use kiln_cache::{DeviceImages, Order};
+use kiln_cache::{
+    CachedImages, ClipSpec, DeviceImages, ImageCache, Order, Preprocess, Residency, VideoSource,
+};
+use kiln_core::Precision;
+use kiln_text::TextTokenizer;
 use kiln_train::Loader;
 use serde::Deserialize;
 
@@ -169,6 +177,11 @@ impl<B: Backend> CaptionedClips<B> {
         self.captions.len()
     }
 
+    /// The cached frames: their count per clip, size and how the cache served them.
+    pub fn images(&self) -> &CachedImages {
+        self.feed.images()
+    }
+
     /// Whether the dataset is empty.
     pub fn is_empty(&self) -> bool {
         self.captions.is_empty()
@@ -209,6 +222,122 @@ impl<B: Backend> Loader for CaptionedClips<B> {
                         .with_captions(captions, self.pad)
                 }),
         )
+    }
+}
+
+/// A language model's tokenizer as captions need it: the prompt's ids, and every caption closed
+/// by the end-of-sequence token (so the model learns where a caption ends).
+pub struct CaptionTokenizer {
+    tokenizer: TextTokenizer,
+    prompt: Vec<u32>,
+    end: u32,
+}
+
+impl CaptionTokenizer {
+    /// The tokenizer of the Hugging Face LM directory `lm`, with `prompt` (the text before every
+    /// clip's visual tokens) tokenised once.
+    ///
+    /// # Errors
+    /// A directory without a tokenizer, or one that names no end-of-sequence token.
+    pub fn from_lm_dir(lm: impl AsRef<Path>, prompt: &str) -> Result<Self, FoveatedError> {
+        let lm = lm.as_ref();
+        let tokenizer = TextTokenizer::from_hf_dir(lm)?;
+        let end = tokenizer
+            .special("eos_token")
+            .and_then(|token| tokenizer.token_id(token))
+            .ok_or_else(|| {
+                FoveatedError::Config(format!(
+                    "{}: the tokenizer names no end-of-sequence token (eos_token) to end captions",
+                    lm.display()
+                ))
+            })?;
+        let prompt = tokenizer.encode(prompt)?;
+        Ok(CaptionTokenizer {
+            tokenizer,
+            prompt,
+            end,
+        })
+    }
+
+    /// The prompt's token ids.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// The end-of-sequence token closing every caption (and padding shorter ones).
+    pub fn end(&self) -> u32 {
+        self.end
+    }
+
+    /// `caption`'s token ids, the end-of-sequence token last.
+    pub fn caption(&self, caption: &str) -> Result<Vec<u32>, FoveatedError> {
+        let mut ids = self.tokenizer.encode(caption)?;
+        ids.push(self.end);
+        Ok(ids)
+    }
+}
+
+/// How a folder of clips and its captions file become [`CaptionedClips`]: each clip decoded once
+/// into `cache` as `spec` says (kiln-cache: later runs read the decoded frames), the captions
+/// matched to the clips by name and tokenised once, the frames kept on the host and uploaded in
+/// `precision` batch by batch.
+pub struct CaptionedClipReader {
+    /// Where decoded clips are kept.
+    pub cache: ImageCache,
+    /// Which frames of each clip, and how they are resized and normalised.
+    pub spec: ClipSpec,
+    /// The language model's tokenizer and the prompt.
+    pub tokens: CaptionTokenizer,
+    /// Clips per batch.
+    pub batch_size: usize,
+    /// The dtype frames are uploaded in.
+    pub precision: Precision,
+}
+
+impl CaptionedClipReader {
+    /// The clips directly below the folder `clips` (frame folders, GIFs, MP4 with kiln-cache's
+    /// `video` feature) with the captions of the JSON Lines file `captions`, for `device`.
+    ///
+    /// # Errors
+    /// A clip that cannot be decoded, a captions file that does not match the clips (by name
+    /// and 1-based line), a caption the tokenizer refuses.
+    pub fn read<B: Backend>(
+        &self,
+        clips: &Path,
+        captions: &Path,
+        device: &B::Device,
+    ) -> Result<CaptionedClips<B>, FoveatedError> {
+        let lines = read_captions(captions)?;
+        let videos = self
+            .cache
+            .load_clips(&VideoSource::Folder(clips.into()), &self.spec)?;
+        let ids = match_captions(videos.names(), &lines, captions)?
+            .iter()
+            .map(|caption| self.tokens.caption(caption))
+            .collect::<Result<Vec<_>, _>>()?;
+        let feed = videos.to_device::<B>(device, self.precision, Residency::Host);
+        CaptionedClips::new(
+            feed,
+            self.tokens.prompt.clone(),
+            ids,
+            self.tokens.end,
+            self.batch_size,
+        )
+    }
+}
+
+/// How frames are resized and normalised for the DINOv2 directory `dino`: its
+/// `preprocessor_config.json`, else (a directory without one) an exact resize to `image_size`
+/// with ImageNet's mean and std.
+pub fn dinov2_frames(
+    dino: impl AsRef<Path>,
+    image_size: usize,
+) -> Result<Preprocess, FoveatedError> {
+    let processor = dino.as_ref().join("preprocessor_config.json");
+    if processor.is_file() {
+        Ok(Preprocess::from_hf_config(&processor)?)
+    } else {
+        Ok(Preprocess::dinov2(image_size as u32, image_size as u32))
     }
 }
 

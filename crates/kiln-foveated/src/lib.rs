@@ -43,7 +43,10 @@ pub mod synthetic;
 mod train;
 
 #[cfg(feature = "train")]
-pub use captions::{Caption, CaptionedClips, match_captions, read_captions};
+pub use captions::{
+    Caption, CaptionTokenizer, CaptionedClipReader, CaptionedClips, dinov2_frames, match_captions,
+    read_captions,
+};
 pub use config::{FoveatedConfig, FrameHead, Readout};
 pub use connectors::Connectors;
 pub use model::{ClipBatch, FoveatedModel, FoveatedOutput, Glimpse, Losses, Mode, PassOutput};
@@ -72,4 +75,9 @@ pub enum FoveatedError {
     /// From the language model.
     #[error(transparent)]
     Text(#[from] kiln_text::TextError),
+    /// From the clip cache: a clip that cannot be decoded or cached, a processor file that
+    /// cannot be read.
+    #[cfg(feature = "train")]
+    #[error(transparent)]
+    Cache(#[from] kiln_cache::CacheError),
 }

@@ -349,6 +349,97 @@ impl CueThenRead {
     }
 }
 
+/// A curriculum for the task: `start_steps` optimizer steps on `start_grid × start_grid` boards,
+/// then `steps` on the task's own. From scratch no readout learns to point on 4×4 boards; on 2×2
+/// ones it does within a few hundred steps, and keeps pointing as the board grows
+/// (docs/FOVEATED.md).
+///
+/// ```
+/// use kiln_foveated::synthetic::{CueThenRead, Curriculum};
+/// let task = CueThenRead::new(4, 6, 4, 24, 0)?;
+/// let curriculum = Curriculum { start_grid: 2, start_steps: 750, steps: 4000 };
+/// let stages = curriculum.stages(&task)?;
+/// assert_eq!((stages[0].task.grid, stages[0].steps, stages[0].starting), (2, 750, true));
+/// assert_eq!((stages[1].task.grid, stages[1].steps, stages[1].starting), (4, 4000, false));
+/// // The same 4 750 steps, 1 000 of them on the small boards.
+/// assert_eq!(curriculum.split_at(1000).stages(&task)?[1].steps, 3750);
+/// # Ok::<(), kiln_foveated::FoveatedError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Curriculum {
+    /// Cells per side of the starting boards.
+    pub start_grid: usize,
+    /// Optimizer steps on the starting boards (0: start on the task's).
+    pub start_steps: u64,
+    /// Optimizer steps on the task's boards.
+    pub steps: u64,
+}
+
+/// One stage of a [`Curriculum`]: `steps` steps on the boards of `task`.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    /// The task of this stage (its boards' size).
+    pub task: CueThenRead,
+    /// Its optimizer steps.
+    pub steps: u64,
+    /// Whether these are the starting boards (else the task's own).
+    pub starting: bool,
+}
+
+impl Curriculum {
+    /// The stages for `task`: the starting boards (unless there are no steps for them or they
+    /// are the task's own), then the task's boards. The starting task is `task` on smaller
+    /// boards (the same cells, frames, classes and seed).
+    ///
+    /// # Errors
+    /// Starting boards larger than the task's.
+    pub fn stages(&self, task: &CueThenRead) -> Result<Vec<Stage>, FoveatedError> {
+        if self.start_grid > task.grid {
+            return Err(FoveatedError::Config(format!(
+                "the curriculum starts on {0}×{0} boards, larger than the task's {1}×{1}: it \
+                 starts on smaller boards",
+                self.start_grid, task.grid
+            )));
+        }
+        let mut stages = Vec::with_capacity(2);
+        if self.start_steps > 0 && self.start_grid != task.grid {
+            stages.push(Stage {
+                task: CueThenRead::new(
+                    self.start_grid,
+                    task.cell,
+                    task.frames,
+                    task.classes,
+                    task.seed,
+                )?,
+                steps: self.start_steps,
+                starting: true,
+            });
+        }
+        stages.push(Stage {
+            task: task.clone(),
+            steps: self.steps,
+            starting: false,
+        });
+        Ok(stages)
+    }
+
+    /// The same steps in all with `start` of them (at most half) on the starting boards — for a
+    /// model that learns its lookup on the final boards late. A curriculum without starting
+    /// steps stays as it is.
+    pub fn split_at(&self, start: u64) -> Curriculum {
+        if self.start_steps == 0 {
+            return *self;
+        }
+        let total = self.start_steps + self.steps;
+        let start_steps = start.min(total / 2);
+        Curriculum {
+            start_steps,
+            steps: total - start_steps,
+            ..*self
+        }
+    }
+}
+
 /// The synthetic task's training recipe: AdamW at peak `lr` (weight decay 0.01), warm-up over
 /// the first 5% of `steps`, cosine to `end` × `lr`, clipping at 1.0.
 pub fn recipe(steps: u64, lr: f64, end: f64) -> TrainConfig {

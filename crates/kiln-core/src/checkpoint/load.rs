@@ -34,6 +34,29 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
         .collect())
 }
 
+/// What identifies the weights of the checkpoint in `dir` without reading them: the directory,
+/// then the size and modification time (seconds since 1970) of `model.safetensors` (of the
+/// index, for a sharded checkpoint), as `DIR (N bytes, modified T)`; `DIR ()` where there is
+/// no weight file. Runs record it beside their results, so resuming with other weights is
+/// noticed.
+pub fn weights_identity(dir: &Path) -> String {
+    let stamp = [SINGLE, INDEX]
+        .iter()
+        .map(|file| dir.join(file))
+        .find(|path| path.exists())
+        .and_then(|path| std::fs::metadata(path).ok())
+        .map(|meta| {
+            let modified = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs());
+            format!("{} bytes, modified {modified}", meta.len())
+        })
+        .unwrap_or_default();
+    format!("{} ({stamp})", dir.display())
+}
+
 /// The shard files a `model.safetensors.index.json` names, each once, sorted.
 pub fn shards(index: &Path) -> Result<Vec<String>, CheckpointError> {
     let text = kiln_io::read_text(index).map_err(|e| CheckpointError::read(index, e))?;
@@ -97,4 +120,22 @@ pub fn load_checkpoint<B: Backend, M: Module<B>>(
         }
     }
     Ok(model)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_weights_identity_follows_the_weight_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = weights_identity(dir.path());
+        assert_eq!(empty, format!("{} ()", dir.path().display()));
+        std::fs::write(dir.path().join(INDEX), "{}").unwrap();
+        let sharded = weights_identity(dir.path());
+        assert!(sharded.contains("(2 bytes, modified "), "{sharded}");
+        std::fs::write(dir.path().join(SINGLE), "weights").unwrap();
+        let single = weights_identity(dir.path());
+        assert!(single.contains("(7 bytes, modified "), "{single}");
+    }
 }

@@ -1,0 +1,345 @@
+//! The foveated examples from outside, as their contracts say.
+//!
+//! `foveated_synthetic`: its flags, its outputs (`summary.json` with every control's
+//! `coarse_accuracy` and `fine_accuracy`, null where a mode does not apply; `curves.png`; one
+//! kiln-train run directory per control and stage, and its saved model), and bad flags refused
+//! before any work. A short run: the
+//! accuracies it reaches are the documented long run's concern.
+//!
+//! `foveated_train`: captioned frame folders and tiny random checkpoints (kiln-foveated's DINOv2,
+//! kiln-text's Llama with its tokenizer) train, stop, resume and save a model that loads back;
+//! bad inputs (short clips, captions that do not match, checkpoints of the wrong family, an
+//! unknown readout) are refused by name with nothing written.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+use crate::common;
+
+fn run(out: &Path, args: &[&str]) -> Output {
+    Command::new(common::example("foveated_synthetic"))
+        .arg("--out")
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("the foveated_synthetic example is built with the tests")
+}
+
+#[test]
+fn a_short_run_writes_every_control_and_the_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let args = [
+        "--steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--eval-clips",
+        "32",
+        "--batch",
+        "4",
+        "--start-steps",
+        "2",
+        "--all-patches-start-steps",
+        "1",
+    ];
+    let output = run(
+        &out,
+        &[&args[..], &["--readout", "shallow", "--device", "cpu"]].concat(),
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let accuracy = |control: &str, key: &str| &summary[control][key];
+    for control in ["both", "random_queries"] {
+        for key in ["coarse_accuracy", "fine_accuracy"] {
+            let value = accuracy(control, key).as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&value), "{control} {key}: {value}");
+        }
+    }
+    assert!(accuracy("static_only", "coarse_accuracy").is_f64());
+    assert!(accuracy("static_only", "fine_accuracy").is_null());
+    assert!(accuracy("all_patches", "coarse_accuracy").is_null());
+    assert!(accuracy("all_patches", "fine_accuracy").is_f64());
+    assert_eq!(summary["settings"]["readout"], "shallow");
+    assert!(std::fs::metadata(out.join("curves.png")).unwrap().len() > 1000);
+    // The 2×2 boards first, then the 4×4 ones, the same 6 steps for every control (all_patches
+    // splits them its own way); the model trained on both is saved.
+    for (control, start_steps, steps) in [
+        ("both", 2, 4),
+        ("static_only", 2, 4),
+        ("all_patches", 1, 5),
+        ("random_queries", 2, 4),
+    ] {
+        let lines = kiln::train::read_metrics(&out.join(control)).unwrap();
+        assert_eq!(lines.len(), steps, "{control}");
+        let start = kiln::train::read_metrics(&out.join(control).join("start")).unwrap();
+        assert_eq!(start.len(), start_steps, "{control}");
+        assert!(
+            out.join(control).join("model/config.json").is_file(),
+            "{control}"
+        );
+    }
+    assert_eq!(
+        (
+            &summary["settings"]["grid"],
+            &summary["settings"]["start_grid"]
+        ),
+        (&4.into(), &2.into())
+    );
+    // Every control's model is made for the 4×4 boards (24 px: a position of its own for each
+    // of the 16 cells), which the 2×2 start reads resized.
+    for control in ["both", "all_patches"] {
+        let config = std::fs::read_to_string(out.join(control).join("model/config.json")).unwrap();
+        let config: Value = serde_json::from_str(&config).unwrap();
+        assert_eq!(config["dino"]["image_size"], 24, "{control}");
+    }
+    // A finished run is stable: rerunning it changes no control's figures (random queries
+    // included, whose evaluation draws from the seeded generator), and they agree with the
+    // evaluation its metrics logged.
+    let again = run(
+        &out,
+        &[&args[..], &["--readout", "shallow", "--device", "cpu"]].concat(),
+    );
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let rerun: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    for control in ["both", "static_only", "all_patches", "random_queries"] {
+        assert_eq!(summary[control], rerun[control], "{control}");
+    }
+    let logged = kiln::train::read_metrics(&out.join("random_queries")).unwrap();
+    assert_eq!(
+        logged.last().unwrap()["eval_fine_accuracy"],
+        summary["random_queries"]["fine_accuracy"]
+    );
+}
+
+#[test]
+fn bad_flags_are_refused_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flags, needle) in [
+        (&["--readout", "glance"][..], "glance"),
+        (&["--controls", "both,oracle"][..], "oracle"),
+        (&["--grid", "1"][..], "at least 2 cells"),
+        (
+            &["--token-width", "3"][..],
+            "--token-width 3: must be an even number",
+        ),
+        (&["--token-width", "0"][..], "--token-width"),
+        (
+            &["--start-grid", "8"][..],
+            "--start-grid 8 is larger than --grid 4",
+        ),
+        (&["--cell", "1000"][..], "--cell 1000: at most 64 pixels"),
+        (&["--batch", "0"][..], "--batch"),
+    ] {
+        let out = dir.path().join("bad");
+        let output = run(&out, flags);
+        assert!(!output.status.success(), "{flags:?} succeeded");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(needle), "{flags:?}: {stderr}");
+        assert!(!out.join("summary.json").exists());
+    }
+}
+
+/// `count` captioned clips of `frames` 20×20 frames each (frame folders): a colour per clip that
+/// its caption names.
+fn captioned_clips(dir: &Path, count: usize, frames: usize) -> (PathBuf, PathBuf) {
+    let clips = dir.join("clips");
+    let colours = [
+        ("red", [220, 30, 30]),
+        ("green", [30, 200, 40]),
+        ("blue", [20, 40, 230]),
+    ];
+    let mut captions = String::new();
+    for clip in 0..count {
+        let (word, rgb) = colours[clip % colours.len()];
+        let folder = clips.join(format!("clip{clip}"));
+        std::fs::create_dir_all(&folder).unwrap();
+        for t in 0..frames {
+            let shade = |c: u8| c.saturating_sub(20 * t as u8);
+            let frame = image::RgbImage::from_pixel(20, 20, image::Rgb(rgb.map(shade)));
+            frame.save(folder.join(format!("{t:03}.png"))).unwrap();
+        }
+        captions.push_str(&format!(
+            "{{\"video\": \"clip{clip}\", \"caption\": \"a {word} square\"}}\n"
+        ));
+    }
+    let file = dir.join("captions.jsonl");
+    std::fs::write(&file, captions).unwrap();
+    (clips, file)
+}
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs foveated_train on `clips`/`captions` with the tiny checkpoints, then `extra` flags
+/// (later flags of the same name are refused by clap, so `extra` only adds).
+fn train(out: &Path, clips: &Path, captions: &Path, dino: &Path, extra: &[&str]) -> Output {
+    Command::new(common::example("foveated_train"))
+        .arg("--clips")
+        .arg(clips)
+        .arg("--captions")
+        .arg(captions)
+        .arg("--dino")
+        .arg(dino)
+        .arg("--lm")
+        .arg(root().join("crates/kiln-text/tests/fixtures/llama"))
+        .arg("--out")
+        .arg(out)
+        .args(["--query-dim", "12", "--batch", "3", "--device", "cpu"])
+        .args(extra)
+        .output()
+        .expect("the foveated_train example is built with the tests")
+}
+
+fn tiny_dino() -> PathBuf {
+    root().join("crates/kiln-foveated/tests/fixtures/dino")
+}
+
+#[test]
+fn foveated_train_learns_captions_resumes_and_saves_a_model_that_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clips, captions) = captioned_clips(dir.path(), 6, 4);
+    let out = dir.path().join("run");
+    let flags = [
+        "--frames",
+        "4",
+        "--steps",
+        "30",
+        "--eval-every",
+        "10",
+        "--connector-lr",
+        "1e-2",
+        "--backbone-lr",
+        "1e-2",
+        "--readout",
+        "shallow",
+        "--eval-clips",
+        clips.to_str().unwrap(),
+        "--eval-captions",
+        captions.to_str().unwrap(),
+    ];
+    let first = train(
+        &out,
+        &clips,
+        &captions,
+        &tiny_dino(),
+        &[&flags[..], &["--max-steps-now", "10"]].concat(),
+    );
+    let first_stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{first_stderr}");
+    assert!(!out.join("summary.json").exists());
+    // The clips are decoded once: the training split builds the cache entry, and the held-out
+    // split (the same clips) and the resumed run find it.
+    assert_eq!(first_stderr.matches("(Built)").count(), 1, "{first_stderr}");
+    let rest = train(&out, &clips, &captions, &tiny_dino(), &flags);
+    let stderr = String::from_utf8_lossy(&rest.stderr);
+    assert!(rest.status.success(), "{stderr}");
+    assert_eq!(
+        (
+            stderr.matches("(Built)").count(),
+            stderr.matches("(Hit)").count()
+        ),
+        (0, 2),
+        "{stderr}"
+    );
+
+    let lines = kiln::train::read_metrics(&out).unwrap();
+    let steps: Vec<u64> = lines.iter().map(|l| l["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, (1..=30).collect::<Vec<_>>());
+    let eval_loss: Vec<f64> = lines
+        .iter()
+        .filter_map(|l| l.get("eval_loss")?.as_f64())
+        .collect();
+    assert_eq!(eval_loss.len(), 3, "{eval_loss:?}");
+    // Three captions of four tokens, seen 15 times each: the held-out (here: the same) loss
+    // falls well below the untrained model's.
+    assert!(eval_loss[2] < 0.5 * eval_loss[0], "{eval_loss:?}");
+
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 30);
+    assert_eq!(summary["train_clips"], 6);
+    assert_eq!(
+        summary["held_out"]["loss"].as_f64(),
+        eval_loss.last().copied()
+    );
+    let device = Default::default();
+    let model = kiln::foveated::FoveatedModel::<kiln::burn::backend::Flex>::load(
+        out.join("model"),
+        &device,
+        &kiln::core::Policy::full(),
+    )
+    .unwrap();
+    assert_eq!(model.config().readout, kiln::foveated::Readout::Shallow);
+}
+
+#[test]
+fn foveated_train_names_bad_inputs_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clips, captions) = captioned_clips(dir.path(), 3, 4);
+    let fewer = dir.path().join("fewer.jsonl");
+    let all = std::fs::read_to_string(&captions).unwrap();
+    std::fs::write(&fewer, all.lines().take(2).collect::<Vec<_>>().join("\n")).unwrap();
+    let clip_tower = common::fixtures().join("clip_vision");
+    let lm = root().join("crates/kiln-text/tests/fixtures/llama");
+    let long = dir.path().join("long.jsonl");
+    let words = vec!["square"; 80].join(" ");
+    let long_captions: String = (0..3)
+        .map(|c| format!("{{\"video\": \"clip{c}\", \"caption\": \"{words}\"}}\n"))
+        .collect();
+    std::fs::write(&long, long_captions).unwrap();
+    let cases: [(&Path, &Path, &[&str], &str); 6] = [
+        (
+            &long,
+            &tiny_dino(),
+            &["--frames", "4"],
+            "the language model has room for",
+        ),
+        (
+            &captions,
+            &tiny_dino(),
+            &["--frames", "5"],
+            "clip0: 4 frames, fewer than the 5 a clip takes",
+        ),
+        (
+            &fewer,
+            &tiny_dino(),
+            &["--frames", "4"],
+            "no caption for the clip 'clip2'",
+        ),
+        (
+            &captions,
+            &clip_tower,
+            &["--frames", "4"],
+            "a CLIP vision tower; the foveated model reads frames with DINOv2",
+        ),
+        (&captions, &lm, &[], "model_type `llama` is not supported"),
+        (
+            &captions,
+            &tiny_dino(),
+            &["--readout", "glance"],
+            "no readout named 'glance'",
+        ),
+    ];
+    for (captions, dino, flags, needle) in cases {
+        let out = dir.path().join("bad");
+        let output = train(&out, &clips, captions, dino, flags);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{flags:?} succeeded");
+        assert!(stderr.contains(needle), "{needle}: {stderr}");
+        assert!(!out.join("summary.json").exists() && !out.join("model").exists());
+    }
+}

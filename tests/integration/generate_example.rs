@@ -1,0 +1,127 @@
+//! The `generate` example end to end on kiln-text's committed tiny checkpoints (a contract:
+//! `--model-dir`, `--prompt`, `--max-new-tokens`, `--logits` and the output names are checked
+//! here): `--logits` writes transformers' logits for the prompt, and greedy generation streams
+//! transformers' continuation. Runs the example binary that `cargo test` builds beside the tests.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use kiln::text::TextTokenizer;
+
+use crate::common;
+
+fn text_fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crates/kiln-text/tests/fixtures")
+}
+
+fn generate(args: &[&str]) -> Output {
+    let output = Command::new(common::example("generate"))
+        .args(args)
+        .output()
+        .expect("the generate example is built with the tests");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// The reference's i64 table `key` `[rows, columns]`.
+fn table(file: &std::path::Path, key: &str) -> Vec<Vec<i64>> {
+    let bytes = std::fs::read(file).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let view = tensors.tensor(key).unwrap();
+    let values: Vec<i64> = view
+        .data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    values
+        .chunks(view.shape()[1])
+        .map(<[i64]>::to_vec)
+        .collect()
+}
+
+#[test]
+fn logits_of_the_prompt_are_transformers() {
+    let out = tempfile::tempdir().unwrap();
+    let file = out.path().join("logits.safetensors");
+    let model = text_fixtures().join("qwen2");
+    // Row 2 of the reference batch is this prompt, unpadded.
+    generate(&[
+        "--model-dir",
+        model.to_str().unwrap(),
+        "--prompt",
+        "A language model predicts",
+        "--logits",
+        file.to_str().unwrap(),
+    ]);
+    let reference = text_fixtures().join("qwen2.safetensors");
+    let ids = table(&reference, "input_ids")[1].clone();
+    let bytes = std::fs::read(&file).unwrap();
+    let written = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let input_ids = written.tensor("input_ids").unwrap();
+    assert_eq!(input_ids.dtype(), safetensors::Dtype::I64);
+    let written_ids: Vec<i64> = input_ids
+        .data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(written_ids, ids);
+    let (logits, shape) = common::read_f32(&file, "logits");
+    let (expected, expected_shape) = common::read_f32(&reference, "logits");
+    assert_eq!(shape, expected_shape[1..]);
+    let error = common::relative_f32(&logits, &expected[expected.len() / 2..]);
+    assert!(error <= 1e-4, "{error}");
+}
+
+#[test]
+fn greedy_generation_streams_transformers_continuation() {
+    let model = text_fixtures().join("llama");
+    let output = generate(&[
+        "--model-dir",
+        model.to_str().unwrap(),
+        "--prompt",
+        "A language model predicts",
+        "--max-new-tokens",
+        "6",
+    ]);
+    let generated = table(&text_fixtures().join("llama.safetensors"), "generated");
+    let prompt = table(&text_fixtures().join("llama.safetensors"), "input_ids")[1].len();
+    let new: Vec<u32> = generated[1][prompt..].iter().map(|&id| id as u32).collect();
+    let tokenizer = TextTokenizer::from_hf_dir(&model).unwrap();
+    let want = format!(
+        "A language model predicts{}\n",
+        tokenizer.decode(&new, true).unwrap()
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout), want);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("prefill:") && stderr.contains("decode:"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("tokens/s"), "{stderr}");
+}
+
+#[test]
+fn bad_input_is_refused_clearly() {
+    let run = |args: &[&str]| {
+        let output = Command::new(common::example("generate"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        String::from_utf8_lossy(&output.stderr).to_string()
+    };
+    let model = text_fixtures().join("llama");
+    let model = model.to_str().unwrap();
+    let empty = run(&["--model-dir", model, "--prompt", ""]);
+    assert!(empty.contains("empty"), "{empty}");
+    let long = "fox ".repeat(100);
+    let long = run(&["--model-dir", model, "--prompt", &long]);
+    assert!(long.contains("max_position_embeddings"), "{long}");
+    let fixtures = text_fixtures();
+    let nothing = run(&["--model-dir", fixtures.to_str().unwrap(), "--prompt", "x"]);
+    assert!(nothing.contains("no tokenizer.json"), "{nothing}");
+}
