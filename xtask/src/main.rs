@@ -14,7 +14,9 @@
 //!   (`scripts/fixtures/requirements-hf.txt`), the video one with `$KILN_VIDEO_PYTHON`
 //!   (`scripts/fixtures/requirements-video.txt`), the schnetpack one with
 //!   `$KILN_SCHNETPACK_PYTHON` (`scripts/fixtures/requirements-schnetpack.txt`, a virtual
-//!   environment of its own: schnetpack pins an older torch); default `python3`. Tests never run Python;
+//!   environment of its own: schnetpack pins an older torch), fVLM's with `$KILN_FVLM_PYTHON`
+//!   (`scripts/fixtures/requirements-fvlm.txt`: transformers 4) and `$KILN_FVLM_DIR` (a checkout's
+//!   `fVLM/` folder, imported from there); default `python3`. Tests never run Python;
 //!   they read what this wrote.
 
 use std::process::{Command, ExitCode};
@@ -186,6 +188,12 @@ const FIXTURES: &[Fixture] = &[
         out: "crates/kiln-foveated/tests/fixtures",
         python: "KILN_HF_PYTHON",
         requirements: "scripts/fixtures/requirements-hf.txt",
+    },
+    Fixture {
+        script: "scripts/fixtures/fvlm_release.py",
+        out: "crates/kiln-foveated/tests/fixtures/release",
+        python: "KILN_FVLM_PYTHON",
+        requirements: "scripts/fixtures/requirements-fvlm.txt",
     },
     Fixture {
         script: "scripts/fixtures/painn.py",
