@@ -291,7 +291,7 @@ impl Suite for Foveated {
             FoveatedModel::new(
                 dinov2_s().init(&device),
                 TextConfig::smollm2_135m().init(&device),
-                FoveatedConfig::fvlm(),
+                FoveatedConfig::research(),
                 &device,
             )
             .map_err(BenchError::workload)

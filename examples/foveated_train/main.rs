@@ -212,7 +212,7 @@ impl DeviceJob for Args {
             query_dim: self.query_dim,
             readout: self.readout,
             lambda_coarse: self.lambda,
-            ..FoveatedConfig::fvlm()
+            ..FoveatedConfig::research()
         };
         let model = FoveatedModel::<Autodiff<B>>::from_dirs(
             &self.dino, &self.lm, foveated, device, &policy,

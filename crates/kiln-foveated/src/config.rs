@@ -7,15 +7,50 @@ use serde::{Deserialize, Serialize};
 
 use crate::FoveatedError;
 
+/// Which of fVLM's two designs the model follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Variant {
+    /// fVLM as released (`fVLM/model.py`, `encoder.py`): the LM reads `[z_1 … z_T, text]` (the
+    /// chat-templated conversation after the visual tokens, no mode tokens); the coarse pass
+    /// runs the LM over the visual tokens alone, so the queries never see text; the text loss
+    /// scores text positions only (the text's first token is not predicted from the visual
+    /// tokens); padding frames are not encoded and read as zero.
+    Release,
+    /// kiln's first reading, after fVLM's research code (`research/old_src`): the LM reads
+    /// `[prompt, mode token, z_1 … z_T, target]` in both passes (a learned `coarse_token` /
+    /// `fine_token`), so the queries depend on the prompt; the loss scores the target, its first
+    /// token predicted from the last visual token.
+    Research,
+}
+
+impl FromStr for Variant {
+    type Err = FoveatedError;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match name {
+            "release" => Ok(Variant::Release),
+            "research" => Ok(Variant::Research),
+            other => Err(FoveatedError::Config(format!(
+                "no variant named '{other}': the variants are 'release' and 'research'"
+            ))),
+        }
+    }
+}
+
 /// How a query reads a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Readout {
-    /// fVLM's first version: `softmax((W q)·Pᵀ/√d)·P` over the final patch features, no key or
-    /// value projections (multi-head with [`FoveatedConfig::shallow_heads`]).
+    /// One attention over the final patch features. In the [`Variant::Release`] model it is
+    /// fVLM's `shallow_query_attend`: the projected query attends, with DINOv2's heads, to the
+    /// last layer's key and value projections of its `norm1` of the features, then DINOv2's
+    /// final LayerNorm. In the [`Variant::Research`] model it is the research-era
+    /// `softmax((W q)·Pᵀ/√d)·P`: no key or value projections, no LayerNorm,
+    /// [`FoveatedConfig::shallow_heads`] heads.
     Shallow,
-    /// fVLM's released model: the query goes through every DINOv2 layer, attending at each to
-    /// the patches' cached keys and values.
+    /// fVLM's released readout (both variants): the query goes through every DINOv2 layer,
+    /// attending at each to the patches' cached keys and values.
     Deep,
 }
 
@@ -47,14 +82,15 @@ pub enum FrameHead {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct FoveatedConfig {
+    /// fVLM's released design or kiln's research-era one.
+    pub variant: Variant,
     /// Width of the queries (`q_static`, `q_init`, `llm_to_query`'s output).
     pub query_dim: usize,
     /// How queries read frames.
     pub readout: Readout,
-    /// Heads of the shallow readout (the released shallow readout has one).
+    /// Heads of the research variant's shallow readout (the release variant's uses DINOv2's).
     pub shallow_heads: usize,
-    /// Whether DINOv2's CLS token stays among the tokens a query reads (fVLM's released model
-    /// keeps it).
+    /// Whether DINOv2's CLS token stays among the tokens a query reads (fVLM keeps it).
     pub keep_cls: bool,
     /// Scale of the visual tokens after `dino_to_llm`, to sit among the LM's embeddings.
     pub visual_scale: f64,
@@ -66,27 +102,39 @@ pub struct FoveatedConfig {
 
 impl Default for FoveatedConfig {
     fn default() -> Self {
-        FoveatedConfig::fvlm()
+        FoveatedConfig::release()
     }
 }
 
 impl FoveatedConfig {
-    /// fVLM's released model: 384-wide queries, deep readout with the CLS token, visual scale
-    /// 0.14, both passes trained (λ = 1), no per-frame head.
-    pub fn fvlm() -> Self {
+    /// fVLM's released model and every released config (`fVLM/configs/*.yaml`): 384-wide
+    /// queries, deep readout with the CLS token, visual scale 0.14, λ_coarse = 0 (the coarse
+    /// pass only makes the queries), no per-frame head.
+    pub fn release() -> Self {
         FoveatedConfig {
+            variant: Variant::Release,
             query_dim: 384,
             readout: Readout::Deep,
             shallow_heads: 1,
             keep_cls: true,
             visual_scale: 0.14,
-            lambda_coarse: 1.0,
+            lambda_coarse: 0.0,
             frame_head: FrameHead::None,
         }
     }
 
+    /// kiln's research-era model ([`Variant::Research`]) with [`FoveatedConfig::release`]'s
+    /// sizes and both passes trained (λ_coarse = 1).
+    pub fn research() -> Self {
+        FoveatedConfig {
+            variant: Variant::Research,
+            lambda_coarse: 1.0,
+            ..FoveatedConfig::release()
+        }
+    }
+
     /// The settings in `config.json` at `path` (a directory holding one, or the file); fields
-    /// it leaves out take [`FoveatedConfig::fvlm`]'s values.
+    /// it leaves out take [`FoveatedConfig::release`]'s values.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, FoveatedError> {
         let (file, config): (_, FoveatedConfig) = kiln_core::read_config(path.as_ref())?;
         config.validate().map_err(|e| match e {

@@ -4,13 +4,21 @@
 //! kiln's DINOv2 ([`kiln_vision::Dinov2Model`]) and Llama-family LMs ([`kiln_text::CausalLm`]).
 //!
 //! Every frame of a clip goes through DINOv2 once ([`kiln_vision::Dinov2Model::encode_patches`],
-//! all clips' frames in one batch); a query then reads one visual token out of each frame
+//! all clips' real frames in one batch); a query then reads one visual token out of each frame
 //! ([`Readout`]: shallow, or deep through every DINOv2 layer). The **coarse pass** reads every
-//! frame with the same learned query `q_static` and runs the LM over
-//! `[prompt, coarse token, z°_1 … z°_T, target]`; the **fine pass** reads frame t with a query
+//! frame with the same learned query `q_static`; the **fine pass** reads frame t with a query
 //! that `llm_to_query` makes from the coarse pass's hidden state at frame t − 1 (`q_init` for the
-//! first frame) — it decides where to look from what it saw before — and runs the LM again over
-//! `[prompt, fine token, z_1 … z_T, target]`. The loss is `fine + λ·coarse`.
+//! first frame) — it decides where to look from what it saw before. The loss is
+//! `fine + λ·coarse`.
+//!
+//! Two designs ([`Variant`]): **release** is fVLM as released (`FoveatedConfig::release`, the
+//! default): the LM reads `[z_1 … z_T, chat-templated text]`, the coarse pass runs it over the
+//! visual tokens alone, λ = 0, and fVLM's checkpoints load
+//! ([`FoveatedModel::with_fvlm_weights`]) and save ([`FoveatedModel::save_fvlm`]); its parity
+//! tests run against fVLM's own code. **research** is kiln's first reading, after fVLM's
+//! research code: `[prompt, mode token, z_1 … z_T, target]` in both passes, λ = 1
+//! (`FoveatedConfig::research`); docs/FOVEATED.md's proof that the fine pass looks was made
+//! with it.
 //!
 //! Training support (`TrainStep` / `EvalStep`, [`fvlm_recipe`], the captioned-clip loader and
 //! the cue-then-read task in [`synthetic`]) is behind the `train` feature, on in the facade.
@@ -22,9 +30,14 @@
 //! # fn run(pixels: burn::tensor::Tensor<Flex, 5>) -> Result<(), kiln_foveated::FoveatedError> {
 //! let device = Default::default();
 //! let model = FoveatedModel::<Flex>::from_dirs(
-//!     "dinov2-small", "SmolLM2-135M-Instruct", FoveatedConfig::fvlm(), &device, &Policy::full(),
-//! )?;
-//! let batch = ClipBatch::new(pixels).with_target(vec![vec![1, 2, 3]]);
+//!     "dinov2-small", "SmolLM2-135M-Instruct", FoveatedConfig::release(), &device, &Policy::full(),
+//! )?
+//! // fVLM's released weights (`scripts/fvlm_checkpoint.py` converts its `.pt`).
+//! .with_fvlm_weights("fvlm-135m")?;
+//! // The chat-templated conversation after the visual tokens; stage 2 scores the answer only.
+//! let text = vec![vec![1, 2, 3, 4, 5]];
+//! let answer = vec![vec![false, false, false, true, true]];
+//! let batch = ClipBatch::new(pixels).with_target(text).with_loss_mask(answer);
 //! let output = model.forward(&batch, Mode::CoarseFine)?;
 //! let loss = model.loss(&output, &batch)?;
 //! # Ok(()) }
@@ -35,6 +48,7 @@ mod captions;
 mod config;
 mod connectors;
 mod diagnostics;
+mod fvlm;
 mod model;
 mod saved;
 #[cfg(feature = "train")]
@@ -47,9 +61,12 @@ pub use captions::{
     Caption, CaptionTokenizer, CaptionedClipReader, CaptionedClips, dinov2_frames, match_captions,
     read_captions,
 };
-pub use config::{FoveatedConfig, FrameHead, Readout};
+pub use config::{FoveatedConfig, FrameHead, Readout, Variant};
 pub use connectors::Connectors;
-pub use model::{ClipBatch, FoveatedModel, FoveatedOutput, Glimpse, Losses, Mode, PassOutput};
+pub use model::{
+    ClipBatch, DPO_BETA, FoveatedModel, FoveatedOutput, Glimpse, Losses, Mode, PassOutput,
+    PreferenceLogps, dpo_loss,
+};
 #[cfg(feature = "train")]
 pub use train::fvlm_recipe;
 

@@ -343,7 +343,7 @@ impl CueThenRead {
             query_dim: 16,
             readout,
             frame_head: FrameHead::Classes(self.classes),
-            ..FoveatedConfig::fvlm()
+            ..FoveatedConfig::research()
         };
         FoveatedModel::new(dino, lm, config, device)
     }

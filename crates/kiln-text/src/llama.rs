@@ -157,6 +157,15 @@ impl<B: Backend> CausalLm<B> {
         self.model.embed_tokens.forward(ids)
     }
 
+    /// The output projection's weight `[vocab, hidden]`: `lm_head`'s, or the token embeddings
+    /// when they are tied (transformers' `get_output_embeddings().weight`).
+    pub fn output_embeddings(&self) -> Tensor<B, 2> {
+        match &self.lm_head {
+            Some(head) => head.weight.val().transpose(),
+            None => self.model.embed_tokens.weight.val(),
+        }
+    }
+
     /// One forward pass over `input`'s new tokens, after those already in `cache` (an empty
     /// [`KvCache::new`] for a prompt); appends their keys and values to it.
     pub fn forward_cached(

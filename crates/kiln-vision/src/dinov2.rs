@@ -402,6 +402,28 @@ impl<B: Backend> Dinov2Layer<B> {
         );
         self.feed_forward(x, pass)
     }
+
+    /// One attention of `queries` (in the tower's width, used as they are: no norm, no query
+    /// projection) over this layer's keys and values of `tokens` (its `norm1`, `key` and
+    /// `value`), nothing after it: fVLM's shallow readout. With `weights`, the attention
+    /// probabilities are pushed onto it too.
+    fn attend_once(
+        &self,
+        queries: Tensor<B, 3>,
+        tokens: Tensor<B, 3>,
+        pass: &Pass,
+        weights: Option<&mut Vec<Tensor<B, 4>>>,
+    ) -> Tensor<B, 3> {
+        let normed = pass.norm(&self.norm1, tokens);
+        let qkv = &self.attention.attention;
+        let [key, value] = [&qkv.key, &qkv.value]
+            .map(|linear| project(linear, normed.clone(), Then::Nothing, pass));
+        let heads = self.attention.heads;
+        if let Some(weights) = weights {
+            weights.push(pass.attention_weights(queries.clone(), key.clone(), heads));
+        }
+        pass.attention(queries, key, value, heads)
+    }
 }
 
 /// The layers (`encoder`).
@@ -577,12 +599,39 @@ impl<B: Backend> Dinov2Model<B> {
         self.reading(queries, patches, true)
     }
 
-    fn reading(
+    /// fVLM's shallow readout (`FoveatedEncoder.shallow_query_attend`): `queries` `[frames,
+    /// queries, hidden]` attend once, with the tower's heads, to the last layer's keys and values
+    /// of the final features `patches.last_hidden_state` (that layer's `norm1`, `key` and `value`
+    /// projections; the queries themselves are not normed or projected), then go through the
+    /// final LayerNorm. Returns the result and the attention probabilities (one layer) in the
+    /// policy's output dtype.
+    pub fn read_shallow(
         &self,
         queries: Tensor<B, 3>,
         patches: &Dinov2Patches<B>,
-        keep_attention: bool,
     ) -> Result<Reading<B>, VisionError> {
+        self.check_queries(&queries, patches)?;
+        let model = in_compute_dtype(self);
+        let pass = Pass::new(&model.settings, &model.prepared, None);
+        let last =
+            model.encoder.layer.last().ok_or_else(|| {
+                VisionError::Queries("a tower without layers reads nothing".into())
+            })?;
+        let mut attention = Vec::new();
+        let tokens = pass.input(patches.last_hidden_state.clone());
+        let read = last.attend_once(pass.input(queries), tokens, &pass, Some(&mut attention));
+        Ok(Reading {
+            output: pass.output(pass.norm(&model.layernorm, read)),
+            attention: attention.into_iter().map(|w| pass.output(w)).collect(),
+        })
+    }
+
+    /// Refuses queries that do not fit `patches`: other frames, layers or width.
+    fn check_queries(
+        &self,
+        queries: &Tensor<B, 3>,
+        patches: &Dinov2Patches<B>,
+    ) -> Result<(), VisionError> {
         let [frames, _, hidden] = queries.dims();
         let layers = self.encoder.layer.len();
         if frames != patches.frames() || patches.keys_values.len() != layers {
@@ -599,6 +648,16 @@ impl<B: Backend> Dinov2Model<B> {
                 "queries of width {hidden} for a tower of width {width}"
             )));
         }
+        Ok(())
+    }
+
+    fn reading(
+        &self,
+        queries: Tensor<B, 3>,
+        patches: &Dinov2Patches<B>,
+        keep_attention: bool,
+    ) -> Result<Reading<B>, VisionError> {
+        self.check_queries(&queries, patches)?;
         let model = in_compute_dtype(self);
         let pass = Pass::new(&model.settings, &model.prepared, None);
         let mut x = pass.input(queries);

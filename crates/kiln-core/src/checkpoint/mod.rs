@@ -38,7 +38,7 @@ pub use hub::Hub;
 pub use hub::checkpoint_dir;
 pub use layout::TorchLayout;
 pub use load::{load_checkpoint, shards, weight_files, weights_identity};
-pub use save::save_checkpoint;
+pub use save::{save_checkpoint, save_weights};
 
 /// Why a checkpoint cannot be found, read, checked, loaded or saved.
 #[derive(Debug, thiserror::Error)]

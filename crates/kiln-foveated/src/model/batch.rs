@@ -4,21 +4,29 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 use super::FoveatedModel;
-use crate::{FoveatedError, FrameHead};
+use crate::{FoveatedError, FrameHead, Variant};
 
 /// A batch of clips: normalised frames and, optionally, text around them.
 #[derive(Debug, Clone)]
 pub struct ClipBatch<B: Backend> {
     /// Normalised frames `[clips, frames, 3, H, W]`.
     pub pixels: Tensor<B, 5>,
-    /// Token ids before the visual tokens, the same number per clip.
+    /// Per clip, how many of its frames are real (the rest, at the end, are padding: never
+    /// encoded, read as zero, as fVLM's `frame_mask`); empty: all of them.
+    pub frame_lengths: Vec<usize>,
+    /// Token ids before the visual tokens, the same number per clip (the research variant's
+    /// prompt; the release variant has none: its whole text is the target).
     pub prompt: Vec<Vec<u32>>,
-    /// Token ids after them (captions, answers), the same number per clip; the text loss
-    /// predicts each from the position before it.
+    /// Token ids after them (captions, answers; the release variant's chat-templated
+    /// conversation), the same number per clip; the text loss predicts each from the position
+    /// before it.
     pub target: Vec<Vec<u32>>,
-    /// Per clip, how many of its target tokens the text loss counts (the rest are padding);
+    /// Per clip, how many of its target tokens are text (the rest are padding, never scored);
     /// empty: all of them.
     pub target_lengths: Vec<usize>,
+    /// Per clip and target token, whether the text loss scores it (fVLM's `loss_mask`: stage 2
+    /// scores the answer only); empty: every text token.
+    pub loss_mask: Vec<Vec<bool>>,
     /// Per clip and frame, the class the per-frame head should give (negative: none).
     pub frame_targets: Vec<Vec<i64>>,
 }
@@ -28,11 +36,25 @@ impl<B: Backend> ClipBatch<B> {
     pub fn new(pixels: Tensor<B, 5>) -> Self {
         ClipBatch {
             pixels,
+            frame_lengths: Vec::new(),
             prompt: Vec::new(),
             target: Vec::new(),
             target_lengths: Vec::new(),
+            loss_mask: Vec::new(),
             frame_targets: Vec::new(),
         }
+    }
+
+    /// With the number of real frames per clip (the rest are padding).
+    pub fn with_frame_lengths(mut self, frame_lengths: Vec<usize>) -> Self {
+        self.frame_lengths = frame_lengths;
+        self
+    }
+
+    /// With the target tokens the text loss scores (stage 2: the answer's).
+    pub fn with_loss_mask(mut self, loss_mask: Vec<Vec<bool>>) -> Self {
+        self.loss_mask = loss_mask;
+        self
     }
 
     /// With token ids before the visual tokens.
@@ -75,6 +97,14 @@ impl<B: Backend> ClipBatch<B> {
     pub(crate) fn frames(&self) -> usize {
         self.pixels.dims()[1]
     }
+
+    /// Whether the text loss scores target token `at` of `clip`: text, not padding, and in the
+    /// loss mask.
+    pub(crate) fn scores(&self, clip: usize, at: usize) -> bool {
+        let text = self.target_lengths.get(clip).is_none_or(|&n| at < n);
+        let masked = self.loss_mask.get(clip).is_none_or(|mask| mask[at]);
+        text && masked
+    }
 }
 
 impl<B: Backend> FoveatedModel<B> {
@@ -87,6 +117,29 @@ impl<B: Backend> FoveatedModel<B> {
             return Err(FoveatedError::Input(format!(
                 "a batch of {clips} clip(s) of {frames} frame(s): nothing to read"
             )));
+        }
+        if self.config.variant == Variant::Release && !batch.prompt.is_empty() {
+            return Err(FoveatedError::Input(
+                "the release variant reads no prompt before the visual tokens: put the \
+                 chat-templated conversation in the target, and the loss mask on its answer"
+                    .into(),
+            ));
+        }
+        if !batch.frame_lengths.is_empty() {
+            if batch.frame_lengths.len() != clips {
+                return Err(FoveatedError::Input(format!(
+                    "frame lengths for {} clip(s), the batch has {clips}",
+                    batch.frame_lengths.len()
+                )));
+            }
+            if let Some(c) = (batch.frame_lengths.iter()).position(|&n| n == 0 || n > frames) {
+                return Err(FoveatedError::Input(format!(
+                    "clip {}: {} real frame(s) of {frames}: a clip has at least one frame and no \
+                     more than the batch's",
+                    c + 1,
+                    batch.frame_lengths[c]
+                )));
+            }
         }
         let vocab = self.lm.config().vocab_size;
         for (name, ids) in [("prompt", &batch.prompt), ("target", &batch.target)] {
@@ -132,6 +185,22 @@ impl<B: Backend> FoveatedModel<B> {
                     "clip {}: {} target token(s) counted of {length}",
                     c + 1,
                     batch.target_lengths[c]
+                )));
+            }
+        }
+        if !batch.loss_mask.is_empty() {
+            let length = batch.target.first().map_or(0, Vec::len);
+            if batch.loss_mask.len() != clips {
+                return Err(FoveatedError::Input(format!(
+                    "loss masks for {} clip(s), the batch has {clips}",
+                    batch.loss_mask.len()
+                )));
+            }
+            if let Some(c) = batch.loss_mask.iter().position(|mask| mask.len() != length) {
+                return Err(FoveatedError::Input(format!(
+                    "clip {}: a loss mask of {} token(s) for a target of {length}",
+                    c + 1,
+                    batch.loss_mask[c].len()
                 )));
             }
         }

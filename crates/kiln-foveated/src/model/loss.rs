@@ -8,20 +8,28 @@ use super::{ClipBatch, FoveatedModel, FoveatedOutput, Losses, PassOutput};
 use crate::FoveatedError;
 
 impl<B: Backend> FoveatedModel<B> {
-    /// `fine + λ·coarse` of the passes in `output`, each the target's cross-entropy plus the
-    /// per-frame head's (whichever the batch has targets for).
+    /// `fine + λ·coarse` of the passes in `output`, each the target's cross-entropy (the tokens
+    /// [`ClipBatch`] says are scored, mean over them) plus the per-frame head's, whichever the
+    /// batch has targets for. A pass with nothing to score (the release variant's coarse pass
+    /// over the visual tokens alone, λ = 0) has no loss.
     pub fn loss(
         &self,
         output: &FoveatedOutput<B>,
         batch: &ClipBatch<B>,
     ) -> Result<Losses<B>, FoveatedError> {
         let pass_loss = |pass: &PassOutput<B>| self.pass_loss(pass, batch);
-        let coarse = output.coarse.as_ref().map(pass_loss).transpose()?;
-        let fine = output.fine.as_ref().map(pass_loss).transpose()?;
+        let coarse = output.coarse.as_ref().and_then(pass_loss);
+        let fine = output.fine.as_ref().and_then(pass_loss);
         let total = match (&coarse, &fine) {
             (Some(coarse), Some(fine)) => fine.clone() + coarse.clone() * self.config.lambda_coarse,
             (Some(only), None) | (None, Some(only)) => only.clone(),
-            (None, None) => unreachable!("every mode runs a pass"),
+            (None, None) => {
+                return Err(FoveatedError::Input(
+                    "nothing to learn from: the batch has no scored target text and no frame \
+                     targets (or the model no per-frame head)"
+                        .into(),
+                ));
+            }
         };
         Ok(Losses {
             coarse,
@@ -30,20 +38,17 @@ impl<B: Backend> FoveatedModel<B> {
         })
     }
 
-    fn pass_loss(
-        &self,
-        pass: &PassOutput<B>,
-        batch: &ClipBatch<B>,
-    ) -> Result<Tensor<B, 1>, FoveatedError> {
+    fn pass_loss(&self, pass: &PassOutput<B>, batch: &ClipBatch<B>) -> Option<Tensor<B, 1>> {
         let mut parts = Vec::new();
-        if !batch.target.is_empty() {
-            let [clips, tokens, vocab] = pass.text_logits.dims();
-            let counted = |clip: usize| batch.target_lengths.get(clip).copied();
+        let [clips, tokens, vocab] = pass.text_logits.dims();
+        if tokens > 0 {
+            let first = pass.first_target;
             let targets: Vec<i64> = (batch.target.iter().enumerate())
                 .flat_map(|(clip, ids)| {
-                    let counted = counted(clip).unwrap_or(ids.len());
-                    (ids.iter().enumerate())
-                        .map(move |(at, &id)| if at < counted { id as i64 } else { -1 })
+                    (first..ids.len()).map(move |at| match batch.scores(clip, at) {
+                        true => ids[at] as i64,
+                        false => -1,
+                    })
                 })
                 .collect();
             let logits = pass.text_logits.clone().reshape([clips * tokens, vocab]);
@@ -55,12 +60,6 @@ impl<B: Backend> FoveatedModel<B> {
             let logits = logits.clone().reshape([clips * frames, classes]);
             parts.extend(cross_entropy(logits, &targets));
         }
-        parts.into_iter().reduce(|a, b| a + b).ok_or_else(|| {
-            FoveatedError::Input(
-                "nothing to learn from: the batch has no target text and no frame targets \
-                     (or the model no per-frame head)"
-                    .into(),
-            )
-        })
+        parts.into_iter().reduce(|a, b| a + b)
     }
 }

@@ -4,21 +4,23 @@
 mod batch;
 mod loss;
 mod output;
+mod preference;
+mod readout;
 
 use std::path::Path;
 
-use burn::module::Module;
-use burn::tensor::activation::softmax;
+use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use kiln_core::{Policy, load_checkpoint};
 use kiln_text::{CausalLm, KvCache, TextInput};
 use kiln_vision::{Dinov2Model, Dinov2Patches, VisionModel};
 
-use crate::{Connectors, FoveatedConfig, FoveatedError, Readout};
+use crate::{Connectors, FoveatedConfig, FoveatedError, Readout, Variant};
 
 pub use batch::ClipBatch;
 pub use output::{FoveatedOutput, Glimpse, Losses, PassOutput};
+pub use preference::{DPO_BETA, PreferenceLogps, dpo_loss};
 
 /// Which passes run, and where the fine pass's queries come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,8 +105,9 @@ impl<B: Backend> FoveatedModel<B> {
         })
     }
 
-    /// The connectors saved in `dir` (`model.safetensors` in PyTorch's names and layouts, as
-    /// fVLM's state dict has them), in place of the current ones.
+    /// The connectors saved in `dir` (a `model.safetensors` of them alone, PyTorch's layouts,
+    /// their field names), in place of the current ones. fVLM's whole checkpoints load with
+    /// [`FoveatedModel::with_fvlm_weights`].
     pub fn with_connectors_from(mut self, dir: impl AsRef<Path>) -> Result<Self, FoveatedError> {
         let dir = dir.as_ref();
         self.connectors = load_checkpoint(self.connectors, dir, &[], &[])?;
@@ -122,9 +125,9 @@ impl<B: Backend> FoveatedModel<B> {
     }
 
     /// The most target tokens one LM pass of the training mode has room for after a
-    /// `prompt`-token prompt over `frames` frames: the LM's positions less the prompt, the mode
-    /// token and the visual tokens (one a frame; every DINOv2 token of a frame for
-    /// [`Mode::AllPatches`]). Loaders refuse longer captions up front.
+    /// `prompt`-token prompt over `frames` frames: the LM's positions less the prompt, the
+    /// research variant's mode token and the visual tokens (one a frame; every DINOv2 token of a
+    /// frame for [`Mode::AllPatches`]). Loaders refuse longer captions up front.
     pub fn target_room(&self, prompt: usize, frames: usize) -> usize {
         let per_frame = match self.training {
             Mode::AllPatches => {
@@ -134,7 +137,8 @@ impl<B: Backend> FoveatedModel<B> {
             _ => 1,
         };
         let positions = self.lm.config().max_position_embeddings;
-        positions.saturating_sub(prompt + 1 + frames * per_frame)
+        let mode_token = usize::from(self.config.variant == Variant::Research);
+        positions.saturating_sub(prompt + mode_token + frames * per_frame)
     }
 
     /// The same model, trained and evaluated in `mode` (a static-only control trains
@@ -142,52 +146,6 @@ impl<B: Backend> FoveatedModel<B> {
     pub fn with_training_mode(mut self, mode: Mode) -> Self {
         self.training = mode;
         self
-    }
-
-    /// Every frame of `pixels` `[clips, frames, 3, H, W]` through DINOv2 in one batch (frame
-    /// `t` of clip `c` is row `c · frames + t`), keeping what the readouts read.
-    pub fn encode_frames(&self, pixels: Tensor<B, 5>) -> Result<Dinov2Patches<B>, FoveatedError> {
-        let [clips, frames, channels, height, width] = pixels.dims();
-        let flat = pixels.reshape([clips * frames, channels, height, width]);
-        let patches = self.dino.encode_patches(flat)?;
-        Ok(if self.config.keep_cls {
-            patches
-        } else {
-            patches.without_cls()
-        })
-    }
-
-    /// What `queries` `[frames, query_dim]` read from `patches` (one query per frame).
-    pub fn read(
-        &self,
-        patches: &Dinov2Patches<B>,
-        queries: Tensor<B, 2>,
-    ) -> Result<Glimpse<B>, FoveatedError> {
-        let connectors = &self.connectors;
-        let queries = connectors
-            .query_input_proj
-            .forward(queries)
-            .unsqueeze_dim(1);
-        let (read, attention) = match self.config.readout {
-            Readout::Deep => {
-                let reading = self.dino.read_with_attention(queries, patches)?;
-                (reading.output, Tensor::cat(reading.attention, 1))
-            }
-            Readout::Shallow => shallow_read(
-                queries,
-                patches.last_hidden_state.clone(),
-                self.config.shallow_heads,
-            ),
-        };
-        let [frames, _, width] = read.dims();
-        let tokens = connectors
-            .output_proj
-            .forward(read.reshape([frames, width]));
-        let [_, weights, _, patch_tokens] = attention.dims();
-        Ok(Glimpse {
-            tokens,
-            attention: attention.reshape([frames, weights, patch_tokens]),
-        })
     }
 
     /// The passes `mode` asks for over `batch`.
@@ -198,17 +156,29 @@ impl<B: Backend> FoveatedModel<B> {
     ) -> Result<FoveatedOutput<B>, FoveatedError> {
         self.check(batch)?;
         let (clips, frames) = (batch.clips(), batch.frames());
-        let patches = self.encode_frames(batch.pixels.clone())?;
+        let rows = frame_rows(batch);
+        let patches = self.encode_rows(batch.pixels.clone(), &rows)?;
         let text = self.embedded_text(batch);
         let connectors = &self.connectors;
+        let first_target = self.first_target(mode);
         match mode {
-            Mode::Autoregressive => return self.autoregressive(&patches, &text, clips, frames),
+            Mode::Autoregressive => {
+                return self.autoregressive(&patches, &rows, &text, clips, frames);
+            }
             Mode::AllPatches => {
+                if rows.iter().any(Option::is_none) {
+                    return Err(FoveatedError::Input(
+                        "every token of every frame (Mode::AllPatches) needs clips without \
+                         padding frames"
+                            .into(),
+                    ));
+                }
                 let [_, per_frame, width] = patches.last_hidden_state.dims();
                 let every = patches
                     .last_hidden_state
                     .reshape([clips, frames * per_frame, width]);
-                let pass = self.lm_pass(connectors.fine_token.val(), every, per_frame, &text)?;
+                let fine_token = self.mode_token(&connectors.fine_token);
+                let pass = self.lm_pass(fine_token, every, per_frame, &text, first_target)?;
                 return Ok(FoveatedOutput {
                     coarse: None,
                     fine: Some(pass),
@@ -217,32 +187,79 @@ impl<B: Backend> FoveatedModel<B> {
             }
             _ => {}
         }
-        let q_static = connectors
-            .q_static
-            .val()
-            .unsqueeze_dim::<2>(0)
-            .expand([clips * frames, self.config.query_dim]);
-        let coarse_glimpse = self.read(&patches, q_static)?;
-        let mut coarse = self.lm_pass(
-            connectors.coarse_token.val(),
-            self.per_clip(coarse_glimpse.tokens, clips),
-            1,
-            &text,
+        // fVLM's released coarse pass runs the LM over the visual tokens alone (the queries never
+        // see text), and over the text too only when its loss counts.
+        let coarse_text = match self.config.variant {
+            Variant::Release if mode != Mode::CoarseOnly && self.config.lambda_coarse == 0.0 => {
+                Text::none()
+            }
+            _ => text.clone(),
+        };
+        let looked = self.look(
+            &patches,
+            &rows,
+            [clips, frames],
+            mode,
+            &coarse_text,
+            first_target,
         )?;
-        coarse.attention = Some(coarse_glimpse.attention);
-        if mode == Mode::CoarseOnly {
+        let Some((queries, fine_glimpse)) = looked.fine else {
             return Ok(FoveatedOutput {
-                coarse: Some(coarse),
+                coarse: Some(looked.coarse),
                 fine: None,
                 queries: None,
             });
-        }
+        };
+        let mut fine = self.lm_pass(
+            self.mode_token(&connectors.fine_token),
+            self.per_clip(fine_glimpse.tokens, clips),
+            1,
+            &text,
+            first_target,
+        )?;
+        fine.attention = Some(fine_glimpse.attention);
+        Ok(FoveatedOutput {
+            coarse: Some(looked.coarse),
+            fine: Some(fine),
+            queries: Some(queries),
+        })
+    }
+
+    /// Everything before the fine pass's LM: the coarse pass (its LM over `coarse_text`) and,
+    /// unless `mode` is [`Mode::CoarseOnly`], the fine queries `[clips, frames, query_dim]` and
+    /// what they read.
+    fn look(
+        &self,
+        patches: &Dinov2Patches<B>,
+        rows: &[Option<usize>],
+        [clips, frames]: [usize; 2],
+        mode: Mode,
+        coarse_text: &Text<B>,
+        first_target: usize,
+    ) -> Result<Looked<B>, FoveatedError> {
+        let connectors = &self.connectors;
         let query_dim = self.config.query_dim;
+        let q_static = connectors
+            .q_static
+            .val()
+            .expand([clips * frames, query_dim]);
+        let coarse_glimpse = self.read_rows(patches, q_static, rows)?;
+        let mut coarse = self.lm_pass(
+            self.mode_token(&connectors.coarse_token),
+            self.per_clip(coarse_glimpse.tokens, clips),
+            1,
+            coarse_text,
+            first_target,
+        )?;
+        coarse.attention = Some(coarse_glimpse.attention);
+        if mode == Mode::CoarseOnly {
+            return Ok(Looked { coarse, fine: None });
+        }
         let queries = if mode == Mode::RandomQueries {
             let normal = Distribution::Normal(0.0, 1.0);
-            Tensor::random([clips, frames, query_dim], normal, &batch.pixels.device())
+            Tensor::random([clips, frames, query_dim], normal, &coarse.hidden.device())
         } else {
-            // The query for frame t comes from the hidden state at frame t − 1's coarse token.
+            // The query for frame t comes from the coarse pass's hidden state at frame t − 1.
             let mut queries = vec![self.q_init(clips)];
             if frames > 1 {
                 let before_last = coarse.at_frames().slice([0..clips, 0..frames - 1]);
@@ -250,60 +267,51 @@ impl<B: Backend> FoveatedModel<B> {
             }
             Tensor::cat(queries, 1)
         };
-        let fine_glimpse = self.read(
-            &patches,
+        let glimpse = self.read_rows(
+            patches,
             queries.clone().reshape([clips * frames, query_dim]),
+            rows,
         )?;
-        let mut fine = self.lm_pass(
-            connectors.fine_token.val(),
-            self.per_clip(fine_glimpse.tokens, clips),
-            1,
-            &text,
-        )?;
-        fine.attention = Some(fine_glimpse.attention);
-        Ok(FoveatedOutput {
-            coarse: Some(coarse),
-            fine: Some(fine),
-            queries: Some(queries),
+        Ok(Looked {
+            coarse,
+            fine: Some((queries, glimpse)),
         })
     }
 
     /// The fine pass alone, each frame's query from the fine pass's hidden state at the frame
-    /// before: the LM runs one token a frame over `[prompt, fine token, z_1 … z_t]`, keeping its
-    /// keys and values, then once over the whole sequence with the target for the outputs.
+    /// before: the LM runs one token a frame over `[prompt, mode token, z_1 … z_t]` (the
+    /// release variant: `[z_1 … z_t]`), keeping its keys and values, then once over the whole
+    /// sequence with the target for the outputs (fVLM's `forward_autoregressive`, which scores
+    /// the text's first token too).
     fn autoregressive(
         &self,
         patches: &Dinov2Patches<B>,
+        rows: &[Option<usize>],
         text: &Text<B>,
         clips: usize,
         frames: usize,
     ) -> Result<FoveatedOutput<B>, FoveatedError> {
         let connectors = &self.connectors;
-        let device = patches.last_hidden_state.device();
         let query_dim = self.config.query_dim;
+        let fine_token = self.mode_token(&connectors.fine_token);
         let mut query = self.q_init(clips).reshape([clips, query_dim]);
         let (mut queries, mut tokens, mut attention) = (Vec::new(), Vec::new(), Vec::new());
         let mut cache = KvCache::new();
         for t in 0..frames {
-            let rows: Vec<i64> = (0..clips).map(|c| (c * frames + t) as i64).collect();
-            let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [clips]), &device);
-            let frame = select_frames(patches, rows);
+            let frame_rows: Vec<Option<usize>> = (0..clips).map(|c| rows[c * frames + t]).collect();
             queries.push(query.clone().unsqueeze_dim::<3>(1));
-            let glimpse = self.read(&frame, query.clone())?;
+            let glimpse = self.read_rows(patches, query.clone(), &frame_rows)?;
             let token = glimpse.tokens.unsqueeze_dim::<3>(1);
             tokens.push(token.clone());
             attention.push(glimpse.attention.unsqueeze_dim::<4>(1));
             if t + 1 < frames {
-                let visual = self.visual_embeddings(token);
-                let new = if t == 0 {
-                    let mode = mode_embedding(connectors.fine_token.val(), clips);
-                    let mut parts: Vec<Tensor<B, 3>> = text.prompt.iter().cloned().collect();
-                    parts.extend([mode, visual]);
-                    Tensor::cat(parts, 1)
-                } else {
-                    visual
-                };
-                let input = TextInput::embeddings(new).with_last_logits_only();
+                let mut parts: Vec<Tensor<B, 3>> = Vec::new();
+                if t == 0 {
+                    parts.extend(text.prompt.iter().cloned());
+                    parts.extend(fine_token.clone().map(|m| mode_embedding(m, clips)));
+                }
+                parts.push(self.visual_embeddings(token));
+                let input = TextInput::embeddings(Tensor::cat(parts, 1)).with_last_logits_only();
                 let state = self.lm.forward_cached(input, &mut cache)?.last_hidden_state;
                 let [_, length, width] = state.dims();
                 let last = state.slice([0..clips, length - 1..length, 0..width]);
@@ -312,8 +320,7 @@ impl<B: Backend> FoveatedModel<B> {
                     .forward(last.reshape([clips, width]));
             }
         }
-        let mut fine =
-            self.lm_pass(connectors.fine_token.val(), Tensor::cat(tokens, 1), 1, text)?;
+        let mut fine = self.lm_pass(fine_token, Tensor::cat(tokens, 1), 1, text, 0)?;
         let attention = Tensor::cat(attention, 1);
         let [_, _, weights, patch_tokens] = attention.dims();
         fine.attention = Some(attention.reshape([clips * frames, weights, patch_tokens]));
@@ -324,43 +331,64 @@ impl<B: Backend> FoveatedModel<B> {
         })
     }
 
+    /// The first target token a pass in `mode` predicts: fVLM's released training passes score
+    /// text positions only, so the text's first token is not predicted from the visual tokens
+    /// (its autoregressive pass predicts it); the research variant predicts every target token.
+    fn first_target(&self, mode: Mode) -> usize {
+        match (self.config.variant, mode) {
+            (Variant::Release, mode) if mode != Mode::Autoregressive => 1,
+            _ => 0,
+        }
+    }
+
+    /// A mode token's value, for the research variant (the release variant has none).
+    fn mode_token(&self, token: &Option<Param<Tensor<B, 1>>>) -> Option<Tensor<B, 1>> {
+        token.as_ref().map(Param::val)
+    }
+
     /// Visual tokens `[clips, n, D]` as LM input embeddings: `dino_to_llm`, scaled to sit among
     /// the LM's embeddings.
     fn visual_embeddings(&self, tokens: Tensor<B, 3>) -> Tensor<B, 3> {
         self.connectors.dino_to_llm.forward(tokens) * self.config.visual_scale
     }
 
-    /// The LM over `[prompt, mode token, visual tokens, target]`, `per_frame` visual tokens a
-    /// frame.
+    /// The LM over `[prompt, mode token, visual tokens, target]` (whichever are present),
+    /// `per_frame` visual tokens a frame; logits for target tokens `first_target..`.
     fn lm_pass(
         &self,
-        mode_token: Tensor<B, 1>,
+        mode_token: Option<Tensor<B, 1>>,
         tokens: Tensor<B, 3>,
         per_frame: usize,
         text: &Text<B>,
+        first_target: usize,
     ) -> Result<PassOutput<B>, FoveatedError> {
         let connectors = &self.connectors;
         let [clips, visual_tokens, _] = tokens.dims();
         let visual = self.visual_embeddings(tokens.clone());
-        let mode = mode_embedding(mode_token, clips);
         let mut parts: Vec<Tensor<B, 3>> = text.prompt.iter().cloned().collect();
-        let first_visual = text.prompt.as_ref().map_or(0, |p| p.dims()[1]) + 1;
-        parts.extend([mode, visual]);
+        let prompt = text.prompt.as_ref().map_or(0, |p| p.dims()[1]);
+        let first_visual = prompt + usize::from(mode_token.is_some());
+        parts.extend(mode_token.map(|m| mode_embedding(m, clips)));
+        parts.push(visual);
         parts.extend(text.target.iter().cloned());
         // Target token i is predicted at the position before it: the last visual token, then
         // the target's own tokens but its last. Only those positions (and the last) get logits.
         let target = text.target.as_ref().map_or(0, |t| t.dims()[1]);
-        let start = first_visual + visual_tokens - 1;
+        let first_target = first_target.min(target);
+        let start = first_visual + visual_tokens - 1 + first_target;
         let input = TextInput::embeddings(Tensor::cat(parts, 1)).with_logits_from(start);
         let output = self.lm.forward(input)?;
         let hidden = output.last_hidden_state;
         let vocab = output.logits.dims()[2];
-        let text_logits = output.logits.slice([0..clips, 0..target, 0..vocab]);
+        let text_logits = output
+            .logits
+            .slice([0..clips, 0..target - first_target, 0..vocab]);
         let mut pass = PassOutput {
             tokens,
             per_frame,
             hidden,
             text_logits,
+            first_target,
             frame_logits: None,
             first_visual,
             attention: None,
@@ -412,49 +440,42 @@ fn mode_embedding<B: Backend>(mode_token: Tensor<B, 1>, clips: usize) -> Tensor<
     mode_token.reshape([1, 1, width]).expand([clips, 1, width])
 }
 
+/// The coarse pass, and the fine pass's queries and glimpse when the mode runs it.
+struct Looked<B: Backend> {
+    coarse: PassOutput<B>,
+    fine: Option<(Tensor<B, 3>, Glimpse<B>)>,
+}
+
 /// The text around the visual tokens, embedded.
+#[derive(Clone)]
 struct Text<B: Backend> {
     prompt: Option<Tensor<B, 3>>,
     target: Option<Tensor<B, 3>>,
 }
 
-/// fVLM's shallow readout, multi-head: per head, `softmax(q·Pᵀ/√d)·P` of the queries `[frames,
-/// queries, width]` over the patch features `[frames, tokens, width]`, which serve as keys and
-/// values both (no projections). Also gives the probabilities `[frames, heads, queries, tokens]`.
-fn shallow_read<B: Backend>(
-    queries: Tensor<B, 3>,
-    patches: Tensor<B, 3>,
-    heads: usize,
-) -> (Tensor<B, 3>, Tensor<B, 4>) {
-    let [frames, count, width] = queries.dims();
-    let split = |x: Tensor<B, 3>| {
-        let [frames, tokens, width] = x.dims();
-        x.reshape([frames, tokens, heads, width / heads])
-            .swap_dims(1, 2)
-    };
-    let (queries, patches) = (split(queries), split(patches));
-    let scale = ((width / heads) as f64).powf(-0.5);
-    let weights = softmax(queries.matmul(patches.clone().swap_dims(2, 3)) * scale, 3);
-    let read = weights
-        .clone()
-        .matmul(patches)
-        .swap_dims(1, 2)
-        .reshape([frames, count, width]);
-    (read, weights)
+impl<B: Backend> Text<B> {
+    /// No text: the visual tokens alone.
+    fn none() -> Self {
+        Text {
+            prompt: None,
+            target: None,
+        }
+    }
 }
 
-/// The rows `rows` of every tensor of `patches`.
-fn select_frames<B: Backend>(
-    patches: &Dinov2Patches<B>,
-    rows: Tensor<B, 1, Int>,
-) -> Dinov2Patches<B> {
-    let select = |x: &Tensor<B, 3>| x.clone().select(0, rows.clone());
-    Dinov2Patches {
-        last_hidden_state: select(&patches.last_hidden_state),
-        keys_values: patches
-            .keys_values
-            .iter()
-            .map(|kv| [select(&kv[0]), select(&kv[1])])
-            .collect(),
-    }
+/// Per row of `[clips · frames]`, its row among the encoded frames, or `None` for a padding
+/// frame (never encoded).
+fn frame_rows<B: Backend>(batch: &ClipBatch<B>) -> Vec<Option<usize>> {
+    let (clips, frames) = (batch.clips(), batch.frames());
+    let real = |clip: usize| batch.frame_lengths.get(clip).copied().unwrap_or(frames);
+    let mut next = 0;
+    (0..clips)
+        .flat_map(|clip| (0..frames).map(move |t| (clip, t)))
+        .map(|(clip, t)| {
+            (t < real(clip)).then(|| {
+                next += 1;
+                next - 1
+            })
+        })
+        .collect()
 }

@@ -6,7 +6,8 @@ use burn::tensor::backend::Backend;
 #[cfg(doc)]
 use super::{FoveatedModel, Mode};
 
-/// One pass of the LM over `[prompt, mode token, visual tokens, target]`.
+/// One pass of the LM over `[prompt, mode token, visual tokens, target]` (whichever of them
+/// the variant and the batch have).
 #[derive(Debug, Clone)]
 pub struct PassOutput<B: Backend> {
     /// The visual tokens `[clips, frames · per_frame, vision hidden]` (before `dino_to_llm`):
@@ -16,9 +17,13 @@ pub struct PassOutput<B: Backend> {
     pub per_frame: usize,
     /// The LM's last hidden state over the whole sequence, `[clips, sequence, lm hidden]`.
     pub hidden: Tensor<B, 3>,
-    /// The logits that predict the target's tokens, `[clips, target, vocab]` (empty without
-    /// target).
+    /// The logits that predict the target's tokens from [`PassOutput::first_target`] on,
+    /// `[clips, target − first_target, vocab]` (empty without target).
     pub text_logits: Tensor<B, 3>,
+    /// The first target token `text_logits` predicts: 1 in the release variant's training
+    /// passes (fVLM scores text positions only, so the text's first token is not predicted
+    /// from the visual tokens), else 0.
+    pub first_target: usize,
     /// The per-frame head's logits at each frame's last visual token, `[clips, frames,
     /// classes]`.
     pub frame_logits: Option<Tensor<B, 3>>,

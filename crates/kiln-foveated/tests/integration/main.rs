@@ -1,6 +1,9 @@
-//! kiln-foveated's integration tests, one binary: parity with fVLM's computation, training on
-//! kiln-train.
+//! kiln-foveated's integration tests, one binary: parity with fVLM's computation (the research
+//! variant against a PyTorch reading of it, the release variant against fVLM's own code), training
+//! on kiln-train.
 
 mod parity;
+mod release;
+mod support;
 #[cfg(feature = "train")]
 mod training;

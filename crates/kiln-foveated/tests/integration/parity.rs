@@ -4,7 +4,7 @@
 //! hidden states, the text and per-frame logits, the losses). Tolerance: max |Δ| / max
 //! |reference| ≤ 1e-4 in f32 on Flex.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
@@ -15,107 +15,30 @@ use kiln_foveated::{
     Readout,
 };
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
+use super::support::{Reference, assert_close, fixtures, tiny_model};
 
-/// The PyTorch implementation's tensors.
-struct Reference(Vec<u8>);
-
-impl Reference {
-    fn open() -> Self {
-        Reference(std::fs::read(fixtures().join("foveated.safetensors")).unwrap())
-    }
-
-    fn bytes(&self, key: &str) -> (Vec<u8>, Vec<usize>) {
-        let tensors = safetensors::SafeTensors::deserialize(&self.0).unwrap();
-        let view = tensors.tensor(key).unwrap();
-        (view.data().to_vec(), view.shape().to_vec())
-    }
-
-    fn floats(&self, key: &str) -> (Vec<f32>, Vec<usize>) {
-        let (bytes, shape) = self.bytes(key);
-        let values = bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        (values, shape)
-    }
-
-    fn tensor<B: Backend, const D: usize>(&self, key: &str) -> Tensor<B, D> {
-        let (values, shape) = self.floats(key);
-        Tensor::from_data(TensorData::new(values, shape), &Default::default())
-    }
-
-    /// An i64 table `[rows][columns]`.
-    fn table(&self, key: &str) -> Vec<Vec<i64>> {
-        let (bytes, shape) = self.bytes(key);
-        let values: Vec<i64> = bytes
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        values.chunks(shape[1]).map(<[i64]>::to_vec).collect()
-    }
-
-    fn ids(&self, key: &str) -> Vec<Vec<u32>> {
-        let to_ids = |row: Vec<i64>| row.into_iter().map(|id| id as u32).collect();
-        self.table(key).into_iter().map(to_ids).collect()
-    }
-
-    /// The fixture's batch: 2 clips of 3 frames, a prompt, a target and per-frame classes.
-    fn batch<B: Backend>(&self) -> ClipBatch<B> {
-        let pixels: Tensor<B, 4> = self.tensor("pixel_values");
-        let [frames, channels, height, width] = pixels.dims();
-        ClipBatch::new(pixels.reshape([2, frames / 2, channels, height, width]))
-            .with_prompt(self.ids("prompt_ids"))
-            .with_target(self.ids("target_ids"))
-            .with_frame_targets(self.table("frame_targets"))
-    }
-}
-
-/// max |ours − theirs| / max |theirs|, after checking the shapes agree.
-fn relative_error<B: Backend, const D: usize>(
-    ours: Tensor<B, D>,
-    theirs: &Reference,
-    key: &str,
-) -> f32 {
-    let (reference, shape) = theirs.floats(key);
-    assert_eq!(ours.dims().to_vec(), shape, "{key}: shapes");
-    let ours = ours.into_data().convert::<f32>().to_vec::<f32>().unwrap();
-    let worst = ours
-        .iter()
-        .zip(&reference)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    let scale = reference.iter().map(|x| x.abs()).fold(0f32, f32::max);
-    assert!(scale > 0.0, "{key}: an all-zero reference proves nothing");
-    worst / scale
-}
-
-fn assert_close<B: Backend, const D: usize>(ours: Tensor<B, D>, theirs: &Reference, key: &str) {
-    let error = relative_error(ours, theirs, key);
-    assert!(error <= 1e-4, "{key}: relative error {error:.2e}");
+/// The fixture's batch: 2 clips of 3 frames, a prompt, a target and per-frame classes.
+fn fixture_batch<B: Backend>(reference: &Reference) -> ClipBatch<B> {
+    let pixels: Tensor<B, 4> = reference.tensor("pixel_values");
+    let [frames, channels, height, width] = pixels.dims();
+    ClipBatch::new(pixels.reshape([2, frames / 2, channels, height, width]))
+        .with_prompt(reference.ids("prompt_ids"))
+        .with_target(reference.ids("target_ids"))
+        .with_frame_targets(reference.table("frame_targets"))
 }
 
 fn load<B: Backend>(readout: Readout) -> FoveatedModel<B> {
     let dir = fixtures();
     let mut config = FoveatedConfig::from_file(dir.join("connectors")).unwrap();
     config.readout = readout;
-    FoveatedModel::<B>::from_dirs(
-        dir.join("dino"),
-        dir.join("lm"),
-        config,
-        &Default::default(),
-        &Policy::full(),
-    )
-    .unwrap()
-    .with_connectors_from(dir.join("connectors"))
-    .unwrap()
+    tiny_model::<B>(config)
+        .with_connectors_from(dir.join("connectors"))
+        .unwrap()
 }
 
 #[test]
 fn patches_keys_and_values_match_fvlm_encode_patches() {
-    let reference = Reference::open();
+    let reference = Reference::open("foveated.safetensors");
     let model = load::<Flex>(Readout::Deep);
     let patches = model
         .dino
@@ -143,9 +66,9 @@ fn patches_keys_and_values_match_fvlm_encode_patches() {
 }
 
 fn check_both_passes(readout: Readout, name: &str) {
-    let reference = Reference::open();
+    let reference = Reference::open("foveated.safetensors");
     let model = load::<Flex>(readout);
-    let batch = reference.batch();
+    let batch = fixture_batch(&reference);
     let output = model.forward(&batch, Mode::CoarseFine).unwrap();
     let (coarse, fine) = (output.coarse.clone().unwrap(), output.fine.clone().unwrap());
     let key = |what: &str| format!("{name}.{what}");
@@ -182,9 +105,9 @@ fn shallow_readout_passes_match_the_reference() {
 /// runs saw the same causal prefix as the final one.
 #[test]
 fn modes_agree_where_they_must() {
-    let reference = Reference::open();
+    let reference = Reference::open("foveated.safetensors");
     let model = load::<Flex>(Readout::Deep);
-    let batch = reference.batch();
+    let batch = fixture_batch(&reference);
     let coarse_only = model.forward(&batch, Mode::CoarseOnly).unwrap();
     assert!(coarse_only.fine.is_none());
     assert_close(
@@ -251,9 +174,9 @@ fn modes_agree_where_they_must() {
 /// every forward and leave the coarse pass as it is.
 #[test]
 fn control_modes_see_what_they_should() {
-    let reference = Reference::open();
+    let reference = Reference::open("foveated.safetensors");
     let model = load::<Flex>(Readout::Deep);
-    let batch = reference.batch::<Flex>();
+    let batch = fixture_batch::<Flex>(&reference);
     let every = model.forward(&batch, Mode::AllPatches).unwrap();
     assert!(every.coarse.is_none() && every.queries.is_none());
     let pass = every.fine.unwrap();
@@ -310,13 +233,13 @@ fn control_modes_see_what_they_should() {
 #[test]
 fn gradients_reach_both_queries_and_the_connectors() {
     type Ad = Autodiff<Flex>;
-    let reference = Reference::open();
+    let reference = Reference::open("foveated.safetensors");
     let model = load::<Ad>(Readout::Deep);
-    let batch = reference.batch::<Ad>();
+    let batch = fixture_batch::<Ad>(&reference);
     let output = model.forward(&batch, Mode::CoarseFine).unwrap();
     let grads = model.loss(&output, &batch).unwrap().total.backward();
     let connectors = &model.connectors;
-    let norm = |grad: Option<Tensor<Flex, 1>>| grad.expect("a gradient").abs().sum().into_scalar();
+    let norm = |grad: Option<Tensor<Flex, 2>>| grad.expect("a gradient").abs().sum().into_scalar();
     assert!(norm(connectors.q_static.grad(&grads)) > 0.0);
     assert!(norm(connectors.q_init.grad(&grads)) > 0.0);
     let llm_to_query = connectors
@@ -347,7 +270,7 @@ fn bad_settings_and_inputs_are_named() {
         error_of(FoveatedModel::<Flex>::from_dirs(
             dino,
             lm,
-            FoveatedConfig::fvlm(),
+            FoveatedConfig::research(),
             &Default::default(),
             &Policy::full(),
         ))
@@ -357,9 +280,9 @@ fn bad_settings_and_inputs_are_named() {
     let swapped = wrong_family(&dir.join("dino"), &dir.join("dino"));
     assert!(swapped.contains("dinov2"), "{swapped}");
 
-    let reference = Reference::open();
+    let reference = Reference::open("foveated.safetensors");
     let model = load::<Flex>(Readout::Deep);
-    let batch = reference.batch::<Flex>();
+    let batch = fixture_batch::<Flex>(&reference);
     let mut long_target = batch.clone();
     long_target.target[1].push(7);
     let message = error_of(model.forward(&long_target, Mode::CoarseFine));
@@ -375,7 +298,7 @@ fn bad_settings_and_inputs_are_named() {
 
     let config = FoveatedConfig {
         frame_head: FrameHead::Classes(1),
-        ..FoveatedConfig::fvlm()
+        ..FoveatedConfig::research()
     };
     assert!(config.validate().is_err());
 }
@@ -385,7 +308,7 @@ fn bad_settings_and_inputs_are_named() {
 #[test]
 fn deep_readout_gradient_matches_finite_differences() {
     type Ad = Autodiff<Flex>;
-    let reference = Reference::open();
+    let reference = Reference::open("foveated.safetensors");
     let model = load::<Ad>(Readout::Deep);
     let patches = model
         .dino
@@ -428,8 +351,8 @@ fn deep_readout_gradient_matches_finite_differences() {
 /// distribution over every token of a frame (CLS and 16 patches), one per layer and head.
 #[test]
 fn diagnostics_name_what_each_mode_has() {
-    let reference = Reference::open();
-    let batch = reference.batch::<Flex>();
+    let reference = Reference::open("foveated.safetensors");
+    let batch = fixture_batch::<Flex>(&reference);
     let names = |output: &FoveatedOutput<Flex>| -> Vec<&str> {
         output.diagnostics().into_iter().map(|(n, _)| n).collect()
     };
@@ -487,8 +410,8 @@ fn diagnostics_name_what_each_mode_has() {
 /// refused by name.
 #[test]
 fn a_saved_model_loads_back_the_same() {
-    let reference = Reference::open();
-    let batch = reference.batch::<Flex>();
+    let reference = Reference::open("foveated.safetensors");
+    let batch = fixture_batch::<Flex>(&reference);
     let model = load::<Flex>(Readout::Deep);
     let dir = tempfile::tempdir().unwrap();
     let saved = dir.path().join("model");
@@ -527,9 +450,9 @@ fn a_saved_model_loads_back_the_same() {
 /// the loss is the mean of −log p over the counted tokens alone, whatever the padding id.
 #[test]
 fn caption_padding_is_outside_the_loss() {
-    let reference = Reference::open();
+    let reference = Reference::open("foveated.safetensors");
     let model = load::<Flex>(Readout::Shallow);
-    let full = reference.batch::<Flex>();
+    let full = fixture_batch::<Flex>(&reference);
     let mut captions = full.target.clone();
     captions[1].truncate(2);
     let batch = |pad| {

@@ -59,7 +59,7 @@ fn tiny_model<B: Backend>(
         query_dim: 8,
         readout,
         frame_head: FrameHead::Classes(task.classes),
-        ..FoveatedConfig::fvlm()
+        ..FoveatedConfig::research()
     };
     FoveatedModel::new(dino, lm, config, device).unwrap()
 }
