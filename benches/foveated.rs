@@ -9,7 +9,7 @@
 //!   start and 4×4 boards), the shapes `scripts/bench/foveated_torch.py` times.
 //! - `foveated_step/fvlm,b=2,T=8`: fVLM's shapes — DINOv2-S at 224 px, SmolLM2-135M, deep
 //!   readout, 384-wide queries, 2 clips of 8 frames, a 16-token prompt and a 32-token caption —
-//!   random weights, fVLM's parameter groups (`fvlm_recipe`).
+//!   random weights, the research variant's recipe (`research_recipe`).
 //! - `adamw/dinov2_s+smollm2_135m`: kiln-train's AdamW alone (fVLM's parameter groups) over the
 //!   same model's 156.9 M values, gradients given: what the optimizer takes of a step.
 //! - `dinov2_frames/224px`: DINOv2-S's patch features and keys/values (`encode_patches`, what
@@ -32,7 +32,7 @@ use kiln::burn::optim::GradientsParams;
 use kiln::burn::tensor::backend::Backend;
 use kiln::burn::tensor::{Distribution, Tensor};
 use kiln::foveated::synthetic::{self, CueThenRead};
-use kiln::foveated::{ClipBatch, FoveatedConfig, FoveatedModel, Mode, Readout, fvlm_recipe};
+use kiln::foveated::{ClipBatch, FoveatedConfig, FoveatedModel, Mode, Readout, research_recipe};
 use kiln::text::TextConfig;
 use kiln::train::{GroupedAdamW, Optimization, TrainConfig, parameters};
 use kiln::vision::{Dinov2Config, Dinov2Model};
@@ -296,7 +296,7 @@ impl Suite for Foveated {
             )
             .map_err(BenchError::workload)
         };
-        let fvlm_config = fvlm_recipe(1000, 1e-3, 1e-5);
+        let fvlm_config = research_recipe(1000, 1e-3, 1e-5);
         let fvlm = format!("foveated_step/fvlm,b={},T={}", FVLM.0, FVLM.1);
         if runner.selects(&fvlm) {
             runner.bench(&TrainingStep::new(

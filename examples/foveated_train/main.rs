@@ -3,9 +3,19 @@
 //! ```text
 //! cargo run --release --example foveated_train -- --clips DIR --captions FILE --dino DIR \
 //!     --lm DIR --out DIR [--frames T] [--steps N] [--batch B] [--accumulate K]
-//!     [--readout deep|shallow] [--lambda L] [--connector-lr X] [--backbone-lr Y]
-//!     [--policy full|mixed-bf16] [--device D] [--eval-clips DIR --eval-captions FILE]
+//!     [--variant research|release] [--readout deep|shallow] [--lambda L] [--connector-lr X]
+//!     [--backbone-lr Y] [--prompt TEXT] [--policy full|mixed-bf16] [--lm-policy P] [--device D]
+//!     [--eval-clips DIR --eval-captions FILE]
 //! ```
+//!
+//! `--variant` picks kiln-foveated's design (docs/FOVEATED.md). `research` (the default: the
+//! design docs/FOVEATED.md's proof was made with) puts `--prompt` before the visual tokens and
+//! the caption after them, trains both passes (λ = 1) with two parameter groups. `release` is
+//! fVLM as released: each caption becomes fVLM's stage-1 conversation after the visual tokens
+//! (system prompt, `--prompt` as the user's turn, the caption as the answer, every token
+//! scored), λ = 0, and fVLM's stage-1 recipe (`ReleaseRecipe::stage1_135m`: three groups, decay
+//! on every parameter, 3% warm-up, rates converging on 3e-5); `--lm-policy
+//! params=bf16,compute=bf16,output=f32` with `--policy mixed-bf16` is fVLM's precision.
 //!
 //! - `--clips`: videos directly below a folder — frame folders, GIFs, MP4 (H.264, with the
 //!   `video` feature). Each is decoded once into kiln-cache (`OUT/cache`, or `--cache DIR`) as
@@ -17,9 +27,9 @@
 //! - `--dino`, `--lm`: Hugging Face directories (a DINOv2 `Dinov2Model`; a Llama-family causal
 //!   LM with its tokenizer). The connectors start newly initialised.
 //!
-//! Trains through kiln-train — AdamW with fVLM's parameter groups (connectors at
-//! `--connector-lr`, both backbones at `--backbone-lr`), warm-up and cosine decay, clipping at
-//! 1.0, accumulation — into OUT: `metrics.jsonl`, `loss.png`, `checkpoints/` (rerunning the same
+//! Trains through kiln-train — AdamW over parameter groups (connectors at `--connector-lr`,
+//! both backbones at `--backbone-lr`), warm-up and decay, clipping at 1.0, accumulation — into
+//! OUT: `metrics.jsonl`, `loss.png`, `checkpoints/` (rerunning the same
 //! command resumes), `model/` (the trained model: `FoveatedModel::load`) and `summary.json`.
 
 use std::path::{Path, PathBuf};
@@ -33,8 +43,8 @@ use kiln::burn;
 use kiln::cache::{ClipSpec, ImageCache};
 use kiln::core::{DeviceJob, DeviceSpec, Policy, PolicySpec, Precision};
 use kiln::foveated::{
-    CaptionTokenizer, CaptionedClipReader, CaptionedClips, FoveatedConfig, FoveatedModel, Readout,
-    dinov2_frames, fvlm_recipe,
+    CaptionTokenizer, CaptionedClipReader, CaptionedClips, FVLM_CAPTION_PROMPT, FoveatedConfig,
+    FoveatedModel, Readout, ReleaseRecipe, Variant, dinov2_frames, research_recipe,
 };
 use kiln::io::RunFiles;
 use kiln::train::{LossScaling, RunOptions, TrainConfig, Trainer};
@@ -86,30 +96,41 @@ struct Args {
     /// Micro-batches per optimizer step.
     #[arg(long, default_value_t = 1, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     accumulate: usize,
+    /// The model's design: research (kiln's first reading of fVLM) or release (fVLM as
+    /// released, its stage-1 recipe).
+    #[arg(long, default_value = "research")]
+    variant: Variant,
     /// How queries read frames: deep (fVLM's released model) or shallow.
     #[arg(long, default_value = "deep")]
     readout: Readout,
     /// Width of the queries (fVLM's: 384).
     #[arg(long, default_value_t = 384, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     query_dim: usize,
-    /// Weight of the coarse pass's loss (`fine + λ·coarse`).
-    #[arg(long, default_value_t = 1.0, value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
-    lambda: f64,
-    /// Peak learning rate of the connectors (queries, projections, mode tokens).
-    #[arg(long, default_value_t = 1e-3, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
-    connector_lr: f64,
-    /// Peak learning rate of DINOv2 and the LM.
-    #[arg(long, default_value_t = 1e-5, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
-    backbone_lr: f64,
-    /// Text before the visual tokens of every clip.
-    #[arg(long, default_value = "Describe the video.")]
-    prompt: String,
+    /// Weight of the coarse pass's loss (`fine + λ·coarse`) [default: 1 for research, 0 for
+    /// release].
+    #[arg(long, value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
+    lambda: Option<f64>,
+    /// Peak learning rate of the connectors [default: 1e-3, fVLM's stage 1].
+    #[arg(long, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
+    connector_lr: Option<f64>,
+    /// Peak learning rate of DINOv2 and the LM [default: 1e-5, fVLM's stage 1].
+    #[arg(long, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
+    backbone_lr: Option<f64>,
+    /// research: the text before every clip's visual tokens [default: "Describe the video."];
+    /// release: the user's turn of every conversation [default: fVLM's "Write a brief caption
+    /// for this video."].
+    #[arg(long)]
+    prompt: Option<String>,
     /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
     #[arg(long, default_value = "cpu")]
     device: DeviceSpec,
     /// Precision policy: full, mixed-bf16, mixed-f16 (dynamic loss scaling), or p=..,c=...
     #[arg(long, default_value = "full")]
     policy: PolicySpec,
+    /// Precision policy of the LM alone [default: --policy's]; fVLM keeps its LM in bf16:
+    /// params=bf16,compute=bf16,output=f32.
+    #[arg(long)]
+    lm_policy: Option<PolicySpec>,
     /// Evaluate (and checkpoint) every this many steps.
     #[arg(long, default_value_t = 100, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
     eval_every: u64,
@@ -122,9 +143,27 @@ struct Args {
 }
 
 impl Args {
-    /// fVLM's recipe ([`fvlm_recipe`]) with this run's steps, rates and accumulation.
+    /// The variant's recipe ([`research_recipe`], or fVLM's stage 1: [`ReleaseRecipe`]) with
+    /// this run's steps, rates and accumulation.
     fn train_config(&self, policy: &Policy) -> Result<TrainConfig, String> {
-        let mut config = fvlm_recipe(self.steps, self.connector_lr, self.backbone_lr);
+        let mut config = match self.variant {
+            Variant::Research => research_recipe(
+                self.steps,
+                self.connector_lr.unwrap_or(1e-3),
+                self.backbone_lr.unwrap_or(1e-5),
+            ),
+            Variant::Release => {
+                let stage1 = ReleaseRecipe::stage1_135m();
+                let backbone = self.backbone_lr.unwrap_or(stage1.lr_dino);
+                ReleaseRecipe {
+                    lr_connector: self.connector_lr.unwrap_or(stage1.lr_connector),
+                    lr_dino: backbone,
+                    lr_llm: backbone,
+                    ..stage1
+                }
+                .train_config(self.steps)
+            }
+        };
         config.accumulate = self.accumulate;
         config.loss_scaling = match policy.compute {
             Precision::F16 => LossScaling::Dynamic,
@@ -142,6 +181,24 @@ impl Args {
         }
 
         Ok(config)
+    }
+
+    /// The coarse pass's weight: `--lambda`, else the variant's.
+    fn lambda(&self) -> f64 {
+        let variant = match self.variant {
+            Variant::Research => FoveatedConfig::research(),
+            Variant::Release => FoveatedConfig::release(),
+        };
+        self.lambda.unwrap_or(variant.lambda_coarse)
+    }
+
+    /// `--prompt`, else the variant's.
+    fn prompt(&self) -> String {
+        let default = match self.variant {
+            Variant::Research => "Describe the video.",
+            Variant::Release => FVLM_CAPTION_PROMPT,
+        };
+        self.prompt.clone().unwrap_or_else(|| default.into())
     }
 
     /// Every file and directory the run reads and writes.
@@ -189,16 +246,23 @@ impl DeviceJob for Args {
             .policy
             .resolve::<B>(device)
             .map_err(|e| e.to_string())?;
+        let lm_policy = match &self.lm_policy {
+            Some(spec) => spec.resolve::<B>(device).map_err(|e| e.to_string())?,
+            None => policy,
+        };
         let config = self.train_config(&policy)?;
         let options = RunOptions {
             max_steps_now: self.max_steps_now,
             model_settings: json!({
                 "dino": self.dino,
                 "lm": self.lm,
+                "variant": format!("{:?}", self.variant).to_lowercase(),
                 "readout": format!("{:?}", self.readout).to_lowercase(),
                 "frames": self.frames,
-                "lambda": self.lambda,
+                "lambda": self.lambda(),
+                "prompt": self.prompt(),
                 "policy": policy.to_string(),
+                "lm_policy": lm_policy.to_string(),
             }),
             data: self.data()?,
             outputs: vec!["model".into(), "summary.json".into()],
@@ -209,22 +273,27 @@ impl DeviceJob for Args {
         let trainer = Trainer::<Autodiff<B>>::new(config, options, device.clone());
         <Autodiff<B> as Backend>::seed(device, self.seed);
         let foveated = FoveatedConfig {
+            variant: self.variant,
             query_dim: self.query_dim,
             readout: self.readout,
-            lambda_coarse: self.lambda,
+            lambda_coarse: self.lambda(),
             ..FoveatedConfig::research()
         };
         let model = FoveatedModel::<Autodiff<B>>::from_dirs(
             &self.dino, &self.lm, foveated, device, &policy,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .with_lm_policy(&lm_policy);
         let frames =
             dinov2_frames(&self.dino, model.dino.config().image_size).map_err(|e| e.to_string())?;
         let reader = CaptionedClipReader {
             cache: ImageCache::new(self.cache_dir()),
             spec: ClipSpec::new(self.frames as u32, frames).refusing_short_videos(),
-            tokens: CaptionTokenizer::from_lm_dir(&self.lm, &self.prompt)
-                .map_err(|e| e.to_string())?,
+            tokens: match self.variant {
+                Variant::Research => CaptionTokenizer::from_lm_dir(&self.lm, &self.prompt()),
+                Variant::Release => CaptionTokenizer::chat_from_lm_dir(&self.lm, &self.prompt()),
+            }
+            .map_err(|e| e.to_string())?,
             batch_size: self.batch,
             precision: policy.compute,
         };

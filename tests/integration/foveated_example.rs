@@ -204,6 +204,26 @@ fn train(out: &Path, clips: &Path, captions: &Path, dino: &Path, extra: &[&str])
         .expect("the foveated_train example is built with the tests")
 }
 
+/// Evaluation every 10 steps, and rates a tiny model learns from in a few dozen.
+const FAST: [&str; 6] = [
+    "--eval-every",
+    "10",
+    "--connector-lr",
+    "1e-2",
+    "--backbone-lr",
+    "1e-2",
+];
+
+/// The held-out flags for `clips` and `captions`.
+fn held_out<'a>(clips: &'a Path, captions: &'a Path) -> [&'a str; 4] {
+    [
+        "--eval-clips",
+        clips.to_str().unwrap(),
+        "--eval-captions",
+        captions.to_str().unwrap(),
+    ]
+}
+
 fn tiny_dino() -> PathBuf {
     root().join("crates/kiln-foveated/tests/fixtures/dino")
 }
@@ -214,23 +234,11 @@ fn foveated_train_learns_captions_resumes_and_saves_a_model_that_loads() {
     let (clips, captions) = captioned_clips(dir.path(), 6, 4);
     let out = dir.path().join("run");
     let flags = [
-        "--frames",
-        "4",
-        "--steps",
-        "30",
-        "--eval-every",
-        "10",
-        "--connector-lr",
-        "1e-2",
-        "--backbone-lr",
-        "1e-2",
-        "--readout",
-        "shallow",
-        "--eval-clips",
-        clips.to_str().unwrap(),
-        "--eval-captions",
-        captions.to_str().unwrap(),
-    ];
+        &["--frames", "4", "--steps", "30", "--readout", "shallow"],
+        &FAST[..],
+        &held_out(&clips, &captions),
+    ]
+    .concat();
     let first = train(
         &out,
         &clips,
@@ -284,6 +292,48 @@ fn foveated_train_learns_captions_resumes_and_saves_a_model_that_loads() {
     )
     .unwrap();
     assert_eq!(model.config().readout, kiln::foveated::Readout::Shallow);
+}
+
+/// `--variant release`: fVLM's stage-1 conversations after the visual tokens, λ = 0 and its
+/// recipe; the held-out loss falls, and the saved model is the release variant.
+#[test]
+fn foveated_train_trains_the_release_variant() {
+    let dir = tempfile::tempdir().unwrap();
+    // fVLM's conversation around a caption (an empty user turn) takes up to 60 of the tiny LM's
+    // 64 positions.
+    let (clips, captions) = captioned_clips(dir.path(), 6, 2);
+    let out = dir.path().join("run");
+    let release = [
+        "--variant",
+        "release",
+        "--prompt",
+        "",
+        "--frames",
+        "2",
+        "--steps",
+        "20",
+    ];
+    let flags = [&release[..], &FAST[..], &held_out(&clips, &captions)].concat();
+    let run = train(&out, &clips, &captions, &tiny_dino(), &flags);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(stderr.contains("group `dino`"), "{stderr}");
+    let lines = kiln::train::read_metrics(&out).unwrap();
+    let eval_loss: Vec<f64> = lines
+        .iter()
+        .filter_map(|l| l.get("eval_loss")?.as_f64())
+        .collect();
+    assert!(eval_loss[1] < 0.8 * eval_loss[0], "{eval_loss:?}");
+    // λ = 0: the coarse pass scores nothing, so only the fine pass's loss is logged.
+    assert!(lines.iter().all(|l| l.get("coarse_loss").is_none()));
+    let model = kiln::foveated::FoveatedModel::<kiln::burn::backend::Flex>::load(
+        out.join("model"),
+        &Default::default(),
+        &kiln::core::Policy::full(),
+    )
+    .unwrap();
+    assert_eq!(model.config().variant, kiln::foveated::Variant::Release);
+    assert_eq!(model.config().lambda_coarse, 0.0);
 }
 
 #[test]

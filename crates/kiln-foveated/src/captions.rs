@@ -22,7 +22,7 @@ use kiln_cache::{
     CachedImages, ClipSpec, DeviceImages, ImageCache, Order, Preprocess, Residency, VideoSource,
 };
 use kiln_core::Precision;
-use kiln_text::TextTokenizer;
+use kiln_text::{Message, TextTokenizer};
 use kiln_train::Loader;
 use serde::Deserialize;
 
@@ -162,9 +162,10 @@ impl<B: Backend> CaptionedClips<B> {
             .position(|caption| caption.len() > room)
         {
             Some(clip) => Err(FoveatedError::Data(format!(
-                "clip {}: a caption of {} tokens (its end token included); after the prompt \
-                 and the visual tokens the language model has room for {room} (its \
-                 max_position_embeddings): shorten the caption, the prompt or --frames",
+                "clip {}: a caption of {} tokens (with its end token, or as a conversation \
+                 with its prompts); after the prompt and the visual tokens the language model \
+                 has room for {room} (its max_position_embeddings): shorten the caption, the \
+                 prompt or --frames",
                 clip + 1,
                 self.captions[clip].len()
             ))),
@@ -217,25 +218,57 @@ impl<B: Backend> Loader for CaptionedClips<B> {
                         .iter()
                         .map(|&i| self.captions[i].clone())
                         .collect();
-                    ClipBatch::new(pixels)
-                        .with_prompt(vec![self.prompt.clone(); clips])
-                        .with_captions(captions, self.pad)
+                    let batch = ClipBatch::new(pixels).with_captions(captions, self.pad);
+                    match self.prompt.is_empty() {
+                        true => batch,
+                        false => batch.with_prompt(vec![self.prompt.clone(); clips]),
+                    }
                 }),
         )
     }
 }
 
-/// A language model's tokenizer as captions need it: the prompt's ids, and every caption closed
-/// by the end-of-sequence token (so the model learns where a caption ends).
+/// fVLM's system prompt (`tokenization.py`'s `SYSTEM_PROMPT`).
+pub const FVLM_SYSTEM_PROMPT: &str = "You are a helpful AI assistant.";
+
+/// fVLM's user prompt for captions (`tokenize_stage1`'s default; OpenVid's source prompt).
+pub const FVLM_CAPTION_PROMPT: &str = "Write a brief caption for this video.";
+
+/// A conversation as fVLM tokenises it (`tokenization.py`): `[system, user, assistant]` rendered
+/// by the LM's chat template and tokenised with no special tokens added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conversation {
+    /// The token ids.
+    pub ids: Vec<u32>,
+    /// Where the assistant's answer starts: the length of `[system, user]` rendered with the
+    /// assistant's turn opened.
+    pub answer_start: usize,
+}
+
+impl Conversation {
+    /// Stage 2's loss mask (`tokenize_sft`): the answer's tokens. Stage 1 scores them all.
+    pub fn answer_mask(&self) -> Vec<bool> {
+        (0..self.ids.len())
+            .map(|at| at >= self.answer_start)
+            .collect()
+    }
+}
+
+/// A language model's tokenizer as captions need it. For the research variant: the prompt's
+/// ids, and every caption closed by the end-of-sequence token (so the model learns where a
+/// caption ends). For the release variant: each caption as fVLM's stage-1 conversation (system
+/// prompt, user prompt, the caption as the answer), no prompt before the visual tokens.
 pub struct CaptionTokenizer {
     tokenizer: TextTokenizer,
     prompt: Vec<u32>,
     end: u32,
+    /// The user prompt of the release variant's conversations.
+    chat: Option<String>,
 }
 
 impl CaptionTokenizer {
     /// The tokenizer of the Hugging Face LM directory `lm`, with `prompt` (the text before every
-    /// clip's visual tokens) tokenised once.
+    /// clip's visual tokens) tokenised once: the research variant's captions.
     ///
     /// # Errors
     /// A directory without a tokenizer, or one that names no end-of-sequence token.
@@ -256,21 +289,68 @@ impl CaptionTokenizer {
             tokenizer,
             prompt,
             end,
+            chat: None,
         })
     }
 
-    /// The prompt's token ids.
+    /// The release variant's captions: each one fVLM's stage-1 conversation
+    /// ([`CaptionTokenizer::conversation`] of `user_prompt` and the caption).
+    ///
+    /// # Errors
+    /// As [`CaptionTokenizer::from_lm_dir`], and a tokenizer without a chat template.
+    pub fn chat_from_lm_dir(
+        lm: impl AsRef<Path>,
+        user_prompt: &str,
+    ) -> Result<Self, FoveatedError> {
+        let lm = lm.as_ref();
+        let mut tokens = Self::from_lm_dir(lm, "")?;
+        if !tokens.tokenizer.has_chat_template() {
+            return Err(FoveatedError::Config(format!(
+                "{}: the tokenizer has no chat template, which fVLM's conversations need",
+                lm.display()
+            )));
+        }
+        tokens.prompt.clear();
+        tokens.chat = Some(user_prompt.to_string());
+        Ok(tokens)
+    }
+
+    /// fVLM's `tokenize_sft(user, answer)` (and `tokenize_stage1`, whose ids are the same):
+    /// `[system: FVLM_SYSTEM_PROMPT, user, assistant: answer]` through the chat template.
+    pub fn conversation(&self, user: &str, answer: &str) -> Result<Conversation, FoveatedError> {
+        let system = Message::new("system", FVLM_SYSTEM_PROMPT);
+        let user = Message::new("user", user);
+        let whole = [
+            system.clone(),
+            user.clone(),
+            Message::new("assistant", answer),
+        ];
+        let text = self.tokenizer.apply_chat_template(&whole, false)?;
+        let asked = self.tokenizer.apply_chat_template(&[system, user], true)?;
+        let ids = self.tokenizer.encode_without_special_tokens(&text)?;
+        let asked = self.tokenizer.encode_without_special_tokens(&asked)?;
+        Ok(Conversation {
+            answer_start: asked.len().min(ids.len()),
+            ids,
+        })
+    }
+
+    /// The prompt's token ids (none for the release variant's conversations).
     pub fn prompt(&self) -> &[u32] {
         &self.prompt
     }
 
-    /// The end-of-sequence token closing every caption (and padding shorter ones).
+    /// The end-of-sequence token closing every research caption (and padding shorter texts).
     pub fn end(&self) -> u32 {
         self.end
     }
 
-    /// `caption`'s token ids, the end-of-sequence token last.
+    /// `caption`'s token ids: the end-of-sequence token last, or for the release variant its
+    /// whole conversation (every token scored, as fVLM's stage 1 does).
     pub fn caption(&self, caption: &str) -> Result<Vec<u32>, FoveatedError> {
+        if let Some(user) = &self.chat {
+            return Ok(self.conversation(user, caption)?.ids);
+        }
         let mut ids = self.tokenizer.encode(caption)?;
         ids.push(self.end);
         Ok(ids)

@@ -20,7 +20,7 @@
 //! (`FoveatedConfig::research`); docs/FOVEATED.md's proof that the fine pass looks was made
 //! with it.
 //!
-//! Training support (`TrainStep` / `EvalStep`, [`fvlm_recipe`], the captioned-clip loader and
+//! Training support (`TrainStep` / `EvalStep`, [`research_recipe`], [`ReleaseRecipe`], the captioned-clip loader and
 //! the cue-then-read task in [`synthetic`]) is behind the `train` feature, on in the facade.
 //!
 //! ```no_run
@@ -58,8 +58,8 @@ mod train;
 
 #[cfg(feature = "train")]
 pub use captions::{
-    Caption, CaptionTokenizer, CaptionedClipReader, CaptionedClips, dinov2_frames, match_captions,
-    read_captions,
+    Caption, CaptionTokenizer, CaptionedClipReader, CaptionedClips, Conversation,
+    FVLM_CAPTION_PROMPT, FVLM_SYSTEM_PROMPT, dinov2_frames, match_captions, read_captions,
 };
 pub use config::{FoveatedConfig, FrameHead, Readout, Variant};
 pub use connectors::Connectors;
@@ -68,7 +68,7 @@ pub use model::{
     PreferenceLogps, dpo_loss,
 };
 #[cfg(feature = "train")]
-pub use train::fvlm_recipe;
+pub use train::{ReleaseRecipe, research_recipe};
 
 /// Why the foveated model could not be built or run.
 #[derive(Debug, thiserror::Error)]

@@ -6,22 +6,23 @@
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 use kiln_train::{
-    BadBatch, EvalOutput, EvalStep, OptimizerConfig, Schedule, StepContext, StepOutput,
+    BadBatch, Decay, EvalOutput, EvalStep, OptimizerConfig, Schedule, StepContext, StepOutput,
     TrainConfig, TrainStep,
 };
+use serde::{Deserialize, Serialize};
 
 use crate::{ClipBatch, FoveatedModel, FoveatedOutput, Losses, PassOutput};
 
-/// fVLM's optimisation for `steps` optimizer steps: AdamW with its parameter groups — the
-/// connectors (every parameter fVLM adds) at peak `connector_lr`, DINOv2 and the LM at
+/// The research variant's optimisation for `steps` optimizer steps: AdamW with two groups — the
+/// connectors (every parameter kiln-foveated adds) at peak `connector_lr`, DINOv2 and the LM at
 /// `backbone_lr` — weight decay 0.01 except on biases and norms, linear warm-up over the first
 /// 5% of steps, cosine decay to 0.1×, gradients clipped to norm 1.0.
 ///
 /// ```
-/// let config = kiln_foveated::fvlm_recipe(1_000, 1e-3, 1e-5);
+/// let config = kiln_foveated::research_recipe(1_000, 1e-3, 1e-5);
 /// assert_eq!(config.max_grad_norm, Some(1.0));
 /// ```
-pub fn fvlm_recipe(steps: u64, connector_lr: f64, backbone_lr: f64) -> TrainConfig {
+pub fn research_recipe(steps: u64, connector_lr: f64, backbone_lr: f64) -> TrainConfig {
     let mut config = TrainConfig::new(steps, backbone_lr);
     config.optimizer = OptimizerConfig::adamw(backbone_lr)
         .with_weight_decay(0.01)
@@ -31,6 +32,143 @@ pub fn fvlm_recipe(steps: u64, connector_lr: f64, backbone_lr: f64) -> TrainConf
     config.max_grad_norm = Some(1.0);
     config
 }
+
+/// One of fVLM's released training stages: the `training:` section of its
+/// `configs/stage{1,2,3}_{135M,1.7B}.yaml`, as its `train.py` runs it.
+///
+/// ```
+/// use kiln_foveated::ReleaseRecipe;
+/// let stage1 = ReleaseRecipe::stage1_135m().train_config(1_000);
+/// assert_eq!(stage1.optimizer.group_names(), ["connector", "dino", "llm", "default"]);
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReleaseRecipe {
+    /// Peak rate of fVLM's connector group: `q_static`, `q_init`, `query_input_proj`,
+    /// `dino_to_llm` and `llm_to_query` (its `get_param_groups` name filter).
+    pub lr_connector: f64,
+    /// Peak rate of DINOv2 and the readout's `output_proj` (which fVLM's filter leaves with
+    /// the encoder).
+    pub lr_dino: f64,
+    /// Peak rate of the LM.
+    pub lr_llm: f64,
+    /// The rate every group converges on (stage 1's `converging` schedule); `None`: cosine to
+    /// 0.1× of each peak.
+    pub target_lr: Option<f64>,
+    /// The fraction of the steps the linear warm-up from 0 takes.
+    pub warmup_ratio: f64,
+    /// AdamW's decoupled weight decay, on every parameter.
+    pub weight_decay: f64,
+    /// Gradients are clipped to this norm.
+    pub max_grad_norm: f64,
+}
+
+impl ReleaseRecipe {
+    /// Stage 1 of fVLM-135M, visual alignment: connectors from 1e-3, backbones from 1e-5, both
+    /// converging on 3e-5; every text token scored.
+    pub fn stage1_135m() -> Self {
+        ReleaseRecipe {
+            lr_connector: 1e-3,
+            lr_dino: 1e-5,
+            lr_llm: 1e-5,
+            target_lr: Some(3e-5),
+            warmup_ratio: 0.03,
+            weight_decay: 0.01,
+            max_grad_norm: 1.0,
+        }
+    }
+
+    /// Stage 2 of fVLM-135M, instruction tuning: 3e-5 everywhere, cosine; the answer scored.
+    pub fn stage2_135m() -> Self {
+        ReleaseRecipe {
+            lr_connector: 3e-5,
+            lr_dino: 3e-5,
+            lr_llm: 3e-5,
+            target_lr: None,
+            ..Self::stage1_135m()
+        }
+    }
+
+    /// Stage 3 of fVLM-135M, DPO: 1e-6 everywhere, 10% warm-up, cosine.
+    pub fn stage3_135m() -> Self {
+        ReleaseRecipe {
+            lr_connector: 1e-6,
+            lr_dino: 1e-6,
+            lr_llm: 1e-6,
+            warmup_ratio: 0.1,
+            ..Self::stage2_135m()
+        }
+    }
+
+    /// Stage 1 of fVLM-1.7B: connectors from 3e-4, backbones from 3e-6, converging on 1e-5.
+    pub fn stage1_1_7b() -> Self {
+        ReleaseRecipe {
+            lr_connector: 3e-4,
+            lr_dino: 3e-6,
+            lr_llm: 3e-6,
+            target_lr: Some(1e-5),
+            ..Self::stage1_135m()
+        }
+    }
+
+    /// Stage 2 of fVLM-1.7B: 1e-5 everywhere, cosine.
+    pub fn stage2_1_7b() -> Self {
+        ReleaseRecipe {
+            lr_connector: 1e-5,
+            lr_dino: 1e-5,
+            lr_llm: 1e-5,
+            ..Self::stage2_135m()
+        }
+    }
+
+    /// Stage 3 of fVLM-1.7B, DPO: 5e-7 everywhere, 10% warm-up, cosine.
+    pub fn stage3_1_7b() -> Self {
+        ReleaseRecipe {
+            lr_connector: 5e-7,
+            lr_dino: 5e-7,
+            lr_llm: 5e-7,
+            ..Self::stage3_135m()
+        }
+    }
+
+    /// The stage over `steps` optimizer steps on kiln-train: AdamW over fVLM's three groups
+    /// (parameters outside them, a per-frame head, at the LM's rate), decay on every parameter,
+    /// `⌊steps · warmup_ratio⌋` warm-up steps from 0, then the converging or cosine schedule.
+    pub fn train_config(&self, steps: u64) -> TrainConfig {
+        let decay = self.weight_decay;
+        let mut config = TrainConfig::new(steps, self.lr_llm);
+        config.optimizer = OptimizerConfig::adamw(self.lr_llm)
+            .with_weight_decay(decay)
+            .with_group("connector", CONNECTOR_GROUP, self.lr_connector, decay)
+            .with_group(
+                "dino",
+                &["dino", "connectors.output_proj"],
+                self.lr_dino,
+                decay,
+            )
+            .with_group("llm", &["lm"], self.lr_llm, decay);
+        let warmup = (steps as f64 * self.warmup_ratio) as u64;
+        config.schedule = match self.target_lr {
+            Some(target_lr) => Schedule {
+                warmup_steps: warmup,
+                warmup_start: 0.0,
+                decay: Decay::Converging { target_lr },
+                total_steps: steps,
+            },
+            None => Schedule::warmup_cosine(warmup, 0.0, 0.1, steps),
+        };
+        config.max_grad_norm = Some(self.max_grad_norm);
+        config
+    }
+}
+
+/// The parameters fVLM's `get_param_groups` puts in its connector group.
+const CONNECTOR_GROUP: &[&str] = &[
+    "connectors.q_static",
+    "connectors.q_init",
+    "connectors.query_input_proj",
+    "connectors.dino_to_llm",
+    "connectors.llm_to_query",
+];
 
 impl<B: AutodiffBackend> TrainStep<B> for FoveatedModel<B> {
     type Batch = ClipBatch<B>;

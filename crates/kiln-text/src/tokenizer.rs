@@ -107,6 +107,15 @@ impl TextTokenizer {
             .map_err(|e| TextError::Tokenizer(e.to_string()))
     }
 
+    /// The ids of `text` alone, no special tokens added (transformers'
+    /// `tokenizer(text, add_special_tokens=False)`: for text a chat template already marked up).
+    pub fn encode_without_special_tokens(&self, text: &str) -> Result<Vec<u32>, TextError> {
+        self.tokenizer
+            .encode(text, false)
+            .map(|encoding| encoding.get_ids().to_vec())
+            .map_err(|e| TextError::Tokenizer(e.to_string()))
+    }
+
     /// The text of `ids`, without special tokens when `skip_special_tokens`.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TextError> {
         self.tokenizer

@@ -89,6 +89,14 @@ impl OptimizerConfig {
         self
     }
 
+    /// The group the parameter at dotted `path` belongs to: its index in
+    /// [`OptimizerConfig::group_names`] (the default group last).
+    pub fn group_of(&self, path: &str) -> usize {
+        (self.groups.iter())
+            .position(|g| g.prefixes.iter().any(|p| path_has_prefix(path, p)))
+            .unwrap_or(self.groups.len())
+    }
+
     /// Group names in order, `default` last.
     pub fn group_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.groups.iter().map(|g| g.name.clone()).collect();
@@ -265,11 +273,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> GroupedAdamW<B, M> {
         let mut slots = Vec::new();
         let mut slot_of = HashMap::new();
         for param in params {
-            let group = config
-                .groups
-                .iter()
-                .position(|g| g.prefixes.iter().any(|p| path_has_prefix(&param.path, p)))
-                .unwrap_or(config.groups.len());
+            let group = config.group_of(&param.path);
             let decays = !(config.no_decay_on_biases_and_norms && param.shape.len() == 1);
             let slot = *slot_index.entry((group, decays)).or_insert_with(|| {
                 let weight_decay = match (decays, config.groups.get(group)) {

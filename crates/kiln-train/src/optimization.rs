@@ -180,13 +180,9 @@ impl<B: AutodiffBackend, M: TrainStep<B>> Optimization<B, M> {
         };
         let loss = mean(read[0]);
         let grad_norm = norm / loss_scale;
-        let factor = self.config.schedule.factor(step);
-        let lrs: Vec<f64> = self
-            .config
-            .optimizer
-            .group_lrs()
-            .iter()
-            .map(|lr| lr * factor)
+        let schedule = &self.config.schedule;
+        let lrs: Vec<f64> = (self.config.optimizer.group_lrs().iter())
+            .map(|&peak| schedule.rate(step, peak))
             .collect();
         let finite = loss.is_finite() && grad_norm.is_finite();
         let applied = self.loss_scale.adjust(finite) == StepDecision::Apply;

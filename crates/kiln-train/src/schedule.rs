@@ -1,5 +1,5 @@
 //! Learning-rate schedules counted in optimizer steps: a linear warm-up from a start value, then
-//! constant, cosine or linear decay to a floor. A schedule is a pure function of the step, so a
+//! constant, cosine or linear decay to a floor, or every group's rate converging on one. A schedule is a pure function of the step, so a
 //! resumed run needs nothing but the step to continue it (PyTorch's `LambdaLR` with the same
 //! factor function gives the same rates).
 
@@ -22,6 +22,13 @@ pub enum Decay {
     Linear {
         /// The final rate as a fraction of the peak.
         floor: f64,
+    },
+    /// Half a cosine from each group's peak to the same `target_lr` at the last step, down from
+    /// peaks above it and up from peaks below (fVLM's `get_converging_schedule`: a new
+    /// connector fast, the pretrained backbones slow, all at one rate by the end).
+    Converging {
+        /// The rate every group ends at.
+        target_lr: f64,
     },
 }
 
@@ -59,11 +66,12 @@ impl Schedule {
         }
     }
 
-    /// The factor for the optimizer step that has `step` steps before it (0 for the first).
-    pub fn factor(&self, step: u64) -> f64 {
+    /// The learning rate of a group whose peak rate is `peak`, for the optimizer step that has
+    /// `step` steps before it (0 for the first).
+    pub fn rate(&self, step: u64, peak: f64) -> f64 {
         if step < self.warmup_steps {
             let progress = step as f64 / self.warmup_steps as f64;
-            return self.warmup_start + (1.0 - self.warmup_start) * progress;
+            return peak * (self.warmup_start + (1.0 - self.warmup_start) * progress);
         }
         let span = self.total_steps.saturating_sub(self.warmup_steps);
         let progress = if span == 0 {
@@ -71,12 +79,13 @@ impl Schedule {
         } else {
             ((step - self.warmup_steps) as f64 / span as f64).min(1.0)
         };
+        // Half a cosine, 1 at the warm-up's end to 0 at the last step.
+        let cosine = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
         match self.decay {
-            Decay::Constant => 1.0,
-            Decay::Cosine { floor } => {
-                floor + (1.0 - floor) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
-            }
-            Decay::Linear { floor } => 1.0 - (1.0 - floor) * progress,
+            Decay::Constant => peak,
+            Decay::Cosine { floor } => peak * (floor + (1.0 - floor) * cosine),
+            Decay::Linear { floor } => peak * (1.0 - (1.0 - floor) * progress),
+            Decay::Converging { target_lr } => target_lr + (peak - target_lr) * cosine,
         }
     }
 
@@ -100,6 +109,10 @@ impl Schedule {
         match self.decay {
             Decay::Constant => Ok(()),
             Decay::Cosine { floor } | Decay::Linear { floor } => fraction("the floor", floor),
+            Decay::Converging { target_lr } if target_lr.is_finite() && target_lr >= 0.0 => Ok(()),
+            Decay::Converging { target_lr } => Err(format!(
+                "the converging schedule's target rate is a finite rate ≥ 0, not {target_lr}"
+            )),
         }
     }
 }
@@ -123,6 +136,9 @@ impl std::fmt::Display for Schedule {
             Decay::Constant => write!(f, "constant")?,
             Decay::Cosine { floor } => write!(f, "cosine to {}×", short(floor))?,
             Decay::Linear { floor } => write!(f, "linear to {}×", short(floor))?,
+            Decay::Converging { target_lr } => {
+                write!(f, "cosine from each group's peak to {}", short(target_lr))?
+            }
         }
         write!(
             f,
@@ -139,19 +155,18 @@ mod tests {
     #[test]
     fn warmup_rises_linearly_then_cosine_reaches_its_floor() {
         let s = Schedule::warmup_cosine(5, 0.1, 0.05, 30);
-        assert_eq!(s.factor(0), 0.1);
-        assert!((s.factor(2) - (0.1 + 0.9 * 0.4)).abs() < 1e-15);
-        assert_eq!(s.factor(5), 1.0);
-        assert!((s.factor(30) - 0.05).abs() < 1e-15);
-        assert!((s.factor(1000) - 0.05).abs() < 1e-15);
-        let mid = s.factor(5 + 25 / 2);
+        let factor = |step| s.rate(step, 1.0);
+        assert_eq!(factor(0), 0.1);
+        assert!((factor(2) - (0.1 + 0.9 * 0.4)).abs() < 1e-15);
+        assert_eq!(factor(5), 1.0);
+        assert!((factor(30) - 0.05).abs() < 1e-15);
+        assert!((factor(1000) - 0.05).abs() < 1e-15);
+        let mid = factor(5 + 25 / 2);
         assert!(mid < 1.0 && mid > 0.05);
         for step in 5..30 {
-            assert!(
-                s.factor(step + 1) <= s.factor(step),
-                "not falling at {step}"
-            );
+            assert!(factor(step + 1) <= factor(step), "not falling at {step}");
         }
+        assert_eq!(s.rate(30, 2e-3), 1e-4);
     }
 
     #[test]
@@ -162,10 +177,36 @@ mod tests {
             decay: Decay::Linear { floor: 0.0 },
             total_steps: 10,
         };
-        assert_eq!(s.factor(0), 1.0);
-        assert!((s.factor(5) - 0.5).abs() < 1e-15);
-        assert_eq!(s.factor(10), 0.0);
-        assert_eq!(Schedule::constant(10).factor(7), 1.0);
+        assert_eq!(s.rate(0, 1.0), 1.0);
+        assert!((s.rate(5, 1.0) - 0.5).abs() < 1e-15);
+        assert_eq!(s.rate(10, 1.0), 0.0);
+        assert_eq!(Schedule::constant(10).rate(7, 3.0), 3.0);
+    }
+
+    #[test]
+    fn converging_rates_meet_at_the_target() {
+        let s = Schedule {
+            warmup_steps: 2,
+            warmup_start: 0.0,
+            decay: Decay::Converging { target_lr: 3e-5 },
+            total_steps: 12,
+        };
+        let (connector, backbone) = (|step| s.rate(step, 1e-3), |step| s.rate(step, 1e-5));
+        assert_eq!(connector(0), 0.0);
+        assert_eq!(connector(1), 5e-4);
+        assert!((connector(2) - 1e-3).abs() < 1e-18 && (backbone(2) - 1e-5).abs() < 1e-18);
+        // Halfway through the decay each is halfway to the target.
+        assert!((connector(7) - (1e-3 + 3e-5) / 2.0).abs() < 1e-15);
+        assert!((backbone(7) - (1e-5 + 3e-5) / 2.0).abs() < 1e-15);
+        for step in 2..12 {
+            assert!(connector(step + 1) < connector(step) && backbone(step + 1) > backbone(step));
+        }
+        assert!((connector(12) - 3e-5).abs() < 1e-18 && (backbone(40) - 3e-5).abs() < 1e-18);
+        let mut bad = s;
+        bad.decay = Decay::Converging {
+            target_lr: f64::NAN,
+        };
+        assert!(bad.validate().is_err());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::path::Path;
 use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
-use kiln_core::{Policy, load_checkpoint};
+use kiln_core::{Policy, Precision, load_checkpoint};
 use kiln_text::{CausalLm, KvCache, TextInput};
 use kiln_vision::{Dinov2Model, Dinov2Patches, VisionModel};
 
@@ -112,6 +112,27 @@ impl<B: Backend> FoveatedModel<B> {
         let dir = dir.as_ref();
         self.connectors = load_checkpoint(self.connectors, dir, &[], &[])?;
         Ok(self)
+    }
+
+    /// The same model with the LM under `policy`, DINOv2 and the connectors under theirs.
+    /// fVLM keeps its LM's parameters in bf16 and computes it in bf16, DINOv2 and the
+    /// connectors in f32 under bf16 autocast: [`FoveatedModel::from_dirs`] with the
+    /// `mixed-bf16` policy, then this with [`FoveatedModel::fvlm_lm_policy`]. kiln's own mixed
+    /// policy (f32 master weights everywhere) is `from_dirs` alone.
+    pub fn with_lm_policy(mut self, policy: &Policy) -> Self {
+        self.lm = self.lm.with_policy(policy);
+        self
+    }
+
+    /// fVLM's LM precision: parameters and compute in bf16, outputs (the logits the loss
+    /// reads) in f32, as autocast's cross-entropy computes.
+    pub fn fvlm_lm_policy() -> Policy {
+        Policy {
+            param: Precision::BF16,
+            compute: Precision::BF16,
+            output: Precision::F32,
+            accumulate: Precision::F32,
+        }
     }
 
     /// The settings.
@@ -415,16 +436,19 @@ impl<B: Backend> FoveatedModel<B> {
         tokens.reshape([clips, rows / clips, width])
     }
 
-    /// The prompt and target embedded (absent when the batch has none).
+    /// The prompt and target embedded (absent when the batch has none), in the connectors'
+    /// dtype, beside which they enter the LM (an LM under its own policy embeds in its
+    /// parameters' dtype).
     fn embedded_text(&self, batch: &ClipBatch<B>) -> Text<B> {
         let device = batch.pixels.device();
+        let dtype = self.connectors.dino_to_llm.weight.val().dtype();
         let embed = |ids: &[Vec<u32>]| {
             (!ids.is_empty() && !ids[0].is_empty()).then(|| {
                 let (rows, tokens) = (ids.len(), ids[0].len());
                 let flat: Vec<i64> = ids.iter().flatten().map(|&id| id as i64).collect();
                 let ids =
                     Tensor::<B, 2, Int>::from_data(TensorData::new(flat, [rows, tokens]), &device);
-                self.lm.embed(ids)
+                self.lm.embed(ids).cast(dtype)
             })
         };
         Text {

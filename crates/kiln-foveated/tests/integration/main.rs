@@ -3,6 +3,8 @@
 //! on kiln-train.
 
 mod parity;
+#[cfg(feature = "train")]
+mod recipe;
 mod release;
 mod support;
 #[cfg(feature = "train")]

@@ -63,6 +63,16 @@ impl Reference {
         Tensor::from_data(TensorData::new(values, shape), &Default::default())
     }
 
+    /// f64 values and their shape.
+    pub fn doubles(&self, key: &str) -> (Vec<f64>, Vec<usize>) {
+        let (bytes, shape) = self.bytes(key);
+        let values = bytes
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        (values, shape)
+    }
+
     /// A u8 table `[rows][columns]`, widened.
     pub fn table_u8(&self, key: &str) -> Vec<Vec<i64>> {
         let (bytes, shape) = self.bytes(key);
