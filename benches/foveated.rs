@@ -10,6 +10,11 @@
 //! - `foveated_step/fvlm,b=2,T=8`: fVLM's shapes — DINOv2-S at 224 px, SmolLM2-135M, deep
 //!   readout, 384-wide queries, 2 clips of 8 frames, a 16-token prompt and a 32-token caption —
 //!   random weights, the research variant's recipe (`research_recipe`).
+//! - `foveated_step/release,b=2,T=8`: the same shapes as fVLM released its model
+//!   (`FoveatedConfig::release()`: the coarse LM over the 8 visual tokens alone, λ = 0; the 48
+//!   tokens of text after the visual tokens, all scored) and its stage-1 recipe
+//!   (`ReleaseRecipe::stage1_135m`); `scripts/bench/foveated_torch.py --workload release` runs
+//!   fVLM's own `FoveatedVLM` on them.
 //! - `adamw/dinov2_s+smollm2_135m`: kiln-train's AdamW alone (fVLM's parameter groups) over the
 //!   same model's 156.9 M values, gradients given: what the optimizer takes of a step.
 //! - `dinov2_frames/224px`: DINOv2-S's patch features and keys/values (`encode_patches`, what
@@ -32,7 +37,9 @@ use kiln::burn::optim::GradientsParams;
 use kiln::burn::tensor::backend::Backend;
 use kiln::burn::tensor::{Distribution, Tensor};
 use kiln::foveated::synthetic::{self, CueThenRead};
-use kiln::foveated::{ClipBatch, FoveatedConfig, FoveatedModel, Mode, Readout, research_recipe};
+use kiln::foveated::{
+    ClipBatch, FoveatedConfig, FoveatedModel, Mode, Readout, ReleaseRecipe, research_recipe,
+};
 use kiln::text::TextConfig;
 use kiln::train::{GroupedAdamW, Optimization, TrainConfig, parameters};
 use kiln::vision::{Dinov2Config, Dinov2Model};
@@ -50,8 +57,12 @@ type Training<B> = (Trained<B>, Optimization<Autodiff<B>, Trained<B>>);
 enum Workload {
     /// Cue-then-read clips as the example's: 3×3 boards, 4 frames, 16 classes.
     Synthetic(CueThenRead),
-    /// Random frames and token ids of fVLM's shapes.
+    /// Random frames and token ids of fVLM's shapes: a prompt before the visual tokens and a
+    /// caption after them (the research variant).
     Fvlm,
+    /// The same frames and tokens, all of the text after the visual tokens (the release
+    /// variant).
+    Release,
 }
 
 const SYNTHETIC_CLIPS: usize = 16;
@@ -89,7 +100,7 @@ impl<B: Backend> TrainingStep<B> {
     fn clips(&self) -> usize {
         match self.workload {
             Workload::Synthetic(_) => SYNTHETIC_CLIPS,
-            Workload::Fvlm => FVLM.0,
+            Workload::Fvlm | Workload::Release => FVLM.0,
         }
     }
 }
@@ -112,7 +123,7 @@ impl<B: Backend> Benchmark<B> for TrainingStep<B> {
                 let first = (variant * SYNTHETIC_CLIPS) as u64;
                 task.batch(first..first + SYNTHETIC_CLIPS as u64, device)
             }
-            Workload::Fvlm => {
+            Workload::Fvlm | Workload::Release => {
                 let (clips, frames, prompt, caption) = FVLM;
                 let shape = [clips, frames, 3, FVLM_SIZE, FVLM_SIZE];
                 let ids = |count: usize, salt: usize| {
@@ -122,13 +133,14 @@ impl<B: Backend> Benchmark<B> for TrainingStep<B> {
                         .map(|c| (0..count).map(|i| id(c * count + i)).collect())
                         .collect()
                 };
-                ClipBatch::new(Tensor::random(
-                    shape,
-                    Distribution::Normal(0.0, 1.0),
-                    device,
-                ))
-                .with_prompt(ids(prompt, 1))
-                .with_target(ids(caption, 2))
+                let pixels = Tensor::random(shape, Distribution::Normal(0.0, 1.0), device);
+                let batch = ClipBatch::new(pixels);
+                match self.workload {
+                    Workload::Release => batch.with_target(ids(prompt + caption, 3)),
+                    _ => batch
+                        .with_prompt(ids(prompt, 1))
+                        .with_target(ids(caption, 2)),
+                }
             }
         }
     }
@@ -286,12 +298,12 @@ impl Suite for Foveated {
                 &synthetic, workload, model, &config, &device,
             ))?;
         }
-        let fvlm_model = || {
+        let fvlm_model = |config: FoveatedConfig| {
             <Autodiff<B> as Backend>::seed(&device, 0);
             FoveatedModel::new(
                 dinov2_s().init(&device),
                 TextConfig::smollm2_135m().init(&device),
-                FoveatedConfig::research(),
+                config,
                 &device,
             )
             .map_err(BenchError::workload)
@@ -302,13 +314,27 @@ impl Suite for Foveated {
             runner.bench(&TrainingStep::new(
                 &fvlm,
                 Workload::Fvlm,
-                fvlm_model()?,
+                fvlm_model(FoveatedConfig::research())?,
                 &fvlm_config,
                 &device,
             ))?;
         }
+        let release = format!("foveated_step/release,b={},T={}", FVLM.0, FVLM.1);
+        if runner.selects(&release) {
+            runner.bench(&TrainingStep::new(
+                &release,
+                Workload::Release,
+                fvlm_model(FoveatedConfig::release())?,
+                &ReleaseRecipe::stage1_135m().train_config(1000),
+                &device,
+            ))?;
+        }
         if runner.selects(ADAMW) {
-            runner.bench(&OptimizerStep::new(ADAMW, fvlm_model()?, &fvlm_config))?;
+            runner.bench(&OptimizerStep::new(
+                ADAMW,
+                fvlm_model(FoveatedConfig::research())?,
+                &fvlm_config,
+            ))?;
         }
         let dino = dinov2_s().init::<B>(&device);
         runner.batch_scaling(

@@ -22,6 +22,14 @@ loss read back as a Python float (as kiln's trainer reads it for metrics.jsonl).
   fVLM's groups (connectors lr 1e-3, backbones 1e-5; weight decay 0.01 except on biases, norms
   and LayerScale).
 
+- `release`: fVLM's own `FoveatedVLM` (`model.py`, imported from a checkout: `--fvlm-dir`, or
+  `$KILN_FVLM_DIR`; needs transformers 4, scripts/fixtures/requirements-fvlm.txt) on the `fvlm`
+  shapes, random weights saved as Hugging Face directories in a temporary folder, the LM cast to
+  fp32 as fVLM runs on the CPU; its training step `forward_coarse_fine` with λ_coarse = 0 (the
+  coarse LM over the 8 visual tokens alone), 48 text tokens scored (`loss_mask=None`), AdamW over
+  its `get_param_groups` (connectors 1e-3, DINOv2 and the LM 1e-5, weight decay 0.01 on every
+  parameter). kiln's `release` row runs `FoveatedConfig::release()` on the same.
+
 With `--optimizer-only`, a step is `AdamW.step()` alone over the workload's parameters, each
 given a fixed random gradient (kiln's `adamw/dinov2_s+smollm2_135m` row for `fvlm`).
 
@@ -34,15 +42,20 @@ step's `.item()` waits for the device, so the clock covers the work on a GPU too
         --warmup 1 --rounds 3 --steps-per-round 1
     /work/venvs/hf/bin/python scripts/bench/foveated_torch.py --threads 2 --workload fvlm \
         --optimizer-only --warmup 2 --rounds 5 --steps-per-round 2
+    /work/venvs/fvlm/bin/python scripts/bench/foveated_torch.py --threads 2 --workload release \
+        --fvlm-dir /path/to/nanoSmol/fVLM --warmup 1 --rounds 3 --steps-per-round 1
     python3 scripts/bench/foveated_torch.py --device cuda --tf32 --workload fvlm   # on a GPU
 
-Requirements: scripts/fixtures/requirements-hf.txt (torch, transformers).
+Requirements: scripts/fixtures/requirements-hf.txt (torch, transformers); for `release`,
+scripts/fixtures/requirements-fvlm.txt.
 """
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,6 +85,47 @@ WORKLOADS = {
         "groups": (1e-3, 1e-5), "lr": None,
     },
 }
+
+
+def release_step(fvlm_dir: Path, device, params_out):
+    """fVLM's own model on the `fvlm` shapes and its training step (see the module's doc)."""
+    sys.path.insert(0, str(fvlm_dir))
+    from model import FoveatedVLM
+
+    w = WORKLOADS["fvlm"]
+    folder = tempfile.TemporaryDirectory()
+    dino_dir, lm_dir = Path(folder.name) / "dino", Path(folder.name) / "lm"
+    Dinov2Model(Dinov2Config(mlp_ratio=4, layerscale_value=1.0, **w["dino"])).save_pretrained(
+        dino_dir
+    )
+    LlamaForCausalLM(LlamaConfig(
+        max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+        tie_word_embeddings=True, **w["lm"],
+    )).save_pretrained(lm_dir)
+    model = FoveatedVLM(
+        llm_name=str(lm_dir), dino_name=str(dino_dir), query_dim=w["query_dim"],
+        visual_scale=0.14, lambda_coarse=0.0, deep_query=True,
+    ).float().to(device).train()
+    folder.cleanup()
+    groups = model.get_param_groups(lr_backbone=1e-5, lr_connector=1e-3)
+    adamw = torch.optim.AdamW(groups, weight_decay=0.01)
+    params = list(model.parameters())
+    params_out.extend(params)
+    clips, frames, text = w["clips"], w["frames"], w["prompt"] + w["caption"]
+    side = w["dino"]["image_size"]
+    pixels = torch.randn(clips, frames, 3, side, side, device=device)
+    ids = torch.randint(0, w["lm"]["vocab_size"], (clips, text), device=device)
+    attention = torch.ones(clips, text, dtype=torch.long, device=device)
+
+    def step():
+        loss = model.forward_coarse_fine(pixels, ids, attention)["loss"]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        adamw.step()
+        adamw.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step, adamw
 
 
 def build(workload):
@@ -104,26 +158,9 @@ def optimizer(w, dino, lm, connectors):
     )
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="synthetic")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps-per-round", type=int, default=20)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--tf32", action="store_true", help="TF32 products on a GPU")
-    parser.add_argument("--optimizer-only", action="store_true",
-                        help="time AdamW.step() alone, with fixed gradients")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.backends.cuda.matmul.allow_tf32 = args.tf32
-    torch.backends.cudnn.allow_tf32 = args.tf32
-    torch.manual_seed(0)
-    device = torch.device(args.device)
-
-    w, dino, lm, connectors = build(args.workload)
+def two_pass_step(workload, device):
+    """The parity fixtures' PyTorch model on `workload` and its training step."""
+    w, dino, lm, connectors = build(workload)
     dino, lm, connectors = dino.to(device), lm.to(device), connectors.to(device)
     params = [*dino.parameters(), *lm.parameters(), *connectors.parameters()]
     adamw = optimizer(w, dino, lm, connectors)
@@ -147,6 +184,38 @@ def main():
         adamw.step()
         adamw.zero_grad(set_to_none=True)
         return loss.item()
+
+    return step, adamw, params
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workload", choices=sorted([*WORKLOADS, "release"]), default="synthetic")
+    parser.add_argument("--fvlm-dir", type=Path, default=os.environ.get("KILN_FVLM_DIR"),
+                        help="a checkout's fVLM/ folder (the release workload)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps-per-round", type=int, default=20)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--tf32", action="store_true", help="TF32 products on a GPU")
+    parser.add_argument("--optimizer-only", action="store_true",
+                        help="time AdamW.step() alone, with fixed gradients")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+
+    if args.workload == "release":
+        if args.fvlm_dir is None or not (args.fvlm_dir / "model.py").is_file():
+            sys.exit("the release workload needs --fvlm-dir (or KILN_FVLM_DIR): fVLM/ of a checkout")
+        params = []
+        step, adamw = release_step(args.fvlm_dir, device, params)
+    else:
+        step, adamw, params = two_pass_step(args.workload, device)
 
     if args.optimizer_only:
         for p in params:
