@@ -42,15 +42,7 @@ impl<B: Backend> FoveatedModel<B> {
         let mut parts = Vec::new();
         let [clips, tokens, vocab] = pass.text_logits.dims();
         if tokens > 0 {
-            let first = pass.first_target;
-            let targets: Vec<i64> = (batch.target.iter().enumerate())
-                .flat_map(|(clip, ids)| {
-                    (first..ids.len()).map(move |at| match batch.scores(clip, at) {
-                        true => ids[at] as i64,
-                        false => -1,
-                    })
-                })
-                .collect();
+            let targets = pass.scored_targets(batch);
             let logits = pass.text_logits.clone().reshape([clips * tokens, vocab]);
             parts.extend(cross_entropy(logits, &targets));
         }

@@ -35,6 +35,20 @@ pub struct PassOutput<B: Backend> {
 }
 
 impl<B: Backend> PassOutput<B> {
+    /// The target token each row of `text_logits` predicts, clip by clip, or −1 where `batch`
+    /// does not score it (padding, outside the loss mask).
+    pub(crate) fn scored_targets(&self, batch: &super::ClipBatch<B>) -> Vec<i64> {
+        let (first, tokens) = (self.first_target, self.text_logits.dims()[1]);
+        (batch.target.iter().enumerate())
+            .flat_map(|(clip, ids)| {
+                (first..first + tokens).map(move |at| match batch.scores(clip, at) {
+                    true => ids[at] as i64,
+                    false => -1,
+                })
+            })
+            .collect()
+    }
+
     /// The LM's hidden states at each frame's last visual token, `[clips, frames, lm hidden]`.
     pub fn at_frames(&self) -> Tensor<B, 3> {
         let [clips, _, width] = self.hidden.dims();

@@ -102,17 +102,15 @@ fn nothing_scored() -> FoveatedError {
 /// Per clip, the sum of log p over the target tokens `batch` scores (`None` when none is).
 fn sequence_logps<B: Backend>(pass: &PassOutput<B>, batch: &ClipBatch<B>) -> Option<Tensor<B, 1>> {
     let [clips, tokens, _] = pass.text_logits.dims();
-    let first = pass.first_target;
-    let (mut ids, mut scored) = (Vec::new(), Vec::new());
-    for (clip, target) in batch.target.iter().enumerate() {
-        for (at, &id) in target.iter().enumerate().skip(first).take(tokens) {
-            ids.push(id as i64);
-            scored.push(if batch.scores(clip, at) { 1f32 } else { 0.0 });
-        }
-    }
-    if !scored.contains(&1.0) {
+    let targets = pass.scored_targets(batch);
+    if targets.iter().all(|&t| t < 0) {
         return None;
     }
+    let ids: Vec<i64> = targets.iter().map(|&t| t.max(0)).collect();
+    let scored: Vec<f32> = targets
+        .iter()
+        .map(|&t| f32::from(u8::from(t >= 0)))
+        .collect();
     let device = pass.text_logits.device();
     let ids = Tensor::<B, 3, Int>::from_data(TensorData::new(ids, [clips, tokens, 1]), &device);
     let scored = Tensor::<B, 2>::from_data(TensorData::new(scored, [clips, tokens]), &device);
