@@ -289,7 +289,15 @@ impl Suite for Foveated {
             let task = CueThenRead::new(3, 6, 4, 16, 0).map_err(BenchError::workload)?;
             <Autodiff<B> as Backend>::seed(&device, 0);
             let model = task
-                .model(8, 16, Readout::Shallow, &device)
+                .model(
+                    8,
+                    16,
+                    FoveatedConfig {
+                        readout: Readout::Shallow,
+                        ..FoveatedConfig::research()
+                    },
+                    &device,
+                )
                 .map_err(BenchError::workload)?
                 .with_training_mode(Mode::CoarseFine);
             let config = synthetic::recipe(4000, 2e-3, 0.0);

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release --example foveated_synthetic -- --out runs/foveated [--steps N]
-//!     [--device D] [--readout shallow|deep]
+//!     [--device D] [--readout shallow|deep] [--variant research|release] [--lambda L]
 //! ```
 //!
 //! Trains four controls from scratch with the same budget — `--start-steps` (750) on 2×2
@@ -34,8 +34,8 @@ use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
 use kiln::core::{DeviceJob, DeviceSpec};
-use kiln::foveated::synthetic::{self, CueThenRead, Curriculum, Stage, SyntheticClips};
-use kiln::foveated::{FoveatedModel, Mode, Readout};
+use kiln::foveated::synthetic::{self, CueCaption, CueThenRead, Curriculum, Stage, SyntheticClips};
+use kiln::foveated::{FoveatedConfig, FoveatedModel, Mode, Readout, Variant};
 use kiln::train::plot::draw_png;
 use kiln::train::{Outcome, RunOptions, TrainConfig, Trainer, read_metrics};
 use serde_json::{Value, json};
@@ -61,6 +61,20 @@ struct Args {
     /// point more slowly: docs/FOVEATED.md).
     #[arg(long, default_value = "shallow")]
     readout: Readout,
+    /// The model's design: research (kiln's first reading of fVLM: the caption naming the cued
+    /// cell is scored from the last visual token, both passes trained) or release (fVLM as
+    /// released: the coarse pass over the visual tokens alone, λ = 0, text scored from text).
+    #[arg(long, default_value = "research")]
+    variant: Variant,
+    /// Weight of the coarse pass's loss (`fine + λ·coarse`) [default: the variant's, 1 for
+    /// research, 0 for release].
+    #[arg(long, value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
+    lambda: Option<f64>,
+    /// What each clip's text says: cue (the cued cell; research scores it from the last visual
+    /// token, release from a lead token standing for fVLM's chat template) or none (the lead
+    /// token alone: only the per-frame answers are learned).
+    #[arg(long, default_value = "cue", value_parser = ["cue", "none"])]
+    caption: String,
     /// Cells per side of the board (the task the controls are scored on).
     #[arg(long, default_value_t = 4, value_parser = kiln::cli::count)]
     grid: usize,
@@ -162,7 +176,13 @@ impl Args {
 
     /// The task the controls are scored on.
     fn task(&self) -> Result<CueThenRead, String> {
+        let caption = match (self.caption.as_str(), self.variant) {
+            ("none", _) => CueCaption::Lead,
+            (_, Variant::Research) => CueCaption::Cue,
+            (_, Variant::Release) => CueCaption::LedCue,
+        };
         CueThenRead::new(self.grid, self.cell, self.frames, self.classes, self.seed)
+            .map(|task| task.with_caption(caption))
             .map_err(|e| e.to_string())
     }
 
@@ -217,9 +237,19 @@ impl Args {
         B::seed(device, self.seed);
         let model = self
             .task()?
-            .model(self.token_width, 0, self.readout, device)
+            .model(self.token_width, 0, self.connectors(), device)
             .map_err(|e| e.to_string())?;
         Ok(model.with_training_mode(mode))
+    }
+
+    /// The connectors' settings: the variant's preset with `--readout` and `--lambda`.
+    fn connectors(&self) -> FoveatedConfig {
+        let preset = FoveatedConfig::of(self.variant);
+        FoveatedConfig {
+            readout: self.readout,
+            lambda_coarse: self.lambda.unwrap_or(preset.lambda_coarse),
+            ..preset
+        }
     }
 
     /// Trains `model` through one stage: fresh clips of its boards (64 batches an epoch, a new
@@ -254,6 +284,8 @@ impl Args {
             model_settings: json!({
                 "control": control,
                 "readout": format!("{:?}", self.readout),
+                "variant": format!("{:?}", self.variant).to_lowercase(),
+                "lambda": self.connectors().lambda_coarse,
                 "task": format!("{task:?}"),
             }),
             ..RunOptions::new(dir)
@@ -349,6 +381,9 @@ impl DeviceJob for Args {
             json!({
                 "steps": self.steps,
                 "readout": format!("{:?}", self.readout).to_lowercase(),
+                "variant": format!("{:?}", self.variant).to_lowercase(),
+                "lambda": self.connectors().lambda_coarse,
+                "caption": self.caption,
                 "grid": self.grid,
                 "start_grid": self.start_grid,
                 "start_steps": self.start_steps,

@@ -185,11 +185,7 @@ impl Args {
 
     /// The coarse pass's weight: `--lambda`, else the variant's.
     fn lambda(&self) -> f64 {
-        let variant = match self.variant {
-            Variant::Research => FoveatedConfig::research(),
-            Variant::Release => FoveatedConfig::release(),
-        };
-        self.lambda.unwrap_or(variant.lambda_coarse)
+        (self.lambda).unwrap_or(FoveatedConfig::of(self.variant).lambda_coarse)
     }
 
     /// `--prompt`, else the variant's.

@@ -27,6 +27,17 @@ fn run(out: &Path, args: &[&str]) -> Output {
         .expect("the foveated_synthetic example is built with the tests")
 }
 
+/// Runs the example, which must succeed, and reads its summary.json.
+fn summary_of(out: &Path, args: &[&str]) -> Value {
+    let output = run(out, args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap()
+}
+
 #[test]
 fn a_short_run_writes_every_control_and_the_plot() {
     let dir = tempfile::tempdir().unwrap();
@@ -45,17 +56,8 @@ fn a_short_run_writes_every_control_and_the_plot() {
         "--all-patches-start-steps",
         "1",
     ];
-    let output = run(
-        &out,
-        &[&args[..], &["--readout", "shallow", "--device", "cpu"]].concat(),
-    );
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let summary: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let flags = ["--readout", "shallow", "--device", "cpu"];
+    let summary = summary_of(&out, &[&args[..], &flags].concat());
     let accuracy = |control: &str, key: &str| &summary[control][key];
     for control in ["both", "random_queries"] {
         for key in ["coarse_accuracy", "fine_accuracy"] {
@@ -103,17 +105,7 @@ fn a_short_run_writes_every_control_and_the_plot() {
     // A finished run is stable: rerunning it changes no control's figures (random queries
     // included, whose evaluation draws from the seeded generator), and they agree with the
     // evaluation its metrics logged.
-    let again = run(
-        &out,
-        &[&args[..], &["--readout", "shallow", "--device", "cpu"]].concat(),
-    );
-    assert!(
-        again.status.success(),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
-    let rerun: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let rerun = summary_of(&out, &[&args[..], &flags].concat());
     for control in ["both", "static_only", "all_patches", "random_queries"] {
         assert_eq!(summary[control], rerun[control], "{control}");
     }
@@ -122,6 +114,48 @@ fn a_short_run_writes_every_control_and_the_plot() {
         logged.last().unwrap()["eval_fine_accuracy"],
         summary["random_queries"]["fine_accuracy"]
     );
+}
+
+/// The release variant's run: fVLM's design (λ 0 unless asked), its settings in the summary,
+/// the cue said after a lead token.
+#[test]
+fn a_short_release_run_says_which_design_it_trained() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let args = [
+        "--steps",
+        "2",
+        "--eval-clips",
+        "16",
+        "--batch",
+        "4",
+        "--start-steps",
+        "0",
+    ];
+    let flags = [
+        "--variant",
+        "release",
+        "--controls",
+        "both",
+        "--device",
+        "cpu",
+    ];
+    let summary = summary_of(&out, &[&args[..], &flags].concat());
+    let settings = &summary["settings"];
+    assert_eq!(
+        (
+            &settings["variant"],
+            &settings["lambda"],
+            &settings["caption"]
+        ),
+        (&"release".into(), &0.0.into(), &"cue".into())
+    );
+    for key in ["coarse_accuracy", "fine_accuracy"] {
+        assert!(summary["both"][key].is_f64(), "{key}");
+    }
+    let config = std::fs::read_to_string(out.join("both/model/config.json")).unwrap();
+    let config: Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(config["foveated"]["variant"], "release");
 }
 
 #[test]
@@ -142,6 +176,8 @@ fn bad_flags_are_refused_before_any_work() {
         ),
         (&["--cell", "1000"][..], "--cell 1000: at most 64 pixels"),
         (&["--batch", "0"][..], "--batch"),
+        (&["--variant", "final"][..], "no variant named 'final'"),
+        (&["--caption", "glyphs"][..], "glyphs"),
     ] {
         let out = dir.path().join("bad");
         let output = run(&out, flags);

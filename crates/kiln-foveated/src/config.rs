@@ -107,6 +107,14 @@ impl Default for FoveatedConfig {
 }
 
 impl FoveatedConfig {
+    /// The preset of `variant`: [`FoveatedConfig::release`] or [`FoveatedConfig::research`].
+    pub fn of(variant: Variant) -> Self {
+        match variant {
+            Variant::Release => FoveatedConfig::release(),
+            Variant::Research => FoveatedConfig::research(),
+        }
+    }
+
     /// fVLM's released model and every released config (`fVLM/configs/*.yaml`): 384-wide
     /// queries, deep readout with the CLS token, visual scale 0.14, λ_coarse = 0 (the coarse
     /// pass only makes the queries), no per-frame head.

@@ -48,6 +48,8 @@ mod captions;
 mod config;
 mod connectors;
 mod diagnostics;
+#[cfg(feature = "train")]
+mod dpo;
 mod fvlm;
 mod model;
 mod saved;
@@ -63,6 +65,8 @@ pub use captions::{
 };
 pub use config::{FoveatedConfig, FrameHead, Readout, Variant};
 pub use connectors::Connectors;
+#[cfg(feature = "train")]
+pub use dpo::{PreferenceBatch, PreferenceTraining};
 pub use model::{
     ClipBatch, DPO_BETA, FoveatedModel, FoveatedOutput, Glimpse, Losses, Mode, PassOutput,
     PreferenceLogps, dpo_loss,

@@ -12,8 +12,9 @@
 //! made from what the model saw in frame 1 can. Each clip's caption is one token, the cued
 //! cell's index: its loss teaches the LM where the cue is (without it, a first-frame token read
 //! by a fixed query carries the cue's position at a few per cent of its norm, and no query made
-//! from it points anywhere within any budget tried: docs/FOVEATED.md). [`SyntheticClips`] serves
-//! the clips to kiln-train.
+//! from it points anywhere within any budget tried: docs/FOVEATED.md); the release variant,
+//! which scores text from text, reads it after a lead token ([`CueCaption`]). [`SyntheticClips`]
+//! serves the clips to kiln-train.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use kiln_vision::Dinov2Config;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::{ClipBatch, FoveatedConfig, FoveatedError, FoveatedModel, FrameHead, Readout};
+use crate::{ClipBatch, FoveatedConfig, FoveatedError, FoveatedModel, FrameHead};
 
 /// The task's shape and seed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,7 +45,34 @@ pub struct CueThenRead {
     pub classes: usize,
     /// Seeds every clip (with its index) and the glyphs' shapes.
     pub seed: u64,
+    /// What each clip's text says ([`CueCaption::Cue`] unless [`CueThenRead::with_caption`]).
+    pub caption: CueCaption,
     glyphs: Vec<Vec<bool>>,
+}
+
+/// Each clip's text: what, of the cue, the LM is asked to say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CueCaption {
+    /// One token, the cued cell's index. The research variant scores it (from the last visual
+    /// token); the release variant scores text from text only, so for it this says nothing.
+    Cue,
+    /// A lead token (0), then the cued cell's index + 1: fVLM's text opens with its chat
+    /// template, which the lead token stands for, so the release variant scores the cue from
+    /// the text before it, as it scores a caption.
+    LedCue,
+    /// The lead token alone: nothing about the cue to say, only the per-frame answers.
+    Lead,
+}
+
+impl CueCaption {
+    /// The text of a clip whose cue is `cue`.
+    fn tokens(self, cue: usize) -> Vec<u32> {
+        match self {
+            CueCaption::Cue => vec![cue as u32],
+            CueCaption::LedCue => vec![0, cue as u32 + 1],
+            CueCaption::Lead => vec![0],
+        }
+    }
 }
 
 /// One clip of the task.
@@ -127,8 +155,14 @@ impl CueThenRead {
             frames,
             classes,
             seed,
+            caption: CueCaption::Cue,
             glyphs,
         })
+    }
+
+    /// The same task with `caption` as each clip's text.
+    pub fn with_caption(self, caption: CueCaption) -> Self {
+        CueThenRead { caption, ..self }
     }
 
     /// Height and width of a frame.
@@ -187,8 +221,8 @@ impl CueThenRead {
     }
 
     /// Clips `indices` as a batch on `device`: frames normalised there with ImageNet's mean and
-    /// std (as DINOv2's processor does), per-frame targets, and the caption: one target token,
-    /// the cued cell (so the LM's vocabulary needs `grid²` tokens at least).
+    /// std (as DINOv2's processor does), per-frame targets, and the caption ([`CueCaption`]: the
+    /// LM's vocabulary needs `grid²` tokens at least, one more with a lead token).
     pub fn batch<B: Backend>(&self, indices: Range<u64>, device: &B::Device) -> ClipBatch<B> {
         self.prepare::<B>(indices, device).upload(device)
     }
@@ -215,7 +249,10 @@ impl CueThenRead {
         HostClips {
             pixels: PreparedPixels::new::<B>(&preprocess, pixels, shape, device),
             shape: [clips.len(), self.frames, 3, size, size],
-            captions: clips.iter().map(|clip| vec![clip.cue as u32]).collect(),
+            captions: clips
+                .iter()
+                .map(|clip| self.caption.tokens(clip.cue))
+                .collect(),
             frame_targets: clips.into_iter().map(|clip| clip.targets).collect(),
         }
     }
@@ -309,12 +346,18 @@ impl CueThenRead {
     /// table starts at std 1, not transformers' 0.02: a trained tower's positions are plain to
     /// see, and a from-scratch one's at 0.02 are not, so no query could point at a cell
     /// (docs/FOVEATED.md). The LM's vocabulary is at least `vocab` and the board's cells (the
-    /// captions name the cued cell). Weights come from the backend's generator.
+    /// captions name the cued cell). The connectors are `config`'s (its variant, readout and
+    /// λ) with 16-wide queries and a per-frame head over the task's classes. Weights come from
+    /// the backend's generator.
+    ///
+    /// Under [`Variant::Release`](crate::Variant::Release) the caption is never scored (fVLM
+    /// predicts text from text, and a one-token caption has nothing after it): the model is
+    /// not told where the cue is.
     pub fn model<B: Backend>(
         &self,
         token_width: usize,
         vocab: usize,
-        readout: Readout,
+        config: FoveatedConfig,
         device: &B::Device,
     ) -> Result<FoveatedModel<B>, FoveatedError> {
         let dino = Dinov2Config {
@@ -329,7 +372,8 @@ impl CueThenRead {
         }
         .init(device);
         let lm = TextConfig {
-            vocab_size: vocab.max(self.grid * self.grid),
+            vocab_size: vocab
+                .max(self.grid * self.grid + usize::from(self.caption != CueCaption::Cue)),
             hidden_size: 64,
             intermediate_size: 128,
             num_hidden_layers: 2,
@@ -341,9 +385,8 @@ impl CueThenRead {
         .init(device);
         let config = FoveatedConfig {
             query_dim: 16,
-            readout,
             frame_head: FrameHead::Classes(self.classes),
-            ..FoveatedConfig::research()
+            ..config
         };
         FoveatedModel::new(dino, lm, config, device)
     }
@@ -410,7 +453,8 @@ impl Curriculum {
                     task.frames,
                     task.classes,
                     task.seed,
-                )?,
+                )?
+                .with_caption(task.caption),
                 steps: self.start_steps,
                 starting: true,
             });
@@ -534,6 +578,17 @@ mod tests {
             assert_eq!(batch.frame_targets[row], clip.targets);
         }
         assert!(batch.prompt.is_empty());
+        // The release variant's texts: a lead token, then the cue shifted past it (or nothing).
+        for (caption, text) in [
+            (CueCaption::LedCue, vec![0, task.clip(7).cue as u32 + 1]),
+            (CueCaption::Lead, vec![0]),
+        ] {
+            let batch = task
+                .clone()
+                .with_caption(caption)
+                .batch::<burn::backend::Flex>(7..8, &device);
+            assert_eq!(batch.target[0], text);
+        }
     }
 
     /// The loader (its clips drawn on a background thread) serves the batches `batch` makes:

@@ -9,7 +9,11 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use kiln_foveated::{ClipBatch, FoveatedConfig, FoveatedModel, Mode, Readout};
+use kiln_foveated::{
+    ClipBatch, FoveatedConfig, FoveatedModel, Mode, PreferenceBatch, PreferenceTraining, Readout,
+    ReleaseRecipe,
+};
+use kiln_train::{Optimization, StepReport};
 
 use super::support::{Reference, assert_close, fixtures, tiny_model};
 
@@ -266,18 +270,7 @@ fn dpo_matches_fvlm_forward_dpo() {
     let reference = references();
     let policy = load::<Ad>(Readout::Deep, 0.0);
     let frozen = load::<Ad>(Readout::Deep, 0.0);
-    let chosen = batch::<Ad>(&reference, true);
-    let count = |row: Vec<i64>| row.iter().filter(|&&x| x != 0).count();
-    let rejected = ClipBatch {
-        target: reference.ids("dpo.rejected_ids"),
-        target_lengths: (reference.table("dpo.rejected_attention_mask").into_iter())
-            .map(count)
-            .collect(),
-        loss_mask: (reference.table("dpo.rejected_loss_mask").into_iter())
-            .map(|row| row.into_iter().map(|x| x != 0).collect())
-            .collect(),
-        ..chosen.clone()
-    };
+    let (chosen, rejected) = dpo_pair::<Ad>(&reference);
     let ours = policy.preference_logps(&chosen, &rejected).unwrap();
     let anchor = frozen
         .preference_logps(&chosen, &rejected)
@@ -303,4 +296,73 @@ fn dpo_matches_fvlm_forward_dpo() {
     let frozen_grads = frozen.clone().map(&mut Gradients::<Ad>(&grads));
     let q_init: Tensor<Ad, 2> = frozen_grads.connectors.q_init.val();
     assert_eq!(q_init.abs().sum().into_scalar(), 0.0);
+}
+
+/// The fixture's preference pair: the text with its answer mask, and fVLM's `dpo.rejected_*`.
+fn dpo_pair<B: Backend>(reference: &Reference) -> (ClipBatch<B>, ClipBatch<B>) {
+    let chosen = batch::<B>(reference, true);
+    let count = |row: Vec<i64>| row.iter().filter(|&&x| x != 0).count();
+    let rejected = ClipBatch {
+        target: reference.ids("dpo.rejected_ids"),
+        target_lengths: (reference.table("dpo.rejected_attention_mask").into_iter())
+            .map(count)
+            .collect(),
+        loss_mask: (reference.table("dpo.rejected_loss_mask").into_iter())
+            .map(|row| row.into_iter().map(|x| x != 0).collect())
+            .collect(),
+        ..chosen.clone()
+    };
+    (chosen, rejected)
+}
+
+/// Stage 3 on kiln-train: [`PreferenceTraining`] steps against a reference run on the inner
+/// backend. The first step's loss is fVLM's (ln 2: the policy starts as the reference) with no
+/// reward yet; AdamW steps on the pair then make the policy prefer the chosen answer, while the
+/// reference's numbers stay as they were.
+#[test]
+fn dpo_training_steps_prefer_the_chosen_answer() {
+    let reference = references();
+    let (chosen, rejected) = dpo_pair::<Ad>(&reference);
+    let frozen = load::<Flex>(Readout::Deep, 0.0);
+    let pair = PreferenceBatch::new(chosen, rejected, &frozen).unwrap();
+    let before = pair.reference.chosen.clone().into_data();
+    let mut training = PreferenceTraining {
+        policy: load::<Ad>(Readout::Deep, 0.0),
+    };
+    // fVLM's stage-3 recipe at a rate a few steps can show (its own is 1e-6).
+    let recipe = ReleaseRecipe {
+        lr_connector: 1e-3,
+        lr_dino: 1e-3,
+        lr_llm: 1e-3,
+        ..ReleaseRecipe::stage3_135m()
+    };
+    let config = recipe.train_config(8);
+    let device = Default::default();
+    let mut optimization = Optimization::fresh(&config, &training, &device);
+    let mut reports = Vec::new();
+    for step in 0..8 {
+        let (trained, report) = optimization.step(training, step, || pair.clone()).unwrap();
+        training = trained;
+        reports.push(report);
+    }
+    let part =
+        |report: &StepReport, name: &str| report.parts.iter().find(|(n, _)| n == name).unwrap().1;
+    let theirs = reference.floats("dpo.loss").0[0] as f64;
+    assert!(
+        (reports[0].loss - theirs).abs() <= 1e-6,
+        "{} vs {theirs}",
+        reports[0].loss
+    );
+    assert!((theirs - std::f64::consts::LN_2).abs() <= 1e-6);
+    assert!(part(&reports[0], "chosen_reward").abs() <= 1e-6);
+    let last = reports.last().unwrap();
+    assert!(
+        last.loss < 0.6 * theirs,
+        "the loss went from {theirs} to {}",
+        last.loss
+    );
+    assert_eq!(part(last, "reward_accuracy"), 1.0);
+    assert!(part(last, "chosen_reward") > part(last, "rejected_reward"));
+    let again = PreferenceBatch::new(pair.chosen.clone(), pair.rejected.clone(), &frozen).unwrap();
+    again.reference.chosen.into_data().assert_eq(&before, true);
 }
