@@ -15,7 +15,7 @@ use kiln_foveated::{
     Readout,
 };
 
-use super::support::{Reference, assert_close, fixtures, tiny_model};
+use super::support::{Reference, assert_close, fixtures, one_at_a_time, tiny_model};
 
 /// The fixture's batch: 2 clips of 3 frames, a prompt, a target and per-frame classes.
 fn fixture_batch<B: Backend>(reference: &Reference) -> ClipBatch<B> {
@@ -232,6 +232,7 @@ fn control_modes_see_what_they_should() {
 /// first frame, and the LM-to-query connector through the fine pass's later frames.
 #[test]
 fn gradients_reach_both_queries_and_the_connectors() {
+    let _alone = one_at_a_time();
     type Ad = Autodiff<Flex>;
     let reference = Reference::open("foveated.safetensors");
     let model = load::<Ad>(Readout::Deep);
@@ -307,6 +308,7 @@ fn bad_settings_and_inputs_are_named() {
 /// operation, queries and keys of different lengths) against central finite differences.
 #[test]
 fn deep_readout_gradient_matches_finite_differences() {
+    let _alone = one_at_a_time();
     type Ad = Autodiff<Flex>;
     let reference = Reference::open("foveated.safetensors");
     let model = load::<Ad>(Readout::Deep);

@@ -1,12 +1,14 @@
 //! fVLM's released recipe on kiln-train against fVLM's own code (scripts/fixtures/fvlm_release.py
 //! runs its `get_param_groups`, `get_converging_schedule` and `get_cosine_schedule_with_warmup`
 //! with each 135M stage's config): which parameters each group holds, and every group's rate at
-//! every step.
+//! every step; stage 3's DPO steps.
 
 use burn::backend::{Autodiff, Flex};
-use kiln_foveated::{FoveatedConfig, ReleaseRecipe};
+use kiln_foveated::{FoveatedConfig, PreferenceBatch, PreferenceTraining, Readout, ReleaseRecipe};
+use kiln_train::{Optimization, StepReport};
 
-use super::support::{Reference, tiny_model};
+use super::release::{dpo_pair, load, references};
+use super::support::{Reference, one_at_a_time, tiny_model};
 
 /// The optimizer steps the fixture's schedules span.
 const STEPS: u64 = 40;
@@ -59,6 +61,7 @@ fn release_schedules_set_fvlms_rates_at_every_step() {
 /// dtypes, and its loss falls as the f32 run's does.
 #[test]
 fn the_release_variant_trains_with_fvlms_bf16_lm() {
+    let _alone = one_at_a_time();
     use burn::tensor::DType;
     use kiln_core::Policy;
     use kiln_foveated::{ClipBatch, FoveatedModel};
@@ -144,4 +147,58 @@ fn conversations_are_tokenised_as_fvlm_tokenises_them() {
     assert!(tokens.prompt().is_empty());
     let plain = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/lm");
     assert!(CaptionTokenizer::chat_from_lm_dir(plain, FVLM_CAPTION_PROMPT).is_err());
+}
+
+/// Stage 3 on kiln-train: `PreferenceTraining` steps against a reference run on the inner
+/// backend. The first step's loss is fVLM's (ln 2: the policy starts as the reference) with no
+/// reward yet; AdamW steps on the pair then make the policy prefer the chosen answer, while the
+/// reference's numbers stay as they were.
+#[test]
+fn dpo_training_steps_prefer_the_chosen_answer() {
+    type Ad = Autodiff<Flex>;
+    let _alone = one_at_a_time();
+    let reference = references();
+    let (chosen, rejected) = dpo_pair::<Ad>(&reference);
+    let frozen = load::<Flex>(Readout::Deep, 0.0);
+    let pair = PreferenceBatch::new(chosen, rejected, &frozen).unwrap();
+    let before = pair.reference.chosen.clone().into_data();
+    let mut training = PreferenceTraining {
+        policy: load::<Ad>(Readout::Deep, 0.0),
+    };
+    // fVLM's stage-3 recipe at a rate a few steps can show (its own is 1e-6).
+    let recipe = ReleaseRecipe {
+        lr_connector: 1e-3,
+        lr_dino: 1e-3,
+        lr_llm: 1e-3,
+        ..ReleaseRecipe::stage3_135m()
+    };
+    let config = recipe.train_config(8);
+    let device = Default::default();
+    let mut optimization = Optimization::fresh(&config, &training, &device);
+    let mut reports = Vec::new();
+    for step in 0..8 {
+        let (trained, report) = optimization.step(training, step, || pair.clone()).unwrap();
+        training = trained;
+        reports.push(report);
+    }
+    let part =
+        |report: &StepReport, name: &str| report.parts.iter().find(|(n, _)| n == name).unwrap().1;
+    let theirs = reference.floats("dpo.loss").0[0] as f64;
+    assert!(
+        (reports[0].loss - theirs).abs() <= 1e-6,
+        "{} vs {theirs}",
+        reports[0].loss
+    );
+    assert!((theirs - std::f64::consts::LN_2).abs() <= 1e-6);
+    assert!(part(&reports[0], "chosen_reward").abs() <= 1e-6);
+    let last = reports.last().unwrap();
+    assert!(
+        last.loss < 0.6 * theirs,
+        "the loss went from {theirs} to {}",
+        last.loss
+    );
+    assert_eq!(part(last, "reward_accuracy"), 1.0);
+    assert!(part(last, "chosen_reward") > part(last, "rejected_reward"));
+    let again = PreferenceBatch::new(pair.chosen.clone(), pair.rejected.clone(), &frozen).unwrap();
+    again.reference.chosen.into_data().assert_eq(&before, true);
 }

@@ -1,11 +1,25 @@
 //! What the parity tests share: the fixtures, their reference tensors and the tolerance check.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use kiln_core::Policy;
 use kiln_foveated::{FoveatedConfig, FoveatedModel};
+
+/// The tests that run a backward pass or a training step take turns. The backend's generator is
+/// global, and kiln-train reseeds it every step, so a training test starts from the same weights
+/// and trains the same way only alone. And two backward passes at once can deadlock: burn's
+/// autodiff holds its graph lock through a backward whose host operations wait on rayon, while a
+/// rayon worker, idle inside that wait, steals another test's training step (kiln-train runs
+/// steps on rayon's threads) and blocks on the same lock in its own backward.
+pub fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -64,6 +78,7 @@ impl Reference {
     }
 
     /// f64 values and their shape.
+    #[cfg(feature = "train")]
     pub fn doubles(&self, key: &str) -> (Vec<f64>, Vec<usize>) {
         let (bytes, shape) = self.bytes(key);
         let values = bytes

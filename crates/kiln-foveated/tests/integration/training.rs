@@ -2,8 +2,6 @@
 //! cue-then-read clips (both passes' losses fall), and the evaluation step counts per-frame
 //! accuracy against a count made here by hand.
 
-use std::sync::Mutex;
-
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::tensor::backend::Backend;
@@ -13,17 +11,9 @@ use kiln_text::TextConfig;
 use kiln_train::{EvalStep, Optimization, OptimizerConfig, TrainConfig};
 use kiln_vision::Dinov2Config;
 
+use super::support::one_at_a_time;
+
 type Ad = Autodiff<Flex>;
-
-/// The backend's generator is global, and kiln-train reseeds it every step: the tests here take
-/// turns, so that each model starts from the same weights and trains the same way in every run.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn alone() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 /// Optimizer steps of the fitting test.
 const STEPS: u64 = 150;
@@ -66,7 +56,7 @@ fn tiny_model<B: Backend>(
 
 #[test]
 fn a_tiny_model_fits_a_batch_of_synthetic_clips() {
-    let _alone = alone();
+    let _alone = one_at_a_time();
     let device = Default::default();
     let task = CueThenRead::new(2, 4, 3, 2, 5).unwrap();
     let mut model = tiny_model::<Ad>(&task, Readout::Deep, &device);
@@ -100,7 +90,7 @@ fn a_tiny_model_fits_a_batch_of_synthetic_clips() {
 
 #[test]
 fn evaluation_counts_right_frames() {
-    let _alone = alone();
+    let _alone = one_at_a_time();
     let device = Default::default();
     let task = CueThenRead::new(2, 4, 3, 2, 5).unwrap();
     for readout in [Readout::Deep, Readout::Shallow] {
