@@ -14,12 +14,14 @@
 //! fVLM as released: each caption becomes fVLM's stage-1 conversation after the visual tokens
 //! (system prompt, `--prompt` as the user's turn, the caption as the answer, every token
 //! scored), λ = 0, and fVLM's stage-1 recipe (`ReleaseRecipe::stage1_135m`: three groups, decay
-//! on every parameter, 3% warm-up, rates converging on 3e-5); `--lm-policy
+//! on every parameter, 3% warm-up, rates converging on 3e-5), frames squashed to DINOv2's size
+//! as fVLM's data are (`fvlm_frames`: no crop); `--lm-policy
 //! params=bf16,compute=bf16,output=f32` with `--policy mixed-bf16` is fVLM's precision.
 //!
 //! - `--clips`: videos directly below a folder — frame folders, GIFs, MP4 (H.264, with the
 //!   `video` feature). Each is decoded once into kiln-cache (`OUT/cache`, or `--cache DIR`) as
-//!   T frames sampled uniformly, preprocessed as the DINOv2 directory's processor says; a video
+//!   T frames sampled uniformly, preprocessed as the DINOv2 directory's processor says (the
+//!   release variant: squashed); a video
 //!   with fewer than T frames is refused by name.
 //! - `--captions`: JSON Lines, `{"video": NAME, "caption": TEXT}` per clip, NAME as below the
 //!   clips folder; every clip needs a caption and every caption its clip. Captions are
@@ -44,7 +46,7 @@ use kiln::cache::{ClipSpec, ImageCache};
 use kiln::core::{DeviceJob, DeviceSpec, Policy, PolicySpec, Precision};
 use kiln::foveated::{
     CaptionTokenizer, CaptionedClipReader, CaptionedClips, FVLM_CAPTION_PROMPT, FoveatedConfig,
-    FoveatedModel, Readout, ReleaseRecipe, Variant, dinov2_frames, research_recipe,
+    FoveatedModel, Readout, ReleaseRecipe, Variant, dinov2_frames, fvlm_frames, research_recipe,
 };
 use kiln::io::RunFiles;
 use kiln::train::{LossScaling, RunOptions, TrainConfig, Trainer};
@@ -280,8 +282,13 @@ impl DeviceJob for Args {
         )
         .map_err(|e| e.to_string())?
         .with_lm_policy(&lm_policy);
-        let frames =
-            dinov2_frames(&self.dino, model.dino.config().image_size).map_err(|e| e.to_string())?;
+        let image_size = model.dino.config().image_size;
+        let frames = match self.variant {
+            Variant::Research => {
+                dinov2_frames(&self.dino, image_size).map_err(|e| e.to_string())?
+            }
+            Variant::Release => fvlm_frames(image_size),
+        };
         let reader = CaptionedClipReader {
             cache: ImageCache::new(self.cache_dir()),
             spec: ClipSpec::new(self.frames as u32, frames).refusing_short_videos(),

@@ -19,7 +19,8 @@ use std::path::Path;
 
 use burn::tensor::backend::Backend;
 use kiln_cache::{
-    CachedImages, ClipSpec, DeviceImages, ImageCache, Order, Preprocess, Residency, VideoSource,
+    CachedImages, ClipSpec, DeviceImages, ImageCache, Order, Preprocess, Residency, Resize,
+    VideoSource,
 };
 use kiln_core::Precision;
 use kiln_text::{Message, TextTokenizer};
@@ -407,8 +408,9 @@ impl CaptionedClipReader {
 }
 
 /// How frames are resized and normalised for the DINOv2 directory `dino`: its
-/// `preprocessor_config.json`, else (a directory without one) an exact resize to `image_size`
-/// with ImageNet's mean and std.
+/// `preprocessor_config.json`, else (a directory without one) DINOv2's processor at
+/// `image_size` (the shorter edge resized to it, then a centre crop) with ImageNet's mean and
+/// std.
 pub fn dinov2_frames(
     dino: impl AsRef<Path>,
     image_size: usize,
@@ -418,6 +420,22 @@ pub fn dinov2_frames(
         Ok(Preprocess::from_hf_config(&processor)?)
     } else {
         Ok(Preprocess::dinov2(image_size as u32, image_size as u32))
+    }
+}
+
+/// fVLM's frames (`data.py`): squashed to `image_size × image_size` whatever their aspect ratio
+/// (decord's `VideoReader(width=224, height=224)`; its image shards hold frames squashed
+/// already) — bicubic, FFmpeg's default scaler — then ImageNet's mean and std. Nothing is
+/// cropped away.
+pub fn fvlm_frames(image_size: usize) -> Preprocess {
+    let side = image_size as u32;
+    Preprocess {
+        resize: Some(Resize::Exact {
+            height: side,
+            width: side,
+        }),
+        center_crop: None,
+        ..Preprocess::dinov2(side, side)
     }
 }
 
@@ -488,5 +506,21 @@ mod tests {
             err.contains("a caption for 'a', which is not among the clips"),
             "{err}"
         );
+    }
+
+    /// fVLM squashes a wide frame: both halves stay, where DINOv2's processor crops the sides.
+    #[test]
+    fn fvlm_frames_squash_where_dinov2_crops() {
+        let wide = image::RgbImage::from_fn(40, 10, |x, _| match x {
+            0..10 => image::Rgb([255, 0, 0]),
+            30.. => image::Rgb([0, 0, 255]),
+            _ => image::Rgb([0, 255, 0]),
+        });
+        let squashed = fvlm_frames(8).resize_and_crop(&wide).unwrap();
+        assert_eq!(squashed.dimensions(), (8, 8));
+        assert_eq!(squashed.get_pixel(0, 4).0, [255, 0, 0]);
+        assert_eq!(squashed.get_pixel(7, 4).0, [0, 0, 255]);
+        let cropped = Preprocess::dinov2(8, 8).resize_and_crop(&wide).unwrap();
+        assert_eq!(cropped.get_pixel(0, 4).0, [0, 255, 0]);
     }
 }

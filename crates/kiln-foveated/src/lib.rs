@@ -61,7 +61,8 @@ mod train;
 #[cfg(feature = "train")]
 pub use captions::{
     Caption, CaptionTokenizer, CaptionedClipReader, CaptionedClips, Conversation,
-    FVLM_CAPTION_PROMPT, FVLM_SYSTEM_PROMPT, dinov2_frames, match_captions, read_captions,
+    FVLM_CAPTION_PROMPT, FVLM_SYSTEM_PROMPT, dinov2_frames, fvlm_frames, match_captions,
+    read_captions,
 };
 pub use config::{FoveatedConfig, FrameHead, Readout, Variant};
 pub use connectors::Connectors;
