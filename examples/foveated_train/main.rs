@@ -3,26 +3,32 @@
 //! ```text
 //! cargo run --release --example foveated_train -- --clips DIR --captions FILE --dino DIR \
 //!     --lm DIR --out DIR [--frames T] [--steps N] [--batch B] [--accumulate K]
-//!     [--variant research|release] [--readout deep|shallow] [--lambda L] [--connector-lr X]
+//!     [--variant release|research] [--readout deep|shallow] [--lambda L] [--connector-lr X]
 //!     [--backbone-lr Y] [--prompt TEXT] [--policy full|mixed-bf16] [--lm-policy P] [--device D]
+//!     [--replicate-images N] [--text FILE [--text-ratio R]]
 //!     [--eval-clips DIR --eval-captions FILE]
 //! ```
 //!
-//! `--variant` picks kiln-foveated's design (docs/FOVEATED.md). `research` (the default: the
-//! design docs/FOVEATED.md's proof was made with) puts `--prompt` before the visual tokens and
-//! the caption after them, trains both passes (λ = 1) with two parameter groups. `release` is
-//! fVLM as released: each caption becomes fVLM's stage-1 conversation after the visual tokens
+//! `--variant` picks kiln-foveated's design (docs/FOVEATED.md). `release` (the default) is fVLM
+//! as released: each caption becomes fVLM's stage-1 conversation after the visual tokens
 //! (system prompt, `--prompt` as the user's turn, the caption as the answer, every token
-//! scored), λ = 0, and fVLM's stage-1 recipe (`ReleaseRecipe::stage1_135m`: three groups, decay
-//! on every parameter, 3% warm-up, rates converging on 3e-5), frames squashed to DINOv2's size
-//! as fVLM's data are (`fvlm_frames`: no crop); `--lm-policy
-//! params=bf16,compute=bf16,output=f32` with `--policy mixed-bf16` is fVLM's precision.
+//! scored), λ = 0, fVLM's stage-1 recipe (`ReleaseRecipe::stage1_135m`: three groups, decay on
+//! every parameter, 3% warm-up, rates converging on 3e-5) and fVLM's data: one frame a second,
+//! at most `--frames` (64), squashed to DINOv2's size (`fvlm_frames`: no crop), clips of
+//! different lengths padded in a batch with their frame lengths; `--text` mixes in fVLM's
+//! text-only batches. `--lm-policy params=bf16,compute=bf16,output=f32` with `--policy
+//! mixed-bf16` is fVLM's precision. `research` is the design docs/FOVEATED.md's first proof was
+//! made with: `--prompt` before the visual tokens and the caption after them, both passes
+//! trained (λ = 1), two parameter groups, T frames sampled uniformly from each video.
 //!
-//! - `--clips`: videos directly below a folder — frame folders, GIFs, MP4 (H.264, with the
-//!   `video` feature). Each is decoded once into kiln-cache (`OUT/cache`, or `--cache DIR`) as
-//!   T frames sampled uniformly, preprocessed as the DINOv2 directory's processor says (the
-//!   release variant: squashed); a video
-//!   with fewer than T frames is refused by name.
+//! - `--clips`: videos directly below a folder — frame folders (their images taken as one a
+//!   second), GIFs, MP4 (H.264, with the `video` feature), still images (one frame; with
+//!   `--replicate-images N`, N copies of it as fVLM's stage 2 does with 8). Each is decoded
+//!   once into kiln-cache (`OUT/cache`, or `--cache DIR`). research: T frames sampled
+//!   uniformly, preprocessed as the DINOv2 directory's processor says; a video with fewer than
+//!   T frames is refused by name.
+//! - `--text`: JSON Lines, `{"user": TEXT, "assistant": TEXT}` per line: conversations trained
+//!   without frames (every token scored), `--text-ratio` of the batches (fVLM's 0.14).
 //! - `--captions`: JSON Lines, `{"video": NAME, "caption": TEXT}` per clip, NAME as below the
 //!   clips folder; every clip needs a caption and every caption its clip. Captions are
 //!   tokenised once (the LM directory's tokenizer), followed by its end-of-sequence token.
@@ -46,7 +52,8 @@ use kiln::cache::{ClipSpec, ImageCache};
 use kiln::core::{DeviceJob, DeviceSpec, Policy, PolicySpec, Precision};
 use kiln::foveated::{
     CaptionTokenizer, CaptionedClipReader, CaptionedClips, FVLM_CAPTION_PROMPT, FoveatedConfig,
-    FoveatedModel, Readout, ReleaseRecipe, Variant, dinov2_frames, fvlm_frames, research_recipe,
+    FoveatedModel, Readout, ReleaseRecipe, Variant, dinov2_frames, fvlm_frames, read_text_samples,
+    research_recipe,
 };
 use kiln::io::RunFiles;
 use kiln::train::{LossScaling, RunOptions, TrainConfig, Trainer};
@@ -86,9 +93,20 @@ struct Args {
     /// Where decoded clips are cached (default OUT/cache).
     #[arg(long)]
     cache: Option<PathBuf>,
-    /// Frames per clip (T).
-    #[arg(long, default_value_t = 8, value_parser = kiln::cli::count, allow_negative_numbers = true)]
-    frames: usize,
+    /// Frames per clip: release, the most a clip takes one a second [default: 64, fVLM's];
+    /// research, T sampled uniformly [default: 8].
+    #[arg(long, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    frames: Option<usize>,
+    /// Copies of a one-frame clip (a still image) it becomes (fVLM: 1 in stage 1, 8 after).
+    #[arg(long, default_value_t = 1, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    replicate_images: usize,
+    /// JSON Lines of text-only conversations, `{"user": TEXT, "assistant": TEXT}` a line,
+    /// trained without frames.
+    #[arg(long)]
+    text: Option<PathBuf>,
+    /// The share of batches that are text-only (with `--text`).
+    #[arg(long, default_value_t = 0.14, requires = "text", value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
+    text_ratio: f64,
     /// Optimizer steps.
     #[arg(long, default_value_t = 1000, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
     steps: u64,
@@ -98,9 +116,9 @@ struct Args {
     /// Micro-batches per optimizer step.
     #[arg(long, default_value_t = 1, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     accumulate: usize,
-    /// The model's design: research (kiln's first reading of fVLM) or release (fVLM as
-    /// released, its stage-1 recipe).
-    #[arg(long, default_value = "research")]
+    /// The model's design: release (fVLM as released, its stage-1 recipe and data) or research
+    /// (kiln's first reading of fVLM).
+    #[arg(long, default_value = "release")]
     variant: Variant,
     /// How queries read frames: deep (fVLM's released model) or shallow.
     #[arg(long, default_value = "deep")]
@@ -175,14 +193,41 @@ impl Args {
         config.checkpoint_every = self.eval_every;
         config.seed = self.seed;
         config.validate().map_err(|e| e.to_string())?;
-        if self.frames > MAX_FRAMES {
+        if self.frames() > MAX_FRAMES {
             return Err(format!(
                 "--frames {}: at most {MAX_FRAMES} frames a clip",
-                self.frames
+                self.frames()
             ));
         }
-
+        if self.text_ratio >= 1.0 {
+            return Err(format!(
+                "--text-ratio {}: a share of the batches, below 1 (fVLM's is 0.14)",
+                self.text_ratio
+            ));
+        }
         Ok(config)
+    }
+
+    /// `--frames`, else the variant's: fVLM's 64 at most, or 8.
+    fn frames(&self) -> usize {
+        self.frames.unwrap_or(match self.variant {
+            Variant::Release => 64,
+            Variant::Research => 8,
+        })
+    }
+
+    /// How clips are made: one frame a second up to `--frames`, squashed (release), or
+    /// `--frames` sampled uniformly as the DINOv2 directory's processor says (research).
+    fn clip_spec(&self, image_size: usize) -> Result<ClipSpec, String> {
+        let frames = self.frames() as u32;
+        Ok(match self.variant {
+            Variant::Release => ClipSpec::per_second(frames, fvlm_frames(image_size)),
+            Variant::Research => {
+                let preprocess =
+                    dinov2_frames(&self.dino, image_size).map_err(|e| e.to_string())?;
+                ClipSpec::new(frames, preprocess).refusing_short_videos()
+            }
+        })
     }
 
     /// The coarse pass's weight: `--lambda`, else the variant's.
@@ -206,6 +251,9 @@ impl Args {
             .input("the training captions (--captions)", &self.captions)
             .input("the DINOv2 directory (--dino)", &self.dino)
             .input("the language model directory (--lm)", &self.lm);
+        if let Some(text) = &self.text {
+            files = files.input("the text-only conversations (--text)", text);
+        }
         if let (Some(clips), Some(captions)) = (&self.eval_clips, &self.eval_captions) {
             files = files
                 .input("the held-out clips (--eval-clips)", clips)
@@ -229,6 +277,9 @@ impl Args {
         });
         if let (Some(clips), Some(captions)) = (&self.eval_clips, &self.eval_captions) {
             data["eval"] = json!({"clips": print(clips)?, "captions": print(captions)?});
+        }
+        if let Some(text) = &self.text {
+            data["text"] = json!({"conversations": print(text)?, "ratio": self.text_ratio});
         }
         Ok(data)
     }
@@ -256,7 +307,8 @@ impl DeviceJob for Args {
                 "lm": self.lm,
                 "variant": format!("{:?}", self.variant).to_lowercase(),
                 "readout": format!("{:?}", self.readout).to_lowercase(),
-                "frames": self.frames,
+                "frames": self.frames(),
+                "replicate_images": self.replicate_images,
                 "lambda": self.lambda(),
                 "prompt": self.prompt(),
                 "policy": policy.to_string(),
@@ -283,15 +335,9 @@ impl DeviceJob for Args {
         .map_err(|e| e.to_string())?
         .with_lm_policy(&lm_policy);
         let image_size = model.dino.config().image_size;
-        let frames = match self.variant {
-            Variant::Research => {
-                dinov2_frames(&self.dino, image_size).map_err(|e| e.to_string())?
-            }
-            Variant::Release => fvlm_frames(image_size),
-        };
         let reader = CaptionedClipReader {
             cache: ImageCache::new(self.cache_dir()),
-            spec: ClipSpec::new(self.frames as u32, frames).refusing_short_videos(),
+            spec: self.clip_spec(image_size)?,
             tokens: match self.variant {
                 Variant::Research => CaptionTokenizer::from_lm_dir(&self.lm, &self.prompt()),
                 Variant::Release => CaptionTokenizer::chat_from_lm_dir(&self.lm, &self.prompt()),
@@ -300,10 +346,30 @@ impl DeviceJob for Args {
             batch_size: self.batch,
             precision: policy.compute,
         };
-        let room = model.target_room(reader.tokens.prompt().len(), self.frames);
-        let train = read::<Autodiff<B>>(&reader, &self.clips, &self.captions, device)?;
+        let frames = self.frames().max(self.replicate_images);
+        let room = model.target_room(reader.tokens.prompt().len(), frames);
+        let train = read::<Autodiff<B>>(&reader, &self.clips, &self.captions, device)?
+            .replicating_images(self.replicate_images);
+        let train = match &self.text {
+            Some(path) => {
+                let texts = read_text_samples(path)
+                    .and_then(|samples| {
+                        (samples.iter())
+                            .map(|s| Ok(reader.tokens.conversation(&s.user, &s.assistant)?.ids))
+                            .collect::<Result<Vec<_>, _>>()
+                    })
+                    .map_err(|e| e.to_string())?;
+                train
+                    .with_text_only(texts, self.text_ratio)
+                    .map_err(|e| format!("{}: {e}", path.display()))?
+            }
+            None => train,
+        };
         let eval = match (&self.eval_clips, &self.eval_captions) {
-            (Some(clips), Some(captions)) => Some(read::<B>(&reader, clips, captions, device)?),
+            (Some(clips), Some(captions)) => Some(
+                read::<B>(&reader, clips, captions, device)?
+                    .replicating_images(self.replicate_images),
+            ),
             _ => None,
         };
         train
@@ -357,11 +423,14 @@ fn read<B: Backend>(
         .read(clips, captions, device)
         .map_err(|e| e.to_string())?;
     let images = split.images();
+    let frames = match images.varies() {
+        true => format!("1 to {} frames, one a second", images.frames()),
+        false => format!("{} frames", images.frames()),
+    };
     eprintln!(
-        "{}: {} clips of {} frames ({:?})",
+        "{}: {} clips of {frames} ({:?})",
         clips.display(),
         split.len(),
-        images.frames(),
         images.outcome()
     );
     Ok(split)

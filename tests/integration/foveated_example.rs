@@ -270,7 +270,8 @@ fn foveated_train_learns_captions_resumes_and_saves_a_model_that_loads() {
     let (clips, captions) = captioned_clips(dir.path(), 6, 4);
     let out = dir.path().join("run");
     let flags = [
-        &["--frames", "4", "--steps", "30", "--readout", "shallow"],
+        &["--variant", "research", "--frames", "4", "--steps", "30"][..],
+        &["--readout", "shallow"],
         &FAST[..],
         &held_out(&clips, &captions),
     ]
@@ -330,22 +331,40 @@ fn foveated_train_learns_captions_resumes_and_saves_a_model_that_loads() {
     assert_eq!(model.config().readout, kiln::foveated::Readout::Shallow);
 }
 
-/// `--variant release`: fVLM's stage-1 conversations after the visual tokens, λ = 0 and its
-/// recipe; the held-out loss falls, and the saved model is the release variant.
+/// The default, `--variant release`: fVLM's stage-1 conversations after the visual tokens, λ = 0
+/// and its recipe, on fVLM's data — clips of 1 to 3 frames taken one a second (a one-frame clip
+/// and a still image replicated to 2), text-only conversations a quarter of the batches; the
+/// held-out loss falls, and the saved model is the release variant.
 #[test]
 fn foveated_train_trains_the_release_variant() {
     let dir = tempfile::tempdir().unwrap();
     // fVLM's conversation around a caption (an empty user turn) takes up to 60 of the tiny LM's
     // 64 positions.
     let (clips, captions) = captioned_clips(dir.path(), 6, 2);
+    std::fs::remove_file(clips.join("clip0/001.png")).unwrap();
+    std::fs::copy(clips.join("clip1/001.png"), clips.join("clip1/002.png")).unwrap();
+    std::fs::copy(clips.join("clip2/000.png"), clips.join("still.png")).unwrap();
+    let mut lines = std::fs::read_to_string(&captions).unwrap();
+    lines.push_str("{\"video\": \"still.png\", \"caption\": \"a blue square\"}\n");
+    std::fs::write(&captions, lines).unwrap();
+    let text = dir.path().join("text.jsonl");
+    std::fs::write(
+        &text,
+        "{\"user\": \"hi\", \"assistant\": \"a square\"}\n{\"user\": \"\", \"assistant\": \"red\"}\n",
+    )
+    .unwrap();
     let out = dir.path().join("run");
     let release = [
-        "--variant",
-        "release",
         "--prompt",
         "",
         "--frames",
+        "3",
+        "--replicate-images",
         "2",
+        "--text",
+        text.to_str().unwrap(),
+        "--text-ratio",
+        "0.25",
         "--steps",
         "20",
     ];
@@ -354,7 +373,14 @@ fn foveated_train_trains_the_release_variant() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     assert!(stderr.contains("group `dino`"), "{stderr}");
+    assert!(
+        stderr.contains("7 clips of 1 to 3 frames, one a second"),
+        "{stderr}"
+    );
     let lines = kiln::train::read_metrics(&out).unwrap();
+    // Three batches of clips and one of text an epoch.
+    let epoch = |step: usize| lines[step - 1]["epoch"].as_u64().unwrap();
+    assert_eq!([epoch(1), epoch(4), epoch(5)], [0, 0, 1]);
     let eval_loss: Vec<f64> = lines
         .iter()
         .filter_map(|l| l.get("eval_loss")?.as_f64())
@@ -387,7 +413,10 @@ fn foveated_train_names_bad_inputs_and_writes_nothing() {
         .map(|c| format!("{{\"video\": \"clip{c}\", \"caption\": \"{words}\"}}\n"))
         .collect();
     std::fs::write(&long, long_captions).unwrap();
-    let cases: [(&Path, &Path, &[&str], &str); 6] = [
+    let text = dir.path().join("text.jsonl");
+    std::fs::write(&text, "\n{\"user\": \"hi\"}\n").unwrap();
+    let text = text.to_str().unwrap();
+    let cases: [(&Path, &Path, &[&str], &str); 8] = [
         (
             &long,
             &tiny_dino(),
@@ -397,7 +426,7 @@ fn foveated_train_names_bad_inputs_and_writes_nothing() {
         (
             &captions,
             &tiny_dino(),
-            &["--frames", "5"],
+            &["--frames", "5", "--variant", "research"],
             "clip0: 4 frames, fewer than the 5 a clip takes",
         ),
         (
@@ -418,6 +447,18 @@ fn foveated_train_names_bad_inputs_and_writes_nothing() {
             &tiny_dino(),
             &["--readout", "glance"],
             "no readout named 'glance'",
+        ),
+        (
+            &captions,
+            &tiny_dino(),
+            &["--text", text],
+            "text.jsonl, line 2: not a conversation",
+        ),
+        (
+            &captions,
+            &tiny_dino(),
+            &["--text", text, "--text-ratio", "1"],
+            "--text-ratio 1: a share of the batches, below 1",
         ),
     ];
     for (captions, dino, flags, needle) in cases {

@@ -34,13 +34,15 @@ use crate::images::CachedImages;
 use crate::residency::Residency;
 use crate::upload::{HostBatch, normalise_on_device, normalises_on_host};
 
-/// One batch: which items, and their frames on the device (`[n·T, 3, H, W]`, normalised, in the
-/// feed's precision).
+/// One batch: which items, and their frames on the device (`[n·T, 3, H, W]`, or where clips
+/// vary in length `[Σ frames, 3, H, W]`; normalised, in the feed's precision).
 #[derive(Debug, Clone)]
 pub struct Batch<B: Backend> {
     /// The items in the batch, in order.
     pub indices: Vec<usize>,
-    /// Their pixels.
+    /// Each item's frames (1 for images).
+    pub frames: Vec<usize>,
+    /// Their pixels, item after item.
     pub pixels: Tensor<B, 4>,
 }
 
@@ -55,7 +57,7 @@ pub struct DeviceImages<B: Backend> {
     prefetch: usize,
 }
 
-/// The dataset on the device, every frame, `[N·T, 3, H, W]`.
+/// The dataset on the device, every frame of every item one after another, `[frames, 3, H, W]`.
 #[derive(Debug)]
 enum Resident<B: Backend> {
     /// Normalised, in the feed's precision.
@@ -120,6 +122,11 @@ impl<B: Backend> DeviceImages<B> {
         }
     }
 
+    /// The precision the batches come in.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
     /// The device the batches go to.
     pub fn device(&self) -> &B::Device {
         &self.device
@@ -167,14 +174,13 @@ impl<B: Backend> DeviceImages<B> {
 
     /// Items `indices` from the resident tensor, normalised, in the feed's precision.
     fn resident_batch(&self, resident: &Resident<B>, indices: &[usize]) -> Tensor<B, 4> {
-        let frames = self.images.frames() as usize;
-        let first = indices[0];
-        let contiguous = indices.iter().enumerate().all(|(k, &i)| i == first + k);
-        let rows: Vec<i64> = indices
+        let rows = self.images.frame_rows(indices);
+        let first = rows[0];
+        let contiguous = rows
             .iter()
-            .flat_map(|&i| (i * frames..(i + 1) * frames).map(|f| f as i64))
-            .collect();
-        let span = first * frames..(first + indices.len()) * frames;
+            .enumerate()
+            .all(|(k, &row)| row == first + k as i64);
+        let span = first as usize..first as usize + rows.len();
         let index =
             || Tensor::<B, 1, Int>::from_data(TensorData::from(rows.as_slice()), &self.device);
         match resident {
@@ -214,6 +220,11 @@ impl<B: Backend> Iterator for Batches<'_, B> {
         self.next += 1;
         let start = batch * self.batch_size;
         let indices = self.order[start..(start + self.batch_size).min(self.order.len())].to_vec();
+        let images = &self.feed.images;
+        let frames = indices
+            .iter()
+            .map(|&i| images.frames_of(i) as usize)
+            .collect();
         let pixels = match (&self.feed.resident, &mut self.streamed) {
             (Some(resident), _) => self.feed.resident_batch(resident, &indices),
             (None, Some(streamed)) => streamed.next().expect("a batch per chunk").upload(
@@ -223,7 +234,11 @@ impl<B: Backend> Iterator for Batches<'_, B> {
             ),
             (None, None) => unreachable!("a streamed feed prefetches"),
         };
-        Some(Batch { indices, pixels })
+        Some(Batch {
+            indices,
+            frames,
+            pixels,
+        })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

@@ -21,7 +21,7 @@ use crate::store::{
     self, BuildLock, CachedSource, FORMAT_VERSION, Invalid, Manifest, Shard, Skipped, Stored,
 };
 use crate::upload::{HostBatch, normalise_bytes, normalises_on_host, to_chw};
-use crate::video::{ClipSpec, ShortVideos, VideoSource};
+use crate::video::{ClipSpec, Sampling, ShortVideos, VideoSource};
 
 /// Default bytes of pixels per shard file (512 MiB).
 pub const DEFAULT_SHARD_BYTES: usize = 512 << 20;
@@ -121,17 +121,17 @@ impl ImageCache {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let sources = names_and_hashes(files.iter().map(|f| f.name.clone()), hashes);
-        let one_frame = (1, ShortVideos::Repeat);
-        self.load_entry("images", preprocess, size, one_frame, sources, |i| {
+        let one_frame = ClipSpec::new(1, preprocess.clone());
+        self.load_entry("images", &one_frame, size, sources, |i| {
             let image = decode(&files[i].path, self.max_pixels)?;
             Ok(to_chw(&preprocess.resize_and_crop(&image)?))
         })
     }
 
-    /// The clips of `source`'s videos: `spec.frames` frames sampled uniformly from each video
-    /// and preprocessed, stored as `[T, 3, H, W]` per video. Cached, validated and rebuilt as
-    /// [`ImageCache::load`] does; a video's content is its file's bytes, or every frame file's
-    /// name and bytes.
+    /// The clips of `source`'s videos: the frames `spec` samples from each video (`spec.frames`
+    /// uniformly, or one a second up to `spec.frames`: [`Sampling`]), preprocessed, stored as
+    /// `[T, 3, H, W]` per video. Cached, validated and rebuilt as [`ImageCache::load`] does; a
+    /// video's content is its file's bytes, or every frame file's name and bytes.
     pub fn load_clips(
         &self,
         source: &VideoSource,
@@ -152,25 +152,25 @@ impl ImageCache {
             .map(|video| video.hash())
             .collect::<Result<Vec<_>, _>>()?;
         let sources = names_and_hashes(videos.iter().map(|v| v.source.name.clone()), hashes);
-        let frames = (spec.frames, spec.short_videos);
-        self.load_entry("clips", &spec.preprocess, size, frames, sources, |i| {
+        self.load_entry("clips", spec, size, sources, |i| {
             videos[i].clip(spec, self.max_pixels)
         })
     }
 
-    /// The entry of `sources` (in order) after `preprocess` (giving frames of `height × width`),
-    /// `frames` frames an item (videos shorter than that as `short_videos` says): opened when
-    /// valid, else built with `produce(i)`, the 8-bit `[frames, 3, H, W]` pixels of item `i`.
+    /// The entry of `sources` (in order) as `spec` makes items of them (frames of `height ×
+    /// width`): opened when valid, else built with `produce(i)`, the 8-bit `[T, 3, H, W]` pixels
+    /// of item `i` (T = `spec.frames`, or at most that where clips vary in length).
     fn load_entry(
         &self,
         what: &str,
-        preprocess: &Preprocess,
+        spec: &ClipSpec,
         (height, width): (u32, u32),
-        (frames, short_videos): (u32, ShortVideos),
         sources: Vec<CachedSource>,
         produce: impl Fn(usize) -> Result<Vec<u8>, CacheError> + Sync,
     ) -> Result<CachedImages, CacheError> {
-        let key = cache_key(preprocess, frames, short_videos, self.stored, &sources);
+        let key = cache_key(spec, self.stored, &sources);
+        let preprocess = &spec.preprocess;
+        let frames = spec.frames;
         let root = self.entries();
         let dir = root.join(&key);
 
@@ -202,7 +202,7 @@ impl ImageCache {
             skipped: Vec::new(),
             shards: Vec::new(),
         };
-        let manifest = self.build(what, &dir, manifest, produce)?;
+        let manifest = self.build(what, &dir, manifest, spec.sampling, produce)?;
         let (manifest, shards) = store::open_entry(&dir, &manifest.key).map_err(|e| {
             CacheError::Manifest(format!(
                 "{}: the entry just written cannot be read: {e:?}",
@@ -232,6 +232,7 @@ impl ImageCache {
         }
         Ok(CachedImages {
             entry: Arc::new(Entry {
+                spans: spans(&manifest),
                 manifest,
                 shards,
                 dir,
@@ -241,23 +242,24 @@ impl ImageCache {
     }
 
     /// Produces every item of `pending` (its `sources`, no shards yet) in parallel, shard by
-    /// shard, into a temporary entry, then moves it into place.
+    /// shard, into a temporary entry, then moves it into place. Clips sampled one a second
+    /// record their frame counts.
     fn build(
         &self,
         what: &str,
         dir: &Path,
         pending: Manifest,
+        sampling: Sampling,
         produce: impl Fn(usize) -> Result<Vec<u8>, CacheError> + Sync,
     ) -> Result<Manifest, CacheError> {
         let staged = kiln_io::StagedDir::new(dir)?;
         let item_bytes = pending.item_bytes();
         let per_shard = (self.shard_bytes / item_bytes).max(1);
-        let frame_shape = [
-            pending.frames as usize,
-            3,
-            pending.height as usize,
-            pending.width as usize,
-        ];
+        let frame_bytes = 3 * pending.height as usize * pending.width as usize;
+        let frame_shape = |bytes: usize| {
+            let [height, width] = [pending.height as usize, pending.width as usize];
+            [bytes / frame_bytes, 3, height, width]
+        };
         let affine = pending.preprocess.affine();
         let stored = pending.stored;
         let progress = progress_bar(what, pending.sources.len());
@@ -267,10 +269,16 @@ impl ImageCache {
         };
         let indices: Vec<usize> = (0..pending.sources.len()).collect();
         for chunk in indices.chunks(per_shard) {
-            let produced: Vec<Result<Vec<u8>, CacheError>> = chunk
+            let produced: Vec<Result<(usize, Vec<u8>), CacheError>> = chunk
                 .par_iter()
                 .map(|&i| {
-                    let pixels = produce(i).map(|bytes| encode(stored, affine, bytes, frame_shape));
+                    let pixels = produce(i).map(|bytes| {
+                        let frames = bytes.len() / frame_bytes;
+                        (
+                            frames,
+                            encode(stored, affine, frame_shape(bytes.len()), bytes),
+                        )
+                    });
                     progress.inc(1);
                     pixels
                 })
@@ -280,10 +288,13 @@ impl ImageCache {
             for (&i, result) in chunk.iter().zip(produced) {
                 let source = &pending.sources[i];
                 match result {
-                    Ok(bytes) => {
+                    Ok((frames, bytes)) => {
                         pixels.extend_from_slice(&bytes);
                         items += 1;
-                        manifest.sources.push(source.clone());
+                        manifest.sources.push(CachedSource {
+                            frames: (sampling == Sampling::PerSecond).then_some(frames as u32),
+                            ..source.clone()
+                        });
                     }
                     Err(e @ CacheError::BadImage { .. }) if self.skip_bad => {
                         log::warn!("skipping {e}");
@@ -314,8 +325,8 @@ impl ImageCache {
 fn encode(
     stored: Stored,
     affine: ([f32; 3], [f32; 3]),
-    bytes: Vec<u8>,
     shape: [usize; 4],
+    bytes: Vec<u8>,
 ) -> Vec<u8> {
     match stored {
         Stored::U8 => bytes,
@@ -333,7 +344,11 @@ fn encode(
 fn names_and_hashes(names: impl Iterator<Item = String>, hashes: Vec<String>) -> Vec<CachedSource> {
     names
         .zip(hashes)
-        .map(|(name, hash)| CachedSource { name, hash })
+        .map(|(name, hash)| CachedSource {
+            name,
+            hash,
+            frames: None,
+        })
         .collect()
 }
 
@@ -353,15 +368,9 @@ fn progress_bar(what: &str, len: usize) -> ProgressBar {
     bar
 }
 
-/// The cache key: a hash of the format version, the preprocessing, the frames per item, the
-/// storage, and every source's name and content hash in order.
-fn cache_key(
-    preprocess: &Preprocess,
-    frames: u32,
-    short_videos: ShortVideos,
-    stored: Stored,
-    sources: &[CachedSource],
-) -> String {
+/// The cache key: a hash of the format version, the preprocessing, the frames per item and how
+/// they are sampled, the storage, and every source's name and content hash in order.
+fn cache_key(spec: &ClipSpec, stored: Stored, sources: &[CachedSource]) -> String {
     #[derive(Serialize)]
     struct Key<'a> {
         format: u32,
@@ -371,17 +380,24 @@ fn cache_key(
         // the entries built before the setting existed keep their keys.
         #[serde(skip_serializing_if = "repeats")]
         short_videos: ShortVideos,
+        // Left out when uniform, for the same reason.
+        #[serde(skip_serializing_if = "uniform")]
+        sampling: Sampling,
         stored: Stored,
         sources: &'a [CachedSource],
     }
     fn repeats(short_videos: &ShortVideos) -> bool {
         *short_videos == ShortVideos::Repeat
     }
+    fn uniform(sampling: &Sampling) -> bool {
+        *sampling == Sampling::Uniform
+    }
     let key = Key {
         format: FORMAT_VERSION,
-        preprocess,
-        frames,
-        short_videos,
+        preprocess: &spec.preprocess,
+        frames: spec.frames,
+        short_videos: spec.short_videos,
+        sampling: spec.sampling,
         stored,
         sources,
     };
@@ -389,8 +405,8 @@ fn cache_key(
 }
 
 /// A cached dataset, memory-mapped: `len()` items, each an image (`[3, H, W]`) or a clip of
-/// `frames()` frames (`[T, 3, H, W]`). Cloning is cheap (the mapping is shared), so background
-/// threads can read it.
+/// `frames()` frames (`[T, 3, H, W]`; where clips vary in length, `frames_of(i)`). Cloning is
+/// cheap (the mapping is shared), so background threads can read it.
 #[derive(Debug, Clone)]
 pub struct CachedImages {
     entry: Arc<Entry>,
@@ -401,7 +417,42 @@ pub struct CachedImages {
 struct Entry {
     manifest: Manifest,
     shards: Vec<Shard>,
+    /// Where each item's bytes are.
+    spans: Vec<Span>,
     dir: PathBuf,
+}
+
+/// Where an item's bytes are: which shard, from which byte, how many; and its first frame's row
+/// among all the dataset's frames.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    shard: usize,
+    start: usize,
+    bytes: usize,
+    frame: usize,
+}
+
+/// The span of every item of a valid entry (its shards' sizes checked against the manifest).
+fn spans(manifest: &Manifest) -> Vec<Span> {
+    let frame_bytes = manifest.frame_bytes();
+    let mut spans = Vec::with_capacity(manifest.sources.len());
+    let mut frame = 0;
+    for (shard, info) in manifest.shards.iter().enumerate() {
+        let mut start = 0;
+        for _ in 0..info.items {
+            let frames = manifest.frames_of(spans.len()) as usize;
+            let bytes = frames * frame_bytes;
+            spans.push(Span {
+                shard,
+                start,
+                bytes,
+                frame,
+            });
+            start += bytes;
+            frame += frames;
+        }
+    }
+    spans
 }
 
 impl CachedImages {
@@ -424,9 +475,23 @@ impl CachedImages {
         (self.manifest().height, self.manifest().width)
     }
 
-    /// Frames per item: 1 for images, T for clips.
+    /// Frames per item: 1 for images, T for clips; where clips vary in length, the most a clip
+    /// may have ([`CachedImages::frames_of`] says each one's).
     pub fn frames(&self) -> u32 {
         self.manifest().frames
+    }
+
+    /// Frames of item `index`.
+    ///
+    /// # Panics
+    /// If `index >= len()`.
+    pub fn frames_of(&self, index: usize) -> u32 {
+        self.manifest().frames_of(index)
+    }
+
+    /// Whether clips vary in length (sampled one a second: [`crate::Sampling::PerSecond`]).
+    pub fn varies(&self) -> bool {
+        self.manifest().varies()
     }
 
     /// How the pixels are stored.
@@ -459,7 +524,7 @@ impl CachedImages {
         &self.manifest().skipped
     }
 
-    /// Bytes of one stored item.
+    /// Bytes of one stored item (of the longest possible clip, where clips vary in length).
     pub fn item_bytes(&self) -> usize {
         self.manifest().item_bytes()
     }
@@ -470,16 +535,18 @@ impl CachedImages {
     /// # Panics
     /// If `index >= len()`.
     pub fn item(&self, index: usize) -> &[u8] {
-        let bytes = self.item_bytes();
-        let mut first = 0;
-        for (shard, info) in self.entry.shards.iter().zip(&self.manifest().shards) {
-            if index < first + info.items {
-                let offset = (index - first) * bytes;
-                return &shard.pixels()[offset..offset + bytes];
-            }
-            first += info.items;
-        }
-        panic!("item {index} of {}", self.len());
+        let span = self.entry.spans[index];
+        &self.entry.shards[span.shard].pixels()[span.start..span.start + span.bytes]
+    }
+
+    /// The rows of items `indices`' frames in `[Σ frames, 3, H, W]` of the whole dataset.
+    pub(crate) fn frame_rows(&self, indices: &[usize]) -> Vec<i64> {
+        (indices.iter())
+            .flat_map(|&i| {
+                let first = self.entry.spans[i].frame;
+                (first..first + self.frames_of(i) as usize).map(|row| row as i64)
+            })
+            .collect()
     }
 
     /// Checks that every index is an item.
@@ -498,19 +565,15 @@ impl CachedImages {
     }
 
     /// The frames of `indices` (checked) ready on the host for a device that normalises on the
-    /// host (`on_host`) or not, as `[n·T, 3, H, W]`.
+    /// host (`on_host`) or not, as `[Σ frames, 3, H, W]` (`[n·T, 3, H, W]` for clips of T).
     pub(crate) fn host_batch(&self, indices: &[usize], on_host: bool) -> HostBatch {
         let mut bytes = Vec::with_capacity(indices.len() * self.item_bytes());
         for &index in indices {
             bytes.extend_from_slice(self.item(index));
         }
         let (height, width) = self.size();
-        let shape = [
-            indices.len() * self.frames() as usize,
-            3,
-            height as usize,
-            width as usize,
-        ];
+        let frames: usize = indices.iter().map(|&i| self.frames_of(i) as usize).sum();
+        let shape = [frames, 3, height as usize, width as usize];
         HostBatch::prepare(
             self.preprocess().affine(),
             self.stored(),
@@ -520,7 +583,8 @@ impl CachedImages {
         )
     }
 
-    /// The frames of items `indices`, in that order, on `device` as a `[n·T, 3, H, W]` tensor in
+    /// The frames of items `indices`, in that order, on `device` as a `[Σ frames, 3, H, W]`
+    /// tensor (`[n·T, 3, H, W]` for clips of T) in
     /// `precision`, rescaled and normalised (on the device where it stores u8; see
     /// [`crate::normalize_on_device`]).
     pub fn upload_indices<B: Backend>(
@@ -551,13 +615,21 @@ impl CachedImages {
         self.upload_indices(&range.collect::<Vec<_>>(), device, precision)
     }
 
-    /// Clips `range` on `device` as `[n, T, 3, H, W]`, in `precision`, normalised.
+    /// Clips `range` on `device` as `[n, T, 3, H, W]`, in `precision`, normalised. Clips of
+    /// varying length have no such shape: [`CachedImages::upload`] gives their frames.
     pub fn upload_clips<B: Backend>(
         &self,
         range: Range<usize>,
         device: &B::Device,
         precision: Precision,
     ) -> Result<Tensor<B, 5>, CacheError> {
+        if self.varies() {
+            return Err(CacheError::Config(
+                "these clips vary in length (sampled one a second): upload their frames \
+                 (CachedImages::upload) and frames_of(i) says which are whose"
+                    .into(),
+            ));
+        }
         let clips = range.len();
         let frames = self.upload(range, device, precision)?;
         let [_, channels, height, width] = frames.dims();

@@ -55,7 +55,9 @@ pub use residency::{DEVICE_MEMORY_SHARE, DeviceMemory, Residency, ResidencyPlan}
 pub use sources::{ImageSource, SourceFile};
 pub use store::{CachedSource, FORMAT_VERSION, Manifest, ShardInfo, Skipped, Stored};
 pub use upload::{PreparedPixels, normalize_on_device, to_chw};
-pub use video::{ClipSpec, MP4_EXTENSIONS, ShortVideos, VideoSource, sample_frames};
+pub use video::{
+    ClipSpec, MP4_EXTENSIONS, Sampling, ShortVideos, VideoSource, per_second_frames, sample_frames,
+};
 
 /// Why images could not be cached or read.
 #[derive(Debug, thiserror::Error)]

@@ -47,7 +47,8 @@ pub(crate) fn sampled_frames(
         return Err("a video track without frames".into());
     }
     let mut annex_b = AnnexB::for_track(track)?;
-    let wanted = spec.sampled(count)?;
+    let fps = Some(track.frame_rate()).filter(|fps| fps.is_finite() && *fps > 0.0);
+    let wanted = spec.sampled(count, fps)?;
     let last = wanted[wanted.len() - 1];
     let mut decoder = Decoder::new().map_err(|e| format!("OpenH264: {e}"))?;
     let mut decoded = 0;

@@ -1,6 +1,7 @@
 //! The on-disk format of a cache entry: a directory named by the cache key holding
-//! `manifest.json` and safetensors shards of `pixels` (`[n, 3, H, W]` images or `[n, T, 3, H, W]`
-//! clips; u8, or normalised f16 / f32), each with its checksum in the manifest. Entries are built in a temporary directory and renamed into place, so a reader
+//! `manifest.json` and safetensors shards of `pixels` (`[n, 3, H, W]` images, `[n, T, 3, H, W]`
+//! clips, or the frames of clips of varying length one after another, `[frames, 3, H, W]`; u8,
+//! or normalised f16 / f32), each with its checksum in the manifest. Entries are built in a temporary directory and renamed into place, so a reader
 //! sees a whole entry or none; shards are memory-mapped.
 
 use std::fs::File;
@@ -61,6 +62,10 @@ pub struct CachedSource {
     pub name: String,
     /// xxh3-128 of the file's bytes (of a frame folder: of its frames' names and hashes), hex.
     pub hash: String,
+    /// The clip's frames, where clips vary in length (at most the manifest's `frames`); `None`
+    /// where every item has the manifest's `frames`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frames: Option<u32>,
 }
 
 /// An image left out of the cache because it could not be read (`skip_bad`).
@@ -92,7 +97,8 @@ pub struct Manifest {
     pub key: String,
     /// The preprocessing that produced the pixels.
     pub preprocess: Preprocess,
-    /// Frames per item: 1 for images, T for clips (stored `[T, 3, H, W]`).
+    /// Frames per item: 1 for images, T for clips (stored `[T, 3, H, W]`); where clips vary in
+    /// length (each source names its own), the most a clip has.
     pub frames: u32,
     /// Height of every frame.
     pub height: u32,
@@ -131,6 +137,16 @@ impl Manifest {
             .try_fold(manifest.stored.size_of(), |bytes, &d| bytes.checked_mul(d))
             .filter(|&bytes| bytes > 0)
             .ok_or_else(|| format!("impossible item shape {:?}", manifest.item_shape()))?;
+        if let Some(bad) = (manifest.sources.iter())
+            .find(|s| s.frames.is_some_and(|n| n == 0 || n > manifest.frames))
+        {
+            return Err(format!(
+                "`{}` claims {} frames, the entry's clips at most {}",
+                bad.name,
+                bad.frames.unwrap_or(0),
+                manifest.frames
+            ));
+        }
         let mut stored = 0usize;
         for shard in &manifest.shards {
             let plain = Path::new(&shard.file)
@@ -158,9 +174,36 @@ impl Manifest {
         Ok(manifest)
     }
 
-    /// Bytes of one stored item.
+    /// Bytes of one stored item (of the longest, where clips vary in length).
     pub fn item_bytes(&self) -> usize {
         self.item_shape().iter().product::<usize>() * self.stored.size_of()
+    }
+
+    /// Bytes of one stored frame.
+    pub fn frame_bytes(&self) -> usize {
+        3 * self.height as usize * self.width as usize * self.stored.size_of()
+    }
+
+    /// Frames of item `index`.
+    pub fn frames_of(&self, index: usize) -> u32 {
+        self.sources[index].frames.unwrap_or(self.frames)
+    }
+
+    /// Whether clips vary in length (each source names its frames).
+    pub fn varies(&self) -> bool {
+        self.sources.iter().any(|s| s.frames.is_some())
+    }
+
+    /// Per shard, the frames its items hold (their sum, where clips vary in length).
+    fn shard_frames(&self) -> Vec<usize> {
+        let mut first = 0;
+        (self.shards.iter())
+            .map(|shard| {
+                let items = first..first + shard.items;
+                first = items.end;
+                items.map(|i| self.frames_of(i) as usize).sum()
+            })
+            .collect()
     }
 
     /// Shape of one item: `[3, H, W]` for images, `[T, 3, H, W]` for clips.
@@ -214,16 +257,15 @@ pub fn open_entry(dir: &Path, key: &str) -> Result<(Manifest, Vec<Shard>), Inval
             manifest.key
         )));
     }
-    let item_bytes = manifest.item_bytes();
-    let shards = manifest
-        .shards
-        .iter()
-        .map(|info| {
+    let frame_bytes = manifest.frame_bytes();
+    let shards = (manifest.shards.iter())
+        .zip(manifest.shard_frames())
+        .map(|(info, frames)| {
             let shard = map_shard(&dir.join(&info.file), manifest.stored)?;
             let pixels = shard.pixels();
-            if pixels.len() != info.items * item_bytes {
+            if pixels.len() != frames * frame_bytes {
                 return Err(format!(
-                    "{} holds {} bytes, expected {} items of {item_bytes}",
+                    "{} holds {} bytes, expected {} items, {frames} frames of {frame_bytes}",
                     info.file,
                     pixels.len(),
                     info.items
@@ -264,8 +306,9 @@ fn map_shard(path: &Path, stored: Stored) -> Result<Shard, String> {
     Ok(Shard { map, start, end })
 }
 
-/// Writes shard `index` of `pixels` (`items` items of the manifest's item shape and storage) into
-/// `dir`, synced to disk, and returns its manifest line.
+/// Writes shard `index` of `pixels` (`items` items of the manifest's item shape and storage, or
+/// where clips vary in length their frames one after another) into `dir`, synced to disk, and
+/// returns its manifest line.
 pub fn write_shard(
     dir: &Path,
     index: usize,
@@ -275,7 +318,15 @@ pub fn write_shard(
 ) -> Result<ShardInfo, CacheError> {
     let file = format!("shard-{index:05}.safetensors");
     let path = dir.join(&file);
-    let shape = [&[items][..], &manifest.item_shape()].concat();
+    let shape = match manifest.varies() {
+        true => vec![
+            pixels.len() / manifest.frame_bytes(),
+            3,
+            manifest.height as usize,
+            manifest.width as usize,
+        ],
+        false => [&[items][..], &manifest.item_shape()].concat(),
+    };
     let view = TensorView::new(manifest.stored.dtype(), shape, pixels)
         .map_err(|e| CacheError::io(&path, std::io::Error::other(e)))?;
     safetensors::serialize_to_file([(PIXELS, view)], None, &path)
@@ -351,6 +402,7 @@ mod tests {
             sources: vec![CachedSource {
                 name: "a.png".into(),
                 hash: "h".into(),
+                frames: None,
             }],
             skipped: vec![],
             shards: vec![ShardInfo {
@@ -377,6 +429,13 @@ mod tests {
             let err = parse(&bad).unwrap_err();
             assert!(err.contains(want), "{field}: {err}");
         }
+        let mut longer = manifest();
+        longer["sources"][0]["frames"] = 2.into();
+        let err = parse(&longer).unwrap_err();
+        assert!(
+            err.contains("`a.png` claims 2 frames, the entry's clips at most 1"),
+            "{err}"
+        );
         // 4e9 frames of 4e9 × 4e9 pixels: more bytes than a usize counts.
         let mut huge = manifest();
         for field in ["frames", "height", "width"] {

@@ -1,10 +1,11 @@
-//! Video clips, decoded once: T frames sampled uniformly from each video, each preprocessed like
-//! an image, stored as 8-bit `[T, 3, H, W]` (the reference run's `[8, 3, 256, 256]` is 1.5 MB a
-//! video). Decoding H.264 every batch kept that run's GPU 2% busy; pre-decoded frames made it
+//! Video clips, decoded once: T frames sampled uniformly from each video (or one a second, up to
+//! T, as fVLM samples them), each preprocessed like an image, stored as 8-bit `[T, 3, H, W]` (the
+//! reference run's `[8, 3, 256, 256]` is 1.5 MB a video). Decoding H.264 every batch kept that run's GPU 2% busy; pre-decoded frames made it
 //! 3.5× faster.
 //!
 //! A video is a folder of frame images (sorted by name), a GIF, or, with the `video` feature, an
-//! MP4 holding H.264 (decoded by OpenH264, built from source: no system FFmpeg).
+//! MP4 holding H.264 (decoded by OpenH264, built from source: no system FFmpeg). A still image
+//! (PNG, JPEG, WebP, BMP) is a video of one frame, as fVLM's image samples are.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -15,7 +16,7 @@ use image::{AnimationDecoder, DynamicImage, ImageDecoder, RgbImage};
 use serde::{Deserialize, Serialize};
 
 use crate::CacheError;
-use crate::decode::{check_budget, decode, to_rgb8};
+use crate::decode::{IMAGE_EXTENSIONS, check_budget, decode, to_rgb8};
 use crate::preprocess::Preprocess;
 use crate::sources::{SourceFile, walk};
 use crate::upload::to_chw;
@@ -23,10 +24,11 @@ use crate::upload::to_chw;
 /// File extensions of MP4 containers (read with the `video` feature).
 pub const MP4_EXTENSIONS: [&str; 3] = ["mp4", "m4v", "mov"];
 
-/// How clips are made from videos: `frames` sampled uniformly, each preprocessed.
+/// How clips are made from videos: `frames` sampled uniformly (or one a second, at most
+/// `frames`), each preprocessed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClipSpec {
-    /// Frames per clip (T).
+    /// Frames per clip (T); sampled one a second, the most a clip takes.
     pub frames: u32,
     /// What happens to each frame; it must give every frame one size (an exact resize or a
     /// crop).
@@ -34,6 +36,23 @@ pub struct ClipSpec {
     /// What a video with fewer than `frames` frames gives.
     #[serde(default)]
     pub short_videos: ShortVideos,
+    /// Which frames a clip takes.
+    #[serde(default)]
+    pub sampling: Sampling,
+}
+
+/// Which frames of a video a clip takes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Sampling {
+    /// `frames` frames, the centre of each of `frames` equal segments ([`sample_frames`]): every
+    /// clip has T frames.
+    #[default]
+    Uniform,
+    /// One frame a second from the first, at most `frames` ([`per_second_frames`]): fVLM's
+    /// sampling (`data.py`), so a clip has as many frames as its video has seconds, up to T.
+    /// A folder of frame images has no frame rate: its images are taken as one a second
+    /// already, as fVLM's shards store them.
+    PerSecond,
 }
 
 /// What a video with fewer frames than a clip takes gives.
@@ -54,6 +73,16 @@ impl ClipSpec {
             frames,
             preprocess,
             short_videos: ShortVideos::Repeat,
+            sampling: Sampling::Uniform,
+        }
+    }
+
+    /// One frame a second, at most `max_frames` per clip, each through `preprocess`: fVLM's
+    /// clips (`max_frames` 64 there). A video of any length gives a clip.
+    pub fn per_second(max_frames: u32, preprocess: Preprocess) -> Self {
+        ClipSpec {
+            sampling: Sampling::PerSecond,
+            ..ClipSpec::new(max_frames, preprocess)
         }
     }
 
@@ -64,8 +93,12 @@ impl ClipSpec {
         self
     }
 
-    /// Which frames of a video of `count` frames the clip takes, or why it takes none.
-    pub(crate) fn sampled(&self, count: usize) -> Result<Vec<usize>, String> {
+    /// Which frames of a video of `count` frames (`fps` a second, where it says) the clip takes,
+    /// or why it takes none.
+    pub(crate) fn sampled(&self, count: usize, fps: Option<f64>) -> Result<Vec<usize>, String> {
+        if self.sampling == Sampling::PerSecond {
+            return Ok(per_second_frames(count, fps, self.frames));
+        }
         if self.short_videos == ShortVideos::Refuse && count < self.frames as usize {
             return Err(format!(
                 "{count} frames, fewer than the {} a clip takes",
@@ -91,11 +124,27 @@ pub fn sample_frames(count: usize, frames: u32) -> Vec<usize> {
         .collect()
 }
 
+/// Which frames of `count` (`fps` a second; `None` for frames already one a second) a clip
+/// sampled one a second takes: every ⌊fps⌋-th from the first, at most `max_frames`, as fVLM's
+/// decord loader does (`range(0, total, max(1, int(fps)))[:64]`).
+///
+/// ```
+/// use kiln_cache::per_second_frames;
+/// assert_eq!(per_second_frames(100, Some(24.0), 64), [0, 24, 48, 72, 96]);
+/// assert_eq!(per_second_frames(10, Some(29.97), 64), [0]);
+/// assert_eq!(per_second_frames(5, None, 3), [0, 1, 2]);
+/// ```
+pub fn per_second_frames(count: usize, fps: Option<f64>, max_frames: u32) -> Vec<usize> {
+    // `as` saturates: a NaN or negative rate steps by one frame, as int() ≤ 0 does there.
+    let step = fps.map_or(1, |fps| (fps as usize).max(1));
+    (0..count).step_by(step).take(max_frames as usize).collect()
+}
+
 /// The videos of a dataset, in the order they are cached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VideoSource {
-    /// Every video directly below a folder, sorted by name: sub-folders of frame images, GIFs
-    /// and (with the `video` feature) MP4 files.
+    /// Every video directly below a folder, sorted by name: sub-folders of frame images, GIFs,
+    /// (with the `video` feature) MP4 files, and still images (one frame each).
     Folder(PathBuf),
     /// These videos (frame folders or files), in this order.
     Videos(Vec<PathBuf>),
@@ -106,6 +155,8 @@ pub enum VideoSource {
 enum Container {
     /// A folder of frame images, in name order.
     Frames(Vec<PathBuf>),
+    /// A still image: one frame.
+    Still,
     /// An animated GIF.
     Gif,
     /// An MP4 with an H.264 track.
@@ -146,7 +197,10 @@ impl VideoSource {
                 if videos.is_empty() {
                     return Err(CacheError::NoImages {
                         dir: root.clone(),
-                        extensions: format!("frame folders, gif, {}", MP4_EXTENSIONS.join(", ")),
+                        extensions: format!(
+                            "frame folders, gif, {}, still images",
+                            MP4_EXTENSIONS.join(", ")
+                        ),
                     });
                 }
                 Ok(videos)
@@ -155,10 +209,12 @@ impl VideoSource {
     }
 }
 
-/// The lower-case extension of a video file kiln reads.
+/// The lower-case extension of a video file kiln reads (a still image's too).
 fn video_extension(path: &Path) -> Option<String> {
     let extension = path.extension()?.to_str()?.to_ascii_lowercase();
-    (extension == "gif" || MP4_EXTENSIONS.contains(&extension.as_str())).then_some(extension)
+    let known = IMAGE_EXTENSIONS.contains(&extension.as_str())
+        || MP4_EXTENSIONS.contains(&extension.as_str());
+    known.then_some(extension)
 }
 
 fn video(path: &Path, name: String) -> Result<Video, CacheError> {
@@ -170,6 +226,7 @@ fn video(path: &Path, name: String) -> Result<Video, CacheError> {
     } else {
         match video_extension(path).as_deref() {
             Some("gif") => Container::Gif,
+            Some(still) if IMAGE_EXTENSIONS.contains(&still) => Container::Still,
             #[cfg(feature = "video")]
             Some(_) => Container::Mp4,
             #[cfg(not(feature = "video"))]
@@ -182,7 +239,7 @@ fn video(path: &Path, name: String) -> Result<Video, CacheError> {
             }
             None => {
                 return Err(CacheError::Config(format!(
-                    "{}: not a video kiln reads (a folder of frames, a GIF or an MP4)",
+                    "{}: not a video kiln reads (a folder of frames, a GIF, an MP4 or an image)",
                     path.display()
                 )));
             }
@@ -230,11 +287,16 @@ impl Video {
                 if paths.is_empty() {
                     return Err(self.bad("a folder without frame images"));
                 }
-                spec.sampled(paths.len())
+                spec.sampled(paths.len(), None)
                     .map_err(|e| self.bad(e))?
                     .into_iter()
                     .map(|i| decode(&paths[i], max_pixels))
                     .collect::<Result<Vec<_>, _>>()?
+            }
+            Container::Still => {
+                let image = decode(&self.source.path, max_pixels)?;
+                let picked = spec.sampled(1, None).map_err(|e| self.bad(e))?;
+                vec![image; picked.len()]
             }
             Container::Gif => self.gif_frames(spec, max_pixels)?,
             #[cfg(feature = "video")]
@@ -266,15 +328,18 @@ impl Video {
             check_budget(width, height, max_pixels).map_err(|e| self.bad(e))?;
             Ok(decoder.into_frames())
         };
-        let mut count = 0;
+        let (mut count, mut milliseconds) = (0, 0.0);
         for frame in open()? {
-            frame.map_err(|e| self.bad(e))?;
+            let (numerator, denominator) = frame.map_err(|e| self.bad(e))?.delay().numer_denom_ms();
+            milliseconds += f64::from(numerator) / f64::from(denominator.max(1));
             count += 1;
         }
         if count == 0 {
             return Err(self.bad("a GIF without frames"));
         }
-        let wanted = spec.sampled(count).map_err(|e| self.bad(e))?;
+        // A GIF without delays has no frame rate (browsers show it at their own).
+        let fps = (milliseconds > 0.0).then(|| count as f64 * 1000.0 / milliseconds);
+        let wanted = spec.sampled(count, fps).map_err(|e| self.bad(e))?;
         let mut kept = Vec::with_capacity(wanted.len());
         for (index, frame) in open()?.enumerate().take(wanted[wanted.len() - 1] + 1) {
             let frame = frame.map_err(|e| self.bad(e))?;

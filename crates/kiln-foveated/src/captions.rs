@@ -18,16 +18,13 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use burn::tensor::backend::Backend;
-use kiln_cache::{
-    CachedImages, ClipSpec, DeviceImages, ImageCache, Order, Preprocess, Residency, Resize,
-    VideoSource,
-};
+use kiln_cache::{ClipSpec, ImageCache, Preprocess, Residency, Resize, VideoSource};
 use kiln_core::Precision;
 use kiln_text::{Message, TextTokenizer};
-use kiln_train::Loader;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
-use crate::{ClipBatch, FoveatedError};
+use crate::{CaptionedClips, FoveatedError};
 
 /// One line of a captions file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -39,25 +36,56 @@ pub struct Caption {
     pub caption: String,
 }
 
+/// One line of a file of text-only conversations: fVLM's text samples (`user` / `assistant`,
+/// as its shards' JSON names them), trained without frames to keep the LM's chat.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TextSample {
+    /// What the user asks.
+    pub user: String,
+    /// The answer.
+    pub assistant: String,
+}
+
+/// The lines of the JSON Lines file `path` as `T`, with their 1-based numbers (blank lines
+/// skipped), refusing a line that is not a `what`, which `form` shows.
+fn read_lines<T: DeserializeOwned>(
+    path: &Path,
+    what: &str,
+    form: &str,
+) -> Result<Vec<(usize, T)>, FoveatedError> {
+    let text = kiln_io::read_text(path).map_err(|e| FoveatedError::Data(e.to_string()))?;
+    (text.lines().enumerate())
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(index, line)| {
+            let number = index + 1;
+            let value = serde_json::from_str(line).map_err(|e| {
+                FoveatedError::Data(format!(
+                    "{}, line {number}: not {what} ({e}); each line is {form}",
+                    path.display()
+                ))
+            })?;
+            Ok((number, value))
+        })
+        .collect()
+}
+
+/// The text-only conversations of a JSON Lines file, `{"user": TEXT, "assistant": TEXT}` a line
+/// (blank lines skipped), refusing a line that is not one by its 1-based number.
+pub fn read_text_samples(path: impl AsRef<Path>) -> Result<Vec<TextSample>, FoveatedError> {
+    let form = "{\"user\": TEXT, \"assistant\": TEXT}";
+    let lines = read_lines(path.as_ref(), "a conversation", form)?;
+    Ok(lines.into_iter().map(|(_, sample)| sample).collect())
+}
+
 /// The captions of a JSON Lines file (blank lines skipped), refusing a line that is not a
 /// caption or names a video an earlier line named, by its 1-based number.
 pub fn read_captions(path: impl AsRef<Path>) -> Result<Vec<Caption>, FoveatedError> {
     let path = path.as_ref();
-    let text = kiln_io::read_text(path).map_err(|e| FoveatedError::Data(e.to_string()))?;
+    let form = "{\"video\": NAME, \"caption\": TEXT}";
     let mut seen = HashMap::new();
     let mut captions = Vec::new();
-    for (index, line) in text.lines().enumerate() {
-        let number = index + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let caption: Caption = serde_json::from_str(line).map_err(|e| {
-            FoveatedError::Data(format!(
-                "{}, line {number}: not a caption ({e}); each line is \
-                 {{\"video\": NAME, \"caption\": TEXT}}",
-                path.display()
-            ))
-        })?;
+    for (number, caption) in read_lines::<Caption>(path, "a caption", form)? {
         if let Some(first) = seen.insert(caption.video.clone(), number) {
             return Err(FoveatedError::Data(format!(
                 "{}, line {number}: a second caption for '{}' (the first is on line {first})",
@@ -103,130 +131,6 @@ pub fn match_captions<'a>(
         )));
     }
     Ok(matched)
-}
-
-/// Cached clips with their captions' token ids, in batches of a fixed size: frames
-/// `[n, T, 3, H, W]` from the feed (resident on the device or prefetched), the same prompt for
-/// every clip and the captions padded to the batch's longest (the padding outside the loss).
-#[derive(Debug)]
-pub struct CaptionedClips<B: Backend> {
-    feed: DeviceImages<B>,
-    prompt: Vec<u32>,
-    captions: Vec<Vec<u32>>,
-    pad: u32,
-    batch_size: usize,
-}
-
-impl<B: Backend> CaptionedClips<B> {
-    /// `captions[i]` (token ids, tokenised once) is the caption of the feed's clip `i`; `pad`
-    /// fills shorter captions.
-    pub fn new(
-        feed: DeviceImages<B>,
-        prompt: Vec<u32>,
-        captions: Vec<Vec<u32>>,
-        pad: u32,
-        batch_size: usize,
-    ) -> Result<Self, FoveatedError> {
-        let clips = feed.images().len();
-        if captions.len() != clips {
-            return Err(FoveatedError::Data(format!(
-                "{} captions for {clips} clips",
-                captions.len()
-            )));
-        }
-        if let Some(empty) = captions.iter().position(Vec::is_empty) {
-            return Err(FoveatedError::Data(format!(
-                "clip {}: an empty caption (nothing to learn)",
-                empty + 1
-            )));
-        }
-        if batch_size == 0 {
-            return Err(FoveatedError::Config(
-                "the batch size must be at least 1".into(),
-            ));
-        }
-        Ok(CaptionedClips {
-            feed,
-            prompt,
-            captions,
-            pad,
-            batch_size,
-        })
-    }
-
-    /// Refuses a caption that does not fit the model: longer than `room` tokens
-    /// ([`crate::FoveatedModel::target_room`]), naming the clip (1-based) and the sizes.
-    pub fn check_room(&self, room: usize) -> Result<(), FoveatedError> {
-        match self
-            .captions
-            .iter()
-            .position(|caption| caption.len() > room)
-        {
-            Some(clip) => Err(FoveatedError::Data(format!(
-                "clip {}: a caption of {} tokens (with its end token, or as a conversation \
-                 with its prompts); after the prompt and the visual tokens the language model \
-                 has room for {room} (its max_position_embeddings): shorten the caption, the \
-                 prompt or --frames",
-                clip + 1,
-                self.captions[clip].len()
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    /// Clips in the dataset.
-    pub fn len(&self) -> usize {
-        self.captions.len()
-    }
-
-    /// The cached frames: their count per clip, size and how the cache served them.
-    pub fn images(&self) -> &CachedImages {
-        self.feed.images()
-    }
-
-    /// Whether the dataset is empty.
-    pub fn is_empty(&self) -> bool {
-        self.captions.is_empty()
-    }
-}
-
-impl<B: Backend> Loader for CaptionedClips<B> {
-    type Batch = ClipBatch<B>;
-
-    fn batches_per_epoch(&self) -> usize {
-        self.captions.len().div_ceil(self.batch_size)
-    }
-
-    fn sizes(&self) -> Option<(usize, usize)> {
-        Some((self.captions.len(), self.batch_size))
-    }
-
-    fn batches(&self, order: Order, first: usize) -> Box<dyn Iterator<Item = ClipBatch<B>> + '_> {
-        let images = self.feed.images();
-        let frames = images.frames() as usize;
-        let (height, width) = images.size();
-        Box::new(
-            self.feed
-                .batches_from(self.batch_size, order, first)
-                .map(move |batch| {
-                    let clips = batch.indices.len();
-                    let pixels =
-                        batch
-                            .pixels
-                            .reshape([clips, frames, 3, height as usize, width as usize]);
-                    let captions = batch
-                        .indices
-                        .iter()
-                        .map(|&i| self.captions[i].clone())
-                        .collect();
-                    let batch = ClipBatch::new(pixels).with_captions(captions, self.pad);
-                    match self.prompt.is_empty() {
-                        true => batch,
-                        false => batch.with_prompt(vec![self.prompt.clone(); clips]),
-                    }
-                }),
-        )
-    }
 }
 
 /// fVLM's system prompt (`tokenization.py`'s `SYSTEM_PROMPT`).

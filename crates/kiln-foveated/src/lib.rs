@@ -44,6 +44,8 @@
 //! ```
 
 #[cfg(feature = "train")]
+mod batches;
+#[cfg(feature = "train")]
 mod captions;
 mod config;
 mod connectors;
@@ -59,10 +61,12 @@ pub mod synthetic;
 mod train;
 
 #[cfg(feature = "train")]
+pub use batches::CaptionedClips;
+#[cfg(feature = "train")]
 pub use captions::{
-    Caption, CaptionTokenizer, CaptionedClipReader, CaptionedClips, Conversation,
-    FVLM_CAPTION_PROMPT, FVLM_SYSTEM_PROMPT, dinov2_frames, fvlm_frames, match_captions,
-    read_captions,
+    Caption, CaptionTokenizer, CaptionedClipReader, Conversation, FVLM_CAPTION_PROMPT,
+    FVLM_SYSTEM_PROMPT, TextSample, dinov2_frames, fvlm_frames, match_captions, read_captions,
+    read_text_samples,
 };
 pub use config::{FoveatedConfig, FrameHead, Readout, Variant};
 pub use connectors::Connectors;

@@ -218,8 +218,9 @@ impl<B: AutodiffBackend> Trainer<B> {
         progress.set_position(state.step);
         while state.step < stop_at && !state.stopped_early {
             let started = Instant::now();
-            let epoch = cursor.epoch;
             let (trained, step) = optimization.step(model, state.step, || cursor.next())?;
+            // The epoch of the step's (last) batch: a new epoch begins when a batch is drawn.
+            let epoch = cursor.epoch;
             model = trained;
             self.count_skipped(&mut state, &step, &progress);
             state.step += 1;

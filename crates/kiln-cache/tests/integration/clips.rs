@@ -1,5 +1,6 @@
-//! Video clips: frames sampled uniformly from frame folders and GIFs, preprocessed like images,
-//! cached as `[T, 3, H, W]`, invalidated when a frame changes; normalised f16 / f32 storage.
+//! Video clips: frames sampled uniformly (or one a second) from frame folders and GIFs,
+//! preprocessed like images, cached as `[T, 3, H, W]`, invalidated when a frame changes;
+//! normalised f16 / f32 storage.
 
 use std::path::Path;
 
@@ -8,8 +9,8 @@ use burn::tensor::FloatDType;
 use image::codecs::gif::GifEncoder;
 use image::{Delay, Frame, RgbImage, RgbaImage};
 use kiln_cache::{
-    CacheError, ClipSpec, ImageCache, ImageSource, Outcome, Preprocess, Stored, VideoSource,
-    sample_frames, to_chw,
+    CacheError, ClipSpec, ImageCache, ImageSource, Order, Outcome, Preprocess, Residency, Stored,
+    VideoSource, sample_frames, to_chw,
 };
 use kiln_core::Precision;
 
@@ -37,13 +38,14 @@ fn videos() -> tempfile::TempDir {
             .save(dir.path().join(format!("a/{i:03}.png")))
             .unwrap();
     }
-    write_gif(&dir.path().join("b.gif"), 1);
+    write_gif(&dir.path().join("b.gif"), 1, 40);
     // Not a video: ignored.
     std::fs::write(dir.path().join("notes.txt"), "").unwrap();
     dir
 }
 
-fn write_gif(path: &Path, video: u8) {
+/// A GIF of `FRAMES` frames of video `video`, each shown `milliseconds`.
+fn write_gif(path: &Path, video: u8, milliseconds: u32) {
     let file = std::fs::File::create(path).unwrap();
     let mut encoder = GifEncoder::new_with_speed(file, 1);
     let frames = (0..FRAMES).map(|i| {
@@ -51,14 +53,19 @@ fn write_gif(path: &Path, video: u8) {
             let [r, g, b] = frame(video, i, 30, 20).get_pixel(x, y).0;
             image::Rgba([r, g, b, 255])
         });
-        Frame::from_parts(rgba, 0, 0, Delay::from_numer_denom_ms(40, 1))
+        Frame::from_parts(rgba, 0, 0, Delay::from_numer_denom_ms(milliseconds, 1))
     });
     encoder.encode_frames(frames).unwrap();
 }
 
 /// The clip kiln should store for video `video`: the sampled frames through `preprocess`.
 fn expected_clip(video: u8, spec: &ClipSpec) -> Vec<u8> {
-    sample_frames(usize::from(FRAMES), spec.frames)
+    frames_through(video, sample_frames(usize::from(FRAMES), spec.frames), spec)
+}
+
+/// Frames `picked` of video `video` through `spec`'s preprocessing.
+fn frames_through(video: u8, picked: Vec<usize>, spec: &ClipSpec) -> Vec<u8> {
+    picked
         .into_iter()
         .flat_map(|i| {
             let frame = frame(video, i as u8, 30, 20);
@@ -175,7 +182,7 @@ fn videos_over_the_pixel_budget_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(name);
         if name.ends_with(".gif") {
-            write_gif(&path, 1);
+            write_gif(&path, 1, 40);
         } else {
             let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/video");
             std::fs::copy(fixtures.join(name), &path).unwrap();
@@ -305,7 +312,7 @@ fn mp4_clips_decode_as_ffmpeg_does() {
     let clips = ImageCache::new(cache_dir.path())
         .load_clips(
             &VideoSource::Videos(vec![fixtures.join("moving.mp4")]),
-            &ClipSpec::new(4, preprocess),
+            &ClipSpec::new(4, preprocess.clone()),
         )
         .unwrap();
     let clip = clips.item(0);
@@ -330,6 +337,16 @@ fn mp4_clips_decode_as_ffmpeg_does() {
             );
         }
     }
+    // One a second at the track's 25 fps: its 12 frames are under a second, the first alone.
+    let per_second = ImageCache::new(cache_dir.path())
+        .load_clips(
+            &VideoSource::Videos(vec![fixtures.join("moving.mp4")]),
+            &ClipSpec::per_second(4, preprocess),
+        )
+        .unwrap();
+    assert_eq!(per_second.frames_of(0), 1);
+    let first = mean_difference(per_second.item(0), &reference_frame(0));
+    assert!(first <= 2.0, "{first}");
 }
 
 /// A clip that must not repeat frames refuses a video shorter than it, naming the video and its
@@ -373,4 +390,68 @@ fn short_videos_are_refused_when_asked() {
         .unwrap();
     assert_eq!((refused.len(), repeated.len()), (1, 2));
     assert_eq!(refused.item(0), repeated.item(0));
+}
+
+/// fVLM's sampling: one frame a second from the first, at most `frames`, so clips vary in
+/// length; their frames stored one after another across shards, found again from a reopened
+/// entry, and fed (resident or streamed) item by item with each one's frame count.
+#[test]
+fn clips_sampled_one_a_second_keep_their_own_lengths() {
+    let videos = videos(); // a/: 11 frame images; b.gif: 11 frames at 25 fps
+    write_gif(&videos.path().join("c.gif"), 2, 500); // 2 fps
+    frame(3, 5, 30, 20)
+        .save(videos.path().join("d.png"))
+        .unwrap(); // a still image
+    let cache_dir = tempfile::tempdir().unwrap();
+    // About two clips a shard: items span shards.
+    let cache = ImageCache::new(cache_dir.path()).shard_bytes(2 * 8 * 3 * 16 * 16);
+    let source = VideoSource::Folder(videos.path().into());
+    let spec = ClipSpec::per_second(8, Preprocess::siglip(16));
+    let picked = [
+        (0, (0..8).collect::<Vec<_>>()), // a folder's images are one a second: the first 8
+        (1, vec![0]),                    // 11 frames at 25 fps: under a second
+        (2, vec![0, 2, 4, 6, 8, 10]),    // 5.5 s at 2 fps
+        (3, vec![5]),                    // one frame
+    ];
+
+    let built = cache.load_clips(&source, &spec).unwrap();
+    assert_eq!(built.outcome(), &Outcome::Built);
+    let clips = cache.load_clips(&source, &spec).unwrap();
+    assert_eq!(clips.outcome(), &Outcome::Hit);
+    assert!(clips.varies());
+    assert_eq!((clips.len(), clips.frames()), (4, 8));
+    for (video, frames) in &picked {
+        let index = usize::from(*video);
+        assert_eq!(
+            clips.frames_of(index) as usize,
+            frames.len(),
+            "clip {index}"
+        );
+        let expected = frames_through(*video, frames.clone(), &spec);
+        assert_eq!(clips.item(index), expected.as_slice(), "clip {index}");
+    }
+    // Uniform sampling of the same videos is another entry.
+    let uniform = cache.load_clips(&source, &ClipSpec::new(8, Preprocess::siglip(16)));
+    assert_eq!(uniform.unwrap().outcome(), &Outcome::Built);
+
+    let device = Default::default();
+    let frames = |indices: &[usize]| {
+        let pixels = clips.upload_indices::<Flex>(indices, &device, Precision::F32);
+        pixels.unwrap().into_data().to_vec::<f32>().unwrap()
+    };
+    assert!(
+        clips
+            .upload_clips::<Flex>(0..4, &device, Precision::F32)
+            .is_err()
+    );
+    for residency in [Residency::Device, Residency::Host] {
+        let feed = clips.to_device::<Flex>(&device, Precision::F32, residency);
+        for batch in feed.batches(2, Order::Shuffled { seed: 3, epoch: 0 }) {
+            let lengths: Vec<usize> = (batch.indices.iter()).map(|&i| picked[i].1.len()).collect();
+            assert_eq!(batch.frames, lengths, "{residency:?}");
+            assert_eq!(batch.pixels.dims()[0], lengths.iter().sum::<usize>());
+            let pixels = batch.pixels.into_data().to_vec::<f32>().unwrap();
+            assert_eq!(pixels, frames(&batch.indices), "{residency:?}");
+        }
+    }
 }

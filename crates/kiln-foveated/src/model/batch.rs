@@ -12,7 +12,8 @@ pub struct ClipBatch<B: Backend> {
     /// Normalised frames `[clips, frames, 3, H, W]`.
     pub pixels: Tensor<B, 5>,
     /// Per clip, how many of its frames are real (the rest, at the end, are padding: never
-    /// encoded, read as zero, as fVLM's `frame_mask`); empty: all of them.
+    /// encoded, read as zero, as fVLM's `frame_mask`); empty: all of them. 0 is a text-only
+    /// sample (fVLM's text retention batches: one padding frame, its visual token zero).
     pub frame_lengths: Vec<usize>,
     /// Token ids before the visual tokens, the same number per clip (the research variant's
     /// prompt; the release variant has none: its whole text is the target).
@@ -132,10 +133,9 @@ impl<B: Backend> FoveatedModel<B> {
                     batch.frame_lengths.len()
                 )));
             }
-            if let Some(c) = (batch.frame_lengths.iter()).position(|&n| n == 0 || n > frames) {
+            if let Some(c) = (batch.frame_lengths.iter()).position(|&n| n > frames) {
                 return Err(FoveatedError::Input(format!(
-                    "clip {}: {} real frame(s) of {frames}: a clip has at least one frame and no \
-                     more than the batch's",
+                    "clip {}: {} real frame(s) of {frames}: a clip has no more than the batch's",
                     c + 1,
                     batch.frame_lengths[c]
                 )));

@@ -17,13 +17,17 @@ impl<B: Backend> FoveatedModel<B> {
     }
 
     /// The frames of `pixels` that `rows` names (`Some` per real frame of `[clips · frames]`)
-    /// through DINOv2 in one batch; padding frames are never encoded.
+    /// through DINOv2 in one batch; padding frames are never encoded (a text-only batch: no
+    /// frame at all, as fVLM encodes none).
     pub(super) fn encode_rows(
         &self,
         pixels: Tensor<B, 5>,
         rows: &[Option<usize>],
     ) -> Result<Dinov2Patches<B>, FoveatedError> {
         let [clips, frames, channels, height, width] = pixels.dims();
+        if rows.iter().all(Option::is_none) {
+            return Ok(self.no_patches(height, width, &pixels.device()));
+        }
         let mut flat = pixels.reshape([clips * frames, channels, height, width]);
         if rows.iter().any(Option::is_none) {
             let real: Vec<usize> = (rows.iter().enumerate())
@@ -38,6 +42,21 @@ impl<B: Backend> FoveatedModel<B> {
         } else {
             patches.without_cls()
         })
+    }
+
+    /// The readouts' inputs for no frame at all, `[0, tokens, hidden]` (frames of `height ×
+    /// width`): what a batch of text alone reads from.
+    fn no_patches(&self, height: usize, width: usize, device: &B::Device) -> Dinov2Patches<B> {
+        let config = self.dino.config();
+        let patches = (height / config.patch_size) * (width / config.patch_size);
+        let tokens = patches + usize::from(self.config.keep_cls);
+        let empty = || Tensor::zeros([0, tokens, config.hidden_size], device);
+        Dinov2Patches {
+            last_hidden_state: empty(),
+            keys_values: (0..config.num_hidden_layers)
+                .map(|_| [empty(), empty()])
+                .collect(),
+        }
     }
 
     /// What `queries` `[frames, query_dim]` read from `patches` (one query per frame).

@@ -186,6 +186,51 @@ fn losses_logits_and_every_gradient_match_fvlm_in_both_stages() {
     }
 }
 
+/// A text-only batch, as fVLM's `text_interleave.py` wraps one (a padding frame a sample,
+/// nothing encoded, the visual tokens zero): the loss, the logits and every gradient as fVLM's
+/// `forward_coarse_fine` gives them; no gradient reaches a parameter that only reads frames.
+#[test]
+fn a_text_only_batch_trains_what_fvlm_trains() {
+    let _alone = one_at_a_time();
+    let reference = references();
+    let model = load::<Ad>(Readout::Deep, 0.0);
+    let full = batch::<Ad>(&reference, false);
+    let [clips, _, channels, height, width] = full.pixels.dims();
+    let batch = ClipBatch {
+        pixels: Tensor::zeros([clips, 1, channels, height, width], &Default::default()),
+        frame_lengths: vec![0; clips],
+        ..full
+    };
+    let output = model.forward(&batch, Mode::CoarseFine).unwrap();
+    let losses = model.loss(&output, &batch).unwrap();
+    let ours = losses.total.clone().into_scalar();
+    let theirs = reference.floats("text_only.loss").0[0];
+    assert!((ours - theirs).abs() <= 1e-5 * theirs, "{ours} vs {theirs}");
+    let logits = output.fine.unwrap().text_logits;
+    let expected: Tensor<Ad, 3> = predicting(&reference, "text_only.logits");
+    let error = (logits - expected).abs().max().into_scalar();
+    assert!(error < 1e-4, "text_only.logits: {error:.2e}");
+
+    let grads = losses.total.backward();
+    let gradients = model.clone().map(&mut Gradients::<Ad>(&grads));
+    let saved = tempfile::tempdir().unwrap();
+    gradients.save_fvlm(saved.path()).unwrap();
+    let saved = Reference::open_path(&saved.path().join("model.safetensors"));
+    assert_eq!(compare_gradients(&saved, &reference, "text_only"), 22);
+    let reached = reference.keys("text_only.grad.");
+    // The tiny LM ties its head to its embedding: one parameter, fVLM's name the embedding's.
+    let tied = |key: &str| {
+        key == "llm.lm_head.weight"
+            && saved.floats(key) == saved.floats("llm.model.embed_tokens.weight")
+    };
+    for key in saved.keys("") {
+        if !reached.contains(&format!("text_only.grad.{key}")) && !tied(&key) {
+            let (values, _) = saved.floats(&key);
+            assert!(values.iter().all(|&x| x == 0.0), "{key} got a gradient");
+        }
+    }
+}
+
 /// fVLM's inference pass (`forward_autoregressive`): each frame's query from the hidden state at
 /// the frame before, the LM one visual token at a time, then the text, whose first token is
 /// scored too. Every frame is real (with padding frames fVLM's inference reads zeroed keys and
