@@ -112,13 +112,33 @@ pub fn config(data: &[u8]) {
     let _ = text.parse::<kiln::cache::Residency>();
 }
 
+/// A GGUF file: parsed, every metadata value looked at, every tensor dequantized (its bytes lie
+/// inside the input, so the floats are bounded by it).
+pub fn gguf(data: &[u8]) {
+    let Ok(file) = kiln::core::gguf::GgufFile::from_bytes("fuzz.gguf", data.to_vec()) else {
+        return;
+    };
+    for (_, value) in file.metadata() {
+        let _ = (
+            value.as_u64(),
+            value.as_f64(),
+            value.as_str(),
+            value.as_array(),
+        );
+    }
+    for tensor in file.tensors() {
+        let _ = file.dequantize(tensor);
+    }
+}
+
 /// A harness: arbitrary bytes in, any outcome but a panic.
 pub type Harness = fn(&[u8]);
 
 /// The targets by name, as `corpus/` names its directories.
-pub const TARGETS: [(&str, Harness); 4] = [
+pub const TARGETS: [(&str, Harness); 5] = [
     ("extxyz", extxyz),
     ("cache_manifest", cache_manifest),
     ("trial_file", trial_file),
     ("config", config),
+    ("gguf", gguf),
 ];

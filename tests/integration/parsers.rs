@@ -386,6 +386,19 @@ fn write_fuzz_seeds() {
         write("config", &format!("seed-{name}"), text.as_bytes());
     }
 
+    // kiln-core's GGUF fixture (every dequantized type, every value type), cut short, with
+    // its first tensor's type and offset made impossible.
+    let gguf = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("crates/kiln-core/tests/fixtures/gguf/quants.gguf"),
+    )
+    .unwrap();
+    write("gguf", "seed-fixture", &gguf);
+    write("gguf", "seed-cut", &gguf[..gguf.len() / 3]);
+    let mut header = gguf[..1216].to_vec();
+    header[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    write("gguf", "seed-tensor-count", &header);
+
     // A trial file of the harness's experiment, whole, cut short and with a byte flipped.
     let dir = tempfile::tempdir().unwrap();
     let (_, _, good) = saved_trial(dir.path());

@@ -184,6 +184,12 @@ const FIXTURES: &[Fixture] = &[
         requirements: "scripts/fixtures/requirements-hf.txt",
     },
     Fixture {
+        script: "scripts/fixtures/gguf_quants.py",
+        out: "crates/kiln-core/tests/fixtures/gguf",
+        python: "KILN_HF_PYTHON",
+        requirements: "scripts/fixtures/requirements-hf.txt",
+    },
+    Fixture {
         script: "scripts/fixtures/foveated.py",
         out: "crates/kiln-foveated/tests/fixtures",
         python: "KILN_HF_PYTHON",
