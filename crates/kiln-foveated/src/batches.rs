@@ -116,15 +116,15 @@ impl<B: Backend> CaptionedClips<B> {
     /// Refuses a caption or text that does not fit the model: longer than `room` tokens
     /// ([`crate::FoveatedModel::target_room`]), naming the clip or text (1-based) and the sizes.
     pub fn check_room(&self, room: usize) -> Result<(), FoveatedError> {
-        let texts = self.text_only.iter().flat_map(|t| &t.texts);
-        let long = |ids: &Vec<u32>| ids.len() > room;
-        let (what, index, length) = match (
-            self.captions.iter().position(long),
-            texts.clone().position(long),
-        ) {
-            (Some(clip), _) => ("clip", clip, self.captions[clip].len()),
-            (None, Some(text)) => ("text", text, texts.clone().nth(text).map_or(0, Vec::len)),
-            (None, None) => return Ok(()),
+        let over = |all: &[Vec<u32>], what: &'static str| {
+            let index = all.iter().position(|ids| ids.len() > room)?;
+            Some((what, index, all[index].len()))
+        };
+        let texts = self.text_only.as_ref().map_or(&[][..], |t| &t.texts);
+        let Some((what, index, length)) =
+            over(&self.captions, "clip").or_else(|| over(texts, "text"))
+        else {
+            return Ok(());
         };
         Err(FoveatedError::Data(format!(
             "{what} {}: a caption of {length} tokens (with its end token, or as a conversation \
