@@ -5,20 +5,30 @@
 //! ```text
 //! cargo bench --bench text                          # Flex, f32
 //! cargo bench --bench text -- --filter decode --save main
+//! KILN_BENCH_GGUF=SmolLM2-135M-Instruct.Q4_1.gguf cargo bench --bench text -- --filter cold
 //! ```
 //!
 //! The model is randomly initialised (speed does not depend on the weights). `prefill`: one
 //! forward of a 512-token prompt per sequence into a new key/value cache, the last token's logits
 //! only (as generation's prefill, and transformers' with its default `use_cache`). `decode`: 32
 //! steps of one token per sequence through the key/value cache after a 128-token prompt (the
-//! prompt is not timed).
+//! prompt is not timed). `cold_start` (with `KILN_BENCH_GGUF` naming a GGUF file): from a fresh
+//! process's start to its first generated token — the file opened, its tokenizer and model read,
+//! a one-word prompt encoded and one token generated — this program run again per sample with
+//! `--first-token FILE` (what a user of the `generate` example waits for).
 
-use std::process::ExitCode;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
 
 use kiln::bench::{BenchError, Benchmark, Runner, Suite, Work, cli};
+use kiln::burn::backend::Flex;
 use kiln::burn::tensor::Tensor;
 use kiln::burn::tensor::backend::Backend;
-use kiln::text::{CausalLm, KvCache, TextConfig, TextInput};
+use kiln::core::Policy;
+use kiln::core::gguf::GgufFile;
+use kiln::text::{
+    CausalLm, GenerationConfig, KvCache, TextConfig, TextInput, TextTokenizer, generate,
+};
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
 #[path = "../examples/shared/allocator.rs"]
@@ -117,6 +127,50 @@ impl<B: Backend> Benchmark<B> for Decode<B> {
     }
 }
 
+/// A fresh process from its start to its first generated token from a GGUF file.
+struct ColdStart {
+    file: PathBuf,
+}
+
+impl<B: Backend> Benchmark<B> for ColdStart {
+    type Input = ();
+    type Output = ();
+
+    fn name(&self) -> String {
+        "smollm2_135m/cold_start,gguf".into()
+    }
+
+    fn work(&self) -> Work {
+        Work::items(1)
+    }
+
+    fn prepare(&self, _device: &B::Device, _variant: usize) {}
+
+    fn run(&self, _: &()) {
+        let this = std::env::current_exe().expect("the benchmark's own path");
+        let status = Command::new(this)
+            .arg(FIRST_TOKEN)
+            .arg(&self.file)
+            .status()
+            .expect("the benchmark runs itself");
+        assert!(status.success(), "the first-token process failed");
+    }
+}
+
+/// The flag that makes this program the process [`ColdStart`] times.
+const FIRST_TOKEN: &str = "--first-token";
+
+/// One token generated on the CPU from the GGUF file `path`, as `generate --model` does.
+fn first_token(path: &Path) -> Result<(), String> {
+    let file = GgufFile::open(path).map_err(|e| e.to_string())?;
+    let tokenizer = TextTokenizer::from_gguf(&file).map_err(|e| e.to_string())?;
+    let model = CausalLm::<Flex>::from_gguf_file(file, &Default::default(), &Policy::full())
+        .map_err(|e| e.to_string())?;
+    let prompt = tokenizer.encode("Hi").map_err(|e| e.to_string())?;
+    generate(&model, &[prompt], &GenerationConfig::greedy(1), |_| {}).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 struct Text;
 
 impl Suite for Text {
@@ -135,11 +189,20 @@ impl Suite for Text {
                 batch,
             })?;
         }
+        if let Some(file) = std::env::var_os("KILN_BENCH_GGUF") {
+            runner.bench(&ColdStart { file: file.into() })?;
+        }
         Ok(())
     }
 }
 
 fn main() -> ExitCode {
     allocator::keep_freed_memory();
+    let args: Vec<String> = std::env::args().collect();
+    if let [_, flag, file] = &args[..]
+        && flag == FIRST_TOKEN
+    {
+        return kiln::exit_status(first_token(Path::new(file)));
+    }
     cli::main(Text)
 }

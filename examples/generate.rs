@@ -1,11 +1,17 @@
-//! Continues a prompt with a Hugging Face language model (Llama, Qwen2), streaming the text, then
-//! prints the prefill and decode speeds; or writes the prompt's logits.
+//! Continues a prompt with a language model (Llama, Qwen2) from a Hugging Face directory or a
+//! llama.cpp GGUF file, streaming the text, then prints the prefill and decode speeds; or writes
+//! the prompt's logits.
 //!
 //! ```text
 //! cargo run --release --example generate -- --model-dir SmolLM2-135M-Instruct --prompt "Once" \
 //!     [--max-new-tokens 64] [--temperature 0.7] [--top-p 0.9] [--seed 0] [--chat] \
 //!     [--device cpu] [--policy full] [--logits logits.safetensors]
+//! cargo run --release --example generate -- --model SmolLM2-135M-Instruct.Q4_1.gguf --chat \
+//!     --prompt "What is the capital of France?"
 //! ```
+//!
+//! A GGUF file holds the weights (quantized ones decoded to the policy's dtype as they are
+//! loaded), the configuration, the tokenizer and the chat template in one.
 //!
 //! The prompt is tokenised as it is (transformers' `tokenizer(prompt)`); `--chat` wraps it as a
 //! user turn in the checkpoint's chat template first. Temperature 0 (the default) decodes
@@ -23,6 +29,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, TensorData};
 use clap::Parser;
 use kiln::burn;
+use kiln::core::gguf::GgufFile;
 use kiln::core::{DeviceJob, DeviceSpec, PolicySpec};
 use kiln::text::{
     CausalLm, GenerationConfig, Message, Sampling, TextInput, TextTokenizer, generate,
@@ -37,8 +44,11 @@ mod allocator;
 struct Args {
     /// A Hugging Face model directory: config.json, model.safetensors (or its index),
     /// tokenizer.json and, for --chat, tokenizer_config.json's chat template.
+    #[arg(long, required_unless_present = "model", conflicts_with = "model")]
+    model_dir: Option<PathBuf>,
+    /// A GGUF file (llama.cpp's format): weights, configuration, tokenizer and chat template.
     #[arg(long)]
-    model_dir: PathBuf,
+    model: Option<PathBuf>,
     /// The text to continue.
     #[arg(long)]
     prompt: String,
@@ -73,12 +83,24 @@ impl DeviceJob for Args {
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
         let text = |e: kiln::text::TextError| e.to_string();
-        let tokenizer = TextTokenizer::from_hf_dir(&self.model_dir).map_err(text)?;
         let policy = self
             .policy
             .resolve::<B>(device)
             .map_err(|e| e.to_string())?;
-        let model = CausalLm::<B>::from_hf_dir(&self.model_dir, device, &policy).map_err(text)?;
+        let (model, tokenizer) = match (&self.model, &self.model_dir) {
+            (Some(file), _) => {
+                let gguf = GgufFile::open(file).map_err(|e| e.to_string())?;
+                let tokenizer = TextTokenizer::from_gguf(&gguf).map_err(text)?;
+                let model = CausalLm::<B>::from_gguf_file(gguf, device, &policy).map_err(text)?;
+                (model, tokenizer)
+            }
+            (None, Some(dir)) => {
+                let tokenizer = TextTokenizer::from_hf_dir(dir).map_err(text)?;
+                let model = CausalLm::<B>::from_hf_dir(dir, device, &policy).map_err(text)?;
+                (model, tokenizer)
+            }
+            (None, None) => unreachable!("clap requires --model or --model-dir"),
+        };
         let prompt = if self.chat {
             let turn = [Message::new("user", &self.prompt)];
             tokenizer.apply_chat_template(&turn, true).map_err(text)?
@@ -206,7 +228,13 @@ fn main() -> ExitCode {
     let device = args.device;
     let result = match &args.logits {
         Some(path) => kiln::io::RunFiles::new()
-            .input("the model directory (--model-dir)", &args.model_dir)
+            .input(
+                "the model (--model or --model-dir)",
+                args.model
+                    .as_ref()
+                    .or(args.model_dir.as_ref())
+                    .expect("clap requires one"),
+            )
             .output("--logits", path)
             .check()
             .map_err(|e| e.to_string()),

@@ -113,7 +113,8 @@ pub fn config(data: &[u8]) {
 }
 
 /// A GGUF file: parsed, every metadata value looked at, every tensor dequantized (its bytes lie
-/// inside the input, so the floats are bounded by it).
+/// inside the input, so the floats are bounded by it), and a language model's configuration and
+/// tokenizer read from its metadata.
 pub fn gguf(data: &[u8]) {
     let Ok(file) = kiln::core::gguf::GgufFile::from_bytes("fuzz.gguf", data.to_vec()) else {
         return;
@@ -129,6 +130,8 @@ pub fn gguf(data: &[u8]) {
     for tensor in file.tensors() {
         let _ = file.dequantize(tensor);
     }
+    let _ = kiln::text::TextConfig::from_gguf(&file);
+    let _ = kiln::text::TextTokenizer::from_gguf(&file);
 }
 
 /// A harness: arbitrary bytes in, any outcome but a panic.

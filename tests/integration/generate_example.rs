@@ -1,7 +1,7 @@
 //! The `generate` example end to end on kiln-text's committed tiny checkpoints (a contract:
-//! `--model-dir`, `--prompt`, `--max-new-tokens`, `--logits` and the output names are checked
-//! here): `--logits` writes transformers' logits for the prompt, and greedy generation streams
-//! transformers' continuation. Runs the example binary that `cargo test` builds beside the tests.
+//! `--model-dir`, `--model`, `--prompt`, `--max-new-tokens`, `--logits` and the output names are
+//! checked here): `--logits` writes transformers' logits for the prompt (from a directory and from
+//! a GGUF file), and greedy generation streams transformers' continuation. Runs the example binary that `cargo test` builds beside the tests.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -45,19 +45,31 @@ fn table(file: &std::path::Path, key: &str) -> Vec<Vec<i64>> {
 
 #[test]
 fn logits_of_the_prompt_are_transformers() {
+    let model = text_fixtures().join("qwen2");
+    check_logits(
+        &["--model-dir", model.to_str().unwrap()],
+        "qwen2.safetensors",
+    );
+}
+
+/// `--model FILE.gguf`: transformers' logits from its own reading of the same file.
+#[test]
+fn logits_from_a_gguf_file_are_transformers() {
+    let model = text_fixtures().join("gguf/llama.gguf");
+    check_logits(
+        &["--model", model.to_str().unwrap()],
+        "gguf/llama.safetensors",
+    );
+}
+
+/// `--logits` of the reference batch's second prompt (unpadded) from the model `model_args`
+/// names, against the reference file `reference`'s.
+fn check_logits(model_args: &[&str], reference: &str) {
     let out = tempfile::tempdir().unwrap();
     let file = out.path().join("logits.safetensors");
-    let model = text_fixtures().join("qwen2");
-    // Row 2 of the reference batch is this prompt, unpadded.
-    generate(&[
-        "--model-dir",
-        model.to_str().unwrap(),
-        "--prompt",
-        "A language model predicts",
-        "--logits",
-        file.to_str().unwrap(),
-    ]);
-    let reference = text_fixtures().join("qwen2.safetensors");
+    let prompt = ["--prompt", "A language model predicts", "--logits"];
+    generate(&[model_args, &prompt[..], &[file.to_str().unwrap()]].concat());
+    let reference = text_fixtures().join(reference);
     let ids = table(&reference, "input_ids")[1].clone();
     let bytes = std::fs::read(&file).unwrap();
     let written = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -124,4 +136,8 @@ fn bad_input_is_refused_clearly() {
     let fixtures = text_fixtures();
     let nothing = run(&["--model-dir", fixtures.to_str().unwrap(), "--prompt", "x"]);
     assert!(nothing.contains("no tokenizer.json"), "{nothing}");
+    let missing = run(&["--model", "missing.gguf", "--prompt", "x"]);
+    assert!(missing.contains("missing.gguf"), "{missing}");
+    let both = run(&["--model", "a.gguf", "--model-dir", model, "--prompt", "x"]);
+    assert!(both.contains("cannot be used with"), "{both}");
 }

@@ -398,6 +398,13 @@ fn write_fuzz_seeds() {
     let mut header = gguf[..1216].to_vec();
     header[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
     write("gguf", "seed-tensor-count", &header);
+    let model = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("crates/kiln-text/tests/fixtures/gguf/qwen2.gguf"),
+    )
+    .unwrap();
+    write("gguf", "seed-model", &model);
+    write("gguf", "seed-model-cut", &model[..model.len() / 2]);
 
     // A trial file of the harness's experiment, whole, cut short and with a byte flipped.
     let dir = tempfile::tempdir().unwrap();

@@ -189,6 +189,13 @@ const FIXTURES: &[Fixture] = &[
         python: "KILN_HF_PYTHON",
         requirements: "scripts/fixtures/requirements-hf.txt",
     },
+    // After text.py: it reads that script's tokenizer.
+    Fixture {
+        script: "scripts/fixtures/gguf_text.py",
+        out: "crates/kiln-text/tests/fixtures/gguf",
+        python: "KILN_HF_PYTHON",
+        requirements: "scripts/fixtures/requirements-hf.txt",
+    },
     Fixture {
         script: "scripts/fixtures/foveated.py",
         out: "crates/kiln-foveated/tests/fixtures",

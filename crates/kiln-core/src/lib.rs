@@ -45,8 +45,9 @@ mod threads;
 pub use checkpoint::Hub;
 pub use checkpoint::{
     CheckpointError, CheckpointFit, Problem, SettingError, TensorProblem, TorchLayout,
-    check_checkpoint, checkpoint_dir, config_file, config_from_json, load_checkpoint, read_config,
-    save_checkpoint, save_weights, shards, weight_files, weights_identity,
+    check_checkpoint, check_snapshots, checkpoint_dir, config_file, config_from_json,
+    load_checkpoint, load_snapshots, read_config, save_checkpoint, save_weights, shards,
+    weight_files, weights_identity,
 };
 pub use device::{
     BackendKind, DEVICE_NAMES, DeviceError, DeviceJob, DeviceReport, DeviceSpec, GraphicsApi,

@@ -22,6 +22,7 @@
 
 mod config;
 mod generate;
+mod gguf;
 mod input;
 mod llama;
 mod load;

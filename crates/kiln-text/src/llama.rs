@@ -121,7 +121,7 @@ impl TextConfig {
             }),
             config: self.clone(),
             settings: Settings::default(),
-            prepared: PreparedWeights::default(),
+            prepared: PreparedWeights::in_place(),
         }
     }
 }
@@ -147,7 +147,7 @@ impl<B: Backend> CausalLm<B> {
     pub fn with_policy(self, policy: &Policy) -> Self {
         let mut model = policy.cast_params(self);
         model.settings.policy = *policy;
-        model.prepared = PreparedWeights::default();
+        model.prepared = PreparedWeights::in_place();
         model
     }
 

@@ -98,6 +98,20 @@ impl TextTokenizer {
         })
     }
 
+    /// A tokenizer built elsewhere (from a GGUF file's metadata), with its chat template and the
+    /// texts of its special tokens (`bos_token`, ...).
+    pub(crate) fn from_parts(
+        tokenizer: tokenizers::Tokenizer,
+        chat_template: Option<String>,
+        specials: HashMap<String, String>,
+    ) -> Self {
+        TextTokenizer {
+            tokenizer,
+            chat_template,
+            specials,
+        }
+    }
+
     /// The ids of `text`, with the special tokens the tokenizer's post-processor adds (as
     /// transformers' `tokenizer(text)` gives them).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {

@@ -39,6 +39,11 @@ pub enum Operand {
     Packed(sgemm::Packed),
     /// Row-major `[in, out]`, for the `gemm` crate.
     RowMajor(Vec<f32>),
+    /// Where the parameters hold it, copied nowhere ([`PreparedWeights::in_place`]): row-major
+    /// `[in, columns]` blocks whose columns lie side by side, for the `gemm` crate.
+    InPlace(Vec<(HostValues, usize)>),
+    /// A parameter `[out, in]` read in place as the weight `[in, out]` (its transpose).
+    InPlaceTransposed(HostValues),
 }
 
 impl HostWeight {
@@ -72,7 +77,11 @@ impl HostWeight {
 /// storage, and prepares it anew otherwise. Backends whose values are copied rather than read in
 /// place (NdArray) prepare every forward.
 #[derive(Clone, Default)]
-pub struct PreparedWeights(Arc<Mutex<HashMap<ParamId, Prepared>>>);
+pub struct PreparedWeights {
+    kept: Arc<Mutex<HashMap<ParamId, Prepared>>>,
+    /// Weights are read where the parameters hold them ([`Self::in_place`]).
+    in_place: bool,
+}
 
 /// One prepared weight and what it was made from.
 struct Prepared {
@@ -87,6 +96,17 @@ impl std::fmt::Debug for PreparedWeights {
 }
 
 impl PreparedWeights {
+    /// Weights read where the parameters hold them, never copied (LayerScale and patch kernels
+    /// aside, which language models do not have): a model whose memory is mostly its weights
+    /// (a language model) keeps one copy of them, and its first forward prepares nothing. The
+    /// products run on the `gemm` crate, reading the weights by strides.
+    pub fn in_place() -> Self {
+        PreparedWeights {
+            kept: Arc::default(),
+            in_place: true,
+        }
+    }
+
     /// `linear`'s weight and bias, the weight's columns and the bias scaled by `scale` when
     /// given (LayerScale folded in: `s ⊙ (x W + b) = x (W diag s) + s ⊙ b`).
     pub fn linear<B: Backend>(
@@ -96,6 +116,9 @@ impl PreparedWeights {
     ) -> Arc<HostWeight> {
         let [inputs, outputs] = linear.weight.dims();
         let mut sources = weight_and_bias(&linear.weight, linear.bias.as_ref());
+        if self.in_place && scale.is_none() {
+            return in_place(&[(linear, outputs)], sources);
+        }
         sources.extend(scale.map(HostValues::of));
         self.get(linear.weight.id, sources, |sources| {
             let mut weight = Cow::Borrowed(sources[0].values());
@@ -115,10 +138,14 @@ impl PreparedWeights {
     /// v as one product).
     pub fn side_by_side<B: Backend>(&self, linears: &[&Linear<B>]) -> Arc<HostWeight> {
         let inputs = linears[0].weight.dims()[0];
-        let sources = linears
+        let sources: Vec<HostValues> = linears
             .iter()
             .flat_map(|linear| weight_and_bias(&linear.weight, linear.bias.as_ref()))
             .collect();
+        if self.in_place {
+            let blocks: Vec<_> = linears.iter().map(|l| (*l, l.weight.dims()[1])).collect();
+            return in_place(&blocks, sources);
+        }
         self.get(linears[0].weight.id, sources, |sources| {
             let mut read = sources.iter();
             let mut blocks = Vec::new();
@@ -139,6 +166,13 @@ impl PreparedWeights {
     pub fn transposed<B: Backend>(&self, matrix: &Param<Tensor<B, 2>>) -> Arc<HostWeight> {
         let [outputs, inputs] = matrix.dims();
         let sources = vec![HostValues::of(&matrix.val())];
+        if self.in_place {
+            let [matrix] = <[HostValues; 1]>::try_from(sources).expect("one source");
+            return Arc::new(HostWeight {
+                operand: Operand::InPlaceTransposed(matrix),
+                bias: vec![0.0; outputs],
+            });
+        }
         self.get(matrix.id, sources, |sources| {
             let weight = host::transposed(sources[0].values(), outputs, inputs);
             HostWeight::new(inputs, &[(&weight, outputs)], vec![0.0; outputs])
@@ -167,7 +201,7 @@ impl PreparedWeights {
         sources: Vec<HostValues>,
         prepare: impl FnOnce(&[HostValues]) -> HostWeight,
     ) -> Arc<HostWeight> {
-        let lock = || self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let lock = || self.kept.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(kept) = lock().get(&id)
             && kept.sources.len() == sources.len()
             && kept
@@ -188,6 +222,26 @@ impl PreparedWeights {
         }
         weight
     }
+}
+
+/// The weights of `linears` (each with its columns) read in place side by side, with their
+/// biases: `sources` holds each one's weight, then its bias when it has one.
+fn in_place<B: Backend>(
+    linears: &[(&Linear<B>, usize)],
+    sources: Vec<HostValues>,
+) -> Arc<HostWeight> {
+    let mut sources = sources.into_iter();
+    let mut blocks = Vec::new();
+    let mut bias = Vec::new();
+    for (linear, columns) in linears {
+        blocks.push((sources.next().expect("every weight was read"), *columns));
+        let own_bias = linear.bias.as_ref().and_then(|_| sources.next());
+        bias.extend(bias_of(own_bias.as_ref(), *columns));
+    }
+    Arc::new(HostWeight {
+        operand: Operand::InPlace(blocks),
+        bias,
+    })
 }
 
 /// The values of a weight and, when there is one, its bias.

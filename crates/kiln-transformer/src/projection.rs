@@ -213,19 +213,46 @@ pub fn product_rows_into(
         Operand::Packed(packed) => {
             sgemm::product(out, x, packed, rows, false, &weight.bias, f);
         }
-        Operand::RowMajor(values) => {
-            matmul(
-                out,
-                View::rows(0, rows, outputs, outputs),
-                x,
-                View::rows(0, rows, inputs, inputs),
-                values,
-                View::rows(0, inputs, outputs, outputs),
-                Write::Overwrite,
-                Threads::All,
-            );
+        operand => {
+            gemm_product(out, x, inputs, outputs, operand, Write::Overwrite);
             host::add_bias_map(out, &weight.bias, f);
         }
+    }
+}
+
+/// `out (+)= x W` (as `write` says) through the `gemm` crate on every thread, for a weight it
+/// reads: row-major, in place, or in place transposed.
+fn gemm_product(
+    out: &mut [f32],
+    x: &[f32],
+    inputs: usize,
+    outputs: usize,
+    operand: &Operand,
+    write: Write,
+) {
+    let rows = x.len() / inputs.max(1);
+    let x_rows = View::rows(0, rows, inputs, inputs);
+    let mut product = |first: usize, columns: usize, weight: &[f32], view: View| {
+        let out_view = View::rows(first, rows, columns, outputs);
+        matmul(out, out_view, x, x_rows, weight, view, write, Threads::All);
+    };
+    match operand {
+        Operand::RowMajor(values) => {
+            product(0, outputs, values, View::rows(0, inputs, outputs, outputs));
+        }
+        Operand::InPlace(blocks) => {
+            let mut first = 0;
+            for (values, columns) in blocks {
+                let view = View::rows(0, inputs, *columns, *columns);
+                product(first, *columns, values.values(), view);
+                first += columns;
+            }
+        }
+        Operand::InPlaceTransposed(matrix) => {
+            let view = View::rows(0, outputs, inputs, inputs).transposed();
+            product(0, outputs, matrix.values(), view);
+        }
+        Operand::Packed(_) => unreachable!("packed weights run on sgemm"),
     }
 }
 
@@ -237,18 +264,9 @@ pub fn add_product(residual: &mut [f32], x: &[f32], inputs: usize, weight: &Host
         Operand::Packed(packed) => {
             sgemm::product(residual, x, packed, rows, true, &weight.bias, |v| v);
         }
-        Operand::RowMajor(values) => {
+        operand => {
             host::add_bias_map(residual, &weight.bias, |v| v);
-            matmul(
-                residual,
-                View::rows(0, rows, outputs, outputs),
-                x,
-                View::rows(0, rows, inputs, inputs),
-                values,
-                View::rows(0, inputs, outputs, outputs),
-                Write::Add,
-                Threads::All,
-            );
+            gemm_product(residual, x, inputs, outputs, operand, Write::Add);
         }
     }
 }
@@ -276,6 +294,7 @@ mod tests {
 
     use crate::pass::Settings;
     use crate::prepared::PreparedWeights;
+    use kiln_kernels::HostValues;
 
     /// The host path of every projection form against burn's operations, with fewer rows than
     /// one register tile per thread and with many.
@@ -336,10 +355,11 @@ mod tests {
         );
     }
 
-    /// Both forms of a prepared weight (sgemm's panels where the CPU runs it, row-major for the
-    /// `gemm` crate) give `f(x W + b)` and `r + x W + b`.
+    /// Every form of a prepared weight (sgemm's panels where the CPU runs it, row-major for the
+    /// `gemm` crate, the parameters' storage in place as column blocks or transposed) gives
+    /// `f(x W + b)` and `r + x W + b`.
     #[test]
-    fn both_operands_give_the_product() {
+    fn every_operand_gives_the_product() {
         let (rows, inputs, outputs) = (50, 33, 20);
         let x: Vec<f32> = (0..rows * inputs).map(|i| (i as f32 * 0.3).sin()).collect();
         let w: Vec<f32> = (0..inputs * outputs)
@@ -354,7 +374,34 @@ mod tests {
                 .sum::<f32>()
                 + bias[c]
         };
-        let mut operands = vec![Operand::RowMajor(w.clone())];
+        let device = Default::default();
+        let matrix = |values: Vec<f32>, shape: [usize; 2]| {
+            HostValues::of(&Tensor::<Flex, 2>::from_data(
+                TensorData::new(values, shape),
+                &device,
+            ))
+        };
+        let split = 7;
+        let columns = |range: std::ops::Range<usize>| -> Vec<f32> {
+            (0..inputs)
+                .flat_map(|p| range.clone().map(move |c| (p, c)))
+                .map(|(p, c)| w[p * outputs + c])
+                .collect()
+        };
+        let transposed: Vec<f32> = (0..outputs * inputs)
+            .map(|i| w[i % inputs * outputs + i / inputs])
+            .collect();
+        let mut operands = vec![
+            Operand::RowMajor(w.clone()),
+            Operand::InPlace(vec![
+                (matrix(columns(0..split), [inputs, split]), split),
+                (
+                    matrix(columns(split..outputs), [inputs, outputs - split]),
+                    outputs - split,
+                ),
+            ]),
+            Operand::InPlaceTransposed(matrix(transposed, [outputs, inputs])),
+        ];
         if sgemm::supported() {
             operands.push(Operand::Packed(sgemm::Packed::new(
                 inputs,
@@ -365,6 +412,8 @@ mod tests {
             let name = match operand {
                 Operand::Packed(_) => "packed",
                 Operand::RowMajor(_) => "row-major",
+                Operand::InPlace(_) => "in place",
+                Operand::InPlaceTransposed(_) => "in place, transposed",
             };
             let weight = HostWeight {
                 operand,

@@ -68,7 +68,64 @@ pub fn check_checkpoint<B: Backend, M: Module<B>>(
 ) -> Result<CheckpointFit, CheckpointError> {
     // The shapes the model needs, read without initialising it: a config whose sizes are wrong
     // is refused here before its model has taken any memory.
-    let needed: BTreeMap<String, Needed> = parameter_shapes(model)
+    let needed = needed_tensors(model);
+    let remapper = KeyRemapper::from_patterns(remapping.to_vec())
+        .map_err(|e| CheckpointError::Remapping(e.to_string()))?;
+    // Keyed by the name the model looks for (after remapping); the stored name is kept to speak
+    // of the tensor in the checkpoint's own terms.
+    let mut stored: BTreeMap<String, Stored> = BTreeMap::new();
+    for file in files {
+        let mut store = SafetensorsStore::from_file(*file);
+        let snapshots = store
+            .get_all_snapshots()
+            .map_err(|e| CheckpointError::unreadable(file, e))?;
+        let (snapshots, names) = remapper.remap(snapshots.values().cloned().collect());
+        for (snapshot, (name, original)) in snapshots.into_iter().zip(names) {
+            stored.insert(name, Stored { original, snapshot });
+        }
+    }
+    let checkpoint = match files {
+        [file] => file.to_path_buf(),
+        _ => files
+            .first()
+            .and_then(|file| file.parent())
+            .map(Path::to_path_buf)
+            .unwrap_or_default(),
+    };
+    fit(&needed, stored, checkpoint, config, true)
+}
+
+/// [`check_checkpoint`] for tensors that are not a safetensors file's: `snapshots`, each with
+/// its name in `source` (said in errors), named and shaped as a PyTorch checkpoint names and
+/// shapes them (a linear weight `[out, in]`). Names, dtypes and shapes are checked; values are
+/// not read (each would be read, and a quantized one decoded, twice).
+pub fn check_snapshots<B: Backend, M: Module<B>>(
+    model: &M,
+    snapshots: &[(String, TensorSnapshot)],
+    source: &Path,
+) -> Result<CheckpointFit, CheckpointError> {
+    let stored = snapshots
+        .iter()
+        .map(|(original, snapshot)| {
+            let stored = Stored {
+                original: original.clone(),
+                snapshot: snapshot.clone(),
+            };
+            (snapshot.full_path(), stored)
+        })
+        .collect();
+    fit(
+        &needed_tensors(model),
+        stored,
+        source.to_path_buf(),
+        None,
+        false,
+    )
+}
+
+/// The tensors `model` needs, by their names in a PyTorch checkpoint.
+fn needed_tensors<B: Backend, M: Module<B>>(model: &M) -> BTreeMap<String, Needed> {
+    parameter_shapes(model)
         .into_iter()
         .map(|parameter| {
             let unread = Rc::new(|| {
@@ -92,25 +149,21 @@ pub fn check_checkpoint<B: Backend, M: Module<B>>(
             };
             (torch.full_path(), needed)
         })
-        .collect();
-    let remapper = KeyRemapper::from_patterns(remapping.to_vec())
-        .map_err(|e| CheckpointError::Remapping(e.to_string()))?;
-    // Keyed by the name the model looks for (after remapping); the stored name is kept to speak
-    // of the tensor in the checkpoint's own terms.
-    let mut stored: BTreeMap<String, Stored> = BTreeMap::new();
-    for file in files {
-        let mut store = SafetensorsStore::from_file(*file);
-        let snapshots = store
-            .get_all_snapshots()
-            .map_err(|e| CheckpointError::unreadable(file, e))?;
-        let (snapshots, names) = remapper.remap(snapshots.values().cloned().collect());
-        for (snapshot, (name, original)) in snapshots.into_iter().zip(names) {
-            stored.insert(name, Stored { original, snapshot });
-        }
-    }
+        .collect()
+}
+
+/// The problems of `stored` (keyed by the names the model looks for) against `needed`, said of
+/// `checkpoint`, with its values checked finite when `check_values`; or what it holds unused.
+fn fit(
+    needed: &BTreeMap<String, Needed>,
+    stored: BTreeMap<String, Stored>,
+    checkpoint: std::path::PathBuf,
+    config: Option<&Value>,
+    check_values: bool,
+) -> Result<CheckpointFit, CheckpointError> {
     let mut problems = Vec::new();
     let mut used = BTreeSet::new();
-    for (name, needed) in &needed {
+    for (name, needed) in needed {
         // kiln saved RMSNorm scales under burn's name (`gamma`) before [`TorchLayout`].
         let found = [name, &needed.burn_path]
             .into_iter()
@@ -136,8 +189,10 @@ pub fn check_checkpoint<B: Backend, M: Module<B>>(
                 stored: have,
                 needed: needed.shape.clone(),
             })
-        } else {
+        } else if check_values {
             non_finite(snapshot)
+        } else {
+            None
         };
         if let Some(problem) = problem {
             problems.push(TensorProblem {
@@ -147,14 +202,6 @@ pub fn check_checkpoint<B: Backend, M: Module<B>>(
         }
     }
     if !problems.is_empty() {
-        let checkpoint = match files {
-            [file] => file.to_path_buf(),
-            _ => files
-                .first()
-                .and_then(|file| file.parent())
-                .map(Path::to_path_buf)
-                .unwrap_or_default(),
-        };
         return Err(CheckpointError::Tensors {
             checkpoint,
             problems,

@@ -3,14 +3,18 @@
 //! (PyTorch's `[out, in]` linear weights and `weight` / `bias` norm names adapted), after a
 //! check of the whole checkpoint against the model.
 
+use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use burn::module::Module;
 use burn::tensor::backend::Backend;
-use burn_store::{ModuleSnapshot, SafetensorsStore};
+use burn_store::{ModuleSnapshot, SafetensorsStore, TensorSnapshot, TensorSnapshotError};
 
-use super::{CheckpointError, TorchLayout, check_checkpoint};
+use super::{
+    CheckpointError, Problem, TensorProblem, TorchLayout, check_checkpoint, check_snapshots,
+};
 
 const SINGLE: &str = "model.safetensors";
 const INDEX: &str = "model.safetensors.index.json";
@@ -120,6 +124,93 @@ pub fn load_checkpoint<B: Backend, M: Module<B>>(
         }
     }
     Ok(model)
+}
+
+/// Loads `snapshots` into `model`, each with its name in `source` (said in errors): tensors named
+/// and shaped as a PyTorch checkpoint names and shapes them, whose values are read only as each is loaded (a GGUF file's, decoded one tensor
+/// at a time, so that no second copy of the weights is ever held). Their names and shapes are
+/// checked against the model first ([`check_snapshots`]), each one's values are checked finite as
+/// it is read, and errors name `source`. Tensors the model does not use are a warning, except
+/// those under the prefixes `unused_on_purpose`.
+pub fn load_snapshots<B: Backend, M: Module<B>>(
+    mut model: M,
+    source: &Path,
+    snapshots: Vec<(String, TensorSnapshot)>,
+    unused_on_purpose: &[&str],
+) -> Result<M, CheckpointError> {
+    let fit = check_snapshots(&model, &snapshots, source)?;
+    if let Some(unused) = fit.unexpected(unused_on_purpose) {
+        log::warn!(
+            "{}: tensors the model does not use: {unused}",
+            source.display()
+        );
+    }
+    let problems = Rc::new(RefCell::new(Vec::new()));
+    let checked = snapshots
+        .into_iter()
+        .map(|(name, snapshot)| checked_finite(snapshot, name, problems.clone()))
+        .collect();
+    let result = model.apply(checked, None, Some(Box::new(TorchLayout::Load)), false);
+    let problems = problems.take();
+    if !problems.is_empty() {
+        return Err(CheckpointError::Tensors {
+            checkpoint: source.to_path_buf(),
+            problems,
+        });
+    }
+    match result.errors.first() {
+        Some(error) => Err(CheckpointError::unreadable(source, error)),
+        None => Ok(model),
+    }
+}
+
+/// `snapshot`, whose values, when read, are refused if one is NaN or infinite, the problem
+/// recorded in `problems` under `name`.
+fn checked_finite(
+    snapshot: TensorSnapshot,
+    name: String,
+    problems: Rc<RefCell<Vec<TensorProblem>>>,
+) -> TensorSnapshot {
+    let read = snapshot.clone_data_fn();
+    let checked = Rc::new(move || {
+        let data = read()?;
+        let (mut count, mut first) = (0, None);
+        let mut note = |index: usize, finite: bool| {
+            if !finite {
+                count += 1;
+                first.get_or_insert(index);
+            }
+        };
+        match data.as_slice::<f32>() {
+            Ok(values) if values.iter().all(|v| v.is_finite()) => {}
+            Ok(values) => values
+                .iter()
+                .enumerate()
+                .for_each(|(i, v)| note(i, v.is_finite())),
+            Err(_) => data
+                .iter::<f64>()
+                .enumerate()
+                .for_each(|(i, v)| note(i, v.is_finite())),
+        }
+        let Some(first) = first else {
+            return Ok(data);
+        };
+        problems.borrow_mut().push(TensorProblem {
+            tensor: name.clone(),
+            problem: Problem::NonFinite { count, first },
+        });
+        Err(TensorSnapshotError::DataError(format!(
+            "{name}: non-finite values"
+        )))
+    });
+    TensorSnapshot::from_closure(
+        checked,
+        snapshot.dtype,
+        snapshot.shape.clone(),
+        snapshot.path_stack.clone().unwrap_or_default(),
+        snapshot.container_stack.clone().unwrap_or_default(),
+        snapshot.tensor_id.unwrap_or_default(),
+    )
 }
 
 #[cfg(test)]

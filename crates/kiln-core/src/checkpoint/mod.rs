@@ -31,13 +31,13 @@ mod save;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-pub use check::{CheckpointFit, check_checkpoint};
+pub use check::{CheckpointFit, check_checkpoint, check_snapshots};
 pub use config::{SettingError, config_file, config_from_json, read_config};
 #[cfg(feature = "hub")]
 pub use hub::Hub;
 pub use hub::checkpoint_dir;
 pub use layout::TorchLayout;
-pub use load::{load_checkpoint, shards, weight_files, weights_identity};
+pub use load::{load_checkpoint, load_snapshots, shards, weight_files, weights_identity};
 pub use save::{save_checkpoint, save_weights};
 
 /// Why a checkpoint cannot be found, read, checked, loaded or saved.

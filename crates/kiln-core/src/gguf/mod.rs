@@ -21,7 +21,7 @@ use std::fmt;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use memmap2::{Mmap, UncheckedAdvice};
 
 use crate::CheckpointError;
 pub use quant::{DEQUANTIZED, GgmlType};
@@ -275,6 +275,21 @@ impl GgufFile {
     /// The stored bytes of `tensor` (an entry of this file).
     pub fn raw(&self, tensor: &GgufTensor) -> &[u8] {
         &self.bytes[tensor.start..tensor.start + tensor.bytes]
+    }
+
+    /// Lets the system drop the memory-mapped pages of `tensor`'s bytes (read again from the
+    /// file should they be needed): a loader done with a tensor keeps the mapped file out of
+    /// the process's resident memory, which then holds the model once rather than the model and
+    /// the file. Nothing for a file held in memory.
+    pub fn release(&self, tensor: &GgufTensor) {
+        if let Bytes::Mapped(map) = &self.bytes {
+            // SAFETY: the map is read-only and shared, so dropping its pages discards nothing:
+            // a later read faults them back in from the file. A failure only leaves them mapped.
+            #[allow(unsafe_code)]
+            let _ = unsafe {
+                map.unchecked_advise_range(UncheckedAdvice::DontNeed, tensor.start, tensor.bytes)
+            };
+        }
     }
 
     /// `tensor`'s values as f32, row after row, dequantized as the `gguf` package does.

@@ -88,8 +88,14 @@ fn load(name: &str) -> CausalLm<Flex> {
     load_on::<Flex>(name, &Policy::full())
 }
 
+/// The fixture `name`: a checkpoint directory, or for `gguf/NAME` the GGUF file `gguf/NAME.gguf`.
 fn load_on<B: Backend>(name: &str, policy: &Policy) -> CausalLm<B> {
-    CausalLm::from_hf_dir(fixtures().join(name), &Default::default(), policy).unwrap()
+    let device = Default::default();
+    match name.strip_prefix("gguf/") {
+        Some(_) => CausalLm::from_gguf(fixtures().join(format!("{name}.gguf")), &device, policy),
+        None => CausalLm::from_hf_dir(fixtures().join(name), &device, policy),
+    }
+    .unwrap()
 }
 
 /// max |ours − reference| / max |reference| over the unpadded tokens of `[batch, tokens, ..]`.
@@ -268,6 +274,16 @@ fn sharded_bf16_checkpoint() {
     check_forward("llama_bf16");
 }
 
+/// GGUF files as llama.cpp writes them (quantized Q4_0 … Q8_0 and F16 tensors, a Llama's q and k
+/// rows permuted), against transformers' own reading of each file (scripts/fixtures/gguf_text.py).
+#[test]
+fn gguf_files_read_as_transformers_reads_them() {
+    for name in ["gguf/llama", "gguf/qwen2"] {
+        check_forward(name);
+        check_forward_on::<Autodiff<Flex>>(name, &Policy::full(), 1e-4);
+    }
+}
+
 /// Prefill then one token at a time through the cache gives the logits of recomputing the whole
 /// sequence each step (left padding included).
 #[test]
@@ -313,7 +329,7 @@ fn cached_equals_full<B: Backend>() {
 /// token (the fixture records that no step was a near tie).
 #[test]
 fn greedy_generation_equals_transformers() {
-    for name in ["llama", "qwen2", "llama_bf16"] {
+    for name in ["llama", "qwen2", "llama_bf16", "gguf/llama", "gguf/qwen2"] {
         let model = load(name);
         let reference = Reference::open(name);
         let prompts = reference.prompts();
