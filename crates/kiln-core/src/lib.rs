@@ -35,6 +35,7 @@ mod footprint;
 pub mod gguf;
 mod kernel_cache;
 mod loss_scale;
+mod mapped;
 mod order;
 mod policy;
 mod prefetch;

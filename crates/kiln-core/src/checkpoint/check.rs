@@ -95,14 +95,16 @@ pub fn check_checkpoint<B: Backend, M: Module<B>>(
     fit(&needed, stored, checkpoint, config, true)
 }
 
-/// [`check_checkpoint`] for tensors that are not a safetensors file's: `snapshots`, each with
-/// its name in `source` (said in errors), named and shaped as a PyTorch checkpoint names and
-/// shapes them (a linear weight `[out, in]`). Names, dtypes and shapes are checked; values are
-/// not read (each would be read, and a quantized one decoded, twice).
+/// [`check_checkpoint`] of tensors read lazily: `snapshots`, each with its name in `source`
+/// (said in errors), named and shaped as a PyTorch checkpoint names and shapes them (a linear
+/// weight `[out, in]`), with `config` (a `config.json`) naming the settings behind a mis-shaped
+/// tensor's sizes. Names, dtypes and shapes are checked; values are not read (each would be
+/// read, and a quantized one decoded, twice): loaders check them as they read them.
 pub fn check_snapshots<B: Backend, M: Module<B>>(
     model: &M,
     snapshots: &[(String, TensorSnapshot)],
     source: &Path,
+    config: Option<&Value>,
 ) -> Result<CheckpointFit, CheckpointError> {
     let stored = snapshots
         .iter()
@@ -118,7 +120,7 @@ pub fn check_snapshots<B: Backend, M: Module<B>>(
         &needed_tensors(model),
         stored,
         source.to_path_buf(),
-        None,
+        config,
         false,
     )
 }

@@ -8,13 +8,17 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use burn::module::Module;
+use burn::module::{Module, ParamId};
 use burn::tensor::backend::Backend;
-use burn_store::{ModuleSnapshot, SafetensorsStore, TensorSnapshot, TensorSnapshotError};
+use burn::tensor::{BoolStore, DType, TensorData};
+use burn_store::{KeyRemapper, ModuleSnapshot, TensorSnapshot, TensorSnapshotError};
+use serde_json::Value;
 
-use super::{
-    CheckpointError, Problem, TensorProblem, TorchLayout, check_checkpoint, check_snapshots,
-};
+use super::{CheckpointError, Problem, TensorProblem, TorchLayout, check_snapshots};
+use crate::mapped;
+
+#[cfg(doc)]
+use super::check_checkpoint;
 
 const SINGLE: &str = "model.safetensors";
 const INDEX: &str = "model.safetensors.index.json";
@@ -80,13 +84,15 @@ pub fn shards(index: &Path) -> Result<Vec<String>, CheckpointError> {
 /// regular expressions of `remapping` (checkpoint name → parameter path), in the dtypes the
 /// checkpoint stores.
 ///
-/// The checkpoint is checked first ([`check_checkpoint`]): a tensor the model needs that is
-/// missing, not floating-point, or of another shape is an error listing each in the
-/// checkpoint's names and order, with the `config.json` settings behind the model's sizes;
-/// tensors the model does not use are a warning, except those under the prefixes
-/// `unused_on_purpose`.
+/// The checkpoint is checked first: a tensor the model needs that is missing, not
+/// floating-point, or of another shape is an error listing each in the checkpoint's names and
+/// order, with the `config.json` settings behind the model's sizes ([`check_checkpoint`] makes
+/// the same check without loading); tensors the model does not use are a warning, except those
+/// under the prefixes `unused_on_purpose`. Each tensor is then read from the mapped file only as
+/// it is loaded, checked finite, and its pages handed back: loading holds the model once, not
+/// the model and the file.
 pub fn load_checkpoint<B: Backend, M: Module<B>>(
-    mut model: M,
+    model: M,
     dir: &Path,
     remapping: &[(&str, &str)],
     unused_on_purpose: &[&str],
@@ -98,47 +104,114 @@ pub fn load_checkpoint<B: Backend, M: Module<B>>(
             "a shard the index names is missing",
         ));
     }
-    let config = std::fs::read_to_string(dir.join("config.json"))
+    let config: Option<Value> = std::fs::read_to_string(dir.join("config.json"))
         .ok()
         .and_then(|text| serde_json::from_str(&text).ok());
-    let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
-    let fit = check_checkpoint(&model, &paths, remapping, config.as_ref())?;
-    if let Some(unused) = fit.unexpected(unused_on_purpose) {
-        log::warn!(
-            "{}: tensors the model does not use: {unused}",
-            dir.display()
-        );
-    }
+    let remapper = KeyRemapper::from_patterns(remapping.to_vec())
+        .map_err(|e| CheckpointError::Remapping(e.to_string()))?;
+    let mut snapshots = Vec::new();
     for file in &files {
-        let mut store = SafetensorsStore::from_file(file)
-            .with_from_adapter(TorchLayout::Load)
-            .allow_partial(true);
-        for (from, to) in remapping {
-            store = store.with_key_remapping(from, *to);
-        }
-        let result = model
-            .load_from(&mut store)
-            .map_err(|e| CheckpointError::unreadable(file, e))?;
-        if let Some(error) = result.errors.first() {
-            return Err(CheckpointError::unreadable(file, format!("{error:?}")));
-        }
+        let (remapped, names) = remapper.remap(safetensors_snapshots(file)?);
+        let originals = names.into_iter().map(|(_, original)| original);
+        snapshots.extend(originals.zip(remapped));
     }
-    Ok(model)
+    let source = match &files[..] {
+        [file] => file.clone(),
+        _ => dir.to_path_buf(),
+    };
+    load_checked(
+        model,
+        &source,
+        snapshots,
+        config.as_ref(),
+        unused_on_purpose,
+    )
+}
+
+/// The tensors of the safetensors file `file` as snapshots under their stored names, in the
+/// file's order: its header read now, each tensor's bytes copied from the mapped file only when
+/// it is loaded and their pages released after.
+fn safetensors_snapshots(file: &Path) -> Result<Vec<TensorSnapshot>, CheckpointError> {
+    let map = Rc::new(mapped::map(file).map_err(|e| CheckpointError::unreadable(file, e))?);
+    let (header, metadata) = safetensors::SafeTensors::read_metadata(&map[..])
+        .map_err(|e| CheckpointError::unreadable(file, format!("not a safetensors file: {e}")))?;
+    let data_start = 8 + header;
+    let mut tensors: Vec<_> = metadata.tensors().into_iter().collect();
+    tensors.sort_by_key(|(_, info)| info.data_offsets.0);
+    tensors
+        .into_iter()
+        .map(|(name, info)| {
+            let dtype = burn_dtype(info.dtype).ok_or_else(|| {
+                let dtype = info.dtype;
+                CheckpointError::unreadable(file, format!("{name}: kiln reads no {dtype:?} values"))
+            })?;
+            let (first, last) = info.data_offsets;
+            let range = data_start + first..data_start + last;
+            let (map, shape) = (map.clone(), info.shape.clone());
+            let read = Rc::new(move || {
+                let bytes = map[range.clone()].to_vec();
+                mapped::release(&map, range.clone());
+                Ok(TensorData::from_bytes_vec(bytes, shape.clone(), dtype))
+            });
+            Ok(TensorSnapshot::from_closure(
+                read,
+                dtype,
+                info.shape.clone().into(),
+                name.split('.').map(str::to_string).collect(),
+                Vec::new(),
+                ParamId::new(),
+            ))
+        })
+        .collect()
+}
+
+/// burn's dtype of a safetensors dtype, as burn-store reads it.
+fn burn_dtype(dtype: safetensors::Dtype) -> Option<DType> {
+    use safetensors::Dtype;
+    Some(match dtype {
+        Dtype::F64 => DType::F64,
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::I64 => DType::I64,
+        Dtype::I32 => DType::I32,
+        Dtype::I16 => DType::I16,
+        Dtype::I8 => DType::I8,
+        Dtype::U64 => DType::U64,
+        Dtype::U32 => DType::U32,
+        Dtype::U16 => DType::U16,
+        Dtype::U8 => DType::U8,
+        Dtype::BOOL => DType::Bool(BoolStore::Native),
+        _ => return None,
+    })
 }
 
 /// Loads `snapshots` into `model`, each with its name in `source` (said in errors): tensors named
-/// and shaped as a PyTorch checkpoint names and shapes them, whose values are read only as each is loaded (a GGUF file's, decoded one tensor
-/// at a time, so that no second copy of the weights is ever held). Their names and shapes are
-/// checked against the model first ([`check_snapshots`]), each one's values are checked finite as
-/// it is read, and errors name `source`. Tensors the model does not use are a warning, except
-/// those under the prefixes `unused_on_purpose`.
+/// and shaped as a PyTorch checkpoint names and shapes them, whose values are read only as each
+/// is loaded (a GGUF file's, decoded one tensor at a time), so that no second copy of the
+/// weights is ever held. Their names and shapes are checked against the model first
+/// ([`check_snapshots`]), each one's values are checked finite as it is read, and errors name
+/// `source`. Tensors the model does not use are a warning, except those under the prefixes
+/// `unused_on_purpose`.
 pub fn load_snapshots<B: Backend, M: Module<B>>(
-    mut model: M,
+    model: M,
     source: &Path,
     snapshots: Vec<(String, TensorSnapshot)>,
     unused_on_purpose: &[&str],
 ) -> Result<M, CheckpointError> {
-    let fit = check_snapshots(&model, &snapshots, source)?;
+    load_checked(model, source, snapshots, None, unused_on_purpose)
+}
+
+/// [`load_snapshots`], a mis-shaped tensor's error naming the settings of `config` (the
+/// model's `config.json`) behind the model's sizes.
+fn load_checked<B: Backend, M: Module<B>>(
+    mut model: M,
+    source: &Path,
+    snapshots: Vec<(String, TensorSnapshot)>,
+    config: Option<&Value>,
+    unused_on_purpose: &[&str],
+) -> Result<M, CheckpointError> {
+    let fit = check_snapshots(&model, &snapshots, source, config)?;
     if let Some(unused) = fit.unexpected(unused_on_purpose) {
         log::warn!(
             "{}: tensors the model does not use: {unused}",

@@ -21,9 +21,9 @@ use std::fmt;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
-use memmap2::{Mmap, UncheckedAdvice};
+use memmap2::Mmap;
 
-use crate::CheckpointError;
+use crate::{CheckpointError, mapped};
 pub use quant::{DEQUANTIZED, GgmlType};
 
 /// The data section's alignment when the file names none (`general.alignment`).
@@ -206,11 +206,7 @@ impl GgufFile {
             file: path.to_path_buf(),
             reason,
         };
-        let file = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
-        // SAFETY: the map is read-only; a file changed under a running process would change
-        // the weights read, as it would for any reader, and every access is bounds-checked.
-        #[allow(unsafe_code)]
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| unreadable(e.to_string()))?;
+        let map = mapped::map(path).map_err(|e| unreadable(e.to_string()))?;
         Self::parse(path.to_path_buf(), Bytes::Mapped(map))
     }
 
@@ -283,12 +279,7 @@ impl GgufFile {
     /// the file. Nothing for a file held in memory.
     pub fn release(&self, tensor: &GgufTensor) {
         if let Bytes::Mapped(map) = &self.bytes {
-            // SAFETY: the map is read-only and shared, so dropping its pages discards nothing:
-            // a later read faults them back in from the file. A failure only leaves them mapped.
-            #[allow(unsafe_code)]
-            let _ = unsafe {
-                map.unchecked_advise_range(UncheckedAdvice::DontNeed, tensor.start, tensor.bytes)
-            };
+            mapped::release(map, tensor.start..tensor.start + tensor.bytes);
         }
     }
 
