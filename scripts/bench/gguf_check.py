@@ -1,6 +1,7 @@
 """A real GGUF file end to end, kiln's `generate` example against transformers on the same file:
-the chat prompt's token ids and logits, the greedy answer, and the start-up of each (a fresh
-process to its first generated token, peak resident memory), alternated.
+the chat prompt's token ids and logits, the greedy answer (kiln's choice after every token of
+transformers' answer, and the text each writes), and the start-up of each (a fresh process to
+its first generated token, peak resident memory), alternated.
 
     cargo build --release --example generate
     /work/venvs/hf/bin/python scripts/bench/gguf_check.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \\
@@ -80,22 +81,33 @@ def compare(args):
     messages = [{"role": "user", "content": args.prompt}]
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    with tempfile.TemporaryDirectory() as tmp:
-        logits_file = Path(tmp) / "logits.safetensors"
-        base = [str(kiln), "--model", str(args.gguf), "--chat", "--prompt", args.prompt]
-        subprocess.run(base + ["--logits", str(logits_file)], check=True, capture_output=True)
-        ours = load_file(logits_file)
-        answer = subprocess.run(base + ["--max-new-tokens", "32"], check=True, capture_output=True, text=True)
     with torch.no_grad():
         theirs = model(ids).logits[0].numpy()
         generated = model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1] :]
     their_answer = tokenizer.decode(generated, skip_special_tokens=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        logits_file = Path(tmp) / "logits.safetensors"
+        base = [str(kiln), "--model", str(args.gguf)]
+        chat = base + ["--chat", "--prompt", args.prompt]
+        subprocess.run(chat + ["--logits", str(logits_file)], check=True, capture_output=True)
+        ours = load_file(logits_file)
+        answer = subprocess.run(chat + ["--max-new-tokens", "32"], check=True, capture_output=True, text=True)
+        # kiln's greedy choice after every token of transformers' answer: the prompt and the
+        # answer as one text, kiln's logits at each position against transformers' next token.
+        whole = tokenizer.decode(torch.cat([ids[0], generated]))
+        subprocess.run(base + ["--prompt", whole, "--logits", str(logits_file)], check=True, capture_output=True)
+        along = load_file(logits_file)
     same_ids = ours["input_ids"].tolist() == ids[0].tolist()
     error = float(np.abs(ours["logits"] - theirs).max() / np.abs(theirs).max())
+    full = torch.cat([ids[0], generated]).tolist()
+    first = len(ids[0]) - 1
+    choices = along["logits"][first : len(full) - 1].argmax(-1).tolist()
+    same_tokens = along["input_ids"].tolist() == full and choices == full[first + 1 :]
     our_answer = answer.stdout[len(prompt) :].strip()
     print(f"prompt: {len(ids[0])} tokens, same ids: {same_ids}; logits: max |Δ| / max |transformers| = {error:.2e}")
+    print(f"greedy: kiln chooses transformers' token at each of its {len(generated)}: {same_tokens}")
     print(f"transformers: {their_answer!r}\nkiln:         {our_answer!r}")
-    ok = same_ids and error <= 1e-4 and our_answer == their_answer.strip()
+    ok = same_ids and error <= 1e-4 and same_tokens and our_answer == their_answer.strip()
     for round in range(args.rounds):
         k_wall, k_rss = kiln_first_token(kiln, args.gguf)
         t_wall, t_rss = transformers_first_token(args.gguf, args.threads)
