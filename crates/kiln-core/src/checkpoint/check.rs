@@ -9,13 +9,12 @@ use std::path::Path;
 use std::rc::Rc;
 
 use burn::module::Module;
-use burn::tensor::DType;
 use burn::tensor::backend::Backend;
-use burn_store::{
-    KeyRemapper, ModuleAdapter, ModuleStore, SafetensorsStore, TensorSnapshot, TensorSnapshotError,
-};
+use burn::tensor::{DType, TensorData};
+use burn_store::{KeyRemapper, ModuleAdapter, TensorSnapshot, TensorSnapshotError};
 use serde_json::Value;
 
+use super::load::safetensors_snapshots;
 use super::{CheckpointError, Problem, TensorProblem, TorchLayout};
 use crate::footprint::parameter_shapes;
 
@@ -75,11 +74,7 @@ pub fn check_checkpoint<B: Backend, M: Module<B>>(
     // of the tensor in the checkpoint's own terms.
     let mut stored: BTreeMap<String, Stored> = BTreeMap::new();
     for file in files {
-        let mut store = SafetensorsStore::from_file(*file);
-        let snapshots = store
-            .get_all_snapshots()
-            .map_err(|e| CheckpointError::unreadable(file, e))?;
-        let (snapshots, names) = remapper.remap(snapshots.values().cloned().collect());
+        let (snapshots, names) = remapper.remap(safetensors_snapshots(file)?);
         for (snapshot, (name, original)) in snapshots.into_iter().zip(names) {
             stored.insert(name, Stored { original, snapshot });
         }
@@ -233,21 +228,33 @@ struct Stored {
 /// Where `snapshot` holds a NaN or an infinity (a damaged or diverged checkpoint): how many,
 /// and the first one's flat index.
 fn non_finite(snapshot: &TensorSnapshot) -> Option<Problem> {
-    let data = match snapshot.to_data() {
-        Ok(data) => data,
-        Err(e) => {
-            return Some(Problem::Unreadable {
-                reason: format!("{e:?}"),
-            });
+    match snapshot.to_data() {
+        Ok(data) => non_finite_values(&data),
+        Err(e) => Some(Problem::Unreadable {
+            reason: format!("{e:?}"),
+        }),
+    }
+}
+
+/// [`Problem::NonFinite`] when `data` holds a NaN or an infinity: how many, and the first one's
+/// flat index (f32 values read in place, others as f64).
+pub(super) fn non_finite_values(data: &TensorData) -> Option<Problem> {
+    let (mut count, mut first) = (0, None);
+    let mut note = |index: usize, finite: bool| {
+        if !finite {
+            count += 1;
+            first.get_or_insert(index);
         }
     };
-    let finite: Vec<bool> = match snapshot.dtype {
-        DType::F64 => data.iter::<f64>().map(f64::is_finite).collect(),
-        _ => data.iter::<f32>().map(f32::is_finite).collect(),
-    };
-    let first = finite.iter().position(|ok| !ok)?;
-    let count = finite.iter().filter(|ok| !**ok).count();
-    Some(Problem::NonFinite { count, first })
+    match data.as_slice::<f32>() {
+        Ok(values) if values.iter().all(|v| v.is_finite()) => {}
+        Ok(values) => (values.iter().enumerate()).for_each(|(i, v)| note(i, v.is_finite())),
+        Err(_) => (data.iter::<f64>().enumerate()).for_each(|(i, v)| note(i, v.is_finite())),
+    }
+    Some(Problem::NonFinite {
+        count,
+        first: first?,
+    })
 }
 
 /// `["hidden_size = 64"]`: the settings of `config` whose values are the model's sizes where

@@ -14,7 +14,8 @@ use burn::tensor::{BoolStore, DType, TensorData};
 use burn_store::{KeyRemapper, ModuleSnapshot, TensorSnapshot, TensorSnapshotError};
 use serde_json::Value;
 
-use super::{CheckpointError, Problem, TensorProblem, TorchLayout, check_snapshots};
+use super::check::non_finite_values;
+use super::{CheckpointError, TensorProblem, TorchLayout, check_snapshots};
 use crate::mapped;
 
 #[cfg(doc)]
@@ -131,7 +132,7 @@ pub fn load_checkpoint<B: Backend, M: Module<B>>(
 /// The tensors of the safetensors file `file` as snapshots under their stored names, in the
 /// file's order: its header read now, each tensor's bytes copied from the mapped file only when
 /// it is loaded and their pages released after.
-fn safetensors_snapshots(file: &Path) -> Result<Vec<TensorSnapshot>, CheckpointError> {
+pub(super) fn safetensors_snapshots(file: &Path) -> Result<Vec<TensorSnapshot>, CheckpointError> {
     let map = Rc::new(mapped::map(file).map_err(|e| CheckpointError::unreadable(file, e))?);
     let (header, metadata) = safetensors::SafeTensors::read_metadata(&map[..])
         .map_err(|e| CheckpointError::unreadable(file, format!("not a safetensors file: {e}")))?;
@@ -247,30 +248,12 @@ fn checked_finite(
     let read = snapshot.clone_data_fn();
     let checked = Rc::new(move || {
         let data = read()?;
-        let (mut count, mut first) = (0, None);
-        let mut note = |index: usize, finite: bool| {
-            if !finite {
-                count += 1;
-                first.get_or_insert(index);
-            }
-        };
-        match data.as_slice::<f32>() {
-            Ok(values) if values.iter().all(|v| v.is_finite()) => {}
-            Ok(values) => values
-                .iter()
-                .enumerate()
-                .for_each(|(i, v)| note(i, v.is_finite())),
-            Err(_) => data
-                .iter::<f64>()
-                .enumerate()
-                .for_each(|(i, v)| note(i, v.is_finite())),
-        }
-        let Some(first) = first else {
+        let Some(problem) = non_finite_values(&data) else {
             return Ok(data);
         };
         problems.borrow_mut().push(TensorProblem {
             tensor: name.clone(),
-            problem: Problem::NonFinite { count, first },
+            problem,
         });
         Err(TensorSnapshotError::DataError(format!(
             "{name}: non-finite values"
