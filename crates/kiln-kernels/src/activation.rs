@@ -4,13 +4,12 @@
 //! example's training step, `cargo bench --bench train`); there kiln's vectorised [`math::gelu`]
 //! and [`math::gelu_derivative`] run instead, as one [`HostOp`].
 
-use burn::tensor::Tensor;
-use burn::tensor::backend::Backend;
-use rayon::prelude::*;
-
+use crate::host::zip_map;
 use crate::host_op::{HostOp, host_op};
 use crate::math;
 use crate::values::zeros;
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
 
 /// `½x(1 + erf(x/√2))`, differentiable.
 ///
@@ -31,26 +30,16 @@ pub fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 #[derive(Debug, Clone)]
 struct Gelu;
 
-/// Elements per parallel task.
-const CHUNK: usize = 1 << 14;
-
 impl HostOp<1> for Gelu {
     fn forward(&self, [x]: [&[f32]; 1]) -> Vec<f32> {
         let mut y = zeros(x.len());
-        y.par_chunks_mut(CHUNK)
-            .zip(x.par_chunks(CHUNK))
-            .for_each(|(y, x)| y.iter_mut().zip(x).for_each(|(y, &x)| *y = math::gelu(x)));
+        zip_map(&mut y, x, x, |x, _| math::gelu(x));
         y
     }
 
     fn backward(&self, grad: &[f32], [x]: [&[f32]; 1]) -> [Vec<f32>; 1] {
         let mut dx = zeros(x.len());
-        (dx.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK)))
-            .zip(x.par_chunks(CHUNK))
-            .for_each(|((dx, grad), x)| {
-                (dx.iter_mut().zip(grad).zip(x))
-                    .for_each(|((dx, g), &x)| *dx = g * math::gelu_derivative(x))
-            });
+        zip_map(&mut dx, grad, x, |g, x| g * math::gelu_derivative(x));
         [dx]
     }
 }

@@ -56,17 +56,25 @@ pub fn gelu(x: f32) -> f32 {
 /// erf through Abramowitz & Stegun 7.1.26 on |x|, sign restored.
 #[inline(always)]
 pub fn erf(x: f32) -> f32 {
-    let a = x.abs();
-    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    erf_given_gaussian(x, exp(-x * x))
+}
+
+/// [`erf`] of `x` given `e^(−x²)`, for callers that need that value too.
+#[inline(always)]
+fn erf_given_gaussian(x: f32, gaussian: f32) -> f32 {
+    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
     let poly = t
         * (0.254_829_6
             + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
-    (1.0 - poly * exp(-a * a)).copysign(x)
+    (1.0 - poly * gaussian).copysign(x)
 }
 
-/// The exact GELU's derivative, `Φ(x) + x·φ(x)`: `½(1 + erf(x/√2)) + x·e^(−x²/2)/√(2π)`.
+/// The exact GELU's derivative, `Φ(x) + x·φ(x)`: `½(1 + erf(x/√2)) + x·e^(−x²/2)/√(2π)`, one
+/// `e^(−x²/2)` serving both terms.
 #[inline(always)]
 pub fn gelu_derivative(x: f32) -> f32 {
     const INV_SQRT_2PI: f32 = 0.398_942_3;
-    0.5 * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)) + x * INV_SQRT_2PI * exp(-0.5 * x * x)
+    let scaled = x * std::f32::consts::FRAC_1_SQRT_2;
+    let gaussian = exp(-scaled * scaled);
+    0.5 * (1.0 + erf_given_gaussian(scaled, gaussian)) + x * INV_SQRT_2PI * gaussian
 }

@@ -1,5 +1,6 @@
 //! `x W + b` in training on Flex as one autodiff operation: the products on kiln's gemm calls,
-//! each thread multiplying its own block of rows (so each packs its own panels), the outputs
+//! each thread multiplying its own block of rows (so each packs its own panels), or, for a few
+//! rows, its own block of columns (so each packs only its share of the weight), the outputs
 //! written where they are kept.
 
 use burn::nn::Linear;
@@ -94,6 +95,29 @@ fn per_thread_blocks(
     out
 }
 
+/// Rows a thread below which a product splits its columns instead of its rows: a language
+/// model's tokens (16–112 rows on fVLM's shapes) against its weights, where packing each thread's
+/// share of the weight costs as much as multiplying it.
+const FEW_ROWS: usize = 256;
+
+/// A `[rows, width]` product made by `product(first, block, len, threads)`: one block of rows
+/// `first..first + len` per thread, multiplied on it, or with few rows the whole product as one
+/// block whose columns the threads share.
+fn split_product(
+    rows: usize,
+    width: usize,
+    product: impl Fn(usize, &mut [f32], usize, Threads) + Sync,
+) -> Vec<f32> {
+    if rows < FEW_ROWS * rayon::current_num_threads() {
+        let mut out = zeros(rows * width);
+        product(0, &mut out, rows, Threads::Columns);
+        return out;
+    }
+    per_thread_blocks(rows, width, |first, block, len| {
+        product(first, block, len, Threads::One)
+    })
+}
+
 impl Product {
     /// The weight seen as `[inputs, outputs]`.
     fn weight(&self) -> View {
@@ -107,7 +131,7 @@ impl Product {
     /// `x W (+ b)`: each row starts as `b` (or 0) and gets its product added.
     fn forward_with(&self, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
         let (inputs, outputs) = (self.inputs, self.outputs);
-        per_thread_blocks(self.rows, outputs, |first, y, rows| {
+        split_product(self.rows, outputs, |first, y, rows, threads| {
             if let Some(bias) = bias {
                 for row in y.chunks_exact_mut(outputs) {
                     row.copy_from_slice(bias);
@@ -123,7 +147,7 @@ impl Product {
                 weight,
                 self.weight(),
                 Write::Add,
-                Threads::One,
+                threads,
             );
         })
     }
@@ -131,7 +155,7 @@ impl Product {
     /// `dx = dy Wᵀ` per block of rows, and `dW` per block of the weight's rows.
     fn input_and_weight_grads(&self, dy: &[f32], x: &[f32], weight: &[f32]) -> [Vec<f32>; 2] {
         let (rows, inputs, outputs) = (self.rows, self.inputs, self.outputs);
-        let dx = per_thread_blocks(rows, inputs, |first, dx, n| {
+        let dx = split_product(rows, inputs, |first, dx, n, threads| {
             let dy_rows = View::rows(first * outputs, n, outputs, outputs);
             let dx_rows = View::rows(0, n, inputs, inputs);
             let w_t = self.weight().transposed();
@@ -143,7 +167,7 @@ impl Product {
                 weight,
                 w_t,
                 Write::Overwrite,
-                Threads::One,
+                threads,
             );
         });
         // dW's rows follow the weight's first axis, each block `aᵀ b` over all the rows: `xᵀ dy`
@@ -152,20 +176,11 @@ impl Product {
             Layout::InputsByOutputs => (x, inputs, dy, outputs),
             Layout::OutputsByInputs => (dy, outputs, x, inputs),
         };
-        let dw = per_thread_blocks(a_width, b_width, |first, dw, n| {
+        let dw = split_product(a_width, b_width, |first, dw, n, threads| {
             let a_t = View::rows(first, rows, n, a_width).transposed();
             let b_all = View::rows(0, rows, b_width, b_width);
             let dw_rows = View::rows(0, n, b_width, b_width);
-            matmul(
-                dw,
-                dw_rows,
-                a,
-                a_t,
-                b,
-                b_all,
-                Write::Overwrite,
-                Threads::One,
-            );
+            matmul(dw, dw_rows, a, a_t, b, b_all, Write::Overwrite, threads);
         });
         [dx, dw]
     }
@@ -218,38 +233,50 @@ mod tests {
     }
 
     /// The one-operation projection's values and its x, weight and bias gradients against burn's
-    /// `Linear` differentiated by burn-autodiff, on more rows than threads and an odd width, with
-    /// and without a bias.
+    /// `Linear` differentiated by burn-autodiff, on two threads: few rows and inputs (each
+    /// product split by columns) and many (by rows), odd widths, with and without a bias.
     #[test]
     fn the_projection_differentiates_as_burns_does() {
         let device = Default::default();
         let normal = Distribution::Normal(0.0, 1.0);
-        let x = Tensor::<Trained, 2>::random([101, 37], normal, &device);
-        let weights = Tensor::<Trained, 2>::random([101, 53], normal, &device);
-        assert!(host_ops_serve(&x));
-        for bias in [true, false] {
-            let linear = LinearConfig::new(37, 53)
-                .with_bias(bias)
-                .init::<Trained>(&device);
-            let run = |ours: bool| {
-                let x = x.clone().detach().require_grad();
-                let y = if ours {
-                    trained_linear(&linear, &x).expect("served on Autodiff<Flex>")
-                } else {
-                    linear.forward(x.clone())
+        let two_threads = rayon::ThreadPoolBuilder::new().num_threads(2).build();
+        let many = 2 * FEW_ROWS + 3;
+        for (rows, inputs) in [(101, 37), (many, many + 2)] {
+            let x = Tensor::<Trained, 2>::random([rows, inputs], normal, &device);
+            let weights = Tensor::<Trained, 2>::random([rows, 53], normal, &device);
+            assert!(host_ops_serve(&x));
+            for bias in [true, false] {
+                let linear = LinearConfig::new(inputs, 53)
+                    .with_bias(bias)
+                    .init::<Trained>(&device);
+                let run = |ours: bool| {
+                    let x = x.clone().detach().require_grad();
+                    let y = if ours {
+                        two_threads.as_ref().expect("a pool").install(|| {
+                            trained_linear(&linear, &x).expect("served on Autodiff<Flex>")
+                        })
+                    } else {
+                        linear.forward(x.clone())
+                    };
+                    let grads = two_threads
+                        .as_ref()
+                        .expect("a pool")
+                        .install(|| (y.clone() * weights.clone()).sum().backward());
+                    let dw = linear.weight.val().grad(&grads).unwrap();
+                    let db = (linear.bias.as_ref()).map(|b| b.val().grad(&grads).unwrap());
+                    (y.inner(), x.grad(&grads).unwrap(), dw, db)
                 };
-                let grads = (y.clone() * weights.clone()).sum().backward();
-                let dw = linear.weight.val().grad(&grads).unwrap();
-                let db = (linear.bias.as_ref()).map(|b| b.val().grad(&grads).unwrap());
-                (y.inner(), x.grad(&grads).unwrap(), dw, db)
-            };
-            let (y, dx, dw, db) = run(true);
-            let (want_y, want_dx, want_dw, want_db) = run(false);
-            assert!(gap(y, want_y) < 1e-4);
-            assert!(gap(dx, want_dx) < 1e-4);
-            assert!(gap(dw, want_dw) < 1e-3);
-            if let (Some(db), Some(want_db)) = (db, want_db) {
-                assert!(gap(db.unsqueeze(), want_db.unsqueeze()) < 1e-3);
+                let (y, dx, dw, db) = run(true);
+                let (want_y, want_dx, want_dw, want_db) = run(false);
+                assert!(gap(y, want_y) < 1e-4, "{rows} rows");
+                assert!(gap(dx, want_dx) < 1e-4, "{rows} rows");
+                assert!(gap(dw, want_dw) < 1e-3, "{rows} rows");
+                if let (Some(db), Some(want_db)) = (db, want_db) {
+                    assert!(
+                        gap(db.unsqueeze(), want_db.unsqueeze()) < 1e-3,
+                        "{rows} rows"
+                    );
+                }
             }
         }
     }

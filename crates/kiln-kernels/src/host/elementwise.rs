@@ -41,6 +41,35 @@ impl<F: Fn(f32) -> f32> pulp::WithSimd for BiasMap<'_, F> {
     }
 }
 
+/// `out[i] = f(a[i], b[i])`, in chunks across rayon's threads, each compiled as [`BiasMap`] is.
+pub(crate) fn zip_map(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) {
+    assert!(
+        a.len() == out.len() && b.len() == out.len(),
+        "zip_map: lengths differ"
+    );
+    (out.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK)))
+        .zip(b.par_chunks(CHUNK))
+        .for_each(|((out, a), b)| pulp::Arch::new().dispatch(ZipMap { out, a, b, f: &f }));
+}
+
+/// [`zip_map`] on one chunk.
+struct ZipMap<'a, F> {
+    out: &'a mut [f32],
+    a: &'a [f32],
+    b: &'a [f32],
+    f: &'a F,
+}
+
+impl<F: Fn(f32, f32) -> f32> pulp::WithSimd for ZipMap<'_, F> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        (self.out.iter_mut().zip(self.a).zip(self.b))
+            .for_each(|((out, &a), &b)| *out = (self.f)(a, b));
+    }
+}
+
 /// SwiGLU's `silu(gate) ⊙ up` of rows holding `[gate | up]` side by side (`2 · width` columns,
 /// as one product of the two projections leaves them): `[rows, width]`, split across rayon's
 /// threads.

@@ -23,6 +23,7 @@ use kiln_core::is_host_backend;
 pub use attention::{
     AttentionOp, Heads, ProbsDropout, RotaryAngles, Rows, attention, attention_into,
 };
+pub(crate) use elementwise::zip_map;
 pub use elementwise::{add_bias_map, swiglu, swiglu_into};
 pub use norm::{rms_norm, rms_norm_into};
 
