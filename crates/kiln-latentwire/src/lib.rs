@@ -1,0 +1,13 @@
+//! LatentWire on kiln (Jinesh, github.com/SujeethJinesh/LatentWire at 220ce571): a text is
+//! compressed into `M` learned latent vectors, an interlingua that several frozen language
+//! models each read as a soft prompt through their own small adapter, instead of the text.
+//!
+//! Being built (issue 53). So far:
+//! - [`data`]: the seeded extractive QA set the system is trained and evaluated on (there is no
+//!   network for SQuAD here): contexts of facts about invented people, places, dates and
+//!   objects, questions about one fact, answers that are spans of the context, with the test
+//!   split's entities and phrasings held out of training.
+
+pub mod data;
+
+pub use data::{QaItem, Relation, Split, generate};
