@@ -209,6 +209,12 @@ const FIXTURES: &[Fixture] = &[
         requirements: "scripts/fixtures/requirements-fvlm.txt",
     },
     Fixture {
+        script: "scripts/fixtures/latentwire.py",
+        out: "crates/kiln-latentwire/tests/fixtures",
+        python: "KILN_HF_PYTHON",
+        requirements: "scripts/fixtures/requirements-hf.txt",
+    },
+    Fixture {
         script: "scripts/fixtures/painn.py",
         out: "crates/kiln-forcefield/tests/fixtures",
         python: "KILN_SCHNETPACK_PYTHON",

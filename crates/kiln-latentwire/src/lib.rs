@@ -6,8 +6,12 @@
 //! - [`data`]: the seeded extractive QA set the system is trained and evaluated on (there is no
 //!   network for SQuAD here): contexts of facts about invented people, places, dates and
 //!   objects, questions about one fact, answers that are spans of the context, with the test
-//!   split's entities and phrasings held out of training.
+//!   split's entities and phrasings held out of training;
+//! - [`adapter`]: the adapter that turns the latents into one language model's soft prompt,
+//!   checked against LatentWire's own module (scripts/fixtures/latentwire.py).
 
+pub mod adapter;
 pub mod data;
 
+pub use adapter::{Adapter, AdapterConfig};
 pub use data::{QaItem, Relation, Split, generate};

@@ -1,0 +1,4 @@
+//! kiln-latentwire's integration tests: one binary, a module per concern.
+
+mod adapter;
+mod support;

@@ -1,0 +1,52 @@
+//! What the parity tests share: the fixtures and their reference tensors.
+
+use std::path::PathBuf;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// LatentWire's tensors, from a safetensors file of the fixtures.
+pub struct Reference(Vec<u8>);
+
+impl Reference {
+    pub fn open(name: &str) -> Self {
+        Reference(std::fs::read(fixtures().join(name)).unwrap())
+    }
+
+    /// The f32 values of `key` and their shape.
+    pub fn floats(&self, key: &str) -> (Vec<f32>, Vec<usize>) {
+        let tensors = safetensors::SafeTensors::deserialize(&self.0).unwrap();
+        let view = tensors.tensor(key).unwrap_or_else(|e| panic!("{key}: {e}"));
+        let values = (view.data().chunks_exact(4))
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        (values, view.shape().to_vec())
+    }
+
+    pub fn tensor<B: Backend, const D: usize>(&self, key: &str) -> Tensor<B, D> {
+        let (values, shape) = self.floats(key);
+        Tensor::from_data(TensorData::new(values, shape), &Default::default())
+    }
+}
+
+/// `actual` has `key`'s shape and values within `tolerance` of its largest magnitude (at least 1).
+pub fn assert_close<B: Backend, const D: usize>(
+    actual: Tensor<B, D>,
+    reference: &Reference,
+    key: &str,
+    tolerance: f32,
+) {
+    let (want, shape) = reference.floats(key);
+    assert_eq!(actual.dims().to_vec(), shape, "{key}: shape");
+    let got = actual.into_data().convert::<f32>().to_vec::<f32>().unwrap();
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    let gap = (got.iter().zip(&want)).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        gap <= tolerance * scale,
+        "{key}: max |Δ| {gap}, max |reference| {scale}"
+    );
+}
