@@ -54,7 +54,7 @@ pub enum Threads {
     All,
     /// All of rayon's, each computing its own block of the destination's columns: each thread
     /// then packs only its share of `rhs`, which is the better split when the destination has
-    /// few rows (a language model's tokens against its weights: 10–60% faster at 16–112 rows,
+    /// few rows (a language model's tokens against its weights: 10–66% faster at 16–112 rows,
     /// docs/PERFORMANCE.md).
     Columns,
 }

@@ -35,7 +35,9 @@ pub struct AdapterConfig {
     /// `--max_answer_tokens`, 32).
     #[config(default = 32.0)]
     pub length_norm: f64,
-    /// The MLP's hidden width in multiples of `latent_width` (`hidden_mult`).
+    /// The MLP's hidden width in multiples of `latent_width` (`hidden_mult`); values below 2 are
+    /// taken as 2 (LatentWire's `hidden_mult ≤ 1` variant, a single projection without the MLP
+    /// and skip, is not built: train.py never uses it).
     #[config(default = 2)]
     pub hidden_mult: usize,
 }

@@ -73,6 +73,7 @@ pub fn generate(split: Split, count: usize, seed: u64) -> Vec<QaItem> {
     items
 }
 
+/// Every relation, in declaration order (the index of [`FACTS`] and [`QUESTIONS`]).
 const RELATIONS: [Relation; 5] = [
     Relation::Birthplace,
     Relation::Birthday,
@@ -175,48 +176,75 @@ fn value(relation: Relation, split: Split, random: &mut SplitMix64) -> String {
     }
 }
 
-/// A sentence stating `relation` of `person` with `value`: phrasings 0–1 are the training
-/// split's, 2 the test split's.
+/// How each relation's facts are stated, in [`RELATIONS`]' order: `{person}` and `{value}` filled
+/// in. Phrasings 0–1 are the training split's, 2 the test split's.
+const FACTS: [[&str; 3]; 5] = [
+    [
+        "{person} was born in {value}.",
+        "{value} is the town where {person} was born.",
+        "{person} came into the world in {value}.",
+    ],
+    [
+        "{person} was born on {value}.",
+        "The birthday of {person} is {value}.",
+        "On {value}, {person} was born.",
+    ],
+    [
+        "{person} works in {value}.",
+        "Every day {person} goes to work in {value}.",
+        "{person} has a job in {value}.",
+    ],
+    [
+        "{person} owns a {value}.",
+        "A {value} belongs to {person}.",
+        "{person} keeps a {value} at home.",
+    ],
+    [
+        "{person} is a {value} by trade.",
+        "{person} earns a living as a {value}.",
+        "The trade of {person} is {value}.",
+    ],
+];
+
+/// How each relation is asked about, as [`FACTS`].
+const QUESTIONS: [[&str; 3]; 5] = [
+    [
+        "Where was {person} born?",
+        "In which town was {person} born?",
+        "What is the birthplace of {person}?",
+    ],
+    [
+        "When was {person} born?",
+        "On what date was {person} born?",
+        "What is the birth date of {person}?",
+    ],
+    [
+        "Where does {person} work?",
+        "In which town does {person} work?",
+        "Which town is {person}'s workplace in?",
+    ],
+    [
+        "What does {person} own?",
+        "Which object belongs to {person}?",
+        "What object does {person} have?",
+    ],
+    [
+        "What is {person}'s trade?",
+        "What does {person} do for a living?",
+        "What is the job of {person}?",
+    ],
+];
+
+/// The sentence stating that `relation` of `person` is `value`, in phrasing `phrasing`.
 fn fact(relation: Relation, phrasing: usize, person: &str, value: &str) -> String {
-    match (relation, phrasing) {
-        (Relation::Birthplace, 0) => format!("{person} was born in {value}."),
-        (Relation::Birthplace, 1) => format!("{value} is the town where {person} was born."),
-        (Relation::Birthplace, _) => format!("{person} came into the world in {value}."),
-        (Relation::Birthday, 0) => format!("{person} was born on {value}."),
-        (Relation::Birthday, 1) => format!("The birthday of {person} is {value}."),
-        (Relation::Birthday, _) => format!("On {value}, {person} was born."),
-        (Relation::Workplace, 0) => format!("{person} works in {value}."),
-        (Relation::Workplace, 1) => format!("Every day {person} goes to work in {value}."),
-        (Relation::Workplace, _) => format!("{person} has a job in {value}."),
-        (Relation::Possession, 0) => format!("{person} owns a {value}."),
-        (Relation::Possession, 1) => format!("A {value} belongs to {person}."),
-        (Relation::Possession, _) => format!("{person} keeps a {value} at home."),
-        (Relation::Occupation, 0) => format!("{person} is a {value} by trade."),
-        (Relation::Occupation, 1) => format!("{person} earns a living as a {value}."),
-        (Relation::Occupation, _) => format!("The trade of {person} is {value}."),
-    }
+    FACTS[relation as usize][phrasing]
+        .replace("{person}", person)
+        .replace("{value}", value)
 }
 
-/// A question asking for `relation` of `person`: phrasings 0–1 are the training split's, 2 the
-/// test split's.
+/// The question asking for `relation` of `person`, in phrasing `phrasing`.
 fn question(relation: Relation, phrasing: usize, person: &str) -> String {
-    match (relation, phrasing) {
-        (Relation::Birthplace, 0) => format!("Where was {person} born?"),
-        (Relation::Birthplace, 1) => format!("In which town was {person} born?"),
-        (Relation::Birthplace, _) => format!("What is the birthplace of {person}?"),
-        (Relation::Birthday, 0) => format!("When was {person} born?"),
-        (Relation::Birthday, 1) => format!("On what date was {person} born?"),
-        (Relation::Birthday, _) => format!("What is the birth date of {person}?"),
-        (Relation::Workplace, 0) => format!("Where does {person} work?"),
-        (Relation::Workplace, 1) => format!("In which town does {person} work?"),
-        (Relation::Workplace, _) => format!("Which town is {person}'s workplace in?"),
-        (Relation::Possession, 0) => format!("What does {person} own?"),
-        (Relation::Possession, 1) => format!("Which object belongs to {person}?"),
-        (Relation::Possession, _) => format!("What object does {person} have?"),
-        (Relation::Occupation, 0) => format!("What is {person}'s trade?"),
-        (Relation::Occupation, 1) => format!("What does {person} do for a living?"),
-        (Relation::Occupation, _) => format!("What is the job of {person}?"),
-    }
+    QUESTIONS[relation as usize][phrasing].replace("{person}", person)
 }
 
 /// A fact of a context: `sentence` states that `relation` of `person` is `answer`.
@@ -375,6 +403,8 @@ mod tests {
                 assert!(answers.len() >= 2, "{relation:?}: {answers:?}");
             }
         }
+        // The tables are indexed by the relation's discriminant.
+        assert!(RELATIONS.iter().enumerate().all(|(i, &r)| r as usize == i));
         let phrasings = |p: usize| RELATIONS.map(|r| [question(r, p, "X"), fact(r, p, "X", "Y")]);
         let train: HashSet<_> = [phrasings(0), phrasings(1)]
             .into_iter()

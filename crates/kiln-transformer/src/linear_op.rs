@@ -95,9 +95,10 @@ fn per_thread_blocks(
     out
 }
 
-/// Rows a thread below which a product splits its columns instead of its rows: a language
-/// model's tokens (16–112 rows on fVLM's shapes) against its weights, where packing each thread's
-/// share of the weight costs as much as multiplying it.
+/// Rows per thread below which a product splits its columns instead of its rows: a language
+/// model's tokens (16–112 rows on fVLM's shapes) against its weights, where packing the whole
+/// weight on each thread costs as much as multiplying it. Columns were as fast as rows or faster
+/// up to 384 rows and level at 512 (docs/PERFORMANCE.md).
 const FEW_ROWS: usize = 256;
 
 /// A `[rows, width]` product made by `product(first, block, len, threads)`: one block of rows
