@@ -8,10 +8,14 @@
 //!   objects, questions about one fact, answers that are spans of the context, with the test
 //!   split's entities and phrasings held out of training;
 //! - [`adapter`]: the adapter that turns the latents into one language model's soft prompt,
-//!   checked against LatentWire's own module (scripts/fixtures/latentwire.py).
+//!   checked against LatentWire's own module (scripts/fixtures/latentwire.py);
+//! - [`encoder`]: the interlingua encoder (bytes → transformer → `M` pooled latents), checked
+//!   against LatentWire's `InterlinguaEncoder` likewise.
 
 pub mod adapter;
 pub mod data;
+pub mod encoder;
 
 pub use adapter::{Adapter, AdapterConfig};
 pub use data::{QaItem, Relation, Split, generate};
+pub use encoder::{ByteBatch, EncoderConfig, InterlinguaEncoder};

@@ -4,7 +4,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::Tensor;
 use kiln_latentwire::{Adapter, AdapterConfig};
 
-use crate::support::{Reference, assert_close, fixtures};
+use crate::support::{Reference, assert_close, assert_linear_grads, assert_norm_grads, fixtures};
 
 type Ad = Autodiff<Flex>;
 
@@ -41,21 +41,10 @@ fn the_adapter_is_latentwires() {
         ("length_proj.0", adapter.length_proj.as_ref().unwrap()),
     ];
     for (name, linear) in linears {
-        // burn keeps a linear's weight as [in, out], PyTorch as [out, in].
-        let weight = linear.weight.grad(&grads).unwrap().transpose();
-        assert_close(weight, &reference, &format!("grad.{name}.weight"), 1e-5);
-        let bias = linear.bias.as_ref().unwrap().grad(&grads).unwrap();
-        assert_close(bias, &reference, &format!("grad.{name}.bias"), 1e-5);
+        assert_linear_grads(linear, &grads, &reference, name);
     }
-    for (name, norm) in [
-        ("input_norm", &adapter.input_norm),
-        ("out_norm", &adapter.out_norm),
-    ] {
-        let gamma = norm.gamma.grad(&grads).unwrap();
-        assert_close(gamma, &reference, &format!("grad.{name}.weight"), 1e-5);
-        let beta = norm.beta.as_ref().unwrap().grad(&grads).unwrap();
-        assert_close(beta, &reference, &format!("grad.{name}.bias"), 1e-5);
-    }
+    assert_norm_grads(&adapter.input_norm, &grads, &reference, "input_norm");
+    assert_norm_grads(&adapter.out_norm, &grads, &reference, "out_norm");
     let position = adapter.position_emb.as_ref().unwrap().grad(&grads).unwrap();
     assert_close(position, &reference, "grad.position_emb", 1e-5);
     assert_close(

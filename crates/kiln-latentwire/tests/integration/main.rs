@@ -1,4 +1,5 @@
 //! kiln-latentwire's integration tests: one binary, a module per concern.
 
 mod adapter;
+mod encoder;
 mod support;

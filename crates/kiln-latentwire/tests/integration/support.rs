@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use burn::tensor::backend::Backend;
+use burn::nn::{LayerNorm, Linear};
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
 pub fn fixtures() -> PathBuf {
@@ -27,6 +28,15 @@ impl Reference {
         (values, view.shape().to_vec())
     }
 
+    /// The integers of the int64 tensor `key`.
+    pub fn ints(&self, key: &str) -> Vec<i64> {
+        let tensors = safetensors::SafeTensors::deserialize(&self.0).unwrap();
+        let view = tensors.tensor(key).unwrap_or_else(|e| panic!("{key}: {e}"));
+        (view.data().chunks_exact(8))
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
     pub fn tensor<B: Backend, const D: usize>(&self, key: &str) -> Tensor<B, D> {
         let (values, shape) = self.floats(key);
         Tensor::from_data(TensorData::new(values, shape), &Default::default())
@@ -49,4 +59,32 @@ pub fn assert_close<B: Backend, const D: usize>(
         gap <= tolerance * scale,
         "{key}: max |Δ| {gap}, max |reference| {scale}"
     );
+}
+
+/// The gradients of `linear`'s weight and bias are LatentWire's `grad.{name}.weight` and
+/// `grad.{name}.bias` (burn keeps a linear's weight as [in, out], PyTorch as [out, in]).
+pub fn assert_linear_grads<B: AutodiffBackend>(
+    linear: &Linear<B>,
+    grads: &B::Gradients,
+    reference: &Reference,
+    name: &str,
+) {
+    let weight = linear.weight.grad(grads).unwrap().transpose();
+    assert_close(weight, reference, &format!("grad.{name}.weight"), 1e-5);
+    let bias = linear.bias.as_ref().unwrap().grad(grads).unwrap();
+    assert_close(bias, reference, &format!("grad.{name}.bias"), 1e-5);
+}
+
+/// The gradients of `norm`'s scale and shift are LatentWire's `grad.{name}.weight` and
+/// `grad.{name}.bias`.
+pub fn assert_norm_grads<B: AutodiffBackend>(
+    norm: &LayerNorm<B>,
+    grads: &B::Gradients,
+    reference: &Reference,
+    name: &str,
+) {
+    let gamma = norm.gamma.grad(grads).unwrap();
+    assert_close(gamma, reference, &format!("grad.{name}.weight"), 1e-5);
+    let beta = norm.beta.as_ref().unwrap().grad(grads).unwrap();
+    assert_close(beta, reference, &format!("grad.{name}.bias"), 1e-5);
 }
