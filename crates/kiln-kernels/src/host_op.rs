@@ -13,6 +13,18 @@ pub trait HostOp<const N: usize>: Clone + Send + std::fmt::Debug + 'static {
 
     /// Each input's gradient, given the inputs and the gradient of the output.
     fn backward(&self, output_grad: &[f32], inputs: [&[f32]; N]) -> [Vec<f32>; N];
+
+    /// The gradients of the inputs `wanted` marks, the others' left empty (a frozen weight's,
+    /// whose product would be wasted); all of them by default.
+    fn backward_wanted(
+        &self,
+        output_grad: &[f32],
+        inputs: [&[f32]; N],
+        wanted: [bool; N],
+    ) -> [Vec<f32>; N] {
+        let _ = wanted;
+        self.backward(output_grad, inputs)
+    }
 }
 
 /// `op` over `inputs` as one differentiable operation giving a tensor of `shape`, when `B` is
@@ -132,8 +144,10 @@ mod trained_flex {
             let (op, inputs) = ops.state;
             let output_grad = values::<E>(grads.consume::<Flex>(&ops.node));
             let reads = inputs.clone().map(values::<D>);
-            let input_grads =
-                op.backward(output_grad.values(), reads.each_ref().map(|r| r.values()));
+            // Only inputs that need a gradient have a parent node.
+            let wanted = ops.parents.each_ref().map(Option::is_some);
+            let reads = reads.each_ref().map(|r| r.values());
+            let input_grads = op.backward_wanted(output_grad.values(), reads, wanted);
             for ((parent, grad), input) in ops.parents.into_iter().zip(input_grads).zip(inputs) {
                 if let Some(node) = parent {
                     let shape =

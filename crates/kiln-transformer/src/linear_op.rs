@@ -153,23 +153,32 @@ impl Product {
         })
     }
 
-    /// `dx = dy Wᵀ` per block of rows, and `dW` per block of the weight's rows.
-    fn input_and_weight_grads(&self, dy: &[f32], x: &[f32], weight: &[f32]) -> [Vec<f32>; 2] {
+    /// `dx = dy Wᵀ` per block of rows, and `dW` per block of the weight's rows, each only where
+    /// `wanted` (`[dx, dW]`; empty otherwise: a frozen weight costs no `dW`).
+    fn input_and_weight_grads(
+        &self,
+        dy: &[f32],
+        x: &[f32],
+        weight: &[f32],
+        [want_dx, want_dw]: [bool; 2],
+    ) -> [Vec<f32>; 2] {
         let (rows, inputs, outputs) = (self.rows, self.inputs, self.outputs);
-        let dx = split_product(rows, inputs, |first, dx, n, threads| {
-            let dy_rows = View::rows(first * outputs, n, outputs, outputs);
-            let dx_rows = View::rows(0, n, inputs, inputs);
-            let w_t = self.weight().transposed();
-            matmul(
-                dx,
-                dx_rows,
-                dy,
-                dy_rows,
-                weight,
-                w_t,
-                Write::Overwrite,
-                threads,
-            );
+        let dx = want_dx.then(|| {
+            split_product(rows, inputs, |first, dx, n, threads| {
+                let dy_rows = View::rows(first * outputs, n, outputs, outputs);
+                let dx_rows = View::rows(0, n, inputs, inputs);
+                let w_t = self.weight().transposed();
+                matmul(
+                    dx,
+                    dx_rows,
+                    dy,
+                    dy_rows,
+                    weight,
+                    w_t,
+                    Write::Overwrite,
+                    threads,
+                );
+            })
         });
         // dW's rows follow the weight's first axis, each block `aᵀ b` over all the rows: `xᵀ dy`
         // per block of inputs (`[inputs, outputs]`), `dyᵀ x` per block of outputs.
@@ -177,13 +186,15 @@ impl Product {
             Layout::InputsByOutputs => (x, inputs, dy, outputs),
             Layout::OutputsByInputs => (dy, outputs, x, inputs),
         };
-        let dw = split_product(a_width, b_width, |first, dw, n, threads| {
-            let a_t = View::rows(first, rows, n, a_width).transposed();
-            let b_all = View::rows(0, rows, b_width, b_width);
-            let dw_rows = View::rows(0, n, b_width, b_width);
-            matmul(dw, dw_rows, a, a_t, b, b_all, Write::Overwrite, threads);
+        let dw = want_dw.then(|| {
+            split_product(a_width, b_width, |first, dw, n, threads| {
+                let a_t = View::rows(first, rows, n, a_width).transposed();
+                let b_all = View::rows(0, rows, b_width, b_width);
+                let dw_rows = View::rows(0, n, b_width, b_width);
+                matmul(dw, dw_rows, a, a_t, b, b_all, Write::Overwrite, threads);
+            })
         });
-        [dx, dw]
+        [dx.unwrap_or_default(), dw.unwrap_or_default()]
     }
 }
 
@@ -192,8 +203,12 @@ impl HostOp<2> for Product {
         self.forward_with(x, weight, None)
     }
 
-    fn backward(&self, dy: &[f32], [x, weight]: [&[f32]; 2]) -> [Vec<f32>; 2] {
-        self.input_and_weight_grads(dy, x, weight)
+    fn backward(&self, dy: &[f32], inputs: [&[f32]; 2]) -> [Vec<f32>; 2] {
+        self.backward_wanted(dy, inputs, [true; 2])
+    }
+
+    fn backward_wanted(&self, dy: &[f32], [x, w]: [&[f32]; 2], wanted: [bool; 2]) -> [Vec<f32>; 2] {
+        self.input_and_weight_grads(dy, x, w, wanted)
     }
 }
 
@@ -202,17 +217,30 @@ impl HostOp<3> for Biased {
         self.0.forward_with(x, weight, Some(bias))
     }
 
+    fn backward(&self, dy: &[f32], inputs: [&[f32]; 3]) -> [Vec<f32>; 3] {
+        self.backward_wanted(dy, inputs, [true; 3])
+    }
+
     /// [`Product`]'s gradients, and `db` the column sums of `dy`, each thread summing its own
-    /// block of columns over the rows in order.
-    fn backward(&self, dy: &[f32], [x, weight, _]: [&[f32]; 3]) -> [Vec<f32>; 3] {
-        let [dx, dw] = self.0.input_and_weight_grads(dy, x, weight);
+    /// block of columns over the rows in order; each only where `wanted`.
+    fn backward_wanted(
+        &self,
+        dy: &[f32],
+        [x, weight, _]: [&[f32]; 3],
+        [want_dx, want_dw, want_db]: [bool; 3],
+    ) -> [Vec<f32>; 3] {
+        let [dx, dw] = self
+            .0
+            .input_and_weight_grads(dy, x, weight, [want_dx, want_dw]);
         let outputs = self.0.outputs;
-        let db = per_thread_blocks(outputs, 1, |first, db, n| {
-            for row in dy.chunks_exact(outputs) {
-                (db.iter_mut().zip(&row[first..first + n])).for_each(|(s, v)| *s += v);
-            }
+        let db = want_db.then(|| {
+            per_thread_blocks(outputs, 1, |first, db, n| {
+                for row in dy.chunks_exact(outputs) {
+                    (db.iter_mut().zip(&row[first..first + n])).for_each(|(s, v)| *s += v);
+                }
+            })
         });
-        [dx, dw, db]
+        [dx, dw, db.unwrap_or_default()]
     }
 }
 
@@ -280,6 +308,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A frozen projection (a frozen language model's, which a soft prompt is trained through):
+    /// the input's gradient as burn's, none for the weight and bias, whose products are skipped.
+    #[test]
+    fn a_frozen_projection_passes_the_gradient_to_its_input_only() {
+        use burn::module::Module;
+
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let x = Tensor::<Trained, 2>::random([19, 37], normal, &device).require_grad();
+        let weights = Tensor::<Trained, 2>::random([19, 53], normal, &device);
+        let linear = LinearConfig::new(37, 53).init::<Trained>(&device).no_grad();
+        let ours = trained_linear(&linear, &x).expect("served on Autodiff<Flex>");
+        let grads = (ours * weights.clone()).sum().backward();
+        assert!(linear.weight.val().grad(&grads).is_none());
+        assert!(linear.bias.as_ref().unwrap().val().grad(&grads).is_none());
+        let dx = x.grad(&grads).unwrap();
+        let x = x.detach().require_grad();
+        let want = x.grad(&(linear.forward(x.clone()) * weights).sum().backward());
+        assert!(gap(dx, want.unwrap()) < 1e-4);
     }
 
     /// `x Eᵀ` by the table's rows against burn's product with the table transposed: values and
