@@ -60,7 +60,7 @@ pub use adamw::{AdamWInputs, AdamWStep, adamw_on_host};
 pub use device_attention::fused_attention_launches;
 pub use device_mask::host_mask_uploads;
 pub use host_op::{HostOp, host_op, host_ops_serve};
-pub use loss::cross_entropy;
+pub use loss::{cross_entropy, distillation, weighted_cross_entropy};
 pub use mask::{HashedMask, RowMask, dropout_mask, for_each_factor, row_key};
 pub use ops::scatter_add;
 pub use row_index::{RowIndex, RowIndexError};

@@ -26,44 +26,79 @@ use crate::values::zeros;
 /// assert!((loss.into_scalar() - std::f32::consts::LN_2).abs() < 1e-6);
 /// ```
 pub fn cross_entropy<B: Backend>(logits: Tensor<B, 2>, targets: &[i64]) -> Option<Tensor<B, 1>> {
-    let [rows, classes] = logits.dims();
-    assert_eq!(targets.len(), rows, "cross_entropy: one target per row");
-    assert!(
-        targets.iter().all(|&t| t < classes as i64),
-        "cross_entropy: a target at or above {classes} classes"
-    );
     let counted = targets.iter().filter(|&&t| t >= 0).count();
     if counted == 0 {
         return None;
     }
+    let weights = vec![1.0 / counted as f32; targets.len()];
+    Some(weighted_cross_entropy(logits, targets, &weights))
+}
+
+/// `Σ_rows weight · −log softmax(logits)[target]` for `logits` `[rows, classes]`, one target and
+/// one weight per row (a negative target or a zero weight: the row is not counted and costs
+/// nothing). Several losses over one forward's logits (all of a sequence's tokens, its first
+/// ones) are each a weighting of the same rows. Targets must be below `classes`.
+///
+/// ```
+/// # use burn::backend::{Autodiff, Flex};
+/// # use burn::tensor::Tensor;
+/// let logits = Tensor::<Autodiff<Flex>, 2>::from_floats([[0.0, 0.0], [5.0, 1.0]], &Default::default());
+/// let loss = kiln_kernels::weighted_cross_entropy(logits, &[1, 0], &[2.0, 0.0]);
+/// assert!((loss.into_scalar() - 2.0 * std::f32::consts::LN_2).abs() < 1e-6);
+/// ```
+pub fn weighted_cross_entropy<B: Backend>(
+    logits: Tensor<B, 2>,
+    targets: &[i64],
+    weights: &[f32],
+) -> Tensor<B, 1> {
+    let [rows, classes] = logits.dims();
+    assert_eq!(targets.len(), rows, "cross_entropy: one target per row");
+    assert_eq!(weights.len(), rows, "cross_entropy: one weight per row");
+    assert!(
+        targets.iter().all(|&t| t < classes as i64),
+        "cross_entropy: a target at or above {classes} classes"
+    );
+    let targets: Arc<[i64]> = (targets.iter().zip(weights))
+        .map(|(&t, &w)| if w == 0.0 { -1 } else { t })
+        .collect();
     let op = CrossEntropy {
         classes,
-        counted,
-        targets: targets.into(),
+        targets: targets.clone(),
+        weights: weights.into(),
     };
-    host_op(op, [&logits], [1]).or_else(|| Some(with_tensor_operations(logits, targets)))
+    host_op(op, [&logits], [1]).unwrap_or_else(|| with_tensor_operations(logits, &targets, weights))
 }
 
-/// [`cross_entropy`] through burn's operations.
-fn with_tensor_operations<B: Backend>(logits: Tensor<B, 2>, targets: &[i64]) -> Tensor<B, 1> {
+/// [`weighted_cross_entropy`] through burn's operations.
+fn with_tensor_operations<B: Backend>(
+    logits: Tensor<B, 2>,
+    targets: &[i64],
+    weights: &[f32],
+) -> Tensor<B, 1> {
     let device = logits.device();
-    let (rows, classes): (Vec<i64>, Vec<i64>) = (targets.iter().enumerate())
-        .filter(|&(_, &class)| class >= 0)
-        .map(|(row, &class)| (row as i64, class))
-        .unzip();
-    let count = rows.len();
-    let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [count]), &device);
-    let classes = Tensor::<B, 2, Int>::from_data(TensorData::new(classes, [count, 1]), &device);
+    let counted: Vec<usize> = (0..targets.len()).filter(|&i| targets[i] >= 0).collect();
+    let count = counted.len();
+    if count == 0 {
+        return (logits.sum() * 0.0).reshape([1]);
+    }
+    let pick = |f: &dyn Fn(usize) -> i64| -> Vec<i64> { counted.iter().map(|&i| f(i)).collect() };
+    let rows =
+        Tensor::<B, 1, Int>::from_data(TensorData::new(pick(&|i| i as i64), [count]), &device);
+    let classes = TensorData::new(pick(&|i| targets[i]), [count, 1]);
+    let classes = Tensor::<B, 2, Int>::from_data(classes, &device);
+    let weights: Vec<f32> = counted.iter().map(|&i| weights[i]).collect();
+    let weights = Tensor::<B, 2>::from_data(TensorData::new(weights, [count, 1]), &device);
     let log_probs = log_softmax(logits.select(0, rows), 1);
-    log_probs.gather(1, classes).mean().neg()
+    (log_probs.gather(1, classes) * weights).sum().neg()
 }
 
-/// `[logits]` → `[mean loss]`.
+/// `[logits]` → `[Σ weight · loss]`.
 #[derive(Debug, Clone)]
 struct CrossEntropy {
     classes: usize,
-    counted: usize,
+    /// Negative for rows not counted.
     targets: Arc<[i64]>,
+    weights: Arc<[f32]>,
 }
 
 /// `(max, Σ exp(x − max))` of a row, compiled (through `pulp`'s dispatch) for the best SIMD
@@ -103,28 +138,28 @@ impl HostOp<1> for CrossEntropy {
     fn forward(&self, [logits]: [&[f32]; 1]) -> Vec<f32> {
         let mut losses = Vec::new();
         (logits.par_chunks(self.classes.max(1)))
-            .zip(self.targets.par_iter())
-            .map(|(row, &target)| match target {
+            .zip(self.targets.par_iter().zip(self.weights.par_iter()))
+            .map(|(row, (&target, &weight))| match target {
                 ..0 => 0.0,
                 _ => {
                     let (max, sum) = shifted_sum(row);
-                    f64::from(max + sum.ln() - row[target as usize])
+                    f64::from(weight) * f64::from(max + sum.ln() - row[target as usize])
                 }
             })
             .collect_into_vec(&mut losses);
         // Summed in row order, whatever the threads did: the same bits every run.
-        vec![(losses.iter().sum::<f64>() / self.counted as f64) as f32]
+        vec![losses.iter().sum::<f64>() as f32]
     }
 
-    /// `g / counted · (softmax(row) − one_hot(target))` on counted rows, 0 on the others.
+    /// `g · weight · (softmax(row) − one_hot(target))` on counted rows, 0 on the others.
     fn backward(&self, grad: &[f32], [logits]: [&[f32]; 1]) -> [Vec<f32>; 1] {
-        let scale = grad[0] / self.counted as f32;
         let mut dlogits = zeros(logits.len());
         (dlogits.par_chunks_mut(self.classes.max(1)))
             .zip(logits.par_chunks(self.classes.max(1)))
-            .zip(self.targets.par_iter())
-            .filter(|&(_, &target)| target >= 0)
-            .for_each(|((d, row), &target)| {
+            .zip(self.targets.par_iter().zip(self.weights.par_iter()))
+            .filter(|&(_, (&target, _))| target >= 0)
+            .for_each(|((d, row), (&target, &weight))| {
+                let scale = grad[0] * weight;
                 pulp::Arch::new().dispatch(
                     #[inline(always)]
                     || {
@@ -137,6 +172,117 @@ impl HostOp<1> for CrossEntropy {
                 d[target as usize] -= scale;
             });
         [dlogits]
+    }
+}
+
+/// Knowledge distillation at temperature `τ`: `Σ_rows weight · τ² · KL(softmax(teacher / τ) ‖
+/// softmax(student / τ))` for logits `[rows, classes]` (PyTorch's `kl_div(log_softmax(s / τ),
+/// softmax(t / τ))` per row, times `τ²` so the gradient's scale does not fall with `τ`). The
+/// teacher takes no gradient; rows of weight 0 cost nothing.
+///
+/// ```
+/// # use burn::backend::{Autodiff, Flex};
+/// # use burn::tensor::Tensor;
+/// let device = Default::default();
+/// let student = Tensor::<Autodiff<Flex>, 2>::from_floats([[1.0, 2.0, 3.0]], &device);
+/// let same = kiln_kernels::distillation(student.clone(), student.clone(), 2.0, &[1.0]);
+/// assert!(same.into_scalar().abs() < 1e-6);
+/// ```
+pub fn distillation<B: Backend>(
+    student: Tensor<B, 2>,
+    teacher: Tensor<B, 2>,
+    temperature: f32,
+    weights: &[f32],
+) -> Tensor<B, 1> {
+    let [rows, classes] = student.dims();
+    assert_eq!(
+        teacher.dims(),
+        [rows, classes],
+        "distillation: logits of one shape"
+    );
+    assert_eq!(weights.len(), rows, "distillation: one weight per row");
+    assert!(temperature > 0.0, "distillation: a positive temperature");
+    let teacher = teacher.detach();
+    let op = Distillation {
+        classes,
+        temperature,
+        weights: weights.into(),
+    };
+    host_op(op, [&student, &teacher], [1]).unwrap_or_else(|| {
+        let device = student.device();
+        let weights =
+            Tensor::<B, 2>::from_data(TensorData::new(weights.to_vec(), [rows, 1]), &device);
+        let student = log_softmax(student / temperature, 1);
+        let teacher = log_softmax(teacher / temperature, 1);
+        let kl = (teacher.clone().exp() * (teacher - student)).sum_dim(1);
+        (kl * weights).sum() * (temperature * temperature)
+    })
+}
+
+/// `[student, teacher]` → `[Σ weight · τ² · KL(teacher ‖ student)]`.
+#[derive(Debug, Clone)]
+struct Distillation {
+    classes: usize,
+    temperature: f32,
+    weights: Arc<[f32]>,
+}
+
+impl Distillation {
+    /// `log softmax(row / τ)`.
+    fn log_probs(&self, row: &[f32]) -> Vec<f32> {
+        let t = self.temperature;
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) / t;
+        let sum: f32 = row.iter().map(|&x| math::exp(x / t - max)).sum();
+        let shift = max + sum.ln();
+        row.iter().map(|&x| x / t - shift).collect()
+    }
+
+    /// Each counted row's `(row, student, teacher, weight)`, in parallel.
+    fn rows<'a>(
+        &'a self,
+        student: &'a [f32],
+        teacher: &'a [f32],
+    ) -> impl IndexedParallelIterator<Item = (&'a [f32], &'a [f32], f32)> {
+        let width = self.classes.max(1);
+        (student.par_chunks(width).zip(teacher.par_chunks(width)))
+            .zip(self.weights.par_iter())
+            .map(|((s, t), &w)| (s, t, w))
+    }
+}
+
+impl HostOp<2> for Distillation {
+    fn forward(&self, [student, teacher]: [&[f32]; 2]) -> Vec<f32> {
+        let scale = f64::from(self.temperature * self.temperature);
+        let mut losses = Vec::new();
+        self.rows(student, teacher)
+            .map(|(s, t, w)| {
+                if w == 0.0 {
+                    return 0.0;
+                }
+                let (s, t) = (self.log_probs(s), self.log_probs(t));
+                let kl: f64 = (s.iter().zip(&t))
+                    .map(|(&s, &t)| f64::from(math::exp(t) * (t - s)))
+                    .sum();
+                f64::from(w) * kl
+            })
+            .collect_into_vec(&mut losses);
+        vec![(scale * losses.iter().sum::<f64>()) as f32]
+    }
+
+    /// `g · weight · τ · (softmax(s / τ) − softmax(t / τ))` for the student; the teacher gets none.
+    fn backward(&self, grad: &[f32], [student, teacher]: [&[f32]; 2]) -> [Vec<f32>; 2] {
+        let mut dstudent = zeros(student.len());
+        (dstudent.par_chunks_mut(self.classes.max(1)))
+            .zip(self.rows(student, teacher))
+            .filter(|(_, (_, _, w))| *w != 0.0)
+            .for_each(|(d, (s, t, w))| {
+                let scale = grad[0] * w * self.temperature;
+                let (s, t) = (self.log_probs(s), self.log_probs(t));
+                for ((d, s), t) in d.iter_mut().zip(s).zip(t) {
+                    *d = flushed(scale * (math::exp(s) - math::exp(t)));
+                }
+            });
+        [dstudent, Vec::new()]
     }
 }
 
@@ -155,7 +301,7 @@ mod tests {
             .require_grad();
         let targets = [3, -1, 1002, 0, 500, -1, 7, 7, 999];
         let ours = super::cross_entropy(logits.clone(), &targets).unwrap();
-        let burns = super::with_tensor_operations(logits.clone(), &targets);
+        let burns = super::with_tensor_operations(logits.clone(), &targets, &[1.0 / 7.0; 9]);
         let value = |t: &Tensor<Ad, 1>| t.clone().into_scalar();
         assert!((value(&ours) - value(&burns)).abs() <= 1e-5 * value(&burns).abs());
         let slope = |loss: Tensor<Ad, 1>| logits.grad(&loss.backward()).unwrap();
@@ -186,7 +332,12 @@ mod tests {
             grad.into_data().to_vec::<f32>().unwrap()
         };
         let ours = slope(super::cross_entropy(logits.clone(), &targets).unwrap());
-        let burns = slope(super::with_tensor_operations(logits.clone(), &targets));
+        let quarter = [0.25; 4];
+        let burns = slope(super::with_tensor_operations(
+            logits.clone(),
+            &targets,
+            &quarter,
+        ));
         let subnormal = |values: &[f32]| values.iter().filter(|x| x.is_subnormal()).count();
         assert!(
             subnormal(&burns) > 1000,
@@ -200,5 +351,69 @@ mod tests {
                 "{a} vs {b}"
             );
         }
+    }
+
+    /// Per-row weights (zero ones skipped) against burn's operations: value and gradient.
+    #[test]
+    fn weighted_rows_match_burns_value_and_gradient() {
+        type Ad = Autodiff<Flex>;
+        let device = Default::default();
+        let logits = Tensor::<Ad, 2>::random([5, 301], Distribution::Normal(0.0, 3.0), &device)
+            .require_grad();
+        let (targets, weights) = ([4, 0, 300, -1, 9], [0.5, 0.0, 2.0, 1.0, 0.125]);
+        let ours = super::weighted_cross_entropy(logits.clone(), &targets, &weights);
+        let burns = super::with_tensor_operations(logits.clone(), &[4, -1, 300, -1, 9], &weights);
+        let (a, b) = (ours.clone().into_scalar(), burns.clone().into_scalar());
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{a} vs {b}");
+        let slope = |loss: Tensor<Ad, 1>| logits.grad(&loss.backward()).unwrap();
+        let gap = (slope(ours) - slope(burns)).abs().max().into_scalar();
+        assert!(gap <= 1e-6, "gradients: {gap}");
+    }
+
+    /// The host distillation against the same formula through burn's operations on Flex without
+    /// autodiff's host operation (`Autodiff<Flex>` values compared on the inner backend), and
+    /// its student gradient against central finite differences of the value.
+    #[test]
+    fn distillation_matches_its_formula_and_finite_differences() {
+        type Ad = Autodiff<Flex>;
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 2.0);
+        let student = Tensor::<Ad, 2>::random([3, 41], normal, &device).require_grad();
+        let teacher = Tensor::<Ad, 2>::random([3, 41], normal, &device);
+        let weights = [0.5, 0.0, 1.5];
+        let loss = super::distillation(student.clone(), teacher.clone(), 2.0, &weights);
+        let value = |s: Tensor<Flex, 2>| {
+            super::distillation(s, teacher.clone().inner(), 2.0, &weights).into_scalar()
+        };
+        let inner = student.clone().inner();
+        let formula = value(inner.clone());
+        let ours = loss.clone().into_scalar();
+        assert!(
+            (ours - formula).abs() <= 1e-5 * formula.abs(),
+            "{ours} vs {formula}"
+        );
+        let grad = student
+            .grad(&loss.backward())
+            .unwrap()
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap();
+        let base = inner.into_data().to_vec::<f32>().unwrap();
+        let at =
+            |values: Vec<f32>| value(Tensor::from_data(TensorData::new(values, [3, 41]), &device));
+        for index in [0, 17, 40, 41, 100, 122] {
+            let h = 1e-2;
+            let (mut up, mut down) = (base.clone(), base.clone());
+            up[index] += h;
+            down[index] -= h;
+            let numeric = (at(up) - at(down)) / (2.0 * h);
+            assert!(
+                (grad[index] - numeric).abs() < 2e-3,
+                "{index}: {} vs {numeric}",
+                grad[index]
+            );
+        }
+        // The zero-weight row gets no gradient.
+        assert!(grad[41..82].iter().all(|&g| g == 0.0));
     }
 }
