@@ -9,13 +9,37 @@
 //!   split's entities and phrasings held out of training;
 //! - [`adapter`]: the adapter that turns the latents into one language model's soft prompt,
 //!   checked against LatentWire's own module (scripts/fixtures/latentwire.py);
+//! - [`reader`]: one frozen language model reading the text, its first `M` tokens or the soft
+//!   prompt in the user's turn of its chat template, with the answer after;
+//! - [`model`]: what trains, the encoder and an adapter per language model;
+//! - [`objective`]: LatentWire's training loss, every term from one forward per language model;
 //! - [`encoder`]: the interlingua encoder (bytes → transformer → `M` pooled latents), checked
 //!   against LatentWire's `InterlinguaEncoder` likewise.
 
 pub mod adapter;
 pub mod data;
 pub mod encoder;
+pub mod model;
+pub mod objective;
+pub mod reader;
 
 pub use adapter::{Adapter, AdapterConfig};
 pub use data::{QaItem, Relation, Split, generate};
 pub use encoder::{ByteBatch, EncoderConfig, InterlinguaEncoder};
+pub use model::LatentWire;
+pub use objective::{LossTerms, Objective, QaBatch, ReaderBatch, TrainingLoss};
+pub use reader::{Composed, Contents, Reader, Template};
+
+/// What can go wrong building or running LatentWire.
+#[derive(Debug, thiserror::Error)]
+pub enum LatentWireError {
+    /// A language model or tokenizer that cannot be loaded or run.
+    #[error(transparent)]
+    Text(#[from] kiln_text::TextError),
+    /// A checkpoint that cannot be read or loaded.
+    #[error(transparent)]
+    Checkpoint(#[from] kiln_core::CheckpointError),
+    /// Input that cannot be used: what and where.
+    #[error("{0}")]
+    Input(String),
+}

@@ -157,6 +157,11 @@ impl<B: Backend> CausalLm<B> {
         self.model.embed_tokens.forward(ids)
     }
 
+    /// The token embedding table `[vocab, hidden]` (transformers' `get_input_embeddings().weight`).
+    pub fn input_embeddings(&self) -> Tensor<B, 2> {
+        self.model.embed_tokens.weight.val()
+    }
+
     /// The output projection's weight `[vocab, hidden]`: `lm_head`'s, or the token embeddings
     /// when they are tied (transformers' `get_output_embeddings().weight`).
     pub fn output_embeddings(&self) -> Tensor<B, 2> {

@@ -2,4 +2,5 @@
 
 mod adapter;
 mod encoder;
+mod reader;
 mod support;

@@ -88,3 +88,21 @@ pub fn assert_norm_grads<B: AutodiffBackend>(
     let beta = norm.beta.as_ref().unwrap().grad(grads).unwrap();
     assert_close(beta, reference, &format!("grad.{name}.bias"), 1e-5);
 }
+
+/// One of kiln-text's tiny generated checkpoints (`llama`, `qwen2`): a ChatML template, a
+/// 384-token byte-level BPE.
+pub fn language_model(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../kiln-text/tests/fixtures")
+        .join(name)
+}
+
+/// The largest absolute difference of two tensors of one shape.
+pub fn max_gap<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    let (a, b) = (
+        a.into_data().to_vec::<f32>().unwrap(),
+        b.into_data().to_vec::<f32>().unwrap(),
+    );
+    (a.iter().zip(&b)).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+}

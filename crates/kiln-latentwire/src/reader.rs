@@ -1,0 +1,318 @@
+//! One frozen language model reading a prompt: the user's turn of its chat template holding the
+//! content (the text, its first `M` tokens, or the soft prompt the adapter made from the latents),
+//! the assistant's turn opened, then the answer.
+//!
+//! Every prompt kind goes through the same template, so the text, the token budget and the latent
+//! prefix differ only in what fills the user's turn (LatentWire's train.py put its anchor text,
+//! BOS and chat header around the prefix differently for each loss, and its teacher-forced loss
+//! was shifted twice; kiln composes every loss from one layout, notes in docs/LATENTWIRE.md).
+//!
+//! A batch's rows are laid out so that every answer starts at the same column: the content is
+//! padded on the left, the answer on the right (`[pad…, before, content, after, answer, pad…]`),
+//! and the padding is masked. The logits are computed from the column before the answer on.
+
+use std::path::Path;
+
+use burn::module::Module;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use kiln_core::Policy;
+use kiln_text::{CausalLm, Message, TextInput, TextTokenizer};
+
+use crate::LatentWireError;
+
+/// Where the user's content sits in a language model's prompt: the ids before it and after it
+/// (the assistant's turn opened), and the id that ends the assistant's turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    /// The ids before the content (system turn, user header).
+    pub before: Vec<u32>,
+    /// The ids after the content (user turn closed, assistant header).
+    pub after: Vec<u32>,
+    /// The id that ends an answer (the tokenizer's `eos_token`).
+    pub end: u32,
+}
+
+/// What stands in the content's place while the template is rendered.
+const CONTENT: &str = "KILN_LATENTWIRE_CONTENT";
+
+impl Template {
+    /// The template of `tokenizer`: its chat template around one user turn, rendered as
+    /// transformers' `apply_chat_template(..., add_generation_prompt=True)` and tokenized without
+    /// adding special tokens (the template writes its own); without a chat template, the content
+    /// followed by `"\nAnswer:"`.
+    pub fn of(tokenizer: &TextTokenizer) -> Result<Template, LatentWireError> {
+        let eos = tokenizer.special("eos_token").ok_or_else(|| {
+            LatentWireError::Input("the tokenizer names no eos_token to end an answer".into())
+        })?;
+        let end = tokenizer.token_id(eos).ok_or_else(|| {
+            LatentWireError::Input(format!("the tokenizer's eos_token {eos:?} has no id"))
+        })?;
+        let (before, after) = if tokenizer.has_chat_template() {
+            let turn = [Message::new("user", CONTENT)];
+            let rendered = tokenizer.apply_chat_template(&turn, true)?;
+            let (before, after) = rendered.split_once(CONTENT).ok_or_else(|| {
+                LatentWireError::Input("the chat template drops the user's message".into())
+            })?;
+            (before.to_string(), after.to_string())
+        } else {
+            (String::new(), "\nAnswer:".to_string())
+        };
+        Ok(Template {
+            before: tokenizer.encode_without_special_tokens(&before)?,
+            after: tokenizer.encode_without_special_tokens(&after)?,
+            end,
+        })
+    }
+}
+
+impl Template {
+    /// Token contents (any lengths) in the user's turn followed by `answers`, one row each.
+    pub fn compose_tokens<B: Backend>(
+        &self,
+        rows: &[Vec<u32>],
+        answers: &[Vec<u32>],
+    ) -> Composed<B> {
+        assert_eq!(rows.len(), answers.len(), "one answer per row");
+        let (before, after) = (&self.before, &self.after);
+        let longest = rows.iter().map(Vec::len).max().unwrap_or(0);
+        let (mut ids, mut masks) = (Vec::new(), Vec::new());
+        for (content, answer) in rows.iter().zip(answers) {
+            let padded = vec![self.end; longest - content.len()];
+            let (answer, answer_mask) = self.answer_part(answer, answers);
+            ids.push([&padded, before.as_slice(), content, after, &answer].concat());
+            let real = before.len() + content.len() + after.len();
+            masks.push([vec![false; padded.len()], vec![true; real], answer_mask].concat());
+        }
+        let input = TextInput::ids(ids).with_attention_mask(masks);
+        composed(input, longest + before.len() + after.len(), answers)
+    }
+
+    /// `answer` padded on the right to the longest of `answers`, and its mask.
+    fn answer_part(&self, answer: &[u32], answers: &[Vec<u32>]) -> (Vec<u32>, Vec<bool>) {
+        let padding = longest(answers) - answer.len();
+        let ids = [answer, &vec![self.end; padding]].concat();
+        let mask = [vec![true; answer.len()], vec![false; padding]].concat();
+        (ids, mask)
+    }
+}
+
+/// The longest of `answers`.
+fn longest(answers: &[Vec<u32>]) -> usize {
+    answers.iter().map(Vec::len).max().unwrap_or(0)
+}
+
+/// `input` whose answers start at column `answer_start`, its logits from the column before.
+fn composed<B: Backend>(
+    input: TextInput<B>,
+    answer_start: usize,
+    answers: &[Vec<u32>],
+) -> Composed<B> {
+    Composed {
+        input: input.with_logits_from(answer_start.saturating_sub(1)),
+        answer_start,
+        window: longest(answers) + 1,
+    }
+}
+
+/// What fills the user's turn, for every row of a batch.
+#[derive(Debug, Clone)]
+pub enum Contents<B: Backend> {
+    /// Token ids per row (the text, or its first `M` tokens), any lengths.
+    Tokens(Vec<Vec<u32>>),
+    /// A soft prompt `[batch, M, hidden]` read through the input embeddings.
+    Embeddings(Tensor<B, 3>),
+}
+
+impl<B: Backend> Contents<B> {
+    fn rows(&self) -> usize {
+        match self {
+            Contents::Tokens(rows) => rows.len(),
+            Contents::Embeddings(x) => x.dims()[0],
+        }
+    }
+}
+
+/// A batch laid out for one language model: its input, and where the answers start.
+#[derive(Debug, Clone)]
+pub struct Composed<B: Backend> {
+    /// The forward's input; its logits start one column before the answers.
+    pub input: TextInput<B>,
+    /// The column of every row's first answer token.
+    pub answer_start: usize,
+    /// The columns of logits the forward returns: the longest answer plus one.
+    pub window: usize,
+}
+
+/// A frozen language model with its tokenizer and template.
+#[derive(Debug)]
+pub struct Reader<B: Backend> {
+    name: String,
+    lm: CausalLm<B>,
+    tokenizer: TextTokenizer,
+    template: Template,
+    embedding_rms: f32,
+}
+
+impl<B: Backend> Reader<B> {
+    /// `lm` frozen (no parameter takes a gradient), read through `tokenizer`; `name` labels its
+    /// results.
+    pub fn new(
+        name: impl Into<String>,
+        lm: CausalLm<B>,
+        tokenizer: TextTokenizer,
+    ) -> Result<Self, LatentWireError> {
+        let template = Template::of(&tokenizer)?;
+        let vocab = lm.config().vocab_size;
+        let too_large = template
+            .before
+            .iter()
+            .chain(&template.after)
+            .chain([&template.end]);
+        if let Some(id) = too_large.into_iter().find(|&&id| id as usize >= vocab) {
+            return Err(LatentWireError::Input(format!(
+                "the tokenizer's template uses id {id}, outside the model's vocabulary of {vocab}"
+            )));
+        }
+        let embedding_rms = rms(lm.input_embeddings());
+        Ok(Reader {
+            name: name.into(),
+            lm: lm.no_grad(),
+            tokenizer,
+            template,
+            embedding_rms,
+        })
+    }
+
+    /// The Hugging Face checkpoint directory `dir` (config.json, model.safetensors,
+    /// tokenizer.json, tokenizer_config.json), in f32, named after the directory.
+    pub fn from_hf_dir(dir: &Path, device: &B::Device) -> Result<Self, LatentWireError> {
+        if !dir.is_dir() {
+            return Err(LatentWireError::Input(format!(
+                "{}: no such language model directory",
+                dir.display()
+            )));
+        }
+        let lm = CausalLm::from_hf_dir(dir, device, &Policy::full())?;
+        let tokenizer = TextTokenizer::from_hf_dir(dir)?;
+        let name = dir.file_name().map_or_else(
+            || dir.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        Self::new(name, lm, tokenizer)
+    }
+
+    /// The name its results carry.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The language model.
+    pub fn lm(&self) -> &CausalLm<B> {
+        &self.lm
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// Where the content sits in its prompts.
+    pub fn template(&self) -> &Template {
+        &self.template
+    }
+
+    /// The width of its input embeddings, which the adapter's soft prompt has.
+    pub fn model_width(&self) -> usize {
+        self.lm.config().hidden_size
+    }
+
+    /// The root mean square of its input embedding table (every row), the scale its soft prompts
+    /// are given.
+    pub fn embedding_rms(&self) -> f32 {
+        self.embedding_rms
+    }
+
+    /// The ids of `text` as content or answer, without special tokens; an error where the
+    /// tokenizer gives an id outside the model's vocabulary or nothing at all.
+    pub fn ids(&self, text: &str) -> Result<Vec<u32>, LatentWireError> {
+        let ids = self.tokenizer.encode_without_special_tokens(text)?;
+        let vocab = self.lm.config().vocab_size;
+        if ids.is_empty() && !text.is_empty() {
+            return Err(LatentWireError::Input(format!(
+                "{}: the tokenizer gives no tokens for {text:?}",
+                self.name
+            )));
+        }
+        if let Some(id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(LatentWireError::Input(format!(
+                "{}: the tokenizer encodes {text:?} with id {id}, outside the model's vocabulary \
+                 of {vocab}",
+                self.name
+            )));
+        }
+        Ok(ids)
+    }
+
+    /// `prefix` `[batch, M, hidden]` scaled so that each row's root mean square over its `M ×
+    /// hidden` values is the input embeddings' (LatentWire's `calibrate_to_embed_rms`; the
+    /// gradient flows through the row's RMS too).
+    pub fn calibrate(&self, prefix: Tensor<B, 3>) -> Tensor<B, 3> {
+        let row_rms = (prefix.clone().powi_scalar(2))
+            .mean_dim(2)
+            .mean_dim(1)
+            .sqrt()
+            .clamp_min(1e-6);
+        prefix / row_rms * self.embedding_rms
+    }
+
+    /// `contents` in the user's turn followed by `answers` (ids, each ending where its row's
+    /// answer ends; give the end id where the answer should be scored as finished), one row each.
+    pub fn compose(&self, contents: Contents<B>, answers: &[Vec<u32>]) -> Composed<B> {
+        assert_eq!(contents.rows(), answers.len(), "one answer per row");
+        match contents {
+            Contents::Tokens(rows) => self.template.compose_tokens(&rows, answers),
+            Contents::Embeddings(prefix) => {
+                let [batch, latents, _] = prefix.dims();
+                let device = prefix.device();
+                let (before, after) = (&self.template.before, &self.template.after);
+                let (mut right, mut masks) = (Vec::new(), Vec::new());
+                for answer in answers {
+                    let (answer, answer_mask) = self.template.answer_part(answer, answers);
+                    right.push([after.as_slice(), &answer].concat());
+                    let real = before.len() + latents + after.len();
+                    masks.push([vec![true; real], answer_mask].concat());
+                }
+                let mut pieces = vec![prefix];
+                if !before.is_empty() {
+                    pieces.insert(0, self.embed(&vec![before.clone(); batch], &device));
+                }
+                if !right[0].is_empty() {
+                    pieces.push(self.embed(&right, &device));
+                }
+                let input = TextInput::embeddings(Tensor::cat(pieces, 1));
+                composed(
+                    input.with_attention_mask(masks),
+                    before.len() + latents + after.len(),
+                    answers,
+                )
+            }
+        }
+    }
+
+    /// The input embeddings of rows of ids (all as long) `[rows, ids, hidden]`.
+    fn embed(&self, rows: &[Vec<u32>], device: &B::Device) -> Tensor<B, 3> {
+        let width = rows.first().map_or(0, Vec::len);
+        let ids: Vec<i64> = rows.iter().flatten().map(|&id| i64::from(id)).collect();
+        let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [rows.len(), width]), device);
+        self.lm.embed(ids)
+    }
+}
+
+/// The root mean square of every value of `x`.
+fn rms<B: Backend>(x: Tensor<B, 2>) -> f32 {
+    let values = x.into_data().convert::<f32>();
+    let values = values.as_slice::<f32>().expect("converted to f32");
+    let sum: f64 = values.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    (sum / values.len().max(1) as f64).sqrt() as f32
+}

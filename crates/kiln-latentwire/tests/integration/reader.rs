@@ -1,0 +1,116 @@
+//! A frozen language model reading prompts in its chat template (kiln-text's tiny checkpoints).
+
+use burn::backend::Flex;
+use burn::tensor::{Int, Tensor, TensorData};
+use kiln_latentwire::{Contents, LatentWireError, Reader};
+use kiln_text::TextInput;
+
+use crate::support::{language_model, max_gap};
+
+fn tiny() -> Reader<Flex> {
+    Reader::from_hf_dir(&language_model("llama"), &Default::default()).unwrap()
+}
+
+/// `text` then the end id, as the losses score an answer.
+fn answer(reader: &Reader<Flex>, text: &str) -> Vec<u32> {
+    [reader.ids(text).unwrap(), vec![reader.template().end]].concat()
+}
+
+#[test]
+fn the_content_sits_in_the_user_turn_of_the_chat_template() {
+    let reader = tiny();
+    let template = reader.template();
+    let text = |ids: &[u32]| reader.tokenizer().decode(ids, false).unwrap();
+    let system = "<|im_start|>system\nYou are a small test model.<|im_end|>\n";
+    assert_eq!(
+        text(&template.before),
+        format!("{system}<|im_start|>user\n")
+    );
+    assert_eq!(text(&template.after), "<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(
+        Some(template.end),
+        reader.tokenizer().token_id("<|im_end|>")
+    );
+}
+
+/// Rows of different content and answer lengths, padded into one batch, get the logits each
+/// sequence gets alone, at its answer's positions.
+#[test]
+fn padded_rows_get_the_logits_of_their_sequences_alone() {
+    let reader = tiny();
+    let contents = vec![
+        reader.ids("Ada was born in Oslo.").unwrap(),
+        reader.ids("Who?").unwrap(),
+    ];
+    let answers = vec![
+        answer(&reader, "Oslo"),
+        answer(&reader, "a long answer here"),
+    ];
+    assert_ne!(contents[0].len(), contents[1].len());
+    assert_ne!(answers[0].len(), answers[1].len());
+    let composed = reader.compose(Contents::Tokens(contents.clone()), &answers);
+    let logits = reader.lm().forward(composed.input).unwrap().logits;
+    assert_eq!(logits.dims()[1], composed.window);
+    let template = reader.template();
+    for (row, (content, answer)) in contents.iter().zip(&answers).enumerate() {
+        let alone = [&template.before[..], content, &template.after, answer].concat();
+        let single = reader
+            .lm()
+            .forward(TextInput::ids(vec![alone]))
+            .unwrap()
+            .logits;
+        let start = template.before.len() + content.len() + template.after.len();
+        let vocab = single.dims()[2];
+        let want = single.slice([0..1, start - 1..start - 1 + answer.len(), 0..vocab]);
+        let got = logits
+            .clone()
+            .slice([row..row + 1, 0..answer.len(), 0..vocab]);
+        assert!(max_gap(got, want) < 1e-4, "row {}", row + 1);
+    }
+}
+
+/// A soft prompt made of the content's own token embeddings reads as those tokens.
+#[test]
+fn a_soft_prompt_of_token_embeddings_reads_as_the_tokens() {
+    let reader = tiny();
+    let first = reader.ids("one two three").unwrap();
+    let contents = vec![first.clone(), first.into_iter().rev().collect()];
+    let answers = vec![answer(&reader, "yes"), answer(&reader, "no idea")];
+    let flat: Vec<i64> = contents.iter().flatten().map(|&id| i64::from(id)).collect();
+    let shape = [2, contents[0].len()];
+    let ids = Tensor::<Flex, 2, Int>::from_data(TensorData::new(flat, shape), &Default::default());
+    let prefix = reader.lm().embed(ids);
+    let forward = |contents| {
+        let composed = reader.compose(contents, &answers);
+        reader.lm().forward(composed.input).unwrap().logits
+    };
+    let gap = max_gap(
+        forward(Contents::Embeddings(prefix)),
+        forward(Contents::Tokens(contents)),
+    );
+    assert!(gap < 1e-4, "{gap}");
+}
+
+/// Each calibrated row's RMS over its `M × hidden` values is the embedding table's, whatever
+/// the row's own scale.
+#[test]
+fn calibrated_prompts_have_the_embeddings_rms() {
+    let reader = tiny();
+    let device = Default::default();
+    let small = Tensor::<Flex, 3>::ones([1, 3, 48], &device) * 0.01;
+    let large = Tensor::<Flex, 3>::random([1, 3, 48], burn::tensor::Distribution::Default, &device);
+    let calibrated = reader.calibrate(Tensor::cat(vec![small, large * 40.0], 0));
+    let rms = calibrated.powi_scalar(2).mean_dim(2).mean_dim(1).sqrt();
+    for row in rms.into_data().to_vec::<f32>().unwrap() {
+        assert!((row - reader.embedding_rms()).abs() < 1e-5 * row, "{row}");
+    }
+    assert!(reader.embedding_rms() > 0.0);
+}
+
+#[test]
+fn a_missing_language_model_is_an_error_naming_it() {
+    let missing = language_model("no-such-model");
+    let error = Reader::<Flex>::from_hf_dir(&missing, &Default::default()).unwrap_err();
+    assert!(matches!(error, LatentWireError::Input(_)), "{error}");
+    assert!(error.to_string().contains("no-such-model"), "{error}");
+}
