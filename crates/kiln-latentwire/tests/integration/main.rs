@@ -2,5 +2,6 @@
 
 mod adapter;
 mod encoder;
+mod objective;
 mod reader;
 mod support;
