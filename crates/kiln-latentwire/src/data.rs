@@ -61,6 +61,14 @@ pub struct QaItem {
     pub subject: String,
 }
 
+impl QaItem {
+    /// The text the encoder and the language models read: LatentWire's SQuAD prompt,
+    /// `"Context: …\nQuestion: …\n"`.
+    pub fn source(&self) -> String {
+        format!("Context: {}\nQuestion: {}\n", self.context, self.question)
+    }
+}
+
 /// `count` items of `split`, the same for the same seed on every platform.
 pub fn generate(split: Split, count: usize, seed: u64) -> Vec<QaItem> {
     let mut random = SplitMix64::new(splitmix64(splitmix64(seed) ^ split_salt(split)));

@@ -13,12 +13,15 @@
 //!   prompt in the user's turn of its chat template, with the answer after;
 //! - [`model`]: what trains, the encoder and an adapter per language model;
 //! - [`objective`]: LatentWire's training loss, every term from one forward per language model;
+//! - [`eval`]: held-out scores per language model for the text, the latent prefix and the
+//!   token budget;
 //! - [`encoder`]: the interlingua encoder (bytes → transformer → `M` pooled latents), checked
 //!   against LatentWire's `InterlinguaEncoder` likewise.
 
 pub mod adapter;
 pub mod data;
 pub mod encoder;
+pub mod eval;
 pub mod model;
 pub mod objective;
 pub mod reader;
@@ -26,6 +29,7 @@ pub mod reader;
 pub use adapter::{Adapter, AdapterConfig};
 pub use data::{QaItem, Relation, Split, generate};
 pub use encoder::{ByteBatch, EncoderConfig, InterlinguaEncoder};
+pub use eval::{Evaluation, ReaderReport, Scores};
 pub use model::LatentWire;
 pub use objective::{LossTerms, Objective, QaBatch, ReaderBatch, TrainingLoss};
 pub use reader::{Composed, Contents, Reader, Template};

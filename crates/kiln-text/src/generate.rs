@@ -76,20 +76,39 @@ pub fn generate<B: Backend>(
     model: &CausalLm<B>,
     prompts: &[Vec<u32>],
     config: &GenerationConfig,
+    on_step: impl FnMut(&[Option<u32>]),
+) -> Result<Vec<Vec<u32>>, TextError> {
+    if let Some(row) = prompts.iter().position(Vec::is_empty) {
+        return Err(TextError::Input(format!("prompt {} is empty", row + 1)));
+    }
+    let prompt = TextInput::left_padded(prompts, config.pad_token)?;
+    generate_from(model, prompt, config, on_step)
+}
+
+/// [`generate`] from a prompt given as a forward's input: ids or embeddings (a soft prompt), with
+/// its padding mask; every row's last token must be real (pad on the left).
+pub fn generate_from<B: Backend>(
+    model: &CausalLm<B>,
+    prompt: TextInput<B>,
+    config: &GenerationConfig,
     mut on_step: impl FnMut(&[Option<u32>]),
 ) -> Result<Vec<Vec<u32>>, TextError> {
     config.validate()?;
-    if let Some(row) = prompts.iter().position(Vec::is_empty) {
-        return Err(TextError::Input(format!("prompt {} is empty", row + 1)));
+    let (rows, tokens) = prompt.tokens.dims();
+    if rows == 0 {
+        return Ok(Vec::new());
+    }
+    if tokens == 0 {
+        return Err(TextError::Input("the prompts are empty".into()));
     }
     let mut rng = match config.sampling {
         Sampling::Sample { seed, .. } => Some(ChaCha8Rng::seed_from_u64(seed)),
         Sampling::Greedy => None,
     };
     let mut cache = KvCache::new();
-    let mut input = TextInput::left_padded(prompts, config.pad_token)?.with_last_logits_only();
-    let mut outputs = vec![Vec::new(); prompts.len()];
-    let mut finished = vec![false; prompts.len()];
+    let mut input = prompt.with_last_logits_only();
+    let mut outputs = vec![Vec::new(); rows];
+    let mut finished = vec![false; rows];
     for step in 0..config.max_new_tokens {
         let logits = last_logits(model.forward_cached(input, &mut cache)?.logits);
         for (row, values) in logits.iter().enumerate() {

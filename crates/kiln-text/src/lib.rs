@@ -29,7 +29,7 @@ mod load;
 mod tokenizer;
 
 pub use config::{Family, MODEL_TYPES, RopeScaling, TextConfig};
-pub use generate::{GenerationConfig, Sampling, generate};
+pub use generate::{GenerationConfig, Sampling, generate, generate_from};
 pub use input::{Logits, TextInput, Tokens};
 pub use kiln_transformer::decoder::{KvCache, TokensError};
 pub use llama::{CausalLm, CausalLmOutput, DecoderLayer, LlamaModel};

@@ -2,6 +2,7 @@
 
 mod adapter;
 mod encoder;
+mod eval;
 mod objective;
 mod reader;
 mod support;

@@ -15,10 +15,7 @@ use crate::support::language_model;
 
 type Ad = Autodiff<Flex>;
 
-const ITEMS: [(&str, &str); 2] = [
-    ("Ada: Oslo.", "Oslo"),
-    ("Bo: a red kite.", "a red kite"),
-];
+const ITEMS: [(&str, &str); 2] = [("Ada: Oslo.", "Oslo"), ("Bo: a red kite.", "a red kite")];
 
 fn readers<B: Backend>() -> Vec<Reader<B>> {
     ["llama", "qwen2"]

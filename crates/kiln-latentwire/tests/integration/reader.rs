@@ -3,7 +3,7 @@
 use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_latentwire::{Contents, LatentWireError, Reader};
-use kiln_text::TextInput;
+use kiln_text::{GenerationConfig, TextInput, generate, generate_from};
 
 use crate::support::{language_model, max_gap};
 
@@ -113,4 +113,35 @@ fn a_missing_language_model_is_an_error_naming_it() {
     let error = Reader::<Flex>::from_hf_dir(&missing, &Default::default()).unwrap_err();
     assert!(matches!(error, LatentWireError::Input(_)), "{error}");
     assert!(error.to_string().contains("no-such-model"), "{error}");
+}
+
+/// Greedy answers to a soft prompt of the content's token embeddings (kiln-text's
+/// `generate_from`, the batch composed as evaluation composes it) are those `generate` gives the
+/// same prompts as ids, one at a time.
+#[test]
+fn a_soft_prompt_of_token_embeddings_generates_as_the_tokens() {
+    let reader = tiny();
+    let first = reader.ids("one two three").unwrap();
+    let contents = [first.clone(), first.into_iter().rev().collect::<Vec<_>>()];
+    let flat: Vec<i64> = contents.iter().flatten().map(|&id| i64::from(id)).collect();
+    let shape = [2, contents[0].len()];
+    let ids = Tensor::<Flex, 2, Int>::from_data(TensorData::new(flat, shape), &Default::default());
+    let end = reader.template().end;
+    let config = GenerationConfig {
+        stop_tokens: vec![end],
+        pad_token: end,
+        ..GenerationConfig::greedy(6)
+    };
+    let prompt = reader.compose(
+        Contents::Embeddings(reader.lm().embed(ids)),
+        &[vec![], vec![]],
+    );
+    let batched = generate_from(reader.lm(), prompt.input, &config, |_| {}).unwrap();
+    let template = reader.template();
+    for (content, got) in contents.iter().zip(&batched) {
+        let prompt = [&template.before[..], content, &template.after].concat();
+        let alone = generate(reader.lm(), &[prompt], &config, |_| {}).unwrap();
+        assert_eq!(got, &alone[0]);
+    }
+    assert!(batched.iter().all(|tokens| !tokens.is_empty()));
 }

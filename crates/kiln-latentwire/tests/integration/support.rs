@@ -106,3 +106,13 @@ pub fn max_gap<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> 
     );
     (a.iter().zip(&b)).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
 }
+
+/// A randomly initialised model of `name`'s shape with 256 positions (the checkpoints have 64,
+/// too few for a template, a text and an answer), read through its tokenizer.
+pub fn roomy_reader<B: Backend>(name: &str) -> kiln_latentwire::Reader<B> {
+    let dir = language_model(name);
+    let mut config = kiln_text::TextConfig::from_hf_config(&dir).unwrap();
+    config.max_position_embeddings = 256;
+    let tokenizer = kiln_text::TextTokenizer::from_hf_dir(&dir).unwrap();
+    kiln_latentwire::Reader::new(name, config.init(&Default::default()), tokenizer).unwrap()
+}
