@@ -155,16 +155,17 @@ fn each_term_is_the_mean_it_names() {
     assert!((got - want).abs() <= 1e-4 * want, "{got} vs {want}");
 }
 
-/// A few AdamW steps on one batch lower the loss; the language models get no gradient.
+/// AdamW steps on one batch lower the loss; the language models get no gradient.
 #[test]
 fn training_steps_lower_the_loss_and_leave_the_language_models_frozen() {
+    <Ad as Backend>::seed(&Default::default(), 53);
     let readers = readers::<Ad>();
     let mut model = system::<Ad>(&readers);
     let batch = batch(&readers);
     let objective = Objective::new();
     let mut optimizer = AdamWConfig::new().init::<Ad, LatentWire<Ad>>();
     let mut losses = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..16 {
         let loss = objective.loss(&model, &readers, &batch).unwrap().loss;
         losses.push(loss.clone().into_scalar());
         let grads = loss.backward();
@@ -175,5 +176,6 @@ fn training_steps_lower_the_loss_and_leave_the_language_models_frozen() {
         let grads = GradientsParams::from_grads(grads, &model);
         model = optimizer.step(1e-2, model, grads);
     }
-    assert!(losses[7] < 0.9 * losses[0], "{losses:?}");
+    let late = losses[12..].iter().cloned().fold(f32::INFINITY, f32::min);
+    assert!(late < 0.85 * losses[0], "{losses:?}");
 }
