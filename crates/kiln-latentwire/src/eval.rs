@@ -149,18 +149,10 @@ impl Evaluation {
         items: &[QaItem],
         tally: &mut Tally,
     ) -> Result<(), LatentWireError> {
-        let composed = reader.compose(contents.clone(), answers);
-        let logits = reader.lm().forward(composed.input)?.logits;
-        let [_, window, vocab] = logits.dims();
-        let values = host_f32(logits);
-        for (row, answer) in answers.iter().enumerate() {
-            let row_logits = |j: usize| &values[(row * window + j) * vocab..][..vocab];
-            for (j, &token) in answer.iter().enumerate() {
-                tally.nll += negative_log_softmax(row_logits(j), token as usize);
-            }
-            tally.tokens += answer.len();
-            tally.first_right += usize::from(argmax(row_logits(0)) == answer[0] as usize);
-        }
+        let scored = teacher_forced(reader, contents.clone(), answers)?;
+        tally.nll += scored.nll;
+        tally.tokens += scored.tokens;
+        tally.first_right += scored.first_right;
         let end = reader.template().end;
         let empty = vec![Vec::new(); answers.len()];
         let prompt = reader.compose(contents, &empty).input;
@@ -179,6 +171,55 @@ impl Evaluation {
         tally.items += answers.len();
         Ok(())
     }
+}
+
+/// The three prompt kinds, named: the texts, the soft prompt `prefix`, and the texts cut to
+/// their first `latents` tokens.
+pub(crate) fn prompt_kinds<B: Backend>(
+    texts: &[Vec<u32>],
+    prefix: Tensor<B, 3>,
+    latents: usize,
+) -> [(&'static str, Contents<B>); 3] {
+    let budget = texts
+        .iter()
+        .map(|t| t[..t.len().min(latents)].to_vec())
+        .collect();
+    [
+        ("text", Contents::Tokens(texts.to_vec())),
+        ("latent", Contents::Embeddings(prefix)),
+        ("token_budget", Contents::Tokens(budget)),
+    ]
+}
+
+/// A batch's teacher-forced scores: the answers' summed NLL, their tokens, and how many first
+/// tokens are the most likely.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct TeacherForced {
+    pub nll: f64,
+    pub tokens: usize,
+    pub first_right: usize,
+}
+
+/// The teacher-forced scores of `answers` (none empty) after `contents`.
+pub(crate) fn teacher_forced<B: Backend>(
+    reader: &Reader<B>,
+    contents: Contents<B>,
+    answers: &[Vec<u32>],
+) -> Result<TeacherForced, LatentWireError> {
+    let composed = reader.compose(contents, answers);
+    let logits = reader.lm().forward(composed.input)?.logits;
+    let [_, window, vocab] = logits.dims();
+    let values = host_f32(logits);
+    let mut scored = TeacherForced::default();
+    for (row, answer) in answers.iter().enumerate() {
+        let row_logits = |j: usize| &values[(row * window + j) * vocab..][..vocab];
+        for (j, &token) in answer.iter().enumerate() {
+            scored.nll += negative_log_softmax(row_logits(j), token as usize);
+        }
+        scored.tokens += answer.len();
+        scored.first_right += usize::from(argmax(row_logits(0)) == answer[0] as usize);
+    }
+    Ok(scored)
 }
 
 /// Each text's ids for `reader`.

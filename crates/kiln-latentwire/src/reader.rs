@@ -144,13 +144,18 @@ pub struct Composed<B: Backend> {
     pub window: usize,
 }
 
-/// A frozen language model with its tokenizer and template.
-#[derive(Debug)]
+/// A frozen language model with its tokenizer and template (a module, so that training moves
+/// it to the autodiff backend and back: its parameters never take a gradient).
+#[derive(Module, Debug)]
 pub struct Reader<B: Backend> {
-    name: String,
     lm: CausalLm<B>,
+    #[module(skip)]
+    name: String,
+    #[module(skip)]
     tokenizer: TextTokenizer,
+    #[module(skip)]
     template: Template,
+    #[module(skip)]
     embedding_rms: f32,
 }
 

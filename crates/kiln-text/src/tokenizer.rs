@@ -72,21 +72,33 @@ impl TextTokenizer {
                 dir.display()
             )));
         }
-        let tokenizer = tokenizers::Tokenizer::from_file(&path)
+        let tokenizer_json = std::fs::read_to_string(&path)
             .map_err(|e| TextError::Tokenizer(format!("{}: {e}", path.display())))?;
         let config_path = dir.join("tokenizer_config.json");
-        let config: Value = match std::fs::read_to_string(&config_path) {
-            Ok(text) => serde_json::from_str(&text)
-                .map_err(|e| TextError::Tokenizer(format!("{}: {e}", config_path.display())))?,
-            Err(_) => Value::Null,
+        let config = std::fs::read_to_string(&config_path).ok();
+        let mut tokenizer = Self::from_json(&tokenizer_json, config.as_deref())
+            .map_err(|e| TextError::Tokenizer(format!("{}: {e}", dir.display())))?;
+        let jinja = dir.join("chat_template.jinja");
+        if tokenizer.chat_template.is_none() && jinja.is_file() {
+            tokenizer.chat_template = std::fs::read_to_string(&jinja).ok();
+        }
+        Ok(tokenizer)
+    }
+
+    /// The tokenizer of a `tokenizer.json`'s text and, where given, a `tokenizer_config.json`'s
+    /// (its chat template and special tokens): a tokenizer made in memory.
+    pub fn from_json(tokenizer_json: &str, config_json: Option<&str>) -> Result<Self, TextError> {
+        let tokenizer = tokenizer_json
+            .parse::<tokenizers::Tokenizer>()
+            .map_err(|e| TextError::Tokenizer(format!("tokenizer.json: {e}")))?;
+        let config: Value = match config_json {
+            Some(text) => serde_json::from_str(text)
+                .map_err(|e| TextError::Tokenizer(format!("tokenizer_config.json: {e}")))?,
+            None => Value::Null,
         };
-        let mut chat_template = config
+        let chat_template = config
             .get("chat_template")
             .and_then(|t| template_named(t, "default"));
-        let jinja = dir.join("chat_template.jinja");
-        if chat_template.is_none() && jinja.is_file() {
-            chat_template = std::fs::read_to_string(&jinja).ok();
-        }
         let specials = ["bos_token", "eos_token", "pad_token", "unk_token"]
             .into_iter()
             .filter_map(|key| Some((key.to_string(), token_text(config.get(key)?)?)))
