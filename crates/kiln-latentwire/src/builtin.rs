@@ -4,7 +4,7 @@
 //! ChatML chat template, made in memory. They know nothing: what they score measures nothing.
 
 use burn::tensor::backend::Backend;
-use kiln_text::{Family, TextConfig, TextTokenizer};
+use kiln_text::{Family, TextConfig, TextTokenizer, byte_spelling};
 use serde_json::{Map, Value, json};
 
 use crate::{LatentWireError, Reader};
@@ -55,7 +55,7 @@ pub fn tiny_readers<B: Backend>(device: &B::Device) -> Result<Vec<Reader<B>>, La
 /// pre-tokenizer spells bytes), then [`SPECIALS`].
 fn byte_tokenizer() -> Result<TextTokenizer, LatentWireError> {
     let mut vocab = Map::new();
-    for (byte, letter) in byte_letters().into_iter().enumerate() {
+    for (byte, letter) in byte_spelling().into_iter().enumerate() {
         vocab.insert(letter.to_string(), json!(byte));
     }
     let added: Vec<Value> = (SPECIALS.iter().enumerate())
@@ -91,23 +91,6 @@ fn byte_tokenizer() -> Result<TextTokenizer, LatentWireError> {
         &tokenizer.to_string(),
         Some(&config.to_string()),
     )?)
-}
-
-/// GPT-2's printable spelling of each byte: printable Latin-1 bytes as themselves, the others as
-/// the characters from U+0100 on, in order.
-fn byte_letters() -> Vec<char> {
-    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
-    let mut next = 0x100;
-    (0..=255u32)
-        .map(|b| {
-            if printable(b) {
-                char::from_u32(b).expect("Latin-1")
-            } else {
-                next += 1;
-                char::from_u32(next - 1).expect("below U+0200")
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]

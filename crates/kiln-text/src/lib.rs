@@ -30,6 +30,7 @@ mod tokenizer;
 
 pub use config::{Family, MODEL_TYPES, RopeScaling, TextConfig};
 pub use generate::{GenerationConfig, Sampling, generate, generate_from};
+pub use gguf::byte_spelling;
 pub use input::{Logits, TextInput, Tokens};
 pub use kiln_transformer::decoder::{KvCache, TokensError};
 pub use llama::{CausalLm, CausalLmOutput, DecoderLayer, LlamaModel};

@@ -257,8 +257,9 @@ fn post_processor(tokens: &[&str], added: [(bool, Option<u32>); 2]) -> Json {
 }
 
 /// GPT-2's spelling of bytes as characters (`bytes_to_unicode`): printable bytes as themselves,
-/// the others as the characters from U+0100 on, in byte order.
-fn byte_spelling() -> Vec<char> {
+/// the others as the characters from U+0100 on, in byte order (the vocabulary keys of every
+/// byte-level BPE).
+pub fn byte_spelling() -> Vec<char> {
     let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
     let mut next = 256u32;
     (0..=255u8)
