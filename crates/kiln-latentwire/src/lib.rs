@@ -15,19 +15,23 @@
 //! - [`objective`]: LatentWire's training loss, every term from one forward per language model;
 //! - [`eval`]: held-out scores per language model for the text, the latent prefix and the
 //!   token budget;
+//! - [`tokenized`]: a split tokenized once for every language model, kept on disk;
 //! - [`train`]: the module kiln-train trains, with the frozen language models beside it;
 //! - [`builtin`]: two tiny random language models to run the pipeline without checkpoints;
+//! - [`curves`]: `curves.png`, the held-out scores over training;
 //! - [`encoder`]: the interlingua encoder (bytes → transformer → `M` pooled latents), checked
 //!   against LatentWire's `InterlinguaEncoder` likewise.
 
 pub mod adapter;
 pub mod builtin;
+pub mod curves;
 pub mod data;
 pub mod encoder;
 pub mod eval;
 pub mod model;
 pub mod objective;
 pub mod reader;
+pub mod tokenized;
 pub mod train;
 
 pub use adapter::{Adapter, AdapterConfig};
@@ -38,6 +42,7 @@ pub use eval::{Evaluation, ReaderReport, Scores};
 pub use model::LatentWire;
 pub use objective::{LossTerms, Objective, QaBatch, ReaderBatch, TrainingLoss};
 pub use reader::{Composed, Contents, Reader, Template};
+pub use tokenized::TokenizedSplit;
 pub use train::{FrozenReaders, LatentWireTraining};
 
 /// What can go wrong building or running LatentWire.
