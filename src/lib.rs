@@ -63,6 +63,7 @@ pub use kiln_forcefield as forcefield;
 pub use kiln_foveated as foveated;
 pub use kiln_io as io;
 pub use kiln_kernels as kernels;
+pub use kiln_latentwire as latentwire;
 pub use kiln_mc as mc;
 pub use kiln_text as text;
 pub use kiln_train as train;

@@ -21,6 +21,7 @@ mod forcefield_example;
 mod foveated_example;
 mod generate_example;
 mod hostile;
+mod latentwire_example;
 mod mc_backends;
 mod parsers;
 mod text_backends;

@@ -11,10 +11,11 @@ use serde_json::Value;
 /// The prompt kinds, as the evaluation names them, and their colours.
 const KINDS: [(&str, RGBColor); 3] = [("text", BLUE), ("latent", RED), ("token_budget", GREEN)];
 
-/// The metrics drawn, one row each: the key's last part and the axis's name.
-const METRICS: [(&str, &str); 2] = [
-    ("nll", "answer NLL per token (nats)"),
-    ("first_token_accuracy", "first-token accuracy"),
+/// The metrics drawn, one row each: the key's last part, the axis's name, and whether it is a
+/// share (drawn from 0 to 1).
+const METRICS: [(&str, &str, bool); 2] = [
+    ("nll", "answer NLL per token (nats)", false),
+    ("first_token_accuracy", "first-token accuracy", true),
 ];
 
 /// Draws the evaluations among `lines` (a run's `metrics.jsonl`, read) for the language models
@@ -38,7 +39,7 @@ pub fn plot_curves(path: &Path, lines: &[Value], names: &[String]) -> Result<(),
         (520 * columns as u32, 760),
         |figure: &Figure| -> Drawn {
             let panels = figure.split_evenly((METRICS.len(), columns));
-            for (row, (metric, axis)) in METRICS.iter().enumerate() {
+            for (row, &(metric, axis, share)) in METRICS.iter().enumerate() {
                 for (column, name) in names.iter().enumerate() {
                     let drawn: Vec<_> = (KINDS.iter())
                         .map(|(kind, colour)| (*kind, *colour, series(name, kind, metric)))
@@ -46,7 +47,11 @@ pub fn plot_curves(path: &Path, lines: &[Value], names: &[String]) -> Result<(),
                     let values = drawn.iter().flat_map(|(_, _, s)| s.iter().map(|&(_, v)| v));
                     let (lo, hi) =
                         values.fold((f64::MAX, f64::MIN), |(l, h), v| (l.min(v), h.max(v)));
-                    let (lo, hi) = if lo > hi { (0.0, 1.0) } else { (lo, hi) };
+                    let (lo, hi) = if lo > hi || share {
+                        (0.0, 1.0)
+                    } else {
+                        (lo, hi)
+                    };
                     let pad = 0.05 * (hi - lo).max(1e-3);
                     let mut chart = ChartBuilder::on(&panels[row * columns + column])
                         .caption(format!("{name}: {axis}"), ("sans-serif", 18))

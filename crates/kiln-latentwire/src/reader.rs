@@ -15,7 +15,7 @@ use std::path::Path;
 
 use burn::module::Module;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use kiln_core::Policy;
 use kiln_text::{CausalLm, Message, TextInput, TextTokenizer};
 
@@ -207,6 +207,16 @@ impl<B: Backend> Reader<B> {
         Self::new(name, lm, tokenizer)
     }
 
+    /// The language model under `policy` (kiln-text's `CausalLm::with_policy`: its parameters
+    /// stored and its forwards computed in the policy's dtypes); the soft prompt joins it in
+    /// its own dtype and is cast as the model computes.
+    pub fn with_policy(self, policy: &Policy) -> Self {
+        Reader {
+            lm: self.lm.with_policy(policy),
+            ..self
+        }
+    }
+
     /// The name its results carry.
     pub fn name(&self) -> &str {
         &self.name
@@ -288,12 +298,14 @@ impl<B: Backend> Reader<B> {
                     let real = before.len() + latents + after.len();
                     masks.push([vec![true; real], answer_mask].concat());
                 }
+                let dtype = FloatDType::from(prefix.dtype());
+                let embed = |rows: &[Vec<u32>]| self.embed(rows, &device).cast(dtype);
                 let mut pieces = vec![prefix];
                 if !before.is_empty() {
-                    pieces.insert(0, self.embed(&vec![before.clone(); batch], &device));
+                    pieces.insert(0, embed(&vec![before.clone(); batch]));
                 }
                 if !right[0].is_empty() {
-                    pieces.push(self.embed(&right, &device));
+                    pieces.push(embed(&right));
                 }
                 let input = TextInput::embeddings(Tensor::cat(pieces, 1));
                 composed(

@@ -1,0 +1,155 @@
+//! The `latentwire` example from outside, as issue 53's contract says: its flags (`--lm`,
+//! `--out`, `--latents`, `--steps`, `--max-steps-now`, `--batch`, `--policy`, `--device`), its
+//! outputs (`metrics.jsonl`, `curves.png`, `summary.json` with each language model's `text`,
+//! `latent` and `token_budget` scores, `compression` and `payload_bytes`), a run stopped and
+//! rerun ending as the uninterrupted one, and bad inputs refused with clear errors. Runs on the
+//! two tiny built-in models and kiln-text's committed tiny checkpoint.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+use crate::common;
+
+/// A short run: 4 steps of 4 items, evaluated every 2, a one-layer encoder.
+const SHORT: [&str; 14] = [
+    "--steps",
+    "4",
+    "--eval-every",
+    "2",
+    "--batch",
+    "4",
+    "--latents",
+    "4",
+    "--train-items",
+    "24",
+    "--eval-items",
+    "4",
+    "--encoder-layers",
+    "1",
+];
+
+fn run(out: &Path, args: &[&str]) -> Output {
+    Command::new(common::example("latentwire"))
+        .arg("--out")
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("the latentwire example is built with the tests")
+}
+
+fn succeeds(out: &Path, args: &[&str]) -> Output {
+    let output = run(out, args);
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+fn fails(out: &Path, args: &[&str]) -> String {
+    let output = run(out, args);
+    assert!(!output.status.success(), "{args:?} was accepted");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn summary(out: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap()
+}
+
+/// The summary without its wall time.
+fn results(out: &Path) -> Value {
+    let mut summary = summary(out);
+    summary.as_object_mut().unwrap().remove("wall_seconds");
+    summary
+}
+
+fn losses(out: &Path) -> Vec<String> {
+    let lines = kiln::train::read_metrics(out).unwrap();
+    lines.iter().map(|l| l["loss"].to_string()).collect()
+}
+
+#[test]
+fn the_builtin_models_run_the_pipeline_and_write_the_contracts_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let output = succeeds(&out, &SHORT);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("built-in"), "{stderr}");
+    let summary = summary(&out);
+    for name in ["tiny-llama", "tiny-qwen2"] {
+        let lm = &summary[name];
+        for kind in ["text", "latent", "token_budget"] {
+            for key in ["nll", "first_token_accuracy", "em", "f1"] {
+                assert!(lm[kind][key].is_number(), "{name}.{kind}.{key}: {lm}");
+            }
+        }
+        assert!(lm["compression"].as_f64().unwrap() > 1.0, "{lm}");
+        assert_eq!(lm["payload_bytes"], 4 * 256 * 4);
+    }
+    assert!(
+        std::fs::read(out.join("curves.png"))
+            .unwrap()
+            .starts_with(b"\x89PNG")
+    );
+    let lines = kiln::train::read_metrics(&out).unwrap();
+    assert_eq!(lines.len(), 4);
+    assert!(
+        lines[1]["eval_tiny-qwen2/latent/nll"].is_number(),
+        "{}",
+        lines[1]
+    );
+}
+
+/// `--max-steps-now 1`, then the same command twice more, ends with the uninterrupted run's
+/// losses and scores.
+#[test]
+fn a_stopped_run_rerun_ends_as_the_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, stopped) = (dir.path().join("whole"), dir.path().join("stopped"));
+    succeeds(&whole, &SHORT);
+    let once: Vec<&str> = SHORT
+        .iter()
+        .copied()
+        .chain(["--max-steps-now", "1"])
+        .collect();
+    succeeds(&stopped, &once);
+    assert!(!stopped.join("summary.json").exists());
+    let twice: Vec<&str> = SHORT
+        .iter()
+        .copied()
+        .chain(["--max-steps-now", "2"])
+        .collect();
+    succeeds(&stopped, &twice);
+    succeeds(&stopped, &SHORT);
+    assert_eq!(losses(&stopped), losses(&whole));
+    assert_eq!(results(&stopped), results(&whole));
+}
+
+fn text_fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/kiln-text/tests/fixtures")
+        .join(name)
+}
+
+#[test]
+fn bad_inputs_are_refused_with_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let missing = dir.path().join("no-such-model");
+    let error = fails(&out, &["--lm", missing.to_str().unwrap()]);
+    assert!(error.contains("no-such-model"), "{error}");
+    let error = fails(&out, &["--latents", "0"]);
+    assert!(error.contains("--latents"), "{error}");
+    let error = fails(&out, &["--train-items", "0"]);
+    assert!(error.contains("--train-items"), "{error}");
+    // kiln-text's tiny checkpoint has 64 positions: the QA set's prompts do not fit.
+    let lm = text_fixture("llama");
+    let error = fails(&out, &["--lm", lm.to_str().unwrap(), "--train-items", "4"]);
+    assert!(
+        error.contains("item 1") && error.contains("positions"),
+        "{error}"
+    );
+}
