@@ -36,8 +36,14 @@ pub struct Template {
 /// What stands in the content's place while the template is rendered.
 const CONTENT: &str = "KILN_LATENTWIRE_CONTENT";
 
+/// The system turn of every prompt: LatentWire's `SYSTEM_PROMPT` (`core_utils.py`), which its
+/// chat-mode prompts carry.
+pub const SYSTEM_PROMPT: &str = "You are a concise QA assistant. Use the context to answer with \
+a short phrase only. Answer in English. Respond with the answer phrase only.";
+
 impl Template {
-    /// The template of `tokenizer`: its chat template around one user turn, rendered as
+    /// The template of `tokenizer`: its chat template around [`SYSTEM_PROMPT`] and one user
+    /// turn (the user turn alone where the template refuses a system turn), rendered as
     /// transformers' `apply_chat_template(..., add_generation_prompt=True)` and tokenized without
     /// adding special tokens (the template writes its own); without a chat template, the content
     /// followed by `"\nAnswer:"`.
@@ -49,8 +55,10 @@ impl Template {
             LatentWireError::Input(format!("the tokenizer's eos_token {eos:?} has no id"))
         })?;
         let (before, after) = if tokenizer.has_chat_template() {
-            let turn = [Message::new("user", CONTENT)];
-            let rendered = tokenizer.apply_chat_template(&turn, true)?;
+            let user = Message::new("user", CONTENT);
+            let with_system = [Message::new("system", SYSTEM_PROMPT), user.clone()];
+            let rendered = (tokenizer.apply_chat_template(&with_system, true))
+                .or_else(|_| tokenizer.apply_chat_template(&[user], true))?;
             let (before, after) = rendered.split_once(CONTENT).ok_or_else(|| {
                 LatentWireError::Input("the chat template drops the user's message".into())
             })?;

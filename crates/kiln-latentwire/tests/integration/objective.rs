@@ -11,16 +11,14 @@ use kiln_latentwire::{
 };
 use kiln_text::TextInput;
 
-use crate::support::language_model;
+use crate::support::roomy_reader;
 
 type Ad = Autodiff<Flex>;
 
 const ITEMS: [(&str, &str); 2] = [("Ada: Oslo.", "Oslo"), ("Bo: a red kite.", "a red kite")];
 
 fn readers<B: Backend>() -> Vec<Reader<B>> {
-    ["llama", "qwen2"]
-        .map(|name| Reader::from_hf_dir(&language_model(name), &Default::default()).unwrap())
-        .into()
+    ["llama", "qwen2"].map(roomy_reader).into()
 }
 
 fn system<B: Backend>(readers: &[Reader<B>]) -> LatentWire<B> {
@@ -177,5 +175,5 @@ fn training_steps_lower_the_loss_and_leave_the_language_models_frozen() {
         model = optimizer.step(1e-2, model, grads);
     }
     let late = losses[12..].iter().cloned().fold(f32::INFINITY, f32::min);
-    assert!(late < 0.85 * losses[0], "{losses:?}");
+    assert!(late < 0.9 * losses[0], "{losses:?}");
 }

@@ -2,13 +2,15 @@
 
 use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
+use kiln_latentwire::reader::SYSTEM_PROMPT;
 use kiln_latentwire::{Contents, LatentWireError, Reader};
 use kiln_text::{GenerationConfig, TextInput, generate, generate_from};
 
-use crate::support::{language_model, max_gap};
+use crate::support::{language_model, max_gap, roomy_reader};
 
+/// kiln-text's tiny Llama's tokenizer and shape, with room for the system prompt.
 fn tiny() -> Reader<Flex> {
-    Reader::from_hf_dir(&language_model("llama"), &Default::default()).unwrap()
+    roomy_reader("llama")
 }
 
 /// `text` then the end id, as the losses score an answer.
@@ -21,7 +23,7 @@ fn the_content_sits_in_the_user_turn_of_the_chat_template() {
     let reader = tiny();
     let template = reader.template();
     let text = |ids: &[u32]| reader.tokenizer().decode(ids, false).unwrap();
-    let system = "<|im_start|>system\nYou are a small test model.<|im_end|>\n";
+    let system = format!("<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n");
     assert_eq!(
         text(&template.before),
         format!("{system}<|im_start|>user\n")
