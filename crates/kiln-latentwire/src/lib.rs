@@ -2,7 +2,30 @@
 //! compressed into `M` learned latent vectors, an interlingua that several frozen language
 //! models each read as a soft prompt through their own small adapter, instead of the text.
 //!
-//! Being built (issue 53). So far:
+//! ```
+//! use burn::backend::{Autodiff, Flex};
+//! use kiln_latentwire::{
+//!     EncoderConfig, LatentWire, Objective, Split, TokenizedSplit, generate, tiny_readers,
+//! };
+//!
+//! type Ad = Autodiff<Flex>;
+//! let device = Default::default();
+//! // Two frozen language models (tiny random ones here: `Reader::from_hf_dir` reads real ones).
+//! let readers = tiny_readers::<Ad>(&device)?;
+//! let widths: Vec<usize> = readers.iter().map(|r| r.model_width()).collect();
+//! let encoder = EncoderConfig::new(8).with_layers(1); // M = 8 latents
+//! let model = LatentWire::<Ad>::init(&encoder, &widths, &device);
+//! // Questions about invented people, tokenized once for both models.
+//! let items = generate(Split::Train, 2, 0);
+//! let split = TokenizedSplit::new(&items, &readers, "example")?;
+//! let loss = Objective::new().loss(&model, &readers, &split.batch(&[0, 1], 512))?;
+//! let grads = loss.loss.backward(); // into the encoder and adapters; the models stay frozen
+//! assert!(model.encoder.shared_pooler.latent.grad(&grads).is_some());
+//! # Ok::<(), kiln_latentwire::LatentWireError>(())
+//! ```
+//!
+//! docs/LATENTWIRE.md says how each part was checked against LatentWire's code and where kiln
+//! departs from it. Being built (issue 53). So far:
 //! - [`data`]: the seeded extractive QA set the system is trained and evaluated on (there is no
 //!   network for SQuAD here): contexts of facts about invented people, places, dates and
 //!   objects, questions about one fact, answers that are spans of the context, with the test
