@@ -19,6 +19,12 @@ it; the teacher's forward over the text without gradient; the scale penalty (0.0
 `zero_grad(set_to_none=True)`, the loss read back as a Python float (as kiln's trainer reads it
 for metrics.jsonl).
 
+With `--cache-opening`, the template's opening (system turn, user header: the same in every
+prompt) is read once per language model into a `DynamicCache`, and every forward, the soft
+prompt's with gradient and the teacher's, starts after a batch-sized copy of it (kiln's readers
+always do this: `CausalLm::prefix`); without it, every forward reads the whole prompt, as
+LatentWire did.
+
 `--warmup` steps run untimed, then `--rounds` rounds of `--steps-per-round` steps are timed;
 prints ms per step per round, their median, and a final JSON line.
 
@@ -30,6 +36,7 @@ Requirements: scripts/fixtures/requirements-hf.txt (torch, transformers).
 """
 
 import argparse
+import copy
 import inspect
 import json
 import os
@@ -41,7 +48,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 SYSTEM_PROMPT = ("You are a concise QA assistant. Use the context to answer with a short phrase "
                  "only. Answer in English. Respond with the answer phrase only.")
@@ -66,7 +73,7 @@ def latentwire_models(root):
 class Reader:
     """A frozen language model, its template ids and its input embeddings' RMS."""
 
-    def __init__(self, path):
+    def __init__(self, path, cache_opening):
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                        attn_implementation="sdpa")
@@ -81,6 +88,33 @@ class Reader:
         self.end = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)
         table = self.lm.get_input_embeddings().weight
         self.rms = table.pow(2).mean().sqrt().item()
+        self.opening = None
+        if cache_opening:
+            with torch.no_grad():
+                self.opening = self.lm(input_ids=torch.tensor([self.before]), use_cache=True,
+                                       past_key_values=DynamicCache()).past_key_values
+
+    def read(self, mask, logits_to_keep, **tokens):
+        """The LM's logits for `tokens` (`input_ids` or `inputs_embeds`), the opening first: read
+        from the cache of it, or (no cache) as the first tokens of every row. `mask` covers the
+        tokens after the opening; positions count its real tokens."""
+        b = mask.shape[0]
+        opened = torch.cat([torch.ones(b, len(self.before), dtype=mask.dtype), mask], 1)
+        positions = (opened.cumsum(-1) - 1).clamp(min=0)
+        if self.opening is None:
+            if "input_ids" in tokens:
+                tokens["input_ids"] = torch.cat(
+                    [torch.tensor([self.before] * b), tokens["input_ids"]], 1)
+            else:
+                tokens["inputs_embeds"] = torch.cat(
+                    [self.embed([self.before] * b), tokens["inputs_embeds"]], 1)
+            return self.lm(attention_mask=opened, position_ids=positions,
+                           logits_to_keep=logits_to_keep, **tokens).logits
+        cache = copy.deepcopy(self.opening)
+        cache.batch_repeat_interleave(b)
+        return self.lm(attention_mask=opened, position_ids=positions[:, len(self.before):],
+                       past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep,
+                       **tokens).logits
 
     def embed(self, ids):
         return self.lm.get_input_embeddings()(torch.tensor(ids, dtype=torch.long))
@@ -112,10 +146,10 @@ def reader_loss(reader, prefix, texts, answers):
     b, m, _ = prefix.shape
     longest = max(len(a) for a in scored)
     right = [reader.after + a + [reader.end] * (longest - len(a)) for a in scored]
-    x = torch.cat([reader.embed([reader.before] * b), prefix, reader.embed(right)], 1)
-    real = len(reader.before) + m + len(reader.after)
+    x = torch.cat([prefix, reader.embed(right)], 1)
+    real = m + len(reader.after)
     mask = torch.tensor([[1] * real + [1] * len(a) + [0] * (longest - len(a)) for a in scored])
-    logits = reader.lm(inputs_embeds=x, attention_mask=mask, logits_to_keep=window).logits
+    logits = reader.read(mask, window, inputs_embeds=x)
     flat = logits.reshape(b * window, -1).float()
     ce = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-100, reduction="none")
     tf = (ce * w_tf.reshape(-1)).sum()
@@ -125,14 +159,11 @@ def reader_loss(reader, prefix, texts, answers):
     first_weight = 0.5 * min(ratio, 8.0) if ratio > 1.0 else 0.5
     with torch.no_grad():
         longest_text = max(len(t) for t in texts)
-        rows = [[reader.end] * (longest_text - len(t)) + reader.before + t + reader.after + a
+        rows = [[reader.end] * (longest_text - len(t)) + t + reader.after + a
                 + [reader.end] * (longest - len(a)) for t, a in zip(texts, scored)]
-        tmask = torch.tensor([[0] * (longest_text - len(t)) + [1] * (len(reader.before) + len(t)
-                              + len(reader.after) + len(a)) + [0] * (longest - len(a))
-                              for t, a in zip(texts, scored)])
-        positions = (tmask.cumsum(-1) - 1).clamp(min=0)
-        teacher = reader.lm(input_ids=torch.tensor(rows), attention_mask=tmask,
-                            position_ids=positions, logits_to_keep=window).logits
+        tmask = torch.tensor([[0] * (longest_text - len(t)) + [1] * (len(t) + len(reader.after)
+                              + len(a)) + [0] * (longest - len(a)) for t, a in zip(texts, scored)])
+        teacher = reader.read(tmask, window, input_ids=torch.tensor(rows))
         teacher = teacher.reshape(b * window, -1).float()
     tau = 2.0
     kl = F.kl_div(F.log_softmax(flat / tau, -1), F.log_softmax(teacher / tau, -1),
@@ -150,6 +181,7 @@ def main():
     parser.add_argument("--latents", type=int, default=16)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--cache-opening", action="store_true")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps-per-round", type=int, default=2)
@@ -158,7 +190,7 @@ def main():
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     models = latentwire_models(args.latentwire_dir)
-    readers = [Reader(path) for path in args.lm]
+    readers = [Reader(path, args.cache_opening) for path in args.lm]
     split = json.load(open(args.tokens))
     if len(split["readers"]) != len(readers):
         sys.exit(f"{args.tokens} is tokenized for {len(split['readers'])} models, --lm gives "
@@ -215,6 +247,7 @@ def main():
         print(f"latentwire: {ms:.1f} ms per step", flush=True)
     print(json.dumps({"workload": "latentwire", "threads": torch.get_num_threads(),
                       "batch": args.batch, "latents": args.latents, "bf16": args.bf16,
+                      "cache_opening": args.cache_opening,
                       "torch": torch.__version__, "ms_per_step_rounds": rounds,
                       "median_ms_per_step": statistics.median(rounds)}))
 

@@ -145,11 +145,11 @@ fn bad_inputs_are_refused_with_clear_errors() {
     assert!(error.contains("--latents"), "{error}");
     let error = fails(&out, &["--train-items", "0"]);
     assert!(error.contains("--train-items"), "{error}");
-    // kiln-text's tiny checkpoint has 64 positions: the QA set's prompts do not fit.
+    // kiln-text's tiny checkpoint has 64 positions: not even the chat template fits.
     let lm = text_fixture("llama");
     let error = fails(&out, &["--lm", lm.to_str().unwrap(), "--train-items", "4"]);
     assert!(
-        error.contains("item 1") && error.contains("positions"),
+        error.contains("chat template") && error.contains("64 positions"),
         "{error}"
     );
 }

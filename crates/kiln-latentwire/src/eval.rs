@@ -8,7 +8,7 @@
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_text::{GenerationConfig, generate_from};
+use kiln_text::GenerationConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::reader::Contents;
@@ -154,14 +154,12 @@ impl Evaluation {
         tally.tokens += scored.tokens;
         tally.first_right += scored.first_right;
         let end = reader.template().end;
-        let empty = vec![Vec::new(); answers.len()];
-        let prompt = reader.compose(contents, &empty).input;
         let config = GenerationConfig {
             stop_tokens: vec![end],
             pad_token: end,
             ..GenerationConfig::greedy(self.max_new_tokens)
         };
-        let generated = generate_from(reader.lm(), prompt, &config, |_| {})?;
+        let generated = reader.generate(contents, &config)?;
         for (tokens, item) in generated.iter().zip(items) {
             let tokens: Vec<u32> = tokens.iter().copied().filter(|&t| t != end).collect();
             let predicted = reader.tokenizer().decode(&tokens, true)?;
@@ -207,7 +205,7 @@ pub(crate) fn teacher_forced<B: Backend>(
     answers: &[Vec<u32>],
 ) -> Result<TeacherForced, LatentWireError> {
     let composed = reader.compose(contents, answers);
-    let logits = reader.lm().forward(composed.input)?.logits;
+    let logits = reader.forward(composed)?.logits;
     let [_, window, vocab] = logits.dims();
     let values = host_f32(logits);
     let mut scored = TeacherForced::default();

@@ -189,7 +189,7 @@ impl Objective {
         let end = reader.template().end;
         let composed = reader.compose(Contents::Embeddings(prefix), &items.answers_with(end));
         let window = composed.window;
-        let logits = reader.lm().forward(composed.input)?.logits;
+        let logits = reader.forward(composed)?.logits;
         let [batch, _, vocab] = logits.dims();
         let logits = logits.reshape([batch * window, vocab]);
         let rows = Rows::new(&items.answers, end, window, self.k);
@@ -228,10 +228,9 @@ impl Objective {
         rows: usize,
         vocab: usize,
     ) -> Result<Tensor<B, 2>, LatentWireError> {
-        let lm = reader.lm().valid();
         let answers = items.answers_with(reader.template().end);
         let composed = reader.template().compose_tokens(&items.texts, &answers);
-        let logits = lm.forward(composed.input)?.logits;
+        let logits = reader.forward_with(&reader.lm().valid(), composed)?.logits;
         Ok(Tensor::from_inner(logits).reshape([rows, vocab]))
     }
 }

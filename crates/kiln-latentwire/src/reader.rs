@@ -7,9 +7,12 @@
 //! BOS and chat header around the prefix differently for each loss, and its teacher-forced loss
 //! was shifted twice; kiln composes every loss from one layout, notes in docs/LATENTWIRE.md).
 //!
-//! A batch's rows are laid out so that every answer starts at the same column: the content is
-//! padded on the left, the answer on the right (`[pad…, before, content, after, answer, pad…]`),
-//! and the padding is masked. The logits are computed from the column before the answer on.
+//! The template's opening (the system turn and the user's header) is the same in every prompt:
+//! its keys and values are computed once per model (kiln-text's `CausalLm::prefix`), and every
+//! forward, training's included, starts after them. A batch's rows are laid out so that every
+//! answer starts at the same column: the content is padded on its left, the answer on its right
+//! (`[opening (cached)][pad…, content, after, answer, pad…]`), and the padding is masked. The
+//! logits are computed from the column before the answer on.
 
 use std::path::Path;
 
@@ -17,7 +20,10 @@ use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use kiln_core::Policy;
-use kiln_text::{CausalLm, Message, TextInput, TextTokenizer};
+use kiln_text::{
+    CausalLm, CausalLmOutput, GenerationConfig, KvCache, Message, SharedPrefix, TextInput,
+    TextTokenizer, generate_after,
+};
 
 use crate::LatentWireError;
 
@@ -75,25 +81,26 @@ impl Template {
 }
 
 impl Template {
-    /// Token contents (any lengths) in the user's turn followed by `answers`, one row each.
+    /// Token contents (any lengths) in the user's turn followed by `answers`, one row each, after
+    /// the template's opening ([`Reader::forward`] reads them after its cached keys and values).
     pub fn compose_tokens<B: Backend>(
         &self,
         rows: &[Vec<u32>],
         answers: &[Vec<u32>],
     ) -> Composed<B> {
         assert_eq!(rows.len(), answers.len(), "one answer per row");
-        let (before, after) = (&self.before, &self.after);
+        let after = &self.after;
         let longest = rows.iter().map(Vec::len).max().unwrap_or(0);
         let (mut ids, mut masks) = (Vec::new(), Vec::new());
         for (content, answer) in rows.iter().zip(answers) {
             let padded = vec![self.end; longest - content.len()];
             let (answer, answer_mask) = self.answer_part(answer, answers);
-            ids.push([&padded, before.as_slice(), content, after, &answer].concat());
-            let real = before.len() + content.len() + after.len();
+            ids.push([padded.as_slice(), content, after, &answer].concat());
+            let real = content.len() + after.len();
             masks.push([vec![false; padded.len()], vec![true; real], answer_mask].concat());
         }
         let input = TextInput::ids(ids).with_attention_mask(masks);
-        composed(input, longest + before.len() + after.len(), answers)
+        composed(input, longest + after.len(), answers)
     }
 
     /// `answer` padded on the right to the longest of `answers`, and its mask.
@@ -163,6 +170,9 @@ pub struct Reader<B: Backend> {
     tokenizer: TextTokenizer,
     #[module(skip)]
     template: Template,
+    /// The keys and values of the template's opening, computed once (none without one).
+    #[module(skip)]
+    opening: Option<SharedPrefix>,
     #[module(skip)]
     embedding_rms: f32,
 }
@@ -187,12 +197,25 @@ impl<B: Backend> Reader<B> {
                 "the tokenizer's template uses id {id}, outside the model's vocabulary of {vocab}"
             )));
         }
+        let name = name.into();
+        let (around, positions) = (
+            template.before.len() + template.after.len(),
+            lm.config().max_position_embeddings,
+        );
+        if around >= positions {
+            return Err(LatentWireError::Input(format!(
+                "{name}: its chat template around the content is {around} tokens, and the model \
+                 reads at most {positions} positions"
+            )));
+        }
         let embedding_rms = rms(lm.input_embeddings());
+        let opening = opening(&lm, &template)?;
         Ok(Reader {
-            name: name.into(),
+            name,
             lm: lm.no_grad(),
             tokenizer,
             template,
+            opening,
             embedding_rms,
         })
     }
@@ -219,8 +242,12 @@ impl<B: Backend> Reader<B> {
     /// stored and its forwards computed in the policy's dtypes); the soft prompt joins it in
     /// its own dtype and is cast as the model computes.
     pub fn with_policy(self, policy: &Policy) -> Self {
+        let lm = self.lm.with_policy(policy);
+        let opening = opening(&lm, &self.template)
+            .expect("the template's ids were checked when the reader was made");
         Reader {
-            lm: self.lm.with_policy(policy),
+            lm,
+            opening,
             ..self
         }
     }
@@ -296,33 +323,64 @@ impl<B: Backend> Reader<B> {
         match contents {
             Contents::Tokens(rows) => self.template.compose_tokens(&rows, answers),
             Contents::Embeddings(prefix) => {
-                let [batch, latents, _] = prefix.dims();
+                let [_, latents, _] = prefix.dims();
                 let device = prefix.device();
-                let (before, after) = (&self.template.before, &self.template.after);
+                let after = &self.template.after;
                 let (mut right, mut masks) = (Vec::new(), Vec::new());
                 for answer in answers {
                     let (answer, answer_mask) = self.template.answer_part(answer, answers);
                     right.push([after.as_slice(), &answer].concat());
-                    let real = before.len() + latents + after.len();
-                    masks.push([vec![true; real], answer_mask].concat());
+                    masks.push([vec![true; latents + after.len()], answer_mask].concat());
                 }
                 let dtype = FloatDType::from(prefix.dtype());
-                let embed = |rows: &[Vec<u32>]| self.embed(rows, &device).cast(dtype);
                 let mut pieces = vec![prefix];
-                if !before.is_empty() {
-                    pieces.insert(0, embed(&vec![before.clone(); batch]));
-                }
                 if !right[0].is_empty() {
-                    pieces.push(embed(&right));
+                    pieces.push(self.embed(&right, &device).cast(dtype));
                 }
                 let input = TextInput::embeddings(Tensor::cat(pieces, 1));
                 composed(
                     input.with_attention_mask(masks),
-                    before.len() + latents + after.len(),
+                    latents + after.len(),
                     answers,
                 )
             }
         }
+    }
+
+    /// The language model's forward over `composed`, after the template's opening.
+    pub fn forward(&self, composed: Composed<B>) -> Result<CausalLmOutput<B>, LatentWireError> {
+        self.forward_with(&self.lm, composed)
+    }
+
+    /// [`Self::forward`] through `lm`, this reader's model on any backend (the autodiff one's
+    /// inner, for a teacher that takes no gradient).
+    pub(crate) fn forward_with<C: Backend>(
+        &self,
+        lm: &CausalLm<C>,
+        composed: Composed<C>,
+    ) -> Result<CausalLmOutput<C>, LatentWireError> {
+        let batch = composed.input.tokens.dims().0;
+        let mut cache = match &self.opening {
+            Some(opening) => KvCache::discarding_after(opening, batch),
+            None => KvCache::discarding(),
+        };
+        Ok(lm.forward_cached(composed.input, &mut cache)?)
+    }
+
+    /// Each row's continuation of `contents` in the user's turn, the assistant's turn opened
+    /// (kiln-text's generation, after the template's opening).
+    pub fn generate(
+        &self,
+        contents: Contents<B>,
+        config: &GenerationConfig,
+    ) -> Result<Vec<Vec<u32>>, LatentWireError> {
+        let rows = contents.rows();
+        let prompt = self.compose(contents, &vec![Vec::new(); rows]).input;
+        let cache = match &self.opening {
+            Some(opening) => KvCache::after(opening, rows),
+            None => KvCache::new(),
+        };
+        Ok(generate_after(&self.lm, cache, prompt, config, |_| {})?)
     }
 
     /// The input embeddings of rows of ids (all as long) `[rows, ids, hidden]`.
@@ -332,6 +390,17 @@ impl<B: Backend> Reader<B> {
         let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [rows.len(), width]), device);
         self.lm.embed(ids)
     }
+}
+
+/// The keys and values of `template`'s opening read by `lm` (none when it has none).
+fn opening<B: Backend>(
+    lm: &CausalLm<B>,
+    template: &Template,
+) -> Result<Option<SharedPrefix>, LatentWireError> {
+    if template.before.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(lm.prefix(&template.before)?))
 }
 
 /// The root mean square of every value of `x`.

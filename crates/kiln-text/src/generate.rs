@@ -91,6 +91,18 @@ pub fn generate_from<B: Backend>(
     model: &CausalLm<B>,
     prompt: TextInput<B>,
     config: &GenerationConfig,
+    on_step: impl FnMut(&[Option<u32>]),
+) -> Result<Vec<Vec<u32>>, TextError> {
+    generate_after(model, KvCache::new(), prompt, config, on_step)
+}
+
+/// [`generate_from`] after what `cache` holds (a [`KvCache::after`] a prefix every prompt
+/// shares, such as a chat template's system turn, computed once by [`CausalLm::prefix`]).
+pub fn generate_after<B: Backend>(
+    model: &CausalLm<B>,
+    mut cache: KvCache<B>,
+    prompt: TextInput<B>,
+    config: &GenerationConfig,
     mut on_step: impl FnMut(&[Option<u32>]),
 ) -> Result<Vec<Vec<u32>>, TextError> {
     config.validate()?;
@@ -105,7 +117,6 @@ pub fn generate_from<B: Backend>(
         Sampling::Sample { seed, .. } => Some(ChaCha8Rng::seed_from_u64(seed)),
         Sampling::Greedy => None,
     };
-    let mut cache = KvCache::new();
     let mut input = prompt.with_last_logits_only();
     let mut outputs = vec![Vec::new(); rows];
     let mut finished = vec![false; rows];

@@ -29,10 +29,10 @@ mod load;
 mod tokenizer;
 
 pub use config::{Family, MODEL_TYPES, RopeScaling, TextConfig};
-pub use generate::{GenerationConfig, Sampling, generate, generate_from};
+pub use generate::{GenerationConfig, Sampling, generate, generate_after, generate_from};
 pub use gguf::byte_spelling;
 pub use input::{Logits, TextInput, Tokens};
-pub use kiln_transformer::decoder::{KvCache, TokensError};
+pub use kiln_transformer::decoder::{KvCache, SharedPrefix, TokensError};
 pub use llama::{CausalLm, CausalLmOutput, DecoderLayer, LlamaModel};
 pub use tokenizer::{Message, TextTokenizer, TokenCache};
 

@@ -12,7 +12,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use kiln_core::Policy;
 use kiln_transformer::decoder::{
     AttentionShape, DecoderStep, GroupedQueryAttention, KvCache, LayerCache, NewTokens, Rope,
-    SwiGlu,
+    SharedPrefix, SwiGlu,
 };
 use kiln_transformer::projection::{Then, project, project_by_table};
 use kiln_transformer::{Pass, PreparedWeights, Settings, in_compute_dtype, run_layers};
@@ -180,6 +180,14 @@ impl<B: Backend> CausalLm<B> {
     ) -> Result<CausalLmOutput<B>, TextError> {
         let device = self.devices()[0].clone();
         let (batch, tokens) = input.tokens.dims();
+        let layers = self.config.num_hidden_layers;
+        let kv_width = self.config.num_key_value_heads * self.config.head_dim();
+        if !cache.fits(layers, kv_width) {
+            return Err(TextError::Input(format!(
+                "the cache holds another model's keys and values (this one has {layers} layers \
+                 of {kv_width}-wide keys)"
+            )));
+        }
         if let Tokens::Ids(ids) = &input.tokens {
             self.check_ids(ids, tokens)?;
         }
@@ -239,6 +247,31 @@ impl<B: Backend> CausalLm<B> {
             last_hidden_state: pass.output(last_hidden_state),
             hidden_states,
         })
+    }
+
+    /// The keys and values of `ids`, which many sequences start with (a chat template's system
+    /// turn): computed once, then each forward after them ([`KvCache::after`],
+    /// [`KvCache::discarding_after`]) reads them instead of recomputing them, training included.
+    /// Compute it under the policy the model runs under.
+    ///
+    /// ```no_run
+    /// use burn::backend::Flex;
+    /// use kiln_core::Policy;
+    /// use kiln_text::{CausalLm, KvCache, TextInput};
+    ///
+    /// let device = Default::default();
+    /// let model = CausalLm::<Flex>::from_hf_dir("SmolLM2-135M-Instruct", &device, &Policy::full())?;
+    /// let system = model.prefix(&[1, 9690, 198])?;
+    /// let mut cache = KvCache::discarding_after(&system, 2);
+    /// let out = model.forward_cached(TextInput::ids(vec![vec![4, 2], vec![7, 7]]), &mut cache)?;
+    /// assert_eq!(out.logits.dims()[..2], [2, 2]);
+    /// # Ok::<(), kiln_text::TextError>(())
+    /// ```
+    pub fn prefix(&self, ids: &[u32]) -> Result<SharedPrefix, TextError> {
+        let mut cache = KvCache::new();
+        let input = TextInput::ids(vec![ids.to_vec()]).with_last_logits_only();
+        self.forward_cached(input, &mut cache)?;
+        Ok(cache.share(self.config.num_key_value_heads)?)
     }
 
     /// [`Self::forward_cached`] of whole sequences, keeping no keys and values (scoring,

@@ -271,12 +271,18 @@ pub struct AttentionOp {
     pub kv_tokens: usize,
     /// The scores' factor, usually `1 / √head_dim`.
     pub scale: f32,
-    /// Query `t` sees the keys up to `t` (self-attention: as many queries as keys).
+    /// Query `t` sees the keys up to `past + t` (self-attention: as many queries as keys after
+    /// the `past` ones).
     pub causal: bool,
+    /// Keys before the queries' own, from a cache of a prefix every image shares: query `t`
+    /// sits at key position `past + t`. With [`Self::rotary`] these keys come already turned
+    /// (the cache holds them so) and the others are turned by their queries' angles; `kv_tokens`
+    /// is then `past + q_tokens`. 0 for self-attention over the same tokens.
+    pub past: usize,
     /// Each image's real keys, `[batch · kv_tokens]` (`false`: padding, which no query sees).
     pub real_keys: Option<Arc<[bool]>>,
-    /// Rotary angles of each query and key row, `[batch · tokens, head_dim]` each
-    /// (self-attention).
+    /// Rotary angles of each query row, `[batch · q_tokens, head_dim]` each, which also turn
+    /// the keys after the `past` ones (self-attention).
     pub rotary: Option<RotaryAngles>,
     /// Dropout's multipliers of the probabilities, `[batch, heads, q_tokens, kv_tokens]` (not
     /// with causal attention).
@@ -311,6 +317,7 @@ impl AttentionOp {
             kv_tokens,
             scale: (head_dim as f32).powf(-0.5),
             causal: false,
+            past: 0,
             real_keys: None,
             rotary: None,
             mask: None,
@@ -322,7 +329,7 @@ impl AttentionOp {
             heads: self.heads,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
-            causal_past: self.causal.then_some(0),
+            causal_past: self.causal.then_some(self.past),
             real_keys: self.real_keys.as_deref(),
         }
     }
@@ -336,15 +343,35 @@ impl AttentionOp {
         }
     }
 
+    /// Turns the keys (or their gradients) after the `past` ones of each image by their
+    /// queries' angles (nothing without them).
+    fn turn_keys(&self, keys: &mut [f32], turn: rotary::Turn) {
+        if self.past == 0 {
+            return self.turn(keys, self.kv_heads, turn);
+        }
+        let Some(RotaryAngles { cos, sin }) = &self.rotary else {
+            return;
+        };
+        let (width, angles) = (self.kv_heads * self.head_dim, self.q_tokens * self.head_dim);
+        for (image, keys) in keys.chunks_exact_mut(self.kv_tokens * width).enumerate() {
+            let at = image * angles..(image + 1) * angles;
+            let angles = rotary::Angles {
+                cos: &cos[at.clone()],
+                sin: &sin[at],
+            };
+            let new = &mut keys[self.past * width..];
+            rotary::rotate_rows(new, width, 0, self.kv_heads, angles, turn);
+        }
+    }
+
     /// q and k turned by [`Self::rotary`]'s angles (`None` without them).
     fn rotated(&self, query: &[f32], key: &[f32]) -> Option<(Vec<f32>, Vec<f32>)> {
         self.rotary.as_ref()?;
-        let turned = |x: &[f32], heads: usize| {
-            let mut x = x.to_vec();
-            self.turn(&mut x, heads, rotary::Turn::Forward);
-            x
-        };
-        Some((turned(query, self.heads), turned(key, self.kv_heads)))
+        let mut query = query.to_vec();
+        self.turn(&mut query, self.heads, rotary::Turn::Forward);
+        let mut key = key.to_vec();
+        self.turn_keys(&mut key, rotary::Turn::Forward);
+        Some((query, key))
     }
 }
 
@@ -432,7 +459,7 @@ impl HostOp<3> for AttentionOp {
                         width: kv_tokens,
                         scale: self.scale,
                         dropout: None,
-                        causal: self.causal.then_some(1),
+                        causal: self.causal.then_some(self.past + 1),
                         real,
                     });
                     let mask = self.mask.as_deref().map(|mask| {
@@ -508,7 +535,7 @@ impl HostOp<3> for AttentionOp {
             });
         // Carried back through the rotation (its transpose).
         self.turn(&mut dq, heads, rotary::Turn::Back);
-        self.turn(&mut dk, self.kv_heads, rotary::Turn::Back);
+        self.turn_keys(&mut dk, rotary::Turn::Back);
         [dq, dk, dv]
     }
 }

@@ -226,16 +226,10 @@ mod tests {
         };
         let (cos, sin) = (table(f32::cos), table(f32::sin));
         let op = AttentionOp {
-            kv_heads,
             scale,
-            causal: true,
-            real_keys: Some(real.clone().into()),
-            rotary: Some(RotaryAngles {
-                cos: cos.clone().into(),
-                sin: sin.clone().into(),
-            }),
             ..AttentionOp::new(batch, heads, head_dim, tokens, tokens)
         };
+        let op = self_attention(op, kv_heads, &real, (&cos, &sin));
         let ours = crate::host_op(op, [&query, &key, &value], [batch, tokens, width])
             .expect("served on Autodiff<Flex>");
 
@@ -294,6 +288,108 @@ mod tests {
         let padded_rows = ours.clone().inner().slice([0..1, 0..padding, 0..width]);
         assert_eq!(padded_rows.abs().max().into_scalar(), 0.0);
         same_values_and_gradients([ours, burns], &weights, &seeing, [&query, &key, &value]);
+    }
+
+    /// `op` as a language model's self-attention: grouped over `kv_heads`, causal, over `real`
+    /// keys, turned by the angles `cos` and `sin`.
+    fn self_attention(
+        op: AttentionOp,
+        kv_heads: usize,
+        real: &[bool],
+        (cos, sin): (&[f32], &[f32]),
+    ) -> AttentionOp {
+        AttentionOp {
+            kv_heads,
+            causal: true,
+            real_keys: Some(real.into()),
+            rotary: Some(RotaryAngles {
+                cos: cos.into(),
+                sin: sin.into(),
+            }),
+            ..op
+        }
+    }
+
+    /// The operation after `past` cached keys (given already turned, as a cache holds them)
+    /// computes, for the new queries, what it computes over the whole sequence: the same
+    /// outputs, and the same q, k and v gradients of a loss on the new rows (the cached keys'
+    /// k gradient is taken after their rotation, so only the new keys' is compared).
+    #[test]
+    fn attention_after_a_cached_prefix_is_attention_over_the_whole_sequence() {
+        use crate::HostOp;
+        use crate::rotary::{self, Angles, Turn};
+        let (batch, heads, kv_heads, head_dim, past, new) = (2, 4, 2, 4, 5, 6);
+        let tokens = past + new;
+        let (width, kv_width) = (heads * head_dim, kv_heads * head_dim);
+        let values = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((((i + seed) * 7919) % 23) as f32 * 0.37 - 4.0) * 0.3)
+                .collect()
+        };
+        let (q, k, v) = (
+            values(batch * tokens * width, 1),
+            values(batch * tokens * kv_width, 2),
+            values(batch * tokens * kv_width, 3),
+        );
+        let angles: Vec<f32> = (0..batch * tokens * head_dim)
+            .map(|i| ((i / head_dim) % tokens) as f32 * 0.3 + (i % head_dim) as f32 * 0.1)
+            .collect();
+        let (cos, sin): (Vec<f32>, Vec<f32>) = angles.iter().map(|a| (a.cos(), a.sin())).unzip();
+        // Image 1's second token is padding.
+        let real: Vec<bool> = (0..batch * tokens).map(|i| i != tokens + 1).collect();
+        let whole = AttentionOp::new(batch, heads, head_dim, tokens, tokens);
+        let whole = self_attention(whole, kv_heads, &real, (&cos, &sin));
+        // The new rows of each image, and the cached keys turned as a cache holds them.
+        let rows_from = |x: &[f32], width: usize, first: usize| -> Vec<f32> {
+            (x.chunks_exact(tokens * width))
+                .flat_map(|image| image[first * width..].to_vec())
+                .collect()
+        };
+        let mut cached_k = k.clone();
+        let all = Angles {
+            cos: &cos,
+            sin: &sin,
+        };
+        rotary::rotate_rows(&mut cached_k, kv_width, 0, kv_heads, all, Turn::Forward);
+        let k_after: Vec<f32> = (cached_k.chunks_exact(tokens * kv_width))
+            .zip(k.chunks_exact(tokens * kv_width))
+            .flat_map(|(turned, raw)| {
+                [&turned[..past * kv_width], &raw[past * kv_width..]].concat()
+            })
+            .collect();
+        let after = AttentionOp {
+            past,
+            ..AttentionOp::new(batch, heads, head_dim, new, tokens)
+        };
+        let new_angles = (
+            rows_from(&cos, head_dim, past),
+            rows_from(&sin, head_dim, past),
+        );
+        let after = self_attention(after, kv_heads, &real, (&new_angles.0, &new_angles.1));
+        let q_new = rows_from(&q, width, past);
+        let close = |ours: &[f32], want: &[f32], what: &str| {
+            assert_eq!(ours.len(), want.len(), "{what}");
+            let scale = want.iter().fold(1f32, |m, x| m.max(x.abs()));
+            let diff = ours
+                .iter()
+                .zip(want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(diff <= 1e-5 * scale, "{what}: {diff}");
+        };
+        let got = after.forward([&q_new, &k_after, &v]);
+        let want = whole.forward([&q, &k, &v]);
+        close(&got, &rows_from(&want, width, past), "values");
+        // A loss on the new rows only.
+        let grad_new = values(batch * new * width, 4);
+        let grad_whole: Vec<f32> = (grad_new.chunks_exact(new * width))
+            .flat_map(|image| [vec![0.0; past * width], image.to_vec()].concat())
+            .collect();
+        let [dq, dk, dv] = after.backward(&grad_new, [&q_new, &k_after, &v]);
+        let [dq_whole, dk_whole, dv_whole] = whole.backward(&grad_whole, [&q, &k, &v]);
+        close(&dq, &rows_from(&dq_whole, width, past), "q");
+        let new_keys = |dk: &[f32]| rows_from(dk, kv_width, past);
+        close(&new_keys(&dk), &new_keys(&dk_whole), "k");
+        close(&dv, &dv_whole, "v");
     }
 
     type Trained = burn::backend::Autodiff<burn::backend::Flex>;

@@ -4,7 +4,7 @@ use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_latentwire::reader::SYSTEM_PROMPT;
 use kiln_latentwire::{Contents, LatentWireError, Reader};
-use kiln_text::{GenerationConfig, TextInput, generate, generate_from};
+use kiln_text::{GenerationConfig, TextInput, generate};
 
 use crate::support::{language_model, max_gap, roomy_reader};
 
@@ -51,8 +51,9 @@ fn padded_rows_get_the_logits_of_their_sequences_alone() {
     assert_ne!(contents[0].len(), contents[1].len());
     assert_ne!(answers[0].len(), answers[1].len());
     let composed = reader.compose(Contents::Tokens(contents.clone()), &answers);
-    let logits = reader.lm().forward(composed.input).unwrap().logits;
-    assert_eq!(logits.dims()[1], composed.window);
+    let window = composed.window;
+    let logits = reader.forward(composed).unwrap().logits;
+    assert_eq!(logits.dims()[1], window);
     let template = reader.template();
     for (row, (content, answer)) in contents.iter().zip(&answers).enumerate() {
         let alone = [&template.before[..], content, &template.after, answer].concat();
@@ -83,8 +84,10 @@ fn a_soft_prompt_of_token_embeddings_reads_as_the_tokens() {
     let ids = Tensor::<Flex, 2, Int>::from_data(TensorData::new(flat, shape), &Default::default());
     let prefix = reader.lm().embed(ids);
     let forward = |contents| {
-        let composed = reader.compose(contents, &answers);
-        reader.lm().forward(composed.input).unwrap().logits
+        reader
+            .forward(reader.compose(contents, &answers))
+            .unwrap()
+            .logits
     };
     let gap = max_gap(
         forward(Contents::Embeddings(prefix)),
@@ -117,9 +120,9 @@ fn a_missing_language_model_is_an_error_naming_it() {
     assert!(error.to_string().contains("no-such-model"), "{error}");
 }
 
-/// Greedy answers to a soft prompt of the content's token embeddings (kiln-text's
-/// `generate_from`, the batch composed as evaluation composes it) are those `generate` gives the
-/// same prompts as ids, one at a time.
+/// Greedy answers to a soft prompt of the content's token embeddings (`Reader::generate`, after
+/// the template's cached opening) are those kiln-text's `generate` gives the whole prompts as
+/// ids, one at a time.
 #[test]
 fn a_soft_prompt_of_token_embeddings_generates_as_the_tokens() {
     let reader = tiny();
@@ -134,11 +137,10 @@ fn a_soft_prompt_of_token_embeddings_generates_as_the_tokens() {
         pad_token: end,
         ..GenerationConfig::greedy(6)
     };
-    let prompt = reader.compose(
-        Contents::Embeddings(reader.lm().embed(ids)),
-        &[vec![], vec![]],
-    );
-    let batched = generate_from(reader.lm(), prompt.input, &config, |_| {}).unwrap();
+    let prefix = reader.lm().embed(ids);
+    let batched = reader
+        .generate(Contents::Embeddings(prefix), &config)
+        .unwrap();
     let template = reader.template();
     for (content, got) in contents.iter().zip(&batched) {
         let prompt = [&template.before[..], content, &template.after].concat();

@@ -12,7 +12,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, FloatDType, Tensor, TensorData};
 use kiln_core::{Policy, PolicySpec};
-use kiln_text::{CausalLm, GenerationConfig, KvCache, TextInput, generate};
+use kiln_text::{CausalLm, GenerationConfig, KvCache, TextInput, generate, generate_after};
 
 /// burn's tensor operations under autodiff (what the GPU backends run): kiln's host
 /// operations, which training on Flex uses (`Autodiff<Flex>`), serve only burn's default
@@ -585,4 +585,56 @@ fn partial_logits<B: Backend>() {
         let gap = (partial - rows).abs().max().into_scalar().elem::<f32>();
         assert!(gap <= 1e-5, "from {first}: {gap}");
     }
+}
+
+/// Prompts that start alike, the start's keys and values computed once (`CausalLm::prefix`):
+/// the logits after it, with padding among the new tokens, are the whole prompts' on every
+/// execution (the host kernels, burn's operations, training's), and so are greedy continuations.
+#[test]
+fn prompts_after_a_shared_prefix_read_as_whole_prompts() {
+    shared_prefix::<Flex>();
+    shared_prefix::<BurnOps>();
+    shared_prefix::<Autodiff<Flex>>();
+}
+
+fn shared_prefix<B: Backend>() {
+    let model = load_on::<B>("llama", &Policy::full());
+    let start = [1, 17, 5, 23];
+    let rests = vec![vec![3, 8, 2], vec![0, 6, 4]];
+    let mask = vec![vec![true; 3], vec![false, true, true]];
+    let whole: Vec<Vec<u32>> = rests.iter().map(|r| [&start[..], r].concat()).collect();
+    let whole_mask: Vec<Vec<bool>> = mask.iter().map(|m| [&[true; 4][..], m].concat()).collect();
+    let input = TextInput::ids(whole.clone()).with_attention_mask(whole_mask);
+    let want = model.forward(input).unwrap().logits;
+    let [batch, tokens, vocab] = want.dims();
+    let want = want.slice([0..batch, 4..tokens, 0..vocab]);
+    let prefix = model.prefix(&start).unwrap();
+    let input = || TextInput::ids(rests.clone()).with_attention_mask(mask.clone());
+    let mut cache = KvCache::discarding_after(&prefix, 2);
+    let got = model.forward_cached(input(), &mut cache).unwrap().logits;
+    let gap = (got - want).abs().max().into_scalar().elem::<f32>();
+    assert!(gap <= 1e-4, "{gap}");
+
+    let config = GenerationConfig::greedy(5);
+    let after = KvCache::after(&prefix, 2);
+    let got = generate_after(&model, after, input(), &config, |_| {}).unwrap();
+    let full: Vec<Vec<u32>> = whole.iter().map(|w| [&w[..4], &w[5..]].concat()).collect();
+    let want = [
+        generate(&model, &whole[..1], &config, |_| {}).unwrap(),
+        generate(&model, &full[1..], &config, |_| {}).unwrap(),
+    ]
+    .concat();
+    assert_eq!(got, want);
+}
+
+/// A prefix computed by one model is refused by a model of another shape.
+#[test]
+fn another_models_prefix_is_refused() {
+    let prefix = load("llama").prefix(&[1, 2, 3]).unwrap();
+    let qwen2 = load("qwen2");
+    let mut cache = KvCache::after(&prefix, 1);
+    let error = qwen2
+        .forward_cached(TextInput::ids(vec![vec![4]]), &mut cache)
+        .unwrap_err();
+    assert!(error.to_string().contains("another model"), "{error}");
 }

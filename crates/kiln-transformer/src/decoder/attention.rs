@@ -70,25 +70,35 @@ impl<B: Backend> GroupedQueryAttention<B> {
     }
 
     /// `residual + o_proj(attention(normed))` in training on Flex: the projections and
-    /// [`AttentionOp`] each one autodiff operation, the heads never split or merged by copies.
+    /// [`AttentionOp`] each one autodiff operation, the heads never split or merged by copies;
+    /// after the keys and values of the prefix `cache` shares, when it does (constants: no
+    /// gradient reaches them).
     pub(super) fn add_trained(
         &self,
         normed: Tensor<B, 3>,
         residual: Tensor<B, 3>,
         (rotary, real_keys): (&RotaryAngles, &Option<Arc<[bool]>>),
+        cache: &LayerCache<B>,
         pass: &Pass,
     ) -> Tensor<B, 3> {
         let [batch, tokens, _] = normed.dims();
-        let [query, key, value] = [&self.q_proj, &self.k_proj, &self.v_proj]
+        let [query, mut key, mut value] = [&self.q_proj, &self.k_proj, &self.v_proj]
             .map(|linear| project(linear, normed.clone(), Then::Nothing, pass));
         let width = query.dims()[2];
         let head_dim = width / self.heads;
+        let mut past = 0;
+        if let Some((shared_keys, shared_values)) = cache.shared_rows(batch, &normed.device()) {
+            past = shared_keys.dims()[1];
+            key = Tensor::cat(vec![shared_keys, key], 1);
+            value = Tensor::cat(vec![shared_values, value], 1);
+        }
         let op = AttentionOp {
             kv_heads: self.kv_heads,
             causal: true,
+            past,
             real_keys: real_keys.clone(),
             rotary: Some(rotary.clone()),
-            ..AttentionOp::new(batch, self.heads, head_dim, tokens, tokens)
+            ..AttentionOp::new(batch, self.heads, head_dim, tokens, past + tokens)
         };
         let attended = host_op(op, [&query, &key, &value], [batch, tokens, width])
             .expect("host operations serve training on Flex in f32");

@@ -1,8 +1,10 @@
 //! The key/value cache of incremental decoding: each layer's rotated keys and values of every
 //! token so far, with the padding mask and the next position of each sequence.
 
+use std::sync::Arc;
+
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{FloatDType, Tensor, TensorData};
 
 use kiln_kernels::host::Rows;
 
@@ -49,6 +51,23 @@ pub enum TokensError {
         /// The model's `max_position_embeddings`.
         max_positions: usize,
     },
+    /// A second forward through a cache that keeps no keys and values.
+    #[error(
+        "this cache keeps no keys and values, so it serves one forward: give the next tokens a \
+         cache that keeps them (KvCache::new)"
+    )]
+    Spent,
+    /// A prefix to share that is not one sequence of real tokens.
+    #[error(
+        "a shared prefix is one sequence of real tokens; this cache holds {sequences} sequences, \
+         with {padding} padding tokens"
+    )]
+    NotShareable {
+        /// Sequences held.
+        sequences: usize,
+        /// Padding tokens among them.
+        padding: usize,
+    },
 }
 
 /// A forward's new tokens as the cache sees them: `batch` sequences of `tokens` each, with their
@@ -73,6 +92,8 @@ pub struct KvCache<B: Backend> {
     layers: Vec<LayerCache<B>>,
     /// Whether keys and values are kept (not for a single forward over whole sequences).
     keeps: bool,
+    /// A cache that keeps nothing has served its forward.
+    spent: bool,
     /// `[batch][tokens so far]`: `false` for padding.
     mask: Vec<Vec<bool>>,
     /// Each sequence's count of real tokens so far (its next position).
@@ -99,6 +120,61 @@ enum Held<B: Backend> {
         values: Vec<f32>,
         capacity: usize,
     },
+    /// Layer `layer` of a prefix every sequence shares, laid out by the first forward as its
+    /// execution reads it; kept after it as the others are, or not.
+    Shared {
+        prefix: SharedPrefix,
+        layer: usize,
+        keeps: bool,
+    },
+}
+
+/// The keys and values of a prefix that every sequence of a batch starts with (a chat template's
+/// system turn), computed once ([`KvCache::share`]) and read by each forward after it
+/// ([`KvCache::after`]): per layer, its tokens' keys (rotated) and values `[tokens, kv_heads ·
+/// head_dim]`, f32 on the host, for any backend and batch size.
+#[derive(Clone)]
+pub struct SharedPrefix {
+    layers: Arc<[(Vec<f32>, Vec<f32>)]>,
+    tokens: usize,
+    kv_heads: usize,
+}
+
+impl std::fmt::Debug for SharedPrefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedPrefix")
+            .field("layers", &self.layers.len())
+            .field("tokens", &self.tokens)
+            .field("kv_heads", &self.kv_heads)
+            .finish()
+    }
+}
+
+impl SharedPrefix {
+    /// Tokens in the prefix.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Decoder layers it holds keys and values of.
+    pub fn layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Key (and value) columns per token, `kv_heads · head_dim`.
+    pub fn kv_width(&self) -> usize {
+        self.layers
+            .first()
+            .map_or(0, |(keys, _)| keys.len() / self.tokens.max(1))
+    }
+
+    /// Layer `layer`'s keys and values repeated for `batch` sequences, `[batch, tokens, kv_width]`
+    /// row-major.
+    fn repeated(&self, layer: usize, batch: usize) -> [TensorData; 2] {
+        let (keys, values) = &self.layers[layer];
+        let shape = [batch, self.tokens, self.kv_width()];
+        [keys, values].map(|held| TensorData::new(held.repeat(batch), shape))
+    }
 }
 
 impl<B: Backend> LayerCache<B> {
@@ -117,10 +193,49 @@ impl<B: Backend> LayerCache<B> {
                 Tensor::cat(vec![keys, key], 2),
                 Tensor::cat(vec![values, value], 2),
             ),
+            Held::Shared {
+                prefix,
+                layer,
+                keeps,
+            } => {
+                let [batch, kv_heads, _, head_dim] = key.dims();
+                let (device, dtype) = (key.device(), FloatDType::from(key.dtype()));
+                let [keys, values] = prefix.repeated(layer, batch).map(|data| {
+                    Tensor::<B, 3>::from_data(data, &device)
+                        .reshape([batch, prefix.tokens, kv_heads, head_dim])
+                        .swap_dims(1, 2)
+                        .cast(dtype)
+                });
+                let joined = (
+                    Tensor::cat(vec![keys, key], 2),
+                    Tensor::cat(vec![values, value], 2),
+                );
+                if !keeps {
+                    self.0 = Held::Discarded;
+                    return joined;
+                }
+                joined
+            }
             _ => (key, value),
         };
         self.0 = Held::Tensors(joined.0.clone(), joined.1.clone());
         joined
+    }
+
+    /// The shared prefix's keys and values `[batch, prefix tokens, kv_heads · head_dim]` (f32),
+    /// for an execution that joins them to the new tokens' itself; `None` without a prefix.
+    pub(crate) fn shared_rows(
+        &self,
+        batch: usize,
+        device: &B::Device,
+    ) -> Option<(Tensor<B, 3>, Tensor<B, 3>)> {
+        let Held::Shared { prefix, layer, .. } = &self.0 else {
+            return None;
+        };
+        let [keys, values] = prefix
+            .repeated(*layer, batch)
+            .map(|data| Tensor::from_data(data, device));
+        Some((keys, values))
     }
 
     /// Appends the new tokens' keys and values, each `width` columns of the `[batch · tokens,
@@ -140,9 +255,19 @@ impl<B: Backend> LayerCache<B> {
     ) -> Option<(Rows<'_>, Rows<'_>)> {
         let tokens = new.len() / row_stride / batch.max(1);
         let total = past + tokens;
-        match self.0 {
+        match &self.0 {
             Held::Discarded => return None,
             Held::Host { .. } => {}
+            Held::Shared { prefix, layer, .. } => {
+                let [keys, values] = prefix
+                    .repeated(*layer, batch)
+                    .map(|data| data.into_vec::<f32>().expect("f32 on the host"));
+                self.0 = Held::Host {
+                    keys,
+                    values,
+                    capacity: past,
+                };
+            }
             _ => {
                 self.0 = Held::Host {
                     keys: Vec::new(),
@@ -240,9 +365,97 @@ impl<B: Backend> KvCache<B> {
         KvCache {
             layers: Vec::new(),
             keeps: true,
+            spent: false,
             mask: Vec::new(),
             next_position: Vec::new(),
         }
+    }
+
+    /// A cache for `batch` sequences that all start with `prefix` (its keys and values already
+    /// computed, [`Self::share`]); keeps the keys and values of the forwards after it.
+    pub fn after(prefix: &SharedPrefix, batch: usize) -> Self {
+        Self::after_prefix(prefix, batch, true)
+    }
+
+    /// [`Self::after`] for one forward over whole sequences, which keeps nothing of its own
+    /// (scoring and training after a shared prefix).
+    pub fn discarding_after(prefix: &SharedPrefix, batch: usize) -> Self {
+        Self::after_prefix(prefix, batch, false)
+    }
+
+    fn after_prefix(prefix: &SharedPrefix, batch: usize, keeps: bool) -> Self {
+        let layers = (0..prefix.layers())
+            .map(|layer| {
+                LayerCache(Held::Shared {
+                    prefix: prefix.clone(),
+                    layer,
+                    keeps,
+                })
+            })
+            .collect();
+        KvCache {
+            layers,
+            keeps,
+            spent: false,
+            mask: vec![vec![true; prefix.tokens]; batch],
+            next_position: vec![prefix.tokens; batch],
+        }
+    }
+
+    /// The keys and values this cache holds, of one sequence of real tokens, to start other
+    /// sequences with ([`Self::after`]); `kv_heads` is the decoder's count of key/value heads.
+    pub fn share(&self, kv_heads: usize) -> Result<SharedPrefix, TokensError> {
+        let padding = self.mask.iter().flatten().filter(|&&real| !real).count();
+        if self.mask.len() != 1 || padding > 0 || !self.keeps {
+            return Err(TokensError::NotShareable {
+                sequences: self.mask.len(),
+                padding,
+            });
+        }
+        let tokens = self.len();
+        let layers = self.layers.iter().map(|layer| match &layer.0 {
+            Held::Host {
+                keys,
+                values,
+                capacity,
+            } => {
+                let width = keys.len() / (*capacity).max(1);
+                (
+                    keys[..tokens * width].to_vec(),
+                    values[..tokens * width].to_vec(),
+                )
+            }
+            Held::Tensors(keys, values) => {
+                let rows = |x: &Tensor<B, 4>| {
+                    let [_, heads, _, head_dim] = x.dims();
+                    let rows = x
+                        .clone()
+                        .swap_dims(1, 2)
+                        .reshape([tokens, heads * head_dim]);
+                    let data = rows.into_data().convert::<f32>();
+                    data.into_vec::<f32>().expect("converted to f32")
+                };
+                (rows(keys), rows(values))
+            }
+            Held::Shared { prefix, layer, .. } => prefix.layers[*layer].clone(),
+            Held::Empty | Held::Discarded => (Vec::new(), Vec::new()),
+        });
+        Ok(SharedPrefix {
+            layers: layers.collect(),
+            tokens,
+            kv_heads,
+        })
+    }
+
+    /// Whether a decoder of `layers` layers with key/value rows `kv_width` wide can read this
+    /// cache (an empty one, or one from such a decoder).
+    pub fn fits(&self, layers: usize, kv_width: usize) -> bool {
+        self.layers.is_empty()
+            || (self.layers.len() == layers
+                && self.layers.iter().all(|layer| match &layer.0 {
+                    Held::Shared { prefix, .. } => prefix.kv_width() == kv_width,
+                    _ => true,
+                }))
     }
 
     /// A cache for one forward pass over whole sequences, which keeps no keys and values (their
@@ -294,6 +507,9 @@ impl<B: Backend> KvCache<B> {
         let NewTokens { batch, tokens, .. } = new;
         if batch == 0 || tokens == 0 {
             return Err(TokensError::Empty);
+        }
+        if self.spent {
+            return Err(TokensError::Spent);
         }
         let past = self.len();
         if past > 0 && self.mask.len() != batch {
@@ -352,6 +568,7 @@ impl<B: Backend> KvCache<B> {
         }
         self.mask = so_far;
         self.next_position = next_position;
+        self.spent = !self.keeps;
         Ok(Positions {
             ids,
             mask: self.mask.clone(),

@@ -57,9 +57,9 @@
 //!
 //! [`DecoderStep`] chooses how the layers run, once per forward: f32 on a host backend (Flex,
 //! NdArray) on kiln's host kernels, the residual stream updated in place and the working buffers
-//! reused by every layer; training on Flex in f32 (no cache kept) through burn's operations with
-//! attention as one autodiff operation ([`AttentionOp`](kiln_kernels::host::AttentionOp)); and
-//! elsewhere (GPUs, half precision) through burn's operations.
+//! reused by every layer; training on Flex in f32 (whole sequences, or after a
+//! [`SharedPrefix`], no cache kept) through burn's operations with attention as one autodiff
+//! operation ([`AttentionOp`](kiln_kernels::host::AttentionOp)); and elsewhere (GPUs, half precision) through burn's operations.
 
 mod attention;
 mod cache;
@@ -77,7 +77,7 @@ use kiln_kernels::{HostValues, host_ops_serve};
 use crate::Pass;
 
 pub use attention::{AttentionShape, GroupedQueryAttention};
-pub use cache::{KvCache, LayerCache, NewTokens, Positions, TokensError};
+pub use cache::{KvCache, LayerCache, NewTokens, Positions, SharedPrefix, TokensError};
 pub use mlp::SwiGlu;
 pub use rope::Rope;
 
@@ -93,9 +93,9 @@ pub struct DecoderStep<B: Backend> {
 enum Context<B: Backend> {
     /// f32 on Flex or NdArray.
     Host(HostContext),
-    /// Training on Flex in f32 (`Autodiff<Flex>`), whole sequences: burn's operations, but
-    /// attention (the rotation, grouped heads, causal and padding masks) as one autodiff
-    /// operation.
+    /// Training on Flex in f32 (`Autodiff<Flex>`), whole sequences after a shared prefix or
+    /// none: burn's operations, but attention (the rotation, grouped heads, causal and padding
+    /// masks) as one autodiff operation.
     Trained {
         rotary: RotaryAngles,
         real_keys: Option<Arc<[bool]>>,
@@ -234,7 +234,8 @@ impl<B: Backend> Residual<'_, B> {
             }
             (Stream::Tensor(x), Context::Trained { rotary, real_keys }) => {
                 let normed = pass.rms_norm(norm, x.clone());
-                Stream::Tensor(attention.add_trained(normed, x, (rotary, real_keys), pass))
+                let context = (rotary, real_keys);
+                Stream::Tensor(attention.add_trained(normed, x, context, cache, pass))
             }
             (Stream::Tensor(x), Context::Tensors { cos, sin, bias }) => {
                 let normed = pass.rms_norm(norm, x.clone());
@@ -338,11 +339,8 @@ mod tests {
         outputs
     }
 
-    /// The host kernels (Flex), training's autodiff operations (`Autodiff<Flex>`, no cache kept)
-    /// and burn's operations (`Autodiff<Flex>` keeping a cache) compute one grouped-query layer
-    /// alike, padding and a cached decoding step included.
-    #[test]
-    fn the_three_executions_agree() {
+    /// A grouped-query layer of width 16 (4 query heads over 2 key/value heads), random.
+    fn layer() -> Layer<Flex> {
         let device = Default::default();
         let shape = AttentionShape {
             hidden: 16,
@@ -352,12 +350,30 @@ mod tests {
             qkv_bias: true,
             output_bias: false,
         };
-        let layer = Layer::<Flex> {
+        Layer {
             input_layernorm: RmsNormConfig::new(16).init(&device),
             self_attn: GroupedQueryAttention::init(shape, &device),
             post_attention_layernorm: RmsNormConfig::new(16).init(&device),
             mlp: SwiGlu::init(16, 24, false, &device),
-        };
+        }
+    }
+
+    /// The largest difference between two runs' values.
+    fn differ(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max)
+    }
+
+    /// The host kernels (Flex), training's autodiff operations (`Autodiff<Flex>`, no cache kept)
+    /// and burn's operations (`Autodiff<Flex>` keeping a cache) compute one grouped-query layer
+    /// alike, padding and a cached decoding step included.
+    #[test]
+    fn the_three_executions_agree() {
+        let device = Default::default();
+        let layer = layer();
         let x = Tensor::<Flex, 3>::random([2, 5, 16], Distribution::Normal(0.0, 1.0), &device);
         let input = x.to_data().to_vec::<f32>().unwrap();
         let on_autodiff = || Layer::<Autodiff<Flex>>::from_inner(layer.clone());
@@ -369,12 +385,6 @@ mod tests {
         );
         let trained = run(&on_autodiff(), Tensor::from_inner(x), KvCache::discarding());
         assert_eq!(host.len(), 2 * 5 * 16 + 2 * 16);
-        let differ = |a: &[f32], b: &[f32]| {
-            a.iter()
-                .zip(b)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max)
-        };
         // The first two rows are padding queries, which attend to nothing: each execution fills
         // them its own way (burn's operations attend uniformly), and nothing reads them.
         let real = 2 * 16;
@@ -382,5 +392,128 @@ mod tests {
         assert!(differ(&host[real..160], &trained[real..]) < 1e-4);
         // The layer does something: its output is not its input.
         assert!(differ(&host[..160], &input) > 1e-2);
+    }
+
+    /// One forward of `x` through `layer` after what `cache` holds, with `mask` over the new
+    /// tokens (none: all real).
+    fn forward<B: Backend>(
+        layer: &Layer<B>,
+        x: Tensor<B, 3>,
+        cache: &mut KvCache<B>,
+        mask: Option<&[Vec<bool>]>,
+    ) -> Tensor<B, 3> {
+        let pass = Pass::new(&Settings::default(), &PreparedWeights::default(), None);
+        let [batch, tokens, _] = x.dims();
+        let new = NewTokens {
+            batch,
+            tokens,
+            attention_mask: mask,
+            position_ids: None,
+        };
+        let positions = cache.extend(new, 64).unwrap();
+        let rope = Rope::new(4, 10_000.0, 1.0);
+        let mut step = DecoderStep::new(&x, &positions, &rope, cache, &pass);
+        let layer_cache = cache.layers(1).next().unwrap();
+        step.residual(x)
+            .add_attention(&layer.input_layernorm, &layer.self_attn, layer_cache, &pass)
+            .add_mlp(&layer.post_attention_layernorm, &layer.mlp, &pass)
+            .into_tensor()
+    }
+
+    /// Sequences that start with a shared prefix, its keys and values computed once: every
+    /// execution (host kernels, burn's operations keeping the cache, training's operation keeping
+    /// nothing) gives the new tokens what a forward over each whole sequence gives them, with
+    /// padding among the new tokens; training's gradient with respect to the new tokens is the
+    /// whole sequence's.
+    #[test]
+    fn sequences_after_a_shared_prefix_read_as_whole_sequences() {
+        type Ad = Autodiff<Flex>;
+        let device = Default::default();
+        let layer = layer();
+        let on_autodiff = || Layer::<Ad>::from_inner(layer.clone());
+        let (shared, new) = (3, 4);
+        let normal =
+            |shape| Tensor::<Flex, 3>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+        let (start, x) = (normal([1, shared, 16]), normal([2, new, 16]));
+        let mask = [vec![true, false, true, true], vec![true; new]];
+        let whole_mask: Vec<Vec<bool>> = mask
+            .iter()
+            .map(|row| [vec![true; shared], row.clone()].concat())
+            .collect();
+        let whole = Tensor::cat(vec![start.clone().repeat_dim(0, 2), x.clone()], 1);
+        let values = |y: Tensor<Flex, 3>| y.into_data().to_vec::<f32>().unwrap();
+        let want = forward(
+            &layer,
+            whole.clone(),
+            &mut KvCache::new(),
+            Some(&whole_mask),
+        );
+        let want = values(want.slice([0..2, shared..shared + new]));
+
+        let mut cache = KvCache::new();
+        forward(&layer, start, &mut cache, None);
+        let prefix = cache.share(2).unwrap();
+        assert_eq!(
+            (prefix.tokens(), prefix.layers(), prefix.kv_width()),
+            (3, 1, 8)
+        );
+        let host = forward(
+            &layer,
+            x.clone(),
+            &mut KvCache::after(&prefix, 2),
+            Some(&mask),
+        );
+        assert!(differ(&values(host), &want) < 1e-4);
+        let mut tensors_cache = KvCache::after(&prefix, 2);
+        let tensors = forward(
+            &on_autodiff(),
+            Tensor::from_inner(x.clone()),
+            &mut tensors_cache,
+            Some(&mask),
+        );
+        assert!(differ(&values(tensors.inner()), &want) < 1e-4);
+
+        let weights = normal([2, new, 16]);
+        let gradient = |y: Tensor<Ad, 3>, x: &Tensor<Ad, 3>| {
+            let grads = (y * Tensor::from_inner(weights.clone())).sum().backward();
+            values(x.grad(&grads).unwrap())
+        };
+        let x_trained = Tensor::<Ad, 3>::from_inner(x).require_grad();
+        let mut trained_cache = KvCache::discarding_after(&prefix, 2);
+        let trained = forward(
+            &on_autodiff(),
+            x_trained.clone(),
+            &mut trained_cache,
+            Some(&mask),
+        );
+        assert!(differ(&values(trained.clone().inner()), &want) < 1e-4);
+        let whole_x = Tensor::<Ad, 3>::from_inner(whole).require_grad();
+        let whole_y = forward(
+            &on_autodiff(),
+            whole_x.clone(),
+            &mut KvCache::discarding(),
+            Some(&whole_mask),
+        );
+        let whole_y = whole_y.slice([0..2, shared..shared + new]);
+        let want_gradient = Tensor::<Flex, 3>::from_data(
+            TensorData::new(gradient(whole_y, &whole_x), [2, shared + new, 16]),
+            &device,
+        );
+        let want_gradient = values(want_gradient.slice([0..2, shared..shared + new]));
+        let got_gradient = gradient(trained, &x_trained);
+        assert!(differ(&got_gradient, &want_gradient) < 1e-4);
+        assert!(want_gradient.iter().any(|g| g.abs() > 1e-3));
+
+        // A cache that keeps nothing serves one forward.
+        let again = trained_cache.extend(
+            NewTokens {
+                batch: 2,
+                tokens: 1,
+                attention_mask: None,
+                position_ids: None,
+            },
+            64,
+        );
+        assert_eq!(again.unwrap_err(), TokensError::Spent);
     }
 }
