@@ -5,8 +5,8 @@
 //! ```text
 //! cargo run --release --example latentwire -- --lm DIR[,DIR] --out DIR [--latents M]
 //!     [--steps N] [--max-steps-now N] [--batch B] [--policy P] [--device D]
-//!     [--lr X] [--train-items N] [--eval-items N] [--eval-every N] [--encoder-layers N]
-//!     [--seed S]
+//!     [--lr X] [--train-items N] [--eval-items N] [--eval-every N] [--encoder bytes|states]
+//!     [--encoder-layers N] [--seed S]
 //! ```
 //!
 //! - `--lm`: Hugging Face directories of Llama-family chat models (config.json, weights,
@@ -34,8 +34,8 @@ use kiln::burn;
 use kiln::core::{DeviceJob, DeviceSpec, PolicySpec};
 use kiln::io::RunFiles;
 use kiln::latentwire::{
-    EncoderConfig, Evaluation, FrozenReaders, LatentWire, LatentWireTraining, Objective, QaItem,
-    Reader, ReaderReport, Split, TokenizedSplit, generate, tiny_readers,
+    EncoderConfig, EncoderKind, Evaluation, FrozenReaders, LatentWire, LatentWireTraining,
+    Objective, QaItem, Reader, ReaderReport, Split, TokenizedSplit, generate, tiny_readers,
 };
 use kiln::train::{HostData, OptimizerConfig, RunOptions, Schedule, TrainConfig, Trainer};
 use serde_json::json;
@@ -85,12 +85,25 @@ struct Args {
     /// Evaluate (and checkpoint) every this many steps.
     #[arg(long, default_value_t = 100, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
     eval_every: u64,
+    /// What the interlingua reads: `bytes` (LatentWire's byte encoder) or `states` (the first
+    /// language model's hidden states of the text, pooled by the same learned queries).
+    #[arg(long, default_value = "bytes", value_parser = parse_encoder)]
+    encoder: EncoderKind,
     /// Transformer layers of the byte encoder (LatentWire's: 6).
     #[arg(long, default_value_t = 6, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     encoder_layers: usize,
     /// Seeds the data, the initial weights and the order of the items.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+}
+
+/// `bytes` or `states`.
+fn parse_encoder(text: &str) -> Result<EncoderKind, String> {
+    match text {
+        "bytes" => Ok(EncoderKind::Bytes),
+        "states" => Ok(EncoderKind::States),
+        _ => Err(format!("{text:?}: the encoder reads `bytes` or `states`")),
+    }
 }
 
 impl Args {
@@ -228,7 +241,8 @@ impl DeviceJob for Args {
                 "lm": self.lm,
                 "readers": names,
                 "latents": self.latents,
-                "encoder": {"width": encoder.width, "layers": encoder.layers, "heads": encoder.heads},
+                "encoder": {"reads": format!("{:?}", self.encoder), "width": encoder.width,
+                            "layers": encoder.layers, "heads": encoder.heads},
                 "objective": Objective::new(),
                 "policy": policy.to_string(),
             }),
@@ -240,7 +254,7 @@ impl DeviceJob for Args {
         };
         let trainer = Trainer::<Autodiff<B>>::new(config, options, device.clone());
         let widths: Vec<usize> = readers.iter().map(Reader::model_width).collect();
-        let model = LatentWire::<Autodiff<B>>::init(&encoder, &widths, device);
+        let model = LatentWire::<Autodiff<B>>::init(&encoder, self.encoder, &widths, device);
         let max_bytes = encoder.max_bytes;
         let frozen = FrozenReaders::new(readers);
         let training = LatentWireTraining::new(model, frozen.clone(), Objective::new());

@@ -43,31 +43,31 @@ import os
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
+from latentwire_modules import latentwire_models  # noqa: E402
+
 SYSTEM_PROMPT = ("You are a concise QA assistant. Use the context to answer with a short phrase "
                  "only. Answer in English. Respond with the answer phrase only.")
 CONTENT = "KILN_LATENTWIRE_CONTENT"
 
 
-def latentwire_models(root):
-    """LatentWire's `models` module from a checkout (`datasets` stubbed: nothing is loaded)."""
-    if not root or not (Path(root) / "latentwire" / "models.py").is_file():
-        sys.exit("give --latentwire-dir, a LatentWire checkout (it holds latentwire/models.py)")
-    sys.path.insert(0, root)
-
-    def refuse(*args, **kwargs):
-        raise RuntimeError("the benchmark loads no datasets")
-
-    sys.modules.setdefault("datasets", types.ModuleType("datasets"))
-    sys.modules["datasets"].load_dataset = refuse
-    from latentwire import models
-    return models
+def template(tokenizer):
+    """The ids before and after the content in `tokenizer`'s chat template around LatentWire's
+    system prompt and one user turn (the assistant's turn opened), and its end-of-turn id: what
+    kiln's `Template::of` reads."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": CONTENT}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=True)
+    before, after = rendered.split(CONTENT)
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+    return encode(before), encode(after), tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
 
 
 class Reader:
@@ -78,14 +78,7 @@ class Reader:
         self.lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                        attn_implementation="sdpa")
         self.lm.eval().requires_grad_(False)
-        messages = [{"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": CONTENT}]
-        rendered = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=True)
-        before, after = rendered.split(CONTENT)
-        encode = lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        self.before, self.after = encode(before), encode(after)
-        self.end = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)
+        self.before, self.after, self.end = template(self.tokenizer)
         table = self.lm.get_input_embeddings().weight
         self.rms = table.pow(2).mean().sqrt().item()
         self.opening = None

@@ -103,6 +103,25 @@ fn the_builtin_models_run_the_pipeline_and_write_the_contracts_files() {
     );
 }
 
+/// `--encoder states`: the interlingua pools the first model's hidden states, and the run
+/// writes the same files.
+#[test]
+fn the_state_encoder_runs_the_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("states");
+    let args: Vec<&str> = SHORT
+        .iter()
+        .copied()
+        .chain(["--encoder", "states"])
+        .collect();
+    succeeds(&out, &args);
+    let summary = summary(&out);
+    assert!(
+        summary["tiny-qwen2"]["latent"]["nll"].is_number(),
+        "{summary}"
+    );
+}
+
 /// `--max-steps-now 1`, then the same command twice more, ends with the uninterrupted run's
 /// losses and scores.
 #[test]
@@ -143,6 +162,8 @@ fn bad_inputs_are_refused_with_clear_errors() {
     assert!(error.contains("no-such-model"), "{error}");
     let error = fails(&out, &["--latents", "0"]);
     assert!(error.contains("--latents"), "{error}");
+    let error = fails(&out, &["--encoder", "words"]);
+    assert!(error.contains("`bytes` or `states`"), "{error}");
     let error = fails(&out, &["--train-items", "0"]);
     assert!(error.contains("--train-items"), "{error}");
     // kiln-text's tiny checkpoint has 64 positions: not even the chat template fits.

@@ -209,7 +209,7 @@ const FIXTURES: &[Fixture] = &[
         requirements: "scripts/fixtures/requirements-fvlm.txt",
     },
     Fixture {
-        script: "scripts/fixtures/latentwire.py",
+        script: "scripts/fixtures/latentwire_modules.py",
         out: "crates/kiln-latentwire/tests/fixtures",
         python: "KILN_HF_PYTHON",
         requirements: "scripts/fixtures/requirements-hf.txt",

@@ -243,7 +243,28 @@ pub struct LatentPooler<B: Backend> {
 }
 
 impl<B: Backend> LatentPooler<B> {
-    fn forward(&self, features: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
+    /// `latents` queries of width `d` over `heads` heads, initialised as LatentWire's (queries
+    /// N(0, 1/d), PyTorch's defaults elsewhere).
+    pub(crate) fn init(latents: usize, d: usize, heads: usize, device: &B::Device) -> Self {
+        let linear = |inputs, outputs| LinearConfig::new(inputs, outputs).init(device);
+        let norm = || LayerNormConfig::new(d).init(device);
+        let queries = Initializer::Normal {
+            mean: 0.0,
+            std: (d as f64).powf(-0.5),
+        };
+        LatentPooler {
+            latent: queries.init([latents, d], device),
+            cross_attn: PackedAttention::init(d, heads, device),
+            gate_norm: norm(),
+            gate: linear(d, d),
+            ff_norm: norm(),
+            ff_in: linear(d, 2 * d),
+            ff_out: linear(2 * d, d),
+        }
+    }
+
+    /// The latents `[batch, M, d]` read from `features` `[batch, tokens, d]`.
+    pub(crate) fn forward(&self, features: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
         let [batch, _, width] = features.dims();
         let latent = self.latent.val();
         let queries = latent.clone().unsqueeze_dim::<3>(0);
@@ -295,25 +316,13 @@ impl EncoderConfig {
             norm1: norm(),
             norm2: norm(),
         };
-        let queries = Initializer::Normal {
-            mean: 0.0,
-            std: (d as f64).powf(-0.5),
-        };
         InterlinguaEncoder {
             backbone: ByteEncoder {
                 byte_emb: EmbeddingConfig::new(256, d).init(device),
                 layers: (0..self.layers).map(|_| layer()).collect(),
                 ln: norm(),
             },
-            shared_pooler: LatentPooler {
-                latent: queries.init([self.latents, d], device),
-                cross_attn: PackedAttention::init(d, self.heads, device),
-                gate_norm: norm(),
-                gate: linear(d, d),
-                ff_norm: norm(),
-                ff_in: linear(d, 2 * d),
-                ff_out: linear(2 * d, d),
-            },
+            shared_pooler: LatentPooler::init(self.latents, d, self.heads, device),
             max_bytes: self.max_bytes,
             prepared: PreparedWeights::default(),
         }

@@ -12,7 +12,7 @@ use kiln_text::GenerationConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::reader::Contents;
-use crate::{ByteBatch, LatentWire, LatentWireError, QaItem, Reader};
+use crate::{ByteBatch, LatentWire, LatentWireError, QaBatch, QaItem, Reader, ReaderBatch};
 
 /// One prompt kind's scores.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -98,31 +98,21 @@ impl Evaluation {
         }
         let mut tallies = vec![[Tally::default(); 3]; readers.len()];
         let mut text_tokens = vec![0usize; readers.len()];
-        let [latents, width] = model.encoder.shared_pooler.latent.dims();
+        let [latents, width] = model.encoder.latent_shape();
         for chunk in items.chunks(self.batch.max(1)) {
             let sources: Vec<String> = chunk.iter().map(QaItem::source).collect();
-            let bytes = ByteBatch::new(&sources, model.encoder.max_bytes());
-            let prefixes = model.prefixes(model.latents(&bytes), readers);
-            for (m, (reader, prefix)) in readers.iter().zip(prefixes).enumerate() {
-                let texts = ids_of(reader, sources.iter().map(String::as_str))?;
-                let answers = ids_of(reader, chunk.iter().map(|i| i.answer.as_str()))?;
-                if let Some(row) = answers.iter().position(Vec::is_empty) {
-                    return Err(LatentWireError::Input(format!(
-                        "an item's answer is empty: {:?}",
-                        chunk[row].question
-                    )));
-                }
+            let batch = QaBatch {
+                bytes: ByteBatch::new(&sources, model.encoder.max_bytes()),
+                readers: (readers.iter())
+                    .map(|reader| reader_batch(reader, &sources, chunk))
+                    .collect::<Result<_, _>>()?,
+            };
+            let prefixes = model.prefixes(model.latents(&batch, readers)?, readers);
+            let per_reader = readers.iter().zip(prefixes).zip(batch.readers);
+            for (m, ((reader, prefix), ReaderBatch { texts, answers })) in per_reader.enumerate() {
                 text_tokens[m] += texts.iter().map(Vec::len).sum::<usize>();
-                let budget = texts
-                    .iter()
-                    .map(|t| t[..t.len().min(latents)].to_vec())
-                    .collect();
-                let kinds = [
-                    Contents::Tokens(texts),
-                    Contents::Embeddings(prefix),
-                    Contents::Tokens(budget),
-                ];
-                for (tally, contents) in tallies[m].iter_mut().zip(kinds) {
+                let kinds = prompt_kinds(&texts, prefix, latents);
+                for (tally, (_, contents)) in tallies[m].iter_mut().zip(kinds) {
                     self.score(reader, contents, &answers, chunk, tally)?;
                 }
             }
@@ -218,6 +208,23 @@ pub(crate) fn teacher_forced<B: Backend>(
         scored.first_right += usize::from(argmax(row_logits(0)) == answer[0] as usize);
     }
     Ok(scored)
+}
+
+/// `items`' texts (`sources`) and answers as `reader` reads them; an empty answer is an error.
+fn reader_batch<B: Backend>(
+    reader: &Reader<B>,
+    sources: &[String],
+    items: &[QaItem],
+) -> Result<ReaderBatch, LatentWireError> {
+    let texts = ids_of(reader, sources.iter().map(String::as_str))?;
+    let answers = ids_of(reader, items.iter().map(|i| i.answer.as_str()))?;
+    if let Some(row) = answers.iter().position(Vec::is_empty) {
+        return Err(LatentWireError::Input(format!(
+            "an item's answer is empty: {:?}",
+            items[row].question
+        )));
+    }
+    Ok(ReaderBatch { texts, answers })
 }
 
 /// Each text's ids for `reader`.

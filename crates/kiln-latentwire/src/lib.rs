@@ -5,7 +5,8 @@
 //! ```
 //! use burn::backend::{Autodiff, Flex};
 //! use kiln_latentwire::{
-//!     EncoderConfig, LatentWire, Objective, Split, TokenizedSplit, generate, tiny_readers,
+//!     EncoderConfig, EncoderKind, LatentWire, Objective, Split, TokenizedSplit, generate,
+//!     tiny_readers,
 //! };
 //!
 //! type Ad = Autodiff<Flex>;
@@ -14,13 +15,13 @@
 //! let readers = tiny_readers::<Ad>(&device)?;
 //! let widths: Vec<usize> = readers.iter().map(|r| r.model_width()).collect();
 //! let encoder = EncoderConfig::new(8).with_layers(1); // M = 8 latents
-//! let model = LatentWire::<Ad>::init(&encoder, &widths, &device);
+//! let model = LatentWire::<Ad>::init(&encoder, EncoderKind::Bytes, &widths, &device);
 //! // Questions about invented people, tokenized once for both models.
 //! let items = generate(Split::Train, 2, 0);
 //! let split = TokenizedSplit::new(&items, &readers, "example")?;
 //! let loss = Objective::new().loss(&model, &readers, &split.batch(&[0, 1], 512))?;
 //! let grads = loss.loss.backward(); // into the encoder and adapters; the models stay frozen
-//! assert!(model.encoder.shared_pooler.latent.grad(&grads).is_some());
+//! assert!(model.encoder.pooler().latent.grad(&grads).is_some());
 //! # Ok::<(), kiln_latentwire::LatentWireError>(())
 //! ```
 //!
@@ -31,7 +32,7 @@
 //!   objects, questions about one fact, answers that are spans of the context, with the test
 //!   split's entities and phrasings held out of training;
 //! - [`adapter`]: the adapter that turns the latents into one language model's soft prompt,
-//!   checked against LatentWire's own module (scripts/fixtures/latentwire.py);
+//!   checked against LatentWire's own module (scripts/fixtures/latentwire_modules.py);
 //! - [`reader`]: one frozen language model reading the text, its first `M` tokens or the soft
 //!   prompt in the user's turn of its chat template, with the answer after;
 //! - [`model`]: what trains, the encoder and an adapter per language model;
@@ -43,7 +44,9 @@
 //! - [`builtin`]: two tiny random language models to run the pipeline without checkpoints;
 //! - [`curves`]: `curves.png`, the held-out scores over training;
 //! - [`encoder`]: the interlingua encoder (bytes → transformer → `M` pooled latents), checked
-//!   against LatentWire's `InterlinguaEncoder` likewise.
+//!   against LatentWire's `InterlinguaEncoder` likewise;
+//! - [`states`]: the variant that pools the first language model's hidden states of the text
+//!   instead (LatentWire's "stq" encoder read a frozen sentence encoder's).
 
 pub mod adapter;
 pub mod builtin;
@@ -54,6 +57,7 @@ pub mod eval;
 pub mod model;
 pub mod objective;
 pub mod reader;
+pub mod states;
 pub mod tokenized;
 pub mod train;
 
@@ -62,9 +66,10 @@ pub use builtin::tiny_readers;
 pub use data::{QaItem, Relation, Split, generate};
 pub use encoder::{ByteBatch, EncoderConfig, InterlinguaEncoder};
 pub use eval::{Evaluation, ReaderReport, Scores};
-pub use model::LatentWire;
+pub use model::{Encoder, EncoderKind, LatentWire};
 pub use objective::{LossTerms, Objective, QaBatch, ReaderBatch, TrainingLoss};
 pub use reader::{Composed, Contents, Reader, Template};
+pub use states::StateEncoder;
 pub use tokenized::TokenizedSplit;
 pub use train::{FrozenReaders, LatentWireTraining};
 

@@ -149,7 +149,7 @@ impl Objective {
                 readers.len()
             )));
         }
-        let prefixes = model.prefixes(model.latents(&batch.bytes), readers);
+        let prefixes = model.prefixes(model.latents(batch, readers)?, readers);
         let mut total = None;
         let mut terms = Vec::new();
         for ((prefix, reader), items) in prefixes.into_iter().zip(readers).zip(&batch.readers) {

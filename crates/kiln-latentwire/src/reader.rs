@@ -367,6 +367,25 @@ impl<B: Backend> Reader<B> {
         Ok(lm.forward_cached(composed.input, &mut cache)?)
     }
 
+    /// The model's final hidden states `[texts, tokens, hidden]` of `texts` (ids, any lengths;
+    /// the shorter continued with the end id, which a causal model reads after the text), without
+    /// the template: what the state encoder reads. Computed without gradient.
+    pub fn text_states(&self, texts: &[Vec<u32>]) -> Result<Tensor<B, 3>, LatentWireError> {
+        let longest = texts.iter().map(Vec::len).max().unwrap_or(0);
+        if longest == 0 {
+            return Err(LatentWireError::Input(format!(
+                "{}: no text to read hidden states of",
+                self.name
+            )));
+        }
+        let end = self.template.end;
+        let rows = (texts.iter())
+            .map(|text| [text.as_slice(), &vec![end; longest - text.len()]].concat())
+            .collect();
+        let input = TextInput::ids(rows).with_last_logits_only();
+        Ok(self.lm.forward(input)?.last_hidden_state.detach())
+    }
+
     /// Each row's continuation of `contents` in the user's turn, the assistant's turn opened
     /// (kiln-text's generation, after the template's opening).
     pub fn generate(

@@ -105,7 +105,7 @@ impl<B: Backend> EvalStep<B> for LatentWireTraining<B> {
     /// language model and prompt kind (`text`, `latent`, `token_budget`).
     fn eval_step(&self, batch: QaBatch) -> Result<EvalOutput<B>, BadBatch> {
         let readers = self.readers.on::<B>().ok_or_else(missing_readers)?;
-        let latents = self.model.latents(&batch.bytes);
+        let latents = (self.model.latents(&batch, readers)).map_err(|e| BadBatch(e.to_string()))?;
         let slots = latents.dims()[1];
         let device = latents.device();
         let prefixes = self.model.prefixes(latents, readers);

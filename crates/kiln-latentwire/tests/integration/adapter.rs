@@ -1,4 +1,4 @@
-//! The adapter against LatentWire's own `Adapter` (scripts/fixtures/latentwire.py).
+//! The adapter against LatentWire's own `Adapter` (scripts/fixtures/latentwire_modules.py).
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::Tensor;

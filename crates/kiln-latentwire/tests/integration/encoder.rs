@@ -1,5 +1,5 @@
 //! The interlingua encoder against LatentWire's own `InterlinguaEncoder`
-//! (scripts/fixtures/latentwire.py).
+//! (scripts/fixtures/latentwire_modules.py).
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::Tensor;

@@ -1,7 +1,9 @@
 //! Held-out evaluation on kiln-text's tiny checkpoints.
 
 use burn::backend::Flex;
-use kiln_latentwire::{EncoderConfig, Evaluation, LatentWire, QaItem, Reader, Relation};
+use kiln_latentwire::{
+    EncoderConfig, EncoderKind, Evaluation, LatentWire, QaItem, Reader, Relation,
+};
 use kiln_text::{GenerationConfig, TextInput, generate};
 
 use crate::support::roomy_reader;
@@ -32,7 +34,8 @@ fn system(reader: &Reader<Flex>, latents: usize) -> LatentWire<Flex> {
         .with_width(16)
         .with_layers(1)
         .with_heads(2);
-    LatentWire::init(&config, &[reader.model_width()], &Default::default())
+    let widths = [reader.model_width()];
+    LatentWire::init(&config, EncoderKind::Bytes, &widths, &Default::default())
 }
 
 /// The text prompt's scores, batched and padded, are those of each item alone: its answer's

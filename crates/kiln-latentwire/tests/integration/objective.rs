@@ -7,7 +7,7 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_latentwire::{
-    ByteBatch, EncoderConfig, LatentWire, Objective, QaBatch, Reader, ReaderBatch,
+    ByteBatch, EncoderConfig, EncoderKind, LatentWire, Objective, QaBatch, Reader, ReaderBatch,
 };
 use kiln_text::TextInput;
 
@@ -22,13 +22,18 @@ fn readers<B: Backend>() -> Vec<Reader<B>> {
 }
 
 fn system<B: Backend>(readers: &[Reader<B>]) -> LatentWire<B> {
+    system_reading(readers, EncoderKind::Bytes)
+}
+
+/// A tiny system whose encoder reads what `kind` says.
+fn system_reading<B: Backend>(readers: &[Reader<B>], kind: EncoderKind) -> LatentWire<B> {
     let config = EncoderConfig::new(3)
         .with_width(16)
         .with_layers(1)
         .with_heads(2)
         .with_max_bytes(64);
     let widths: Vec<usize> = readers.iter().map(Reader::model_width).collect();
-    LatentWire::init(&config, &widths, &Default::default())
+    LatentWire::init(&config, kind, &widths, &Default::default())
 }
 
 fn batch<B: Backend>(readers: &[Reader<B>]) -> QaBatch {
@@ -88,7 +93,7 @@ fn each_term_is_the_mean_it_names() {
 
     let readers = readers::<Flex>();
     let model = model.valid();
-    let prefixes = model.prefixes(model.latents(&batch.bytes), &readers);
+    let prefixes = model.prefixes(model.latents(&batch, &readers).unwrap(), &readers);
     let mut total = 0.0;
     for (m, (reader, items)) in readers.iter().zip(&batch.readers).enumerate() {
         let end = reader.template().end;
@@ -153,12 +158,18 @@ fn each_term_is_the_mean_it_names() {
     assert!((got - want).abs() <= 1e-4 * want, "{got} vs {want}");
 }
 
-/// AdamW steps on one batch lower the loss; the language models get no gradient.
+/// AdamW steps on one batch lower the loss, with either encoder; the language models get no
+/// gradient.
 #[test]
 fn training_steps_lower_the_loss_and_leave_the_language_models_frozen() {
+    training_lowers_the_loss(EncoderKind::Bytes);
+    training_lowers_the_loss(EncoderKind::States);
+}
+
+fn training_lowers_the_loss(kind: EncoderKind) {
     <Ad as Backend>::seed(&Default::default(), 53);
     let readers = readers::<Ad>();
-    let mut model = system::<Ad>(&readers);
+    let mut model = system_reading::<Ad>(&readers, kind);
     let batch = batch(&readers);
     let objective = Objective::new();
     let mut optimizer = AdamWConfig::new().init::<Ad, LatentWire<Ad>>();
@@ -170,10 +181,43 @@ fn training_steps_lower_the_loss_and_leave_the_language_models_frozen() {
         for reader in &readers {
             assert!(reader.lm().input_embeddings().grad(&grads).is_none());
         }
-        assert!(model.encoder.shared_pooler.latent.grad(&grads).is_some());
+        assert!(model.encoder.pooler().latent.grad(&grads).is_some());
         let grads = GradientsParams::from_grads(grads, &model);
         model = optimizer.step(1e-2, model, grads);
     }
     let late = losses[12..].iter().cloned().fold(f32::INFINITY, f32::min);
-    assert!(late < 0.9 * losses[0], "{losses:?}");
+    assert!(late < 0.9 * losses[0], "{kind:?}: {losses:?}");
+}
+
+/// The state encoder reads the first model's final hidden states of each text, which padding
+/// the shorter texts leaves as they are alone.
+#[test]
+fn the_state_encoder_reads_each_texts_hidden_states() {
+    let readers = readers::<Flex>();
+    let batch = batch(&readers);
+    let texts = &batch.readers[0].texts;
+    assert_ne!(texts[0].len(), texts[1].len());
+    let states = readers[0].text_states(texts).unwrap();
+    let [_, longest, hidden] = states.dims();
+    assert_eq!(hidden, readers[0].model_width());
+    for (row, text) in texts.iter().enumerate() {
+        let alone = readers[0]
+            .lm()
+            .forward(TextInput::ids(vec![text.clone()]))
+            .unwrap();
+        let got = states
+            .clone()
+            .slice([row..row + 1, 0..text.len(), 0..hidden]);
+        let gap = (got - alone.last_hidden_state).abs().max().into_scalar();
+        assert!(gap < 1e-5, "row {}: {gap}", row + 1);
+    }
+    assert!(longest == texts.iter().map(Vec::len).max().unwrap());
+    let model = system_reading(&readers, EncoderKind::States);
+    let latents = model.latents(&batch, &readers).unwrap();
+    assert_eq!(latents.dims(), [2, 3, 16]);
+    let no_readers = model.latents(&batch, &[]).unwrap_err();
+    assert!(
+        no_readers.to_string().contains("first language model"),
+        "{no_readers}"
+    );
 }

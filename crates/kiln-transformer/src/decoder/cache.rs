@@ -259,13 +259,19 @@ impl<B: Backend> LayerCache<B> {
             Held::Discarded => return None,
             Held::Host { .. } => {}
             Held::Shared { prefix, layer, .. } => {
-                let [keys, values] = prefix
-                    .repeated(*layer, batch)
-                    .map(|data| data.into_vec::<f32>().expect("f32 on the host"));
+                // Each sequence's rows: the prefix's, then room for the new tokens.
+                let laid_out = |shared: &[f32]| {
+                    let mut rows = vec![0f32; batch * total * width];
+                    for sequence in rows.chunks_exact_mut(total * width) {
+                        sequence[..shared.len()].copy_from_slice(shared);
+                    }
+                    rows
+                };
+                let (keys, values) = &prefix.layers[*layer];
                 self.0 = Held::Host {
-                    keys,
-                    values,
-                    capacity: past,
+                    keys: laid_out(keys),
+                    values: laid_out(values),
+                    capacity: total,
                 };
             }
             _ => {
