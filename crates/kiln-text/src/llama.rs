@@ -271,7 +271,7 @@ impl<B: Backend> CausalLm<B> {
         let mut cache = KvCache::new();
         let input = TextInput::ids(vec![ids.to_vec()]).with_last_logits_only();
         self.forward_cached(input, &mut cache)?;
-        Ok(cache.share(self.config.num_key_value_heads)?)
+        Ok(cache.share()?)
     }
 
     /// [`Self::forward_cached`] of whole sequences, keeping no keys and values (scoring,

@@ -137,7 +137,6 @@ enum Held<B: Backend> {
 pub struct SharedPrefix {
     layers: Arc<[(Vec<f32>, Vec<f32>)]>,
     tokens: usize,
-    kv_heads: usize,
 }
 
 impl std::fmt::Debug for SharedPrefix {
@@ -145,7 +144,6 @@ impl std::fmt::Debug for SharedPrefix {
         f.debug_struct("SharedPrefix")
             .field("layers", &self.layers.len())
             .field("tokens", &self.tokens)
-            .field("kv_heads", &self.kv_heads)
             .finish()
     }
 }
@@ -409,8 +407,8 @@ impl<B: Backend> KvCache<B> {
     }
 
     /// The keys and values this cache holds, of one sequence of real tokens, to start other
-    /// sequences with ([`Self::after`]); `kv_heads` is the decoder's count of key/value heads.
-    pub fn share(&self, kv_heads: usize) -> Result<SharedPrefix, TokensError> {
+    /// sequences with ([`Self::after`]).
+    pub fn share(&self) -> Result<SharedPrefix, TokensError> {
         let padding = self.mask.iter().flatten().filter(|&&real| !real).count();
         if self.mask.len() != 1 || padding > 0 || !self.keeps {
             return Err(TokensError::NotShareable {
@@ -449,7 +447,6 @@ impl<B: Backend> KvCache<B> {
         Ok(SharedPrefix {
             layers: layers.collect(),
             tokens,
-            kv_heads,
         })
     }
 

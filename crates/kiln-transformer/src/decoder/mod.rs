@@ -452,7 +452,7 @@ mod tests {
 
         let mut cache = KvCache::new();
         forward(&layer, start, &mut cache, None);
-        let prefix = cache.share(2).unwrap();
+        let prefix = cache.share().unwrap();
         assert_eq!(
             (prefix.tokens(), prefix.layers(), prefix.kv_width()),
             (3, 1, 8)
