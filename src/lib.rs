@@ -65,6 +65,7 @@ pub use kiln_io as io;
 pub use kiln_kernels as kernels;
 pub use kiln_latentwire as latentwire;
 pub use kiln_mc as mc;
+pub use kiln_realtime as realtime;
 pub use kiln_text as text;
 pub use kiln_train as train;
 pub use kiln_transformer as transformer;

@@ -40,19 +40,11 @@ fn run(out: &Path, args: &[&str]) -> Output {
 }
 
 fn succeeds(out: &Path, args: &[&str]) -> Output {
-    let output = run(out, args);
-    assert!(
-        output.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
+    common::succeeded(run(out, args), args)
 }
 
 fn fails(out: &Path, args: &[&str]) -> String {
-    let output = run(out, args);
-    assert!(!output.status.success(), "{args:?} was accepted");
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    common::failed(run(out, args), args)
 }
 
 fn summary(out: &Path) -> Value {

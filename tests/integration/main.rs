@@ -24,6 +24,7 @@ mod hostile;
 mod latentwire_example;
 mod mc_backends;
 mod parsers;
+mod realtime_example;
 mod text_backends;
 mod train_example;
 mod train_forcefield_example;

@@ -215,6 +215,12 @@ const FIXTURES: &[Fixture] = &[
         requirements: "scripts/fixtures/requirements-hf.txt",
     },
     Fixture {
+        script: "scripts/fixtures/realtime.py",
+        out: "crates/kiln-realtime/tests/fixtures",
+        python: "KILN_HF_PYTHON",
+        requirements: "scripts/fixtures/requirements-hf.txt",
+    },
+    Fixture {
         script: "scripts/fixtures/painn.py",
         out: "crates/kiln-forcefield/tests/fixtures",
         python: "KILN_SCHNETPACK_PYTHON",

@@ -22,9 +22,10 @@ use burn::tensor::activation::sigmoid;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_core::CheckpointError;
-use kiln_kernels::host;
 use kiln_transformer::projection::{Then, project};
-use kiln_transformer::{Activation, Pass, PreparedWeights, Settings};
+use kiln_transformer::{
+    Activation, PACKED_ATTENTION_KEYS, PackedAttention, Pass, PreparedWeights, Settings,
+};
 
 /// The interlingua's sizes: LatentWire's `InterlinguaEncoder(d_z, n_layers, n_heads, ff_mult,
 /// latent_len)` with train.py's defaults.
@@ -90,83 +91,6 @@ impl ByteBatch {
     fn tensor<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
         let data = TensorData::new(self.bytes.clone(), self.dims());
         Tensor::from_data(data, device)
-    }
-}
-
-/// Multi-head attention with q, k and v from one packed projection, as PyTorch's
-/// `nn.MultiheadAttention` keeps them (`in_proj_weight` `[3 · d, d]`).
-#[derive(Module, Debug)]
-pub struct PackedAttention<B: Backend> {
-    /// q, k and v side by side (`in_proj_weight`, `in_proj_bias`).
-    pub in_proj: Linear<B>,
-    /// The heads merged → `d`.
-    pub out_proj: Linear<B>,
-    #[module(skip)]
-    heads: usize,
-}
-
-impl<B: Backend> PackedAttention<B> {
-    /// PyTorch's initialisation: Xavier-uniform over the packed `[3 · d, d]` weight, zero
-    /// biases, the output projection as a default `Linear` with a zero bias.
-    fn init(width: usize, heads: usize, device: &B::Device) -> Self {
-        let mut in_proj = LinearConfig::new(width, 3 * width).init(device);
-        in_proj.weight = Initializer::XavierUniform { gain: 1.0 }.init_with(
-            [width, 3 * width],
-            Some(width),
-            Some(3 * width),
-            device,
-        );
-        in_proj.bias = Some(Initializer::Zeros.init([3 * width], device));
-        let mut out_proj = LinearConfig::new(width, width).init(device);
-        out_proj.bias = Some(Initializer::Zeros.init([width], device));
-        PackedAttention {
-            in_proj,
-            out_proj,
-            heads,
-        }
-    }
-
-    fn width(&self) -> usize {
-        self.out_proj.weight.dims()[0]
-    }
-
-    /// Self-attention of `x` `[batch, tokens, d]`, heads merged, before `out_proj`: one product
-    /// for q, k and v, which the host attention kernel reads in place.
-    fn attend_self(&self, x: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
-        let width = self.width();
-        let qkv = project(&self.in_proj, x, Then::Nothing, pass);
-        if host::serves(&qkv) {
-            let device = qkv.device();
-            return pass.attention_side_by_side(qkv.into_data(), self.heads, &device);
-        }
-        let [q, k, v] = [0, 1, 2].map(|part| qkv.clone().narrow(2, part * width, width));
-        pass.attention(q, k, v, self.heads)
-    }
-
-    /// The learned `queries` `[M, d]` (the same for every text) attending over `x` `[batch,
-    /// tokens, d]`, heads merged, before `out_proj`.
-    fn attend_from(&self, queries: Tensor<B, 2>, x: Tensor<B, 3>, pass: &Pass) -> Tensor<B, 3> {
-        let [batch, _, width] = x.dims();
-        let latents = queries.dims()[0];
-        let weight = self.in_proj.weight.val();
-        let bias = self.in_proj.bias.as_ref().map(Param::val);
-        let part = |range: std::ops::Range<usize>| {
-            let w = weight.clone().slice([0..width, range.clone()]);
-            (w, bias.clone().map(|b| b.slice([range])))
-        };
-        let (w_q, b_q) = part(0..width);
-        let mut q = queries.matmul(w_q);
-        if let Some(b) = b_q {
-            q = q + b.unsqueeze();
-        }
-        let q = q.unsqueeze_dim::<3>(0).expand([batch, latents, width]);
-        let (w_kv, b_kv) = part(width..3 * width);
-        let mut kv = x.matmul(w_kv.unsqueeze());
-        if let Some(b) = b_kv {
-            kv = kv + b.unsqueeze();
-        }
-        let [k, v] = [0, 1].map(|part| kv.clone().narrow(2, part * width, width));
-        pass.attention(q, k, v, self.heads)
     }
 }
 
@@ -360,7 +284,7 @@ impl<B: Backend> InterlinguaEncoder<B> {
 /// LatentWire's state-dict names → this module's paths.
 const REMAPPING: &[(&str, &str)] = &[
     (r"^backbone\.encoder\.layers\.", "backbone.layers."),
-    (r"\.in_proj_(weight|bias)$", ".in_proj.$1"),
+    PACKED_ATTENTION_KEYS,
     (r"^shared_pooler\.gate\.0\.", "shared_pooler.gate_norm."),
     (r"^shared_pooler\.gate\.1\.", "shared_pooler.gate."),
     (r"^shared_pooler\.ff\.0\.", "shared_pooler.ff_norm."),

@@ -10,6 +10,8 @@
 //! - [`decoder`]: the layers of Llama-family language models (causal grouped-query attention
 //!   with rotary embeddings and a key/value cache, the SwiGLU MLP) written once per layer, each
 //!   choosing host, autodiff or tensor execution itself;
+//! - [`PackedAttention`]: PyTorch's `nn.MultiheadAttention`, q, k and v from one packed
+//!   projection (LatentWire's encoder, the real-time U-Net's bottleneck);
 //! - [`Pass`]: one forward's precision policy (compute-dtype casts, norms and softmax in f32)
 //!   and its Monte-Carlo dropout, whose masks come from a counter-based hash of
 //!   `(seed, item, pass, site, element)` so they are the same on every backend and in any
@@ -39,6 +41,7 @@ pub mod decoder;
 mod dropout;
 mod layers;
 mod linear_op;
+mod packed_attention;
 mod pass;
 pub mod prepared;
 pub mod projection;
@@ -46,5 +49,6 @@ pub mod projection;
 pub use activation::Activation;
 pub use dropout::{Draw, DropoutError, DropoutSites, Sample, Site};
 pub use layers::run_layers;
+pub use packed_attention::{PACKED_ATTENTION_KEYS, PackedAttention};
 pub use pass::{Pass, Settings, in_compute_dtype};
 pub use prepared::PreparedWeights;

@@ -5,6 +5,7 @@ pub mod labelled;
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Output;
 
 use kiln::core::{DeviceError, DeviceSpec};
 
@@ -16,6 +17,23 @@ pub fn fixtures() -> PathBuf {
 /// kiln-forcefield's committed schnetpack models, structures and reference outputs.
 pub fn forcefield_fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/kiln-forcefield/tests/fixtures")
+}
+
+/// `output` of an example run with `args`, once checked to have succeeded (its stderr says why
+/// not).
+pub fn succeeded(output: Output, args: &[&str]) -> Output {
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// The stderr of an example run with `args`, once checked to have failed.
+pub fn failed(output: Output, args: &[&str]) -> String {
+    assert!(!output.status.success(), "{args:?} was accepted");
+    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 /// The example binary `name`, which `cargo test` builds beside the tests:

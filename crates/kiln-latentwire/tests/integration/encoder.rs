@@ -4,8 +4,8 @@
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use kiln_latentwire::encoder::PackedAttention;
 use kiln_latentwire::{ByteBatch, EncoderConfig, InterlinguaEncoder};
+use kiln_transformer::PackedAttention;
 
 use crate::support::{Reference, assert_close, assert_linear_grads, assert_norm_grads, fixtures};
 

@@ -1,0 +1,202 @@
+//! kiln-realtime against mirage-hello's own modules (scripts/fixtures/realtime.py): the
+//! benchmarked U-Net and the live-stream diffusion model, frame by frame.
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::Flex;
+use burn::module::Module;
+use burn::tensor::{Tensor, TensorData};
+use kiln_realtime::{FrameError, LiveStreamDiffusion, LsdConfig, UNetConfig};
+
+type B = Flex;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The tensors of a references file, by name.
+struct References(Vec<u8>);
+
+impl References {
+    fn open(name: &str) -> Self {
+        References(std::fs::read(fixtures().join(name)).expect("fixtures are committed"))
+    }
+
+    fn tensor<const D: usize>(&self, name: &str) -> Tensor<B, D> {
+        let tensors = safetensors::SafeTensors::deserialize(&self.0).expect("a safetensors file");
+        let view = tensors.tensor(name).expect("the reference is there");
+        let values: Vec<f32> = match view.dtype() {
+            safetensors::Dtype::F32 => view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            safetensors::Dtype::I64 => view
+                .data()
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f32)
+                .collect(),
+            other => panic!("{name}: unexpected {other:?}"),
+        };
+        Tensor::from_data(
+            TensorData::new(values, view.shape().to_vec()),
+            &Default::default(),
+        )
+    }
+}
+
+/// `max |got − want| ≤ tolerance · max |want|`.
+fn assert_close<const D: usize>(got: Tensor<B, D>, want: Tensor<B, D>, tolerance: f32, what: &str) {
+    assert_eq!(got.dims(), want.dims(), "{what}: shapes");
+    let scale = want.clone().abs().max().into_scalar();
+    let error = (got - want).abs().max().into_scalar();
+    assert!(
+        error <= tolerance * scale,
+        "{what}: max error {error:e} over max {scale:e} (tolerance {tolerance:e} relative)"
+    );
+}
+
+fn fixture_unet() -> kiln_realtime::UNet<B> {
+    UNetConfig::new(4, 3, 16)
+        .init::<B>(&Default::default())
+        .with_weights(&fixtures().join("unet"))
+        .expect("the fixture U-Net loads")
+}
+
+fn fixture_lsd() -> LiveStreamDiffusion<B> {
+    LsdConfig::new(3, 32, 8, 32, 32)
+        .init::<B>(&Default::default())
+        .with_weights(&fixtures().join("lsd"))
+        .expect("the fixture model loads")
+}
+
+#[test]
+fn the_unet_matches_the_systems_unet() {
+    let refs = References::open("unet_references.safetensors");
+    let unet = fixture_unet();
+    let input: Tensor<B, 4> = refs.tensor("input");
+    assert_close(
+        unet.forward(input.clone()),
+        refs.tensor("out"),
+        1e-5,
+        "U-Net output",
+    );
+    // `denoise` appends the timestep plane as `Day2Model.forward` does: both items of the
+    // references share one timestep plane value each (0.5 and 0.2).
+    let rgb = input.clone().narrow(1, 0, 3);
+    let first = unet.denoise(rgb.clone().narrow(0, 0, 1), 50.0).unwrap();
+    let want: Tensor<B, 4> = refs.tensor("out");
+    assert_close(first, want.narrow(0, 0, 1), 1e-5, "U-Net denoise at t = 50");
+}
+
+#[test]
+fn the_live_stream_model_matches_the_system_frame_by_frame() {
+    let refs = References::open("lsd_references.safetensors");
+    let model = fixture_lsd();
+    let frames: Tensor<B, 4> = refs.tensor("frames");
+    let timesteps: Tensor<B, 1> = refs.tensor("timesteps");
+    let timesteps: Vec<f32> = timesteps.into_data().to_vec().unwrap();
+    let want: Tensor<B, 4> = refs.tensor("out");
+    let mut stream = model.stream(1);
+    // Ten frames: the eight-slot bank wraps around at the ninth.
+    for (index, &t) in timesteps.iter().enumerate() {
+        let frame = frames.clone().narrow(0, index, 1);
+        let out = model.next_frame(&mut stream, frame, &[t]).unwrap();
+        let expected = want.clone().narrow(0, index, 1);
+        assert_close(out, expected, 1e-5, &format!("frame {}", index + 1));
+    }
+}
+
+#[test]
+fn streams_in_one_batch_are_the_streams_run_alone() {
+    let refs = References::open("lsd_references.safetensors");
+    let model = fixture_lsd();
+    let frames: Tensor<B, 4> = refs.tensor("frames");
+    let [a, b] = [0, 5].map(|start| frames.clone().narrow(0, start, 5));
+    let (mut alone_a, mut alone_b, mut both) = (model.stream(1), model.stream(1), model.stream(2));
+    for index in 0..5 {
+        let [fa, fb] = [&a, &b].map(|f| f.clone().narrow(0, index, 1));
+        let t = [10.0 - index as f32];
+        let out_a = model.next_frame(&mut alone_a, fa.clone(), &t).unwrap();
+        let out_b = model.next_frame(&mut alone_b, fb.clone(), &t).unwrap();
+        let out = model
+            .next_frame(&mut both, Tensor::cat(vec![fa, fb], 0), &t)
+            .unwrap();
+        assert_close(out, Tensor::cat(vec![out_a, out_b], 0), 1e-6, "two streams");
+    }
+}
+
+#[test]
+fn parameter_counts_are_the_systems() {
+    let counts: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("counts.json")).unwrap())
+            .unwrap();
+    let device = Default::default();
+    let unet = UNetConfig::mirage().init::<B>(&device);
+    assert_eq!(
+        unet.num_params() as u64,
+        counts["unet_base_96"].as_u64().unwrap()
+    );
+    // The bank is a buffer in the system's count (parameters only) and a parameter in kiln's.
+    let lsd = LsdConfig::mirage().init::<B>(&device);
+    let bank = lsd.context_memory.frame_memory.num_params();
+    assert_eq!(
+        (lsd.num_params() - bank) as u64,
+        counts["lsd_hidden_128"].as_u64().unwrap()
+    );
+}
+
+#[test]
+fn a_state_dict_for_another_frame_size_is_refused() {
+    let model = LsdConfig::new(3, 32, 8, 64, 64).init::<B>(&Default::default());
+    let error = model
+        .with_weights(&fixtures().join("lsd"))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("frame_memory"), "{error}");
+    let unet = UNetConfig::new(4, 3, 24).init::<B>(&Default::default());
+    let error = unet
+        .with_weights(&fixtures().join("unet"))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("conv_in.weight"), "{error}");
+}
+
+#[test]
+fn frames_the_models_cannot_read_are_errors() {
+    let device = Default::default();
+    let model = fixture_lsd();
+    let mut stream = model.stream(1);
+    let wrong = Tensor::<B, 4>::zeros([1, 3, 16, 32], &device);
+    let error = model.next_frame(&mut stream, wrong, &[1.0]).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            FrameError::Shape {
+                got: [1, 3, 16, 32],
+                ..
+            }
+        ),
+        "{error}"
+    );
+    let two = Tensor::<B, 4>::zeros([2, 3, 32, 32], &device);
+    let error = model.next_frame(&mut stream, two, &[1.0]).unwrap_err();
+    assert_eq!(
+        error,
+        FrameError::Streams {
+            streams: 1,
+            batch: 2
+        }
+    );
+    let one = Tensor::<B, 4>::zeros([1, 3, 32, 32], &device);
+    assert_eq!(
+        model.next_frame(&mut stream, one, &[]).unwrap_err(),
+        FrameError::NoSteps
+    );
+    let unet = fixture_unet();
+    let odd = Tensor::<B, 4>::zeros([1, 3, 18, 16], &device);
+    assert!(matches!(
+        unet.denoise(odd, 10.0),
+        Err(FrameError::Shape { .. })
+    ));
+}

@@ -1,0 +1,150 @@
+"""PyTorch per-forward and per-frame speed of mirage-hello's frame models, by the system's own
+method, timed honestly.
+
+The models are the system's own (`SimpleOptimizedUNet` from examples/advanced/day2_fixed.py,
+`LiveStreamDiffusionModel` from examples/basic/simplified_lsd.py), imported from a checkout of
+github.com/toddllm/mirage-hello (`--mirage-dir` or `$KILN_MIRAGE_DIR`, commit 04a704d) by
+scripts/fixtures/realtime.py's loader. Its method (`comprehensive_day2_benchmark`): the model
+converted once to the precision (`--dtype f16|bf16`, or f32) and to channels_last, eval mode,
+`inference_mode`, 5 warm-up frames, then 12 timed frames; a U-Net frame is 6 forwards at
+timesteps 50, 40, …, 0 (`--steps`), each on the frame with its timestep plane, its output
+chained as the next step's frame (the system feeds the same frame each time; the cost is the
+same). A live-stream frame is one call of the model's forward with the previous outputs as
+context. Unlike the system, every frame ends with a device synchronisation (`time.time()` with
+no synchronisation timed launches, not work) and both per-forward and per-frame figures are
+reported (its FPS counted forwards as frames).
+
+At `--batch` above 1, the U-Net reads B frames at once; the live-stream model's memory query
+only works for a batch of one in the system's code (it squeezes the similarities and views the
+weights flat), so here it is generalised to one softmax per stream over the shared bank, the
+smallest change that lets B streams run as one batch.
+
+    /work/venvs/hf/bin/python scripts/bench/realtime_torch.py --threads 2 --model unet --batch 1
+
+Prints ms per frame per iteration, their median, per-forward figures and a final JSON line.
+Requirements: scripts/fixtures/requirements-hf.txt (torch).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from realtime import mirage_module  # noqa: E402  (scripts/fixtures/realtime.py)
+
+
+def batched_query(self, current_frame):
+    """The system's `ContextMemoryBank.query_memory`, one softmax over the bank per stream."""
+    query = F.adaptive_avg_pool2d(self.memory_query(current_frame), 1).flatten(1)
+    memory = F.adaptive_avg_pool2d(self.feature_net(self.frame_memory), 1).flatten(1)
+    weights = F.softmax(query @ memory.T, dim=1)
+    blend = torch.einsum("bm,mchw->bchw", weights, self.frame_memory)
+    return self.memory_out(self.feature_net(blend))
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mirage-dir", default=os.environ.get("KILN_MIRAGE_DIR"))
+    parser.add_argument("--model", choices=["unet", "lsd"], default="unet")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=6, help="U-Net forwards per frame")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=12)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    b, size = args.batch, args.size
+
+    if args.model == "unet":
+        day2 = mirage_module(args.mirage_dir, "examples/advanced/day2_fixed.py")
+        model = day2.SimpleOptimizedUNet(4, 3, base_channels=96)
+        forwards = args.steps
+        timesteps = [50 - 50 * i / max(forwards - 1, 1) for i in range(forwards)]
+    else:
+        lsd = mirage_module(args.mirage_dir, "examples/basic/simplified_lsd.py")
+        model = lsd.LiveStreamDiffusionModel(3, 128, 8, size, size)
+        if b > 1:
+            model.context_memory.query_memory = types.MethodType(batched_query, model.context_memory)
+        forwards = 1
+    model = model.to(device=device, dtype=dtype, memory_format=torch.channels_last).eval()
+    frame = torch.randn(b, 3, size, size, device=device, dtype=dtype)
+    frame = frame.contiguous(memory_format=torch.channels_last)
+
+    context = None
+
+    def one_frame():
+        nonlocal context
+        if args.model == "unet":
+            x = frame
+            for t in timesteps:
+                plane = torch.full((b, 1, size, size), t / 100.0, device=device, dtype=dtype)
+                x_in = torch.cat([x, plane], dim=1).contiguous(memory_format=torch.channels_last)
+                x = model(x_in)
+            return x
+        step = torch.full((b,), 10, device=device, dtype=torch.long)
+        block = model.diffusion_block
+        if not hasattr(block, "_fixed"):
+            forward = block.forward
+            block.forward = lambda x, prev, timestep=None: forward(x, prev, step)
+            block._fixed = True
+        out, context = model(frame.view(b, 1, 3, size, size), context)
+        return out
+
+    with torch.inference_mode():
+        for _ in range(args.warmup):
+            one_frame()
+        synchronize(device)
+        times = []
+        for i in range(args.iterations):
+            start = time.perf_counter()
+            one_frame()
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+            print(f"frame {i + 1}: {times[-1] * 1e3:.2f} ms")
+    median = statistics.median(times)
+    result = {
+        "model": args.model,
+        "batch": b,
+        "dtype": args.dtype,
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "size": size,
+        "forwards_per_frame": forwards,
+        "frame_ms_median": median * 1e3,
+        "frame_ms_min": min(times) * 1e3,
+        "forward_ms_median": median * 1e3 / forwards,
+        "frames_per_s_per_stream": 1.0 / median,
+        "frames_per_s_all_streams": b / median,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "torch": torch.__version__,
+    }
+    print(f"median {median * 1e3:.2f} ms per frame ({median * 1e3 / forwards:.2f} ms per forward)")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
