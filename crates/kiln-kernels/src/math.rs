@@ -34,6 +34,12 @@ pub fn exp(x: f32) -> f32 {
     p * f32::from_bits(biased << 23)
 }
 
+/// `x · σ(x)` (SiLU, swish).
+#[inline(always)]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
 /// `x · σ(1.702 x)` (CLIP's quick GELU).
 #[inline(always)]
 pub fn quick_gelu(x: f32) -> f32 {

@@ -32,8 +32,11 @@ use burn::tensor::activation::{relu, sigmoid, silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::module::{adaptive_avg_pool2d, interpolate};
 use burn::tensor::ops::{InterpolateMode, InterpolateOptions};
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Tensor, TensorData};
 use kiln_core::{CheckpointError, Policy, Precision, cast, cast_module};
+use kiln_kernels::host;
+use kiln_transformer::PreparedWeights;
+use kiln_transformer::image::HostImage;
 
 use crate::FrameError;
 use crate::runtime::{FrameRuntime, check_frames};
@@ -364,6 +367,11 @@ impl<B: Backend> LiveStreamDiffusion<B> {
                 batch,
             });
         }
+        if host::serves(&frames)
+            && let Some(out) = self.next_frame_on_host(stream, frames.clone(), timesteps)
+        {
+            return Ok(out);
+        }
         let pass = self.runtime.pass();
         let policy = self.runtime.policy();
         let frames = pass.input(frames);
@@ -388,6 +396,39 @@ impl<B: Backend> LiveStreamDiffusion<B> {
     }
 }
 
+impl<B: Backend> LiveStreamDiffusion<B> {
+    /// [`Self::next_frame`] on the host: NHWC images between the layers, each convolution one
+    /// product with its activation fused, the norms in place; the bank's write and weighting
+    /// through burn's operations (a few thousand values). `None` where a layer is not served.
+    fn next_frame_on_host(
+        &self,
+        stream: &mut Stream<B>,
+        frames: Tensor<B, 4>,
+        timesteps: &[f32],
+    ) -> Option<Tensor<B, 4>> {
+        let device = frames.device();
+        let prepared = self.runtime.prepared();
+        let input = HostImage::from_nchw(frames);
+        let previous = stream.previous.clone().map(HostImage::from_nchw);
+        let mut generated = previous.clone().unwrap_or_else(|| input.clone());
+        for &timestep in timesteps {
+            generated =
+                (self.diffusion_block).forward_on_host(&input, &generated, timestep, prepared)?;
+        }
+        let correction = (self.context_memory).correction_on_host(stream, &generated, prepared)?;
+        generated.combine(&correction, |g, c| g + MEMORY_WEIGHT * c);
+        let out = match previous {
+            Some(previous) => self
+                .consistency_net
+                .blend_on_host(generated, &previous, prepared)?,
+            None => generated,
+        };
+        let out = out.into_nchw::<B>(&device);
+        stream.previous = Some(out.clone());
+        Some(out)
+    }
+}
+
 impl<B: Backend> DiffusionBlock<B> {
     /// The frame after one step at `timesteps` `[batch]`, conditioned on `previous`, its norms
     /// in f32 and the rest in `policy`'s compute dtype.
@@ -406,6 +447,29 @@ impl<B: Backend> DiffusionBlock<B> {
         let h = h + time.reshape([batch, hidden, 1, 1]);
         let h = silu(norm_in_f32(&self.norm_up, self.up.forward(h), policy));
         self.conv_out.forward(h)
+    }
+
+    /// [`Self::forward`] on the host at one `timestep` for every image.
+    fn forward_on_host(
+        &self,
+        frames: &HostImage,
+        previous: &HostImage,
+        timestep: f32,
+        prepared: &PreparedWeights,
+    ) -> Option<HostImage> {
+        let batch = frames.shape[0];
+        let mut h = frames
+            .concat_channels(previous)
+            .conv(&self.conv_in, prepared, same)?;
+        h.group_norm(&self.norm_in, host::silu)?;
+        let mut h = h.conv(&self.down, prepared, same)?;
+        h.group_norm(&self.norm_down, host::silu)?;
+        let device = self.time_in.weight.device();
+        let time = self.time_embedding(Tensor::full([batch], timestep, &device));
+        h.add_per_image(&time.into_data().to_vec::<f32>().ok()?);
+        let mut h = h.conv_transposed(&self.up, prepared, same)?;
+        h.group_norm(&self.norm_up, host::silu)?;
+        h.conv(&self.conv_out, prepared, same)
     }
 
     /// The MLP of the sinusoidal embedding of `timesteps` `[batch]` → `[batch, hidden]`: the
@@ -442,6 +506,59 @@ impl<B: Backend> ContextMemoryBank<B> {
         let features = self.features(pass.input(frames));
         let [n, channels, _, _] = features.dims();
         features.mean_dim(3).mean_dim(2).reshape([n, channels])
+    }
+
+    /// [`Self::features`] on the host.
+    fn features_on_host(
+        &self,
+        frames: &HostImage,
+        prepared: &PreparedWeights,
+    ) -> Option<HostImage> {
+        let x = frames.conv(&self.feature_in, prepared, relu_host)?;
+        let x = x.conv(&self.feature_down, prepared, relu_host)?;
+        let x = x.adaptive_avg_pool([MEMORY_GRID, MEMORY_GRID]);
+        x.conv(&self.feature_out, prepared, same)
+    }
+
+    /// [`Self::correction`] on the host: the convolutions, pooling and resizing over NHWC
+    /// images, the bank's write, weights and blend through burn's operations.
+    fn correction_on_host(
+        &self,
+        stream: &mut Stream<B>,
+        generated: &HostImage,
+        prepared: &PreparedWeights,
+    ) -> Option<HostImage> {
+        let [streams, slots, channels, height, width] = stream.bank.dims();
+        let device = stream.bank.device();
+        let slot = stream.next_slot;
+        let frame = generated.clone().into_nchw::<B>(&device);
+        stream.bank = stream.bank.clone().slice_assign(
+            [0..streams, slot..slot + 1, 0..channels, 0..height, 0..width],
+            frame.unsqueeze_dim(1),
+        );
+        let key = self.features_on_host(generated, prepared)?.mean_pixels();
+        let key = TensorData::new(key, [streams, 1, MEMORY_FEATURES]);
+        stream.keys = stream.keys.clone().slice_assign(
+            [0..streams, slot..slot + 1, 0..MEMORY_FEATURES],
+            Tensor::from_data(key, &device),
+        );
+        stream.next_slot = (slot + 1) % slots;
+
+        let query = generated
+            .conv(&self.memory_query, prepared, same)?
+            .mean_pixels();
+        let query = Tensor::<B, 3>::from_data(
+            TensorData::new(query, [streams, MEMORY_FEATURES, 1]),
+            &device,
+        );
+        let similarities = stream.keys.clone().matmul(query).reshape([streams, slots]);
+        let weights = softmax(similarities, 1).reshape([streams, slots, 1, 1, 1]);
+        let blend = (stream.bank.clone() * weights).sum_dim(1);
+        let blend = HostImage::from_nchw(blend.reshape([streams, channels, height, width]));
+        let x = self.features_on_host(&blend, prepared)?;
+        let x = x.conv(&self.out_conv, prepared, relu_host)?;
+        x.resize_bilinear([height, width])
+            .conv(&self.out_proj, prepared, same)
     }
 
     /// Writes `generated` `[streams, C, H, W]` into each stream's next slot, then returns the
@@ -488,6 +605,44 @@ impl<B: Backend> ConsistencyNet<B> {
         let weight = sigmoid(self.output.forward(x));
         corrected * weight.clone() + previous * weight.neg().add_scalar(1.0)
     }
+}
+
+impl<B: Backend> ConsistencyNet<B> {
+    /// [`Self::blend`] on the host.
+    fn blend_on_host(
+        &self,
+        corrected: HostImage,
+        previous: &HostImage,
+        prepared: &PreparedWeights,
+    ) -> Option<HostImage> {
+        let x = corrected.concat_channels(previous);
+        let x = x.conv(&self.input, prepared, relu_host)?;
+        let x = x.conv(&self.hidden, prepared, relu_host)?;
+        let weight = x.conv(&self.output, prepared, |v| 1.0 / (1.0 + host::exp(-v)))?;
+        let channels = corrected.shape[3];
+        let mut out = corrected;
+        let pixels = out.values.chunks_exact_mut(channels);
+        for ((pixel, before), &w) in pixels
+            .zip(previous.values.chunks_exact(channels))
+            .zip(&weight.values)
+        {
+            pixel
+                .iter_mut()
+                .zip(before)
+                .for_each(|(c, &p)| *c = w * *c + (1.0 - w) * p);
+        }
+        Some(out)
+    }
+}
+
+/// The identity, for a product with nothing after it.
+fn same(v: f32) -> f32 {
+    v
+}
+
+/// `max(v, 0)`.
+fn relu_host(v: f32) -> f32 {
+    v.max(0.0)
 }
 
 /// `norm(x)` in f32 whatever the compute dtype (the norms keep f32 weights under every policy).

@@ -32,6 +32,11 @@ impl FrameRuntime {
         Pass::new(&self.settings, &self.prepared, None)
     }
 
+    /// The kernels the host path prepared.
+    pub(crate) fn prepared(&self) -> &PreparedWeights {
+        &self.prepared
+    }
+
     /// The policy the model runs under.
     pub(crate) fn policy(&self) -> Policy {
         self.settings.policy

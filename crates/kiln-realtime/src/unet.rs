@@ -16,7 +16,10 @@ use burn::tensor::Tensor;
 use burn::tensor::activation::{silu, tanh};
 use burn::tensor::backend::Backend;
 use kiln_core::{CheckpointError, Policy};
-use kiln_transformer::{PACKED_ATTENTION_KEYS, PackedAttention};
+use kiln_kernels::host;
+use kiln_kernels::host::silu as silu_host;
+use kiln_transformer::image::HostImage;
+use kiln_transformer::{PACKED_ATTENTION_KEYS, PackedAttention, Pass};
 
 use crate::FrameError;
 use crate::runtime::{FrameRuntime, check_frames};
@@ -137,6 +140,11 @@ impl<B: Backend> UNet<B> {
     /// The U-Net's output for `x` `[batch, in_channels, H, W]` (H and W multiples of 4).
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let pass = self.runtime.pass();
+        if host::serves(&x)
+            && let Some(out) = self.forward_on_host(x.clone(), &pass)
+        {
+            return out;
+        }
         let x = silu(self.conv_in.forward(pass.input(x)));
         let skip1 = x.clone();
         let x = silu(self.enc1.forward(x));
@@ -152,6 +160,26 @@ impl<B: Backend> UNet<B> {
         let x = silu(self.dec2.forward(x)) + skip2;
         let x = silu(self.dec1.forward(x)) + skip1;
         pass.output(tanh(self.conv_out.forward(x)))
+    }
+
+    /// [`Self::forward`] on the host: NHWC between the layers, every convolution one product
+    /// with its activation fused, the skips added in place; `None` where a layer is not served.
+    fn forward_on_host(&self, x: Tensor<B, 4>, pass: &Pass) -> Option<Tensor<B, 4>> {
+        let device = x.device();
+        let prepared = self.runtime.prepared();
+        let x = HostImage::from_nchw(x).conv(&self.conv_in, prepared, silu_host)?;
+        let skip2 = x.conv(&self.enc1, prepared, silu_host)?;
+        let bottom = skip2.conv(&self.enc2, prepared, silu_host)?;
+        let bottom = bottom.conv(&self.bottleneck_conv, prepared, silu_host)?;
+        let [_, height, width, _] = bottom.shape;
+        let attended = self.attention.forward(bottom.into_tokens(&device), pass);
+        let bottom = HostImage::from_tokens(attended, [height, width]);
+        let mut up = bottom.conv_transposed(&self.dec2, prepared, silu_host)?;
+        up.add(&skip2);
+        let mut up = up.conv_transposed(&self.dec1, prepared, silu_host)?;
+        up.add(&x);
+        let out = up.conv(&self.conv_out, prepared, f32::tanh)?;
+        Some(out.into_nchw(&device))
     }
 
     /// One denoising step of `frames` `[batch, in_channels − 1, H, W]` (H and W multiples of 4)

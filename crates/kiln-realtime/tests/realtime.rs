@@ -1,14 +1,20 @@
 //! kiln-realtime against mirage-hello's own modules (scripts/fixtures/realtime.py): the
-//! benchmarked U-Net and the live-stream diffusion model, frame by frame.
+//! benchmarked U-Net and the live-stream diffusion model, frame by frame, on both of their
+//! paths: Flex runs kiln's host layers (NHWC images, convolutions as products), Flex under
+//! autodiff runs burn's operations (the path every other backend takes).
 
 use std::path::{Path, PathBuf};
 
-use burn::backend::Flex;
+use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
-use burn::tensor::{Tensor, TensorData};
-use kiln_realtime::{FrameError, LiveStreamDiffusion, LsdConfig, UNetConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::{ElementConversion, Tensor, TensorData};
+use kiln_realtime::{FrameError, LiveStreamDiffusion, LsdConfig, UNet, UNetConfig};
 
 type B = Flex;
+/// Flex under autodiff: kiln's host layers step aside (they would cut a gradient's path), so
+/// burn's operations run.
+type Ops = Autodiff<Flex>;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -22,7 +28,7 @@ impl References {
         References(std::fs::read(fixtures().join(name)).expect("fixtures are committed"))
     }
 
-    fn tensor<const D: usize>(&self, name: &str) -> Tensor<B, D> {
+    fn tensor<B: Backend, const D: usize>(&self, name: &str) -> Tensor<B, D> {
         let tensors = safetensors::SafeTensors::deserialize(&self.0).expect("a safetensors file");
         let view = tensors.tensor(name).expect("the reference is there");
         let values: Vec<f32> = match view.dtype() {
@@ -46,56 +52,61 @@ impl References {
 }
 
 /// `max |got − want| ≤ tolerance · max |want|`.
-fn assert_close<const D: usize>(got: Tensor<B, D>, want: Tensor<B, D>, tolerance: f32, what: &str) {
+fn assert_close<B: Backend, const D: usize>(
+    got: Tensor<B, D>,
+    want: Tensor<B, D>,
+    tolerance: f32,
+    what: &str,
+) {
     assert_eq!(got.dims(), want.dims(), "{what}: shapes");
-    let scale = want.clone().abs().max().into_scalar();
-    let error = (got - want).abs().max().into_scalar();
+    let scale: f32 = want.clone().abs().max().into_scalar().elem();
+    let error: f32 = (got - want).abs().max().into_scalar().elem();
     assert!(
         error <= tolerance * scale,
         "{what}: max error {error:e} over max {scale:e} (tolerance {tolerance:e} relative)"
     );
 }
 
-fn fixture_unet() -> kiln_realtime::UNet<B> {
+fn fixture_unet<B: Backend>() -> UNet<B> {
     UNetConfig::new(4, 3, 16)
         .init::<B>(&Default::default())
         .with_weights(&fixtures().join("unet"))
         .expect("the fixture U-Net loads")
 }
 
-fn fixture_lsd() -> LiveStreamDiffusion<B> {
+fn fixture_lsd<B: Backend>() -> LiveStreamDiffusion<B> {
     LsdConfig::new(3, 32, 8, 32, 32)
         .init::<B>(&Default::default())
         .with_weights(&fixtures().join("lsd"))
         .expect("the fixture model loads")
 }
 
-#[test]
-fn the_unet_matches_the_systems_unet() {
+fn unet_matches_the_systems_unet<B: Backend>() {
     let refs = References::open("unet_references.safetensors");
-    let unet = fixture_unet();
+    let unet = fixture_unet::<B>();
     let input: Tensor<B, 4> = refs.tensor("input");
-    assert_close(
-        unet.forward(input.clone()),
-        refs.tensor("out"),
-        1e-5,
-        "U-Net output",
-    );
-    // `denoise` appends the timestep plane as `Day2Model.forward` does: both items of the
-    // references share one timestep plane value each (0.5 and 0.2).
-    let rgb = input.clone().narrow(1, 0, 3);
-    let first = unet.denoise(rgb.clone().narrow(0, 0, 1), 50.0).unwrap();
+    let out = unet.forward(input.clone());
+    assert_close(out, refs.tensor("out"), 1e-5, "U-Net output");
+    // `denoise` appends the timestep plane as `Day2Model.forward` does (the first item's is
+    // 0.5).
+    let rgb = input.narrow(1, 0, 3);
+    let first = unet.denoise(rgb.narrow(0, 0, 1), 50.0).unwrap();
     let want: Tensor<B, 4> = refs.tensor("out");
     assert_close(first, want.narrow(0, 0, 1), 1e-5, "U-Net denoise at t = 50");
 }
 
 #[test]
-fn the_live_stream_model_matches_the_system_frame_by_frame() {
+fn the_unet_matches_the_systems_unet() {
+    unet_matches_the_systems_unet::<B>();
+    unet_matches_the_systems_unet::<Ops>();
+}
+
+fn live_stream_model_matches_the_system<B: Backend>() {
     let refs = References::open("lsd_references.safetensors");
-    let model = fixture_lsd();
+    let model = fixture_lsd::<B>();
     let frames: Tensor<B, 4> = refs.tensor("frames");
     let timesteps: Tensor<B, 1> = refs.tensor("timesteps");
-    let timesteps: Vec<f32> = timesteps.into_data().to_vec().unwrap();
+    let timesteps: Vec<f32> = timesteps.into_data().convert::<f32>().to_vec().unwrap();
     let want: Tensor<B, 4> = refs.tensor("out");
     let mut stream = model.stream(1);
     // Ten frames: the eight-slot bank wraps around at the ninth.
@@ -108,9 +119,15 @@ fn the_live_stream_model_matches_the_system_frame_by_frame() {
 }
 
 #[test]
+fn the_live_stream_model_matches_the_system_frame_by_frame() {
+    live_stream_model_matches_the_system::<B>();
+    live_stream_model_matches_the_system::<Ops>();
+}
+
+#[test]
 fn streams_in_one_batch_are_the_streams_run_alone() {
     let refs = References::open("lsd_references.safetensors");
-    let model = fixture_lsd();
+    let model = fixture_lsd::<B>();
     let frames: Tensor<B, 4> = refs.tensor("frames");
     let [a, b] = [0, 5].map(|start| frames.clone().narrow(0, start, 5));
     let (mut alone_a, mut alone_b, mut both) = (model.stream(1), model.stream(1), model.stream(2));
@@ -165,7 +182,7 @@ fn a_state_dict_for_another_frame_size_is_refused() {
 #[test]
 fn frames_the_models_cannot_read_are_errors() {
     let device = Default::default();
-    let model = fixture_lsd();
+    let model = fixture_lsd::<B>();
     let mut stream = model.stream(1);
     let wrong = Tensor::<B, 4>::zeros([1, 3, 16, 32], &device);
     let error = model.next_frame(&mut stream, wrong, &[1.0]).unwrap_err();
@@ -193,7 +210,7 @@ fn frames_the_models_cannot_read_are_errors() {
         model.next_frame(&mut stream, one, &[]).unwrap_err(),
         FrameError::NoSteps
     );
-    let unet = fixture_unet();
+    let unet = fixture_unet::<B>();
     let odd = Tensor::<B, 4>::zeros([1, 3, 18, 16], &device);
     assert!(matches!(
         unet.denoise(odd, 10.0),

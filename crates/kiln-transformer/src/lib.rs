@@ -10,6 +10,9 @@
 //! - [`decoder`]: the layers of Llama-family language models (causal grouped-query attention
 //!   with rotary embeddings and a key/value cache, the SwiGLU MLP) written once per layer, each
 //!   choosing host, autodiff or tensor execution itself;
+//! - [`image`]: NHWC images on the host and their layers: convolutions (kernels prepared once,
+//!   transposed ones by output phase), group norm, pooling, bilinear resizing (the real-time
+//!   frame models);
 //! - [`PackedAttention`]: PyTorch's `nn.MultiheadAttention`, q, k and v from one packed
 //!   projection (LatentWire's encoder, the real-time U-Net's bottleneck);
 //! - [`Pass`]: one forward's precision policy (compute-dtype casts, norms and softmax in f32)
@@ -39,6 +42,7 @@
 mod activation;
 pub mod decoder;
 mod dropout;
+pub mod image;
 mod layers;
 mod linear_op;
 mod packed_attention;

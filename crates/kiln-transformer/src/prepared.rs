@@ -9,13 +9,14 @@
 //! the parameter and checked against the storage it was read from: a weight that changes (an
 //! optimiser step, a load, a cast) is prepared anew, never served stale.
 
+use std::any::Any;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use burn::module::{Param, ParamId};
 use burn::nn::Linear;
-use burn::nn::conv::Conv2d;
+use burn::nn::conv::{Conv2d, ConvTranspose2d};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use kiln_kernels::HostValues;
@@ -86,7 +87,8 @@ pub struct PreparedWeights {
 /// One prepared weight and what it was made from.
 struct Prepared {
     sources: Vec<HostValues>,
-    weight: Arc<HostWeight>,
+    /// A [`HostWeight`], or what else a layer prepared (a transposed convolution's phases).
+    weight: Arc<dyn Any + Send + Sync>,
 }
 
 impl std::fmt::Debug for PreparedWeights {
@@ -192,15 +194,50 @@ impl PreparedWeights {
         })
     }
 
+    /// A convolution's kernel `[out, in, kh, kw]` as the weight `[kh · kw · in, out]` of a
+    /// product with NHWC rows unfolded tap by tap ([`host::conv::unfold`]), and its bias.
+    pub fn conv_nhwc<B: Backend>(&self, conv: &Conv2d<B>) -> Arc<HostWeight> {
+        let shape = conv.weight.dims();
+        let [outputs, channels, height, width] = shape;
+        let sources = weight_and_bias(&conv.weight, conv.bias.as_ref());
+        self.get(conv.weight.id, sources, |sources| {
+            let kernel = host::conv::conv_kernel(sources[0].values(), shape);
+            let bias = bias_of(conv.bias.is_some().then(|| &sources[1]), outputs);
+            HostWeight::new(channels * height * width, &[(&kernel, outputs)], bias)
+        })
+    }
+
+    /// A transposed convolution's kernel `[in, out, kh, kw]` as one weight per output phase
+    /// (row-major over the stride), each `[taps · in, out]` with the bias, for products with
+    /// [`host::conv::unfold_phase`]'s rows.
+    pub fn transposed_conv_phases<B: Backend>(
+        &self,
+        conv: &ConvTranspose2d<B>,
+    ) -> Arc<Vec<HostWeight>> {
+        let shape = conv.weight.dims();
+        let outputs = shape[1];
+        let sources = weight_and_bias(&conv.weight, conv.bias.as_ref());
+        self.get(conv.weight.id, sources, |sources| {
+            let kernels =
+                host::conv::transposed_conv_kernels(sources[0].values(), shape, conv.stride);
+            let bias = bias_of(conv.bias.is_some().then(|| &sources[1]), outputs);
+            (kernels.iter())
+                .map(|kernel| {
+                    HostWeight::new(kernel.len() / outputs, &[(kernel, outputs)], bias.clone())
+                })
+                .collect()
+        })
+    }
+
     /// The weight kept under `id` when it was made from `sources`, else `prepare(sources)`, kept
     /// when every source was read in place. The lock is not held while preparing (packing runs
     /// on rayon's threads, which may start another forward of this tower).
-    fn get(
+    fn get<T: Any + Send + Sync>(
         &self,
         id: ParamId,
         sources: Vec<HostValues>,
-        prepare: impl FnOnce(&[HostValues]) -> HostWeight,
-    ) -> Arc<HostWeight> {
+        prepare: impl FnOnce(&[HostValues]) -> T,
+    ) -> Arc<T> {
         let lock = || self.kept.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(kept) = lock().get(&id)
             && kept.sources.len() == sources.len()
@@ -209,8 +246,9 @@ impl PreparedWeights {
                 .iter()
                 .zip(&sources)
                 .all(|(a, b)| a.same_storage(b))
+            && let Ok(weight) = kept.weight.clone().downcast::<T>()
         {
-            return kept.weight.clone();
+            return weight;
         }
         let weight = Arc::new(prepare(&sources));
         if sources.iter().all(HostValues::in_place) {

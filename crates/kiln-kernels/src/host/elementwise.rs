@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use super::CHUNK;
-use crate::math::exp;
+use crate::math::silu;
 
 /// `f(v + bias[c])` for every element `v` in column `c` of `values`, a row-major matrix of
 /// `bias.len()` columns, in place; rows split across rayon's threads.
@@ -120,7 +120,7 @@ impl pulp::WithSimd for SwigluRows<'_> {
             let (gate, up) = row.split_at(self.width);
             out.iter_mut()
                 .zip(gate.iter().zip(up))
-                .for_each(|(o, (&g, &u))| *o = g / (1.0 + exp(-g)) * u);
+                .for_each(|(o, (&g, &u))| *o = silu(g) * u);
         }
     }
 }

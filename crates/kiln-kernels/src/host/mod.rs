@@ -1,6 +1,6 @@
 //! f32 kernels for the host backends (Flex, NdArray): bias + activation and SwiGLU
 //! (`elementwise`), RMSNorm (`norm`), the rows' softmax (`softmax`) and attention with its
-//! backward (`attention`).
+//! backward (`attention`), convolutions over NHWC images as products (`conv`).
 //!
 //! burn 0.21's host backends evaluate `exp`, `tanh`, `erf` and `sigmoid` one element at a time
 //! on one thread through the C library: on a ViT-B/16 batch the MLP activation took longer than
@@ -12,6 +12,7 @@
 //! activations they feed.
 
 mod attention;
+pub mod conv;
 mod elementwise;
 mod norm;
 mod softmax;
@@ -25,9 +26,9 @@ pub use attention::{
 };
 pub(crate) use elementwise::zip_map;
 pub use elementwise::{add_bias_map, swiglu, swiglu_into};
-pub use norm::{rms_norm, rms_norm_into};
+pub use norm::{group_norm_nhwc, rms_norm, rms_norm_into};
 
-pub use crate::math::{exp, gelu, gelu_tanh, quick_gelu};
+pub use crate::math::{exp, gelu, gelu_tanh, quick_gelu, silu};
 
 /// Whether `x` is an f32 tensor of a host backend without autodiff, which these kernels serve
 /// (they read and write the values directly, which would cut a gradient's path).

@@ -69,3 +69,119 @@ impl pulp::WithSimd for RmsNormRows<'_> {
         }
     }
 }
+
+/// GroupNorm of NHWC `values` (`[batch, pixels, channels]`, `channels` divisible by `groups`) in
+/// place, then `f`: each group's mean and variance (biased, as PyTorch's `nn.GroupNorm`) over
+/// its channels of every pixel of an image, accumulated in f64; each channel scaled by `gamma`
+/// and shifted by `beta`.
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_nhwc(
+    values: &mut [f32],
+    [batch, pixels, channels]: [usize; 3],
+    groups: usize,
+    gamma: &[f32],
+    beta: &[f32],
+    eps: f64,
+    f: impl Fn(f32) -> f32 + Sync,
+) {
+    assert_eq!(
+        values.len(),
+        batch * pixels * channels,
+        "group_norm_nhwc: shape"
+    );
+    assert!(
+        groups > 0 && channels % groups == 0,
+        "group_norm_nhwc: groups"
+    );
+    let width = channels / groups;
+    let count = (pixels * width) as f64;
+    // Per image and group: (Σx, Σx²).
+    let sums: Vec<(f64, f64)> = (0..batch * groups)
+        .into_par_iter()
+        .map(|index| {
+            let (b, g) = (index / groups, index % groups);
+            let image = &values[b * pixels * channels..][..pixels * channels];
+            image
+                .chunks_exact(channels)
+                .flat_map(|pixel| &pixel[g * width..][..width])
+                .fold((0.0, 0.0), |(s, q), &v| {
+                    (s + v as f64, q + (v as f64) * (v as f64))
+                })
+        })
+        .collect();
+    // Per image and channel: x · scale + shift.
+    let affine: Vec<(f32, f32)> = (0..batch * channels)
+        .map(|index| {
+            let (b, c) = (index / channels, index % channels);
+            let (sum, squares) = sums[b * groups + c / width];
+            let mean = sum / count;
+            let variance = (squares / count - mean * mean).max(0.0);
+            let scale = gamma[c] as f64 / (variance + eps).sqrt();
+            (scale as f32, (beta[c] as f64 - mean * scale) as f32)
+        })
+        .collect();
+    values
+        .par_chunks_mut(pixels * channels)
+        .zip(affine.par_chunks(channels))
+        .for_each(|(image, affine)| {
+            for pixel in image.chunks_exact_mut(channels) {
+                pixel
+                    .iter_mut()
+                    .zip(affine)
+                    .for_each(|(v, &(scale, shift))| *v = f(*v * scale + shift));
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GroupNorm by its definition, two passes per image and group, over NHWC values.
+    fn by_definition(
+        x: &[f32],
+        [b, p, c]: [usize; 3],
+        groups: usize,
+        gamma: &[f32],
+        beta: &[f32],
+    ) -> Vec<f32> {
+        let width = c / groups;
+        let mut out = x.to_vec();
+        for n in 0..b {
+            for g in 0..groups {
+                let at = |i: usize, k: usize| (n * p + i) * c + g * width + k;
+                let items: Vec<f64> = (0..p)
+                    .flat_map(|i| (0..width).map(move |k| (i, k)))
+                    .map(|(i, k)| x[at(i, k)] as f64)
+                    .collect();
+                let mean = items.iter().sum::<f64>() / items.len() as f64;
+                let var =
+                    items.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / items.len() as f64;
+                for i in 0..p {
+                    for k in 0..width {
+                        let ch = g * width + k;
+                        let v = (x[at(i, k)] as f64 - mean) / (var + 1e-5).sqrt();
+                        out[at(i, k)] = (v * gamma[ch] as f64 + beta[ch] as f64) as f32;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn group_norm_over_nhwc_is_the_definition() {
+        let (shape, groups) = ([2, 7, 8], 4);
+        let x: Vec<f32> = (0..2 * 7 * 8)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.3 + 2.0)
+            .collect();
+        let gamma: Vec<f32> = (0..8).map(|i| 0.5 + i as f32 * 0.1).collect();
+        let beta: Vec<f32> = (0..8).map(|i| i as f32 * -0.2).collect();
+        let want = by_definition(&x, shape, groups, &gamma, &beta);
+        let mut got = x.clone();
+        group_norm_nhwc(&mut got, shape, groups, &gamma, &beta, 1e-5, |v| v);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-5, "{g} against {w}");
+        }
+    }
+}

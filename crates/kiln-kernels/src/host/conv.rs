@@ -1,0 +1,397 @@
+//! Convolutions over NHWC images as products: each output pixel's receptive field unfolded into
+//! one row (tap by tap, each tap's channels contiguous, zeros outside the image), multiplied by
+//! the kernel laid out as `[taps · channels, out]`. A transposed convolution is one such product
+//! per output phase (the sub-pixel decomposition): the output pixels whose position modulo the
+//! stride is the same read the same taps, so no zero is ever inserted or multiplied.
+//!
+//! The kernels' layouts ([`conv_kernel`], [`transposed_conv_kernels`]) and the unfolding
+//! ([`unfold`], [`unfold_phase`]) agree on the order of a row: taps in row-major order of the
+//! kernel window, then channels.
+
+use rayon::prelude::*;
+
+/// The shape of an NHWC batch: `[batch, height, width, channels]`.
+pub type Nhwc = [usize; 4];
+
+/// A convolution's window: kernel size, stride and zero padding, per axis (height, width).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Kernel `[height, width]`.
+    pub kernel: [usize; 2],
+    /// Stride `[height, width]`.
+    pub stride: [usize; 2],
+    /// Zero padding before and after, `[height, width]`.
+    pub padding: [usize; 2],
+}
+
+impl Window {
+    /// The output `[height, width]` of a convolution of an input `[height, width]`.
+    pub fn conv_output(&self, input: [usize; 2]) -> [usize; 2] {
+        [0, 1].map(|a| (input[a] + 2 * self.padding[a] - self.kernel[a]) / self.stride[a] + 1)
+    }
+
+    /// The output `[height, width]` of a transposed convolution of an input `[height, width]`.
+    pub fn transposed_output(&self, input: [usize; 2]) -> [usize; 2] {
+        [0, 1].map(|a| (input[a] - 1) * self.stride[a] + self.kernel[a] - 2 * self.padding[a])
+    }
+}
+
+/// The kernel `[out, in, kh, kw]` (PyTorch's and burn's layout) as the row-major weight
+/// `[kh · kw · in, out]` of a product with [`unfold`]'s rows.
+pub fn conv_kernel(weight: &[f32], [outputs, inputs, kh, kw]: [usize; 4]) -> Vec<f32> {
+    assert_eq!(
+        weight.len(),
+        outputs * inputs * kh * kw,
+        "conv_kernel: shape"
+    );
+    let mut out = vec![0f32; weight.len()];
+    for o in 0..outputs {
+        for c in 0..inputs {
+            for y in 0..kh {
+                for x in 0..kw {
+                    let row = (y * kw + x) * inputs + c;
+                    out[row * outputs + o] = weight[((o * inputs + c) * kh + y) * kw + x];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Row-major `[batch · oh · ow, kh · kw · c]`: each output pixel's window over `x` (NHWC of shape
+/// `shape`), zeros where it leaves the image.
+pub fn unfold(x: &[f32], shape: Nhwc, window: &Window) -> Vec<f32> {
+    let [batch, height, width, channels] = shape;
+    assert_eq!(x.len(), batch * height * width * channels, "unfold: shape");
+    let [oh, ow] = window.conv_output([height, width]);
+    let [kh, kw] = window.kernel;
+    let row_len = kh * kw * channels;
+    let mut rows = vec![0f32; batch * oh * ow * row_len];
+    rows.par_chunks_mut(ow * row_len)
+        .enumerate()
+        .for_each(|(line, out)| {
+            let (b, oy) = (line / oh, line % oh);
+            for ox in 0..ow {
+                let row = &mut out[ox * row_len..][..row_len];
+                for ky in 0..kh {
+                    let iy = (oy * window.stride[0] + ky).checked_sub(window.padding[0]);
+                    let Some(iy) = iy.filter(|&iy| iy < height) else {
+                        continue;
+                    };
+                    for kx in 0..kw {
+                        let ix = (ox * window.stride[1] + kx).checked_sub(window.padding[1]);
+                        let Some(ix) = ix.filter(|&ix| ix < width) else {
+                            continue;
+                        };
+                        let from = ((b * height + iy) * width + ix) * channels;
+                        row[(ky * kw + kx) * channels..][..channels]
+                            .copy_from_slice(&x[from..from + channels]);
+                    }
+                }
+            }
+        });
+    rows
+}
+
+/// The taps of one axis that reach outputs of phase `phase` (output position + padding ≡ phase
+/// modulo the stride) in a transposed convolution, with the input offset each reads:
+/// `input = (output + padding − tap) / stride`, i.e. `(output + padding − phase) / stride −
+/// offset` for the tap `phase + offset · stride`.
+fn phase_taps(kernel: usize, stride: usize, phase: usize) -> Vec<usize> {
+    (phase..kernel).step_by(stride).collect()
+}
+
+/// A transposed convolution's kernel `[in, out, kh, kw]` (PyTorch's and burn's layout) as one
+/// row-major weight per output phase `(py, px)` (row-major over the stride), `[taps · in, out]`,
+/// for [`unfold_phase`]'s rows.
+pub fn transposed_conv_kernels(
+    weight: &[f32],
+    [inputs, outputs, kh, kw]: [usize; 4],
+    stride: [usize; 2],
+) -> Vec<Vec<f32>> {
+    assert_eq!(
+        weight.len(),
+        inputs * outputs * kh * kw,
+        "transposed kernel: shape"
+    );
+    let mut phases = Vec::new();
+    for py in 0..stride[0] {
+        for px in 0..stride[1] {
+            let (ty, tx) = (phase_taps(kh, stride[0], py), phase_taps(kw, stride[1], px));
+            let mut out = vec![0f32; ty.len() * tx.len() * inputs * outputs];
+            for (jy, &y) in ty.iter().enumerate() {
+                for (jx, &x) in tx.iter().enumerate() {
+                    for c in 0..inputs {
+                        let row = (jy * tx.len() + jx) * inputs + c;
+                        for o in 0..outputs {
+                            out[row * outputs + o] = weight[((c * outputs + o) * kh + y) * kw + x];
+                        }
+                    }
+                }
+            }
+            phases.push(out);
+        }
+    }
+    phases
+}
+
+/// The output pixels `(b, oy, ox)` of phase `(py, px)` of a transposed convolution of `x`
+/// (NHWC `shape`) in row-major order, and each one's row: its phase's taps over `x`, zeros
+/// outside the image. Returns the rows and the pixels' offsets in the NHWC output (in pixels).
+pub fn unfold_phase(
+    x: &[f32],
+    shape: Nhwc,
+    window: &Window,
+    (py, px): (usize, usize),
+) -> (Vec<f32>, Vec<usize>) {
+    let [batch, height, width, channels] = shape;
+    let [oh, ow] = window.transposed_output([height, width]);
+    let [sy, sx] = window.stride;
+    let (ty, tx) = (
+        phase_taps(window.kernel[0], sy, py),
+        phase_taps(window.kernel[1], sx, px),
+    );
+    // Outputs of this phase along each axis: o with (o + padding) % stride == phase.
+    let along = |size: usize, stride: usize, padding: usize, phase: usize| -> Vec<usize> {
+        (0..size)
+            .filter(|o| (o + padding) % stride == phase)
+            .collect()
+    };
+    let (ys, xs) = (
+        along(oh, sy, window.padding[0], py),
+        along(ow, sx, window.padding[1], px),
+    );
+    let row_len = ty.len() * tx.len() * channels;
+    let mut rows = vec![0f32; batch * ys.len() * xs.len() * row_len];
+    let mut pixels = Vec::with_capacity(batch * ys.len() * xs.len());
+    for b in 0..batch {
+        for &oy in &ys {
+            for &ox in &xs {
+                pixels.push((b * oh + oy) * ow + ox);
+            }
+        }
+    }
+    rows.par_chunks_mut(xs.len() * row_len)
+        .enumerate()
+        .for_each(|(line, out)| {
+            let (b, oy) = (line / ys.len(), ys[line % ys.len()]);
+            for (j, &ox) in xs.iter().enumerate() {
+                let row = &mut out[j * row_len..][..row_len];
+                for (jy, &y) in ty.iter().enumerate() {
+                    let iy = (oy + window.padding[0]).checked_sub(y).map(|v| v / sy);
+                    let Some(iy) = iy.filter(|&iy| iy < height) else {
+                        continue;
+                    };
+                    for (jx, &x_tap) in tx.iter().enumerate() {
+                        let ix = (ox + window.padding[1]).checked_sub(x_tap).map(|v| v / sx);
+                        let Some(ix) = ix.filter(|&ix| ix < width) else {
+                            continue;
+                        };
+                        let from = ((b * height + iy) * width + ix) * channels;
+                        row[(jy * tx.len() + jx) * channels..][..channels]
+                            .copy_from_slice(&x[from..from + channels]);
+                    }
+                }
+            }
+        });
+    (rows, pixels)
+}
+
+/// NCHW `[b, c, h, w]` values as NHWC.
+pub fn nchw_to_nhwc(x: &[f32], [_, c, h, w]: [usize; 4]) -> Vec<f32> {
+    let plane = h * w;
+    let mut out = vec![0f32; x.len()];
+    out.par_chunks_mut(plane * c)
+        .enumerate()
+        .for_each(|(i, image)| {
+            let transposed = super::transposed(&x[i * c * plane..][..c * plane], c, plane);
+            image.copy_from_slice(&transposed);
+        });
+    out
+}
+
+/// NHWC `[b, h, w, c]` values as NCHW.
+pub fn nhwc_to_nchw(x: &[f32], [_, h, w, c]: Nhwc) -> Vec<f32> {
+    let plane = h * w;
+    let mut out = vec![0f32; x.len()];
+    out.par_chunks_mut(plane * c)
+        .enumerate()
+        .for_each(|(i, image)| {
+            let transposed = super::transposed(&x[i * c * plane..][..c * plane], plane, c);
+            image.copy_from_slice(&transposed);
+        });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `(input pixel, output pixel, tap)` a convolution by `window` of an input `[h, w]`
+    /// joins: `input = output · stride + tap − padding`, inside the input. A transposed
+    /// convolution joins the same triples with input and output swapped (it is the adjoint).
+    fn joins(window: &Window, [h, w]: [usize; 2]) -> Vec<([usize; 2], [usize; 2], [usize; 2])> {
+        let [oh, ow] = window.conv_output([h, w]);
+        let mut joins = Vec::new();
+        for (y, z) in (0..oh).flat_map(|y| (0..ow).map(move |z| (y, z))) {
+            for (ky, kx) in
+                (0..window.kernel[0]).flat_map(|a| (0..window.kernel[1]).map(move |b| (a, b)))
+            {
+                let iy = (y * window.stride[0] + ky).checked_sub(window.padding[0]);
+                let ix = (z * window.stride[1] + kx).checked_sub(window.padding[1]);
+                if let (Some(iy), Some(ix)) = (iy, ix)
+                    && iy < h
+                    && ix < w
+                {
+                    joins.push(([iy, ix], [y, z], [ky, kx]));
+                }
+            }
+        }
+        joins
+    }
+
+    /// A convolution of NCHW `x` by `[out, in, kh, kw]`, or with `transposed` a transposed one
+    /// by `[in, out, kh, kw]` (`out[i·s − p + t] += x[i] w[t]`), from the definition: the sum
+    /// over the joins of the convolution whose input is the larger side.
+    fn by_definition(
+        x: &[f32],
+        [b, c, h, w]: [usize; 4],
+        k: &[f32],
+        o: usize,
+        window: &Window,
+        transposed: bool,
+    ) -> Vec<f32> {
+        let [oh, ow] = match transposed {
+            true => window.transposed_output([h, w]),
+            false => window.conv_output([h, w]),
+        };
+        let [kh, kw] = window.kernel;
+        let mut out = vec![0f32; b * o * oh * ow];
+        let larger = if transposed { [oh, ow] } else { [h, w] };
+        for (large, small, [ky, kx]) in joins(window, larger) {
+            let ([iy, ix], [y, z]) = if transposed {
+                (small, large)
+            } else {
+                (large, small)
+            };
+            for (n, f, ch) in
+                (0..b).flat_map(|n| (0..o).flat_map(move |f| (0..c).map(move |ch| (n, f, ch))))
+            {
+                let weight = match transposed {
+                    true => k[((ch * o + f) * kh + ky) * kw + kx],
+                    false => k[((f * c + ch) * kh + ky) * kw + kx],
+                };
+                out[((n * o + f) * oh + y) * ow + z] +=
+                    x[((n * c + ch) * h + iy) * w + ix] * weight;
+            }
+        }
+        out
+    }
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / 16777216.0
+                    - 0.5
+            })
+            .collect()
+    }
+
+    /// `rows [m, k] · weight [k, n]`, row-major.
+    fn product(rows: &[f32], weight: &[f32], k: usize, n: usize) -> Vec<f32> {
+        let m = rows.len() / k;
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k).map(|l| rows[i * k + l] * weight[l * n + j]).sum();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn unfolded_products_are_convolutions() {
+        for (window, [h, w]) in [
+            (
+                Window {
+                    kernel: [3, 3],
+                    stride: [1, 1],
+                    padding: [1, 1],
+                },
+                [5, 6],
+            ),
+            (
+                Window {
+                    kernel: [3, 3],
+                    stride: [2, 2],
+                    padding: [1, 1],
+                },
+                [6, 7],
+            ),
+            (
+                Window {
+                    kernel: [1, 1],
+                    stride: [1, 1],
+                    padding: [0, 0],
+                },
+                [4, 4],
+            ),
+        ] {
+            let (b, c, o) = (2, 3, 4);
+            let x = values(b * c * h * w, 1);
+            let k = values(o * c * window.kernel[0] * window.kernel[1], 2);
+            let want = by_definition(&x, [b, c, h, w], &k, o, &window, false);
+            let nhwc = nchw_to_nhwc(&x, [b, c, h, w]);
+            let rows = unfold(&nhwc, [b, h, w, c], &window);
+            let kernel = conv_kernel(&k, [o, c, window.kernel[0], window.kernel[1]]);
+            let got = product(&rows, &kernel, window.kernel[0] * window.kernel[1] * c, o);
+            let [oh, ow] = window.conv_output([h, w]);
+            let got = nhwc_to_nchw(&got, [b, oh, ow, o]);
+            for (g, e) in got.iter().zip(&want) {
+                assert!((g - e).abs() < 1e-5, "{window:?}: {g} against {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn phase_products_are_transposed_convolutions() {
+        for window in [
+            Window {
+                kernel: [4, 4],
+                stride: [2, 2],
+                padding: [1, 1],
+            },
+            Window {
+                kernel: [3, 3],
+                stride: [2, 2],
+                padding: [0, 0],
+            },
+        ] {
+            let ([b, c, o], [h, w]) = ([2, 3, 4], [4, 5]);
+            let x = values(b * c * h * w, 3);
+            let k = values(c * o * window.kernel[0] * window.kernel[1], 4);
+            let want = by_definition(&x, [b, c, h, w], &k, o, &window, true);
+            let nhwc = nchw_to_nhwc(&x, [b, c, h, w]);
+            let kernels = transposed_conv_kernels(
+                &k,
+                [c, o, window.kernel[0], window.kernel[1]],
+                window.stride,
+            );
+            let [oh, ow] = window.transposed_output([h, w]);
+            let mut got = vec![0f32; b * oh * ow * o];
+            for (phase, kernel) in kernels.iter().enumerate() {
+                let (py, px) = (phase / window.stride[1], phase % window.stride[1]);
+                let (rows, pixels) = unfold_phase(&nhwc, [b, h, w, c], &window, (py, px));
+                let depth = kernel.len() / o;
+                let out = product(&rows, kernel, depth, o);
+                for (i, &pixel) in pixels.iter().enumerate() {
+                    got[pixel * o..][..o].copy_from_slice(&out[i * o..][..o]);
+                }
+            }
+            let got = nhwc_to_nchw(&got, [b, oh, ow, o]);
+            for (g, e) in got.iter().zip(&want) {
+                assert!((g - e).abs() < 1e-5, "{window:?}: {g} against {e}");
+            }
+        }
+    }
+}

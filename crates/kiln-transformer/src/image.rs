@@ -1,0 +1,323 @@
+//! NHWC images on the host backends and the layers of convolutional frame models over them.
+//!
+//! Convolutions: images kept NHWC between layers ([`HostImage`]), each
+//! convolution one product of the unfolded windows with the kernel prepared once
+//! ([`PreparedWeights::conv_nhwc`]), each transposed convolution one product per output phase
+//! ([`PreparedWeights::transposed_conv_phases`]), the activation applied as the product's tiles
+//! are stored. burn-flex's convolutions ran mirage-hello's U-Net at half PyTorch's speed on
+//! this CPU (docs/PERFORMANCE.md).
+
+use burn::module::Param;
+use burn::nn::conv::{Conv2d, ConvTranspose2d};
+use burn::nn::{GroupNorm, PaddingConfig2d};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use kiln_kernels::host;
+use kiln_kernels::host::conv::{Nhwc, Window, nchw_to_nhwc, nhwc_to_nchw, unfold, unfold_phase};
+
+use crate::PreparedWeights;
+use crate::projection::product_rows;
+
+/// An image batch on the host, its values NHWC (`[batch, height, width, channels]`): a pixel's
+/// channels side by side, as a convolution's unfolded rows and attention's tokens read them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostImage {
+    /// The values, NHWC.
+    pub values: Vec<f32>,
+    /// `[batch, height, width, channels]`.
+    pub shape: Nhwc,
+}
+
+impl HostImage {
+    /// The NCHW f32 tensor `x` as an NHWC host image.
+    pub fn from_nchw<B: Backend>(x: Tensor<B, 4>) -> Self {
+        let [batch, channels, height, width] = x.dims();
+        let data = x.into_data();
+        HostImage {
+            values: nchw_to_nhwc(host::f32s(&data), [batch, channels, height, width]),
+            shape: [batch, height, width, channels],
+        }
+    }
+
+    /// The image as an NCHW tensor on `device`.
+    pub fn into_nchw<B: Backend>(self, device: &B::Device) -> Tensor<B, 4> {
+        let [batch, height, width, channels] = self.shape;
+        let values = nhwc_to_nchw(&self.values, self.shape);
+        Tensor::from_data(
+            TensorData::new(values, [batch, channels, height, width]),
+            device,
+        )
+    }
+
+    /// The image's pixels as tokens `[batch, height · width, channels]` (no copy: NHWC is that
+    /// layout already).
+    pub fn into_tokens<B: Backend>(self, device: &B::Device) -> Tensor<B, 3> {
+        let [batch, height, width, channels] = self.shape;
+        let data = TensorData::new(self.values, [batch, height * width, channels]);
+        Tensor::from_data(data, device)
+    }
+
+    /// Tokens `[batch, height · width, channels]` as an image of `height × width`.
+    pub fn from_tokens<B: Backend>(tokens: Tensor<B, 3>, [height, width]: [usize; 2]) -> Self {
+        let [batch, _, channels] = tokens.dims();
+        let data = tokens.into_data();
+        HostImage {
+            values: host::f32s(&data).to_vec(),
+            shape: [batch, height, width, channels],
+        }
+    }
+
+    /// `f(conv(self))`, or `None` where kiln's host convolution does not serve `conv` (dilation
+    /// or groups, asymmetric padding).
+    pub fn conv<B: Backend>(
+        &self,
+        conv: &Conv2d<B>,
+        prepared: &PreparedWeights,
+        f: impl Fn(f32) -> f32 + Sync,
+    ) -> Option<HostImage> {
+        let [batch, height, width, channels] = self.shape;
+        let padding = match conv.padding {
+            PaddingConfig2d::Valid => [0, 0],
+            PaddingConfig2d::Explicit(top, left, bottom, right)
+                if top == bottom && left == right =>
+            {
+                [top, left]
+            }
+            _ => return None,
+        };
+        if conv.dilation != [1, 1] || conv.groups != 1 {
+            return None;
+        }
+        let window = Window {
+            kernel: conv.kernel_size,
+            stride: conv.stride,
+            padding,
+        };
+        let [out_height, out_width] = window.conv_output([height, width]);
+        let weight = prepared.conv_nhwc(conv);
+        let depth = window.kernel[0] * window.kernel[1] * channels;
+        let values = if depth == channels && window.stride == [1, 1] && padding == [0, 0] {
+            product_rows(&self.values, depth, &weight, f) // a 1 × 1 convolution: rows as they are
+        } else {
+            product_rows(
+                &unfold(&self.values, self.shape, &window),
+                depth,
+                &weight,
+                f,
+            )
+        };
+        Some(HostImage {
+            values,
+            shape: [batch, out_height, out_width, weight.columns()],
+        })
+    }
+
+    /// `f(conv(self))` for a transposed convolution, or `None` where the host path does not
+    /// serve it (dilation, groups, output padding).
+    pub fn conv_transposed<B: Backend>(
+        &self,
+        conv: &ConvTranspose2d<B>,
+        prepared: &PreparedWeights,
+        f: impl Fn(f32) -> f32 + Sync,
+    ) -> Option<HostImage> {
+        if conv.dilation != [1, 1] || conv.groups != 1 || conv.padding_out != [0, 0] {
+            return None;
+        }
+        let [batch, height, width, _] = self.shape;
+        let window = Window {
+            kernel: conv.kernel_size,
+            stride: conv.stride,
+            padding: conv.padding,
+        };
+        let [out_height, out_width] = window.transposed_output([height, width]);
+        let phases = prepared.transposed_conv_phases(conv);
+        let outputs = phases[0].columns();
+        let mut values = vec![0f32; batch * out_height * out_width * outputs];
+        for (phase, weight) in phases.iter().enumerate() {
+            let phase = (phase / window.stride[1], phase % window.stride[1]);
+            let (rows, pixels) = unfold_phase(&self.values, self.shape, &window, phase);
+            if pixels.is_empty() {
+                continue;
+            }
+            let product = product_rows(&rows, rows.len() / pixels.len(), weight, &f);
+            for (row, &pixel) in product.chunks_exact(outputs).zip(&pixels) {
+                values[pixel * outputs..][..outputs].copy_from_slice(row);
+            }
+        }
+        Some(HostImage {
+            values,
+            shape: [batch, out_height, out_width, outputs],
+        })
+    }
+
+    /// `f(group_norm(self))` in place, or `None` where the norm's weights are not f32 host values.
+    pub fn group_norm<B: Backend>(
+        &mut self,
+        norm: &GroupNorm<B>,
+        f: impl Fn(f32) -> f32 + Sync,
+    ) -> Option<()> {
+        let [batch, height, width, channels] = self.shape;
+        let read = |param: Option<&Param<Tensor<B, 1>>>, default: f32| {
+            param.map_or(Some(vec![default; channels]), |p| {
+                p.val().into_data().to_vec::<f32>().ok()
+            })
+        };
+        let gamma = read(norm.gamma.as_ref(), 1.0)?;
+        let beta = read(norm.beta.as_ref(), 0.0)?;
+        host::group_norm_nhwc(
+            &mut self.values,
+            [batch, height * width, channels],
+            norm.num_groups,
+            &gamma,
+            &beta,
+            norm.epsilon,
+            f,
+        );
+        Some(())
+    }
+
+    /// The channels of `self` then of `other` (same batch and size) side by side.
+    pub fn concat_channels(&self, other: &HostImage) -> HostImage {
+        let [batch, height, width, a] = self.shape;
+        assert_eq!(
+            [batch, height, width],
+            other.shape[..3],
+            "concat_channels: sizes"
+        );
+        let b = other.shape[3];
+        let mut values = Vec::with_capacity(batch * height * width * (a + b));
+        for (left, right) in self
+            .values
+            .chunks_exact(a)
+            .zip(other.values.chunks_exact(b))
+        {
+            values.extend_from_slice(left);
+            values.extend_from_slice(right);
+        }
+        HostImage {
+            values,
+            shape: [batch, height, width, a + b],
+        }
+    }
+
+    /// Each image's mean over its pixels, `[batch, channels]` row-major.
+    pub fn mean_pixels(&self) -> Vec<f32> {
+        let [batch, height, width, channels] = self.shape;
+        let pixels = height * width;
+        let mut means = vec![0f32; batch * channels];
+        for (b, image) in self.values.chunks_exact(pixels * channels).enumerate() {
+            let mut sums = vec![0f64; channels];
+            for pixel in image.chunks_exact(channels) {
+                sums.iter_mut()
+                    .zip(pixel)
+                    .for_each(|(s, &v)| *s += v as f64);
+            }
+            for (m, s) in means[b * channels..][..channels].iter_mut().zip(sums) {
+                *m = (s / pixels as f64) as f32;
+            }
+        }
+        means
+    }
+
+    /// PyTorch's `adaptive_avg_pool2d` to `[height, width]`: output cell `i` averages input rows
+    /// `⌊i·H/h⌋ .. ⌈(i+1)·H/h⌉` (and columns likewise).
+    pub fn adaptive_avg_pool(&self, [out_height, out_width]: [usize; 2]) -> HostImage {
+        let [batch, height, width, channels] = self.shape;
+        let span =
+            |i: usize, size: usize, out: usize| (i * size / out, ((i + 1) * size).div_ceil(out));
+        let mut values = vec![0f32; batch * out_height * out_width * channels];
+        for b in 0..batch {
+            for oy in 0..out_height {
+                let (y0, y1) = span(oy, height, out_height);
+                for ox in 0..out_width {
+                    let (x0, x1) = span(ox, width, out_width);
+                    let out = &mut values[((b * out_height + oy) * out_width + ox) * channels..]
+                        [..channels];
+                    for y in y0..y1 {
+                        for x in x0..x1 {
+                            let from = ((b * height + y) * width + x) * channels;
+                            out.iter_mut()
+                                .zip(&self.values[from..from + channels])
+                                .for_each(|(o, &v)| *o += v);
+                        }
+                    }
+                    let count = ((y1 - y0) * (x1 - x0)) as f32;
+                    out.iter_mut().for_each(|o| *o /= count);
+                }
+            }
+        }
+        HostImage {
+            values,
+            shape: [batch, out_height, out_width, channels],
+        }
+    }
+
+    /// Bilinear resizing to `[height, width]` with PyTorch's `align_corners=False`: output pixel
+    /// `o` reads the input at `(o + ½) · in/out − ½`, clamped at 0.
+    pub fn resize_bilinear(&self, [out_height, out_width]: [usize; 2]) -> HostImage {
+        let [batch, height, width, channels] = self.shape;
+        let taps = |out: usize, size: usize| -> Vec<(usize, usize, f32)> {
+            let scale = size as f32 / out as f32;
+            (0..out)
+                .map(|o| {
+                    let source = ((o as f32 + 0.5) * scale - 0.5).max(0.0);
+                    let first = (source as usize).min(size - 1);
+                    let second = (first + 1).min(size - 1);
+                    (first, second, source - first as f32)
+                })
+                .collect()
+        };
+        let (rows, columns) = (taps(out_height, height), taps(out_width, width));
+        let mut values = vec![0f32; batch * out_height * out_width * channels];
+        let at = |b: usize, y: usize, x: usize| ((b * height + y) * width + x) * channels;
+        for b in 0..batch {
+            for (oy, &(y0, y1, ly)) in rows.iter().enumerate() {
+                for (ox, &(x0, x1, lx)) in columns.iter().enumerate() {
+                    let out = &mut values[((b * out_height + oy) * out_width + ox) * channels..]
+                        [..channels];
+                    let [a, c, d, e] = [at(b, y0, x0), at(b, y0, x1), at(b, y1, x0), at(b, y1, x1)];
+                    for (k, o) in out.iter_mut().enumerate() {
+                        let v = &self.values;
+                        let top = v[a + k] * (1.0 - lx) + v[c + k] * lx;
+                        let bottom = v[d + k] * (1.0 - lx) + v[e + k] * lx;
+                        *o = top * (1.0 - ly) + bottom * ly;
+                    }
+                }
+            }
+        }
+        HostImage {
+            values,
+            shape: [batch, out_height, out_width, channels],
+        }
+    }
+
+    /// `self += other`, element by element (a skip connection).
+    pub fn add(&mut self, other: &HostImage) {
+        self.combine(other, |a, b| a + b);
+    }
+
+    /// `self = f(self, other)`, element by element.
+    pub fn combine(&mut self, other: &HostImage, f: impl Fn(f32, f32) -> f32) {
+        assert_eq!(self.shape, other.shape, "HostImage::combine: shapes");
+        self.values
+            .iter_mut()
+            .zip(&other.values)
+            .for_each(|(a, &b)| *a = f(*a, b));
+    }
+
+    /// `self += v[b]` at every pixel of image `b`, for `v` `[batch, channels]` row-major (an
+    /// embedding added everywhere).
+    pub fn add_per_image(&mut self, v: &[f32]) {
+        let [batch, height, width, channels] = self.shape;
+        assert_eq!(v.len(), batch * channels, "HostImage::add_per_image: shape");
+        for (image, v) in self
+            .values
+            .chunks_exact_mut(height * width * channels)
+            .zip(v.chunks_exact(channels))
+        {
+            for pixel in image.chunks_exact_mut(channels) {
+                pixel.iter_mut().zip(v).for_each(|(a, b)| *a += b);
+            }
+        }
+    }
+}
