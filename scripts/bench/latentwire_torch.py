@@ -55,19 +55,20 @@ from latentwire_modules import latentwire_models  # noqa: E402
 SYSTEM_PROMPT = ("You are a concise QA assistant. Use the context to answer with a short phrase "
                  "only. Answer in English. Respond with the answer phrase only.")
 CONTENT = "KILN_LATENTWIRE_CONTENT"
+ANCHOR = "Answer:"  # kiln's reader::ANCHOR, LatentWire's "Answer: " (the space joins the answer)
 
 
 def template(tokenizer):
     """The ids before and after the content in `tokenizer`'s chat template around LatentWire's
-    system prompt and one user turn (the assistant's turn opened), and its end-of-turn id: what
-    kiln's `Template::of` reads."""
+    system prompt and one user turn (the assistant's turn opened, the anchor written), and its
+    end-of-turn id: what kiln's `Template::of` reads."""
     messages = [{"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": CONTENT}]
     rendered = tokenizer.apply_chat_template(messages, tokenize=False,
                                              add_generation_prompt=True)
     before, after = rendered.split(CONTENT)
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
-    return encode(before), encode(after), tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    return encode(before), encode(after + ANCHOR), tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
 
 
 class Reader:

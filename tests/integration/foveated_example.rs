@@ -19,23 +19,13 @@ use serde_json::Value;
 use crate::common;
 
 fn run(out: &Path, args: &[&str]) -> Output {
-    Command::new(common::example("foveated_synthetic"))
-        .arg("--out")
-        .arg(out)
-        .args(args)
-        .output()
-        .expect("the foveated_synthetic example is built with the tests")
+    common::run_example("foveated_synthetic", out, args)
 }
 
 /// Runs the example, which must succeed, and reads its summary.json.
 fn summary_of(out: &Path, args: &[&str]) -> Value {
-    let output = run(out, args);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap()
+    common::succeeded(run(out, args), args);
+    common::summary(out)
 }
 
 #[test]
@@ -313,8 +303,7 @@ fn foveated_train_learns_captions_resumes_and_saves_a_model_that_loads() {
     // falls well below the untrained model's.
     assert!(eval_loss[2] < 0.5 * eval_loss[0], "{eval_loss:?}");
 
-    let summary: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let summary = common::summary(&out);
     assert_eq!(summary["steps"], 30);
     assert_eq!(summary["train_clips"], 6);
     assert_eq!(

@@ -6,7 +6,7 @@
 //! two tiny built-in models and kiln-text's committed tiny checkpoint.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
@@ -31,12 +31,7 @@ const SHORT: [&str; 14] = [
 ];
 
 fn run(out: &Path, args: &[&str]) -> Output {
-    Command::new(common::example("latentwire"))
-        .arg("--out")
-        .arg(out)
-        .args(args)
-        .output()
-        .expect("the latentwire example is built with the tests")
+    common::run_example("latentwire", out, args)
 }
 
 fn succeeds(out: &Path, args: &[&str]) -> Output {
@@ -47,13 +42,9 @@ fn fails(out: &Path, args: &[&str]) -> String {
     common::failed(run(out, args), args)
 }
 
-fn summary(out: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap()
-}
-
 /// The summary without its wall time.
 fn results(out: &Path) -> Value {
-    let mut summary = summary(out);
+    let mut summary = common::summary(out);
     summary.as_object_mut().unwrap().remove("wall_seconds");
     summary
 }
@@ -70,7 +61,7 @@ fn the_builtin_models_run_the_pipeline_and_write_the_contracts_files() {
     let output = succeeds(&out, &SHORT);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("built-in"), "{stderr}");
-    let summary = summary(&out);
+    let summary = common::summary(&out);
     for name in ["tiny-llama", "tiny-qwen2"] {
         let lm = &summary[name];
         for kind in ["text", "latent", "token_budget"] {
@@ -107,7 +98,7 @@ fn the_state_encoder_runs_the_pipeline() {
         .chain(["--encoder", "states"])
         .collect();
     succeeds(&out, &args);
-    let summary = summary(&out);
+    let summary = common::summary(&out);
     assert!(
         summary["tiny-qwen2"]["latent"]["nll"].is_number(),
         "{summary}"

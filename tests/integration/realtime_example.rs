@@ -6,20 +6,12 @@
 //! errors. Small frames (16 × 16) keep the runs short.
 
 use std::path::Path;
-use std::process::{Command, Output};
-
-use serde_json::Value;
+use std::process::Output;
 
 use crate::common;
 
 fn run(out: &Path, args: &[&str]) -> Output {
-    Command::new(common::example("realtime"))
-        .arg("--out")
-        .arg(out)
-        .args(["--size", "16"])
-        .args(args)
-        .output()
-        .expect("the realtime example is built with the tests")
+    common::run_example("realtime", out, &[&["--size", "16"], args].concat())
 }
 
 fn succeeds(out: &Path, args: &[&str]) -> Output {
@@ -28,10 +20,6 @@ fn succeeds(out: &Path, args: &[&str]) -> Output {
 
 fn fails(out: &Path, args: &[&str]) -> String {
     common::failed(run(out, args), args)
-}
-
-fn summary(out: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap()
 }
 
 #[test]
@@ -55,7 +43,7 @@ fn the_unet_streams_write_the_contract_files() {
         "full",
     ];
     succeeds(&out, &args);
-    let summary = summary(&out);
+    let summary = common::summary(&out);
     for key in [
         "fps",
         "budget_ms",
@@ -114,7 +102,7 @@ fn the_live_stream_model_reads_a_folder_of_frames_resized() {
         stderr.contains("24 × 20"),
         "no note of the resizing: {stderr}"
     );
-    let summary = summary(&out);
+    let summary = common::summary(&out);
     assert_eq!(summary["forwards_per_frame"], 1);
     assert_eq!(summary["streams"], 1);
     assert!(out.join("frames/stream-1/00003.png").is_file());

@@ -147,6 +147,26 @@ pub fn product_on_this_thread(c: &mut [f32], a: &[f32], b: &Packed, m: usize, bi
     }
 }
 
+/// `c = f(a · b + bias)` on the calling thread alone, `a` packed in blocks as [`product`] packs
+/// it: for a caller that runs several products of a few hundred rows at once, one per thread
+/// (Winograd's per-point products), where each split across the threads would leave slivers.
+///
+/// Panics as [`product`] does.
+pub fn product_packed_on_this_thread(
+    c: &mut [f32],
+    a: &[f32],
+    b: &Packed,
+    m: usize,
+    bias: &[f32],
+    f: impl Fn(f32) -> f32 + Sync,
+) {
+    if let Some(product) = Product::new(c, a, b, m, false, bias, f, false) {
+        for task in tasks(m, b.n.div_ceil(NR), 1) {
+            product.run(task);
+        }
+    }
+}
+
 /// A product's operands, checked, for its tasks to share.
 struct Product<'a, F> {
     out: Out,

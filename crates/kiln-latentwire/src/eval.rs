@@ -216,8 +216,12 @@ fn reader_batch<B: Backend>(
     sources: &[String],
     items: &[QaItem],
 ) -> Result<ReaderBatch, LatentWireError> {
-    let texts = ids_of(reader, sources.iter().map(String::as_str))?;
-    let answers = ids_of(reader, items.iter().map(|i| i.answer.as_str()))?;
+    let texts = (sources.iter())
+        .map(|source| reader.ids(source))
+        .collect::<Result<Vec<_>, _>>()?;
+    let answers = (items.iter())
+        .map(|item| reader.answer_ids(&item.answer))
+        .collect::<Result<Vec<_>, _>>()?;
     if let Some(row) = answers.iter().position(Vec::is_empty) {
         return Err(LatentWireError::Input(format!(
             "an item's answer is empty: {:?}",
@@ -225,14 +229,6 @@ fn reader_batch<B: Backend>(
         )));
     }
     Ok(ReaderBatch { texts, answers })
-}
-
-/// Each text's ids for `reader`.
-fn ids_of<'a, B: Backend>(
-    reader: &Reader<B>,
-    texts: impl IntoIterator<Item = &'a str>,
-) -> Result<Vec<Vec<u32>>, LatentWireError> {
-    texts.into_iter().map(|text| reader.ids(text)).collect()
 }
 
 /// A tensor's values on the host in f32.

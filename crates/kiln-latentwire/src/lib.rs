@@ -34,7 +34,8 @@
 //! - [`adapter`]: the adapter that turns the latents into one language model's soft prompt,
 //!   checked against LatentWire's own module (scripts/fixtures/latentwire_modules.py);
 //! - [`reader`]: one frozen language model reading the text, its first `M` tokens or the soft
-//!   prompt in the user's turn of its chat template, with the answer after;
+//!   prompt in the user's turn of its chat template, with the answer after LatentWire's
+//!   `Answer:` anchor;
 //! - [`model`]: what trains, the encoder and an adapter per language model;
 //! - [`objective`]: LatentWire's training loss, every term from one forward per language model;
 //! - [`eval`]: held-out scores per language model for the text, the latent prefix and the

@@ -1,6 +1,6 @@
 //! One frozen language model reading a prompt: the user's turn of its chat template holding the
 //! content (the text, its first `M` tokens, or the soft prompt the adapter made from the latents),
-//! the assistant's turn opened, then the answer.
+//! the assistant's turn opened with LatentWire's anchor ([`ANCHOR`]), then the answer.
 //!
 //! Every prompt kind goes through the same template, so the text, the token budget and the latent
 //! prefix differ only in what fills the user's turn (LatentWire's train.py put its anchor text,
@@ -28,16 +28,23 @@ use kiln_text::{
 use crate::LatentWireError;
 
 /// Where the user's content sits in a language model's prompt: the ids before it and after it
-/// (the assistant's turn opened), and the id that ends the assistant's turn.
+/// (the assistant's turn opened and [`ANCHOR`] written), and the id that ends the assistant's
+/// turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Template {
     /// The ids before the content (system turn, user header).
     pub before: Vec<u32>,
-    /// The ids after the content (user turn closed, assistant header).
+    /// The ids after the content (user turn closed, assistant header, [`ANCHOR`]).
     pub after: Vec<u32>,
     /// The id that ends an answer (the tokenizer's `eos_token`).
     pub end: u32,
 }
+
+/// The text every answer follows, its first words in the assistant's turn: LatentWire's
+/// `"Answer: "` anchor (train.py's `DEFAULT_ANSWER_PREFIX`), so that a model starts its turn with
+/// the answer rather than a sentence leading to it. Its space goes with the answer's first token
+/// ([`Reader::answer_ids`]), as the tokenizer splits `"Answer: Paris"`.
+pub const ANCHOR: &str = "Answer:";
 
 /// What stands in the content's place while the template is rendered.
 const CONTENT: &str = "KILN_LATENTWIRE_CONTENT";
@@ -51,8 +58,8 @@ impl Template {
     /// The template of `tokenizer`: its chat template around [`SYSTEM_PROMPT`] and one user
     /// turn (the user turn alone where the template refuses a system turn), rendered as
     /// transformers' `apply_chat_template(..., add_generation_prompt=True)` and tokenized without
-    /// adding special tokens (the template writes its own); without a chat template, the content
-    /// followed by `"\nAnswer:"`.
+    /// adding special tokens (the template writes its own), then [`ANCHOR`]; without a chat
+    /// template, the content followed by a new line and [`ANCHOR`].
     pub fn of(tokenizer: &TextTokenizer) -> Result<Template, LatentWireError> {
         let eos = tokenizer.special("eos_token").ok_or_else(|| {
             LatentWireError::Input("the tokenizer names no eos_token to end an answer".into())
@@ -68,9 +75,9 @@ impl Template {
             let (before, after) = rendered.split_once(CONTENT).ok_or_else(|| {
                 LatentWireError::Input("the chat template drops the user's message".into())
             })?;
-            (before.to_string(), after.to_string())
+            (before.to_string(), format!("{after}{ANCHOR}"))
         } else {
-            (String::new(), "\nAnswer:".to_string())
+            (String::new(), format!("\n{ANCHOR}"))
         };
         Ok(Template {
             before: tokenizer.encode_without_special_tokens(&before)?,
@@ -302,6 +309,22 @@ impl<B: Backend> Reader<B> {
             )));
         }
         Ok(ids)
+    }
+
+    /// The ids of `answer` after [`ANCHOR`]: those the tokenizer gives `"Answer: {answer}"` past
+    /// the anchor's own (the space joined to the answer's first token, as in running text);
+    /// `" {answer}"` alone where the anchor's ids are not a prefix of them; none for an empty
+    /// answer.
+    pub fn answer_ids(&self, answer: &str) -> Result<Vec<u32>, LatentWireError> {
+        if answer.is_empty() {
+            return Ok(Vec::new());
+        }
+        let anchor = self.ids(ANCHOR)?;
+        let anchored = self.ids(&format!("{ANCHOR} {answer}"))?;
+        match anchored.strip_prefix(anchor.as_slice()) {
+            Some(answer_ids) if !answer_ids.is_empty() => Ok(answer_ids.to_vec()),
+            _ => self.ids(&format!(" {answer}")),
+        }
     }
 
     /// `prefix` `[batch, M, hidden]` scaled so that each row's root mean square over its `M ×

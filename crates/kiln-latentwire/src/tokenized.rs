@@ -48,7 +48,7 @@ impl TokenizedSplit {
                     LatentWireError::Input(format!("item {number} ({:?}): {e}", item.question))
                 };
                 let text = reader.ids(source).map_err(at)?;
-                let answer = reader.ids(&item.answer).map_err(at)?;
+                let answer = reader.answer_ids(&item.answer).map_err(at)?;
                 if answer.is_empty() {
                     return Err(at(LatentWireError::Input("the answer is empty".into())));
                 }

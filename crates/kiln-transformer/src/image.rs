@@ -4,8 +4,10 @@
 //! convolution one product of the unfolded windows with the kernel prepared once
 //! ([`PreparedWeights::conv_nhwc`]), each transposed convolution one product per output phase
 //! ([`PreparedWeights::transposed_conv_phases`]), the activation applied as the product's tiles
-//! are stored. burn-flex's convolutions ran mirage-hello's U-Net at half PyTorch's speed on
-//! this CPU (docs/PERFORMANCE.md).
+//! are stored. Where the channels are many, stride-1 3 × 3 convolutions and the phases of
+//! 4 × 4 / 2 transposed convolutions go through Winograd's minimal filtering instead
+//! ([`host::winograd`]: 2.25× and 1.78× fewer multiplications). burn-flex's convolutions ran
+//! mirage-hello's U-Net at half PyTorch's speed on this CPU (docs/PERFORMANCE.md).
 
 use burn::module::Param;
 use burn::nn::conv::{Conv2d, ConvTranspose2d};
@@ -14,9 +16,16 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use kiln_kernels::host;
 use kiln_kernels::host::conv::{Nhwc, Window, nchw_to_nhwc, nhwc_to_nchw, unfold, unfold_phase};
+use kiln_kernels::host::winograd::{Correlation, F2X2, F2X3, Minimal, Phase};
 
 use crate::PreparedWeights;
-use crate::projection::product_rows;
+use crate::prepared::WinogradKernel;
+use crate::projection::{product_rows, products_into};
+
+/// Input and output channels from which a convolution goes through Winograd's minimal
+/// filtering: with fewer, its products are too thin for the saved multiplications to pay for
+/// the transforms (a frame model's first and last layers).
+const WINOGRAD_CHANNELS: usize = 32;
 
 /// An image batch on the host, its values NHWC (`[batch, height, width, channels]`): a pixel's
 /// channels side by side, as a convolution's unfolded rows and attention's tokens read them.
@@ -94,6 +103,20 @@ impl HostImage {
             padding,
         };
         let [out_height, out_width] = window.conv_output([height, width]);
+        let outputs = conv.weight.dims()[0];
+        if window.kernel == [3, 3] && window.stride == [1, 1] && self.wide_enough(outputs) {
+            let correlation = Correlation {
+                origin: padding.map(|p| -(p as isize)),
+                out: [out_height, out_width],
+            };
+            let kernel = prepared.conv_winograd(conv);
+            let values = (self.winograd(&F2X3, &[(correlation, &kernel)], f).pop())
+                .expect("one correlation, one output");
+            return Some(HostImage {
+                values,
+                shape: [batch, out_height, out_width, outputs],
+            });
+        }
         let weight = prepared.conv_nhwc(conv);
         let depth = window.kernel[0] * window.kernel[1] * channels;
         let values = if depth == channels && window.stride == [1, 1] && padding == [0, 0] {
@@ -130,6 +153,11 @@ impl HostImage {
             padding: conv.padding,
         };
         let [out_height, out_width] = window.transposed_output([height, width]);
+        let winograd_phases = Phase::of_transposed(&window, [height, width]);
+        if let Some(phases) = winograd_phases.filter(|_| self.wide_enough(conv.weight.dims()[1])) {
+            let kernels = prepared.transposed_conv_winograd(conv, &phases);
+            return Some(self.phases_by_winograd(&phases, &kernels, [out_height, out_width], f));
+        }
         let phases = prepared.transposed_conv_phases(conv);
         let outputs = phases[0].columns();
         let mut values = vec![0f32; batch * out_height * out_width * outputs];
@@ -148,6 +176,90 @@ impl HostImage {
             values,
             shape: [batch, out_height, out_width, outputs],
         })
+    }
+
+    /// `f(transposed convolution of self)` of size `[height, width]`, each of its `phases` a
+    /// 2 × 2 correlation by F(2×2, 2×2) with its kernel, the phases' outputs interleaved.
+    fn phases_by_winograd(
+        &self,
+        phases: &[Phase],
+        kernels: &[WinogradKernel],
+        [height, width]: [usize; 2],
+        f: impl Fn(f32) -> f32 + Sync,
+    ) -> HostImage {
+        let batch = self.shape[0];
+        let outputs = kernels[0].bias.len();
+        let jobs: Vec<_> = (phases.iter().zip(kernels))
+            .map(|(phase, kernel)| (phase.correlation, kernel))
+            .collect();
+        let mut values = vec![0f32; batch * height * width * outputs];
+        for (phase, y) in phases.iter().zip(self.winograd(&F2X2, &jobs, f)) {
+            let [rows, columns] = phase.correlation.out;
+            for (pixel, y) in y.chunks_exact(outputs).enumerate() {
+                let (b, row, column) = (
+                    pixel / (rows * columns),
+                    pixel / columns % rows,
+                    pixel % columns,
+                );
+                let (oy, ox) = (2 * row + phase.offset[0], 2 * column + phase.offset[1]);
+                values[((b * height + oy) * width + ox) * outputs..][..outputs].copy_from_slice(y);
+            }
+        }
+        HostImage {
+            values,
+            shape: [batch, height, width, outputs],
+        }
+    }
+
+    /// Whether a convolution of this image to `outputs` channels has the channels for Winograd's
+    /// minimal filtering to pay ([`WINOGRAD_CHANNELS`]).
+    fn wide_enough(&self, outputs: usize) -> bool {
+        self.shape[3] >= WINOGRAD_CHANNELS && outputs >= WINOGRAD_CHANNELS
+    }
+
+    /// `f(correlation of self + bias)` by `minimal` for each correlation and its kernel: NHWC
+    /// `[batch, out height, out width, outputs]` each. The products of every point of every
+    /// correlation run at once, each on one thread.
+    fn winograd(
+        &self,
+        minimal: &Minimal,
+        jobs: &[(Correlation, &WinogradKernel)],
+        f: impl Fn(f32) -> f32 + Sync,
+    ) -> Vec<Vec<f32>> {
+        let [batch, _, _, channels] = self.shape;
+        let tiles = |correlation: &Correlation| {
+            let [rows, columns] = correlation.tiles();
+            batch * rows * columns
+        };
+        let inputs: Vec<Vec<f32>> = (jobs.iter())
+            .map(|(correlation, _)| minimal.input(&self.values, self.shape, correlation))
+            .collect();
+        let mut products: Vec<Vec<f32>> = (jobs.iter())
+            .map(|(correlation, kernel)| {
+                vec![0f32; minimal.alpha.pow(2) * tiles(correlation) * kernel.bias.len()]
+            })
+            .collect();
+        let mut work = Vec::new();
+        for (((correlation, kernel), v), m) in jobs.iter().zip(&inputs).zip(&mut products) {
+            let (tiles, outputs) = (tiles(correlation), kernel.bias.len());
+            if tiles == 0 {
+                continue;
+            }
+            let points = m
+                .chunks_exact_mut(tiles * outputs)
+                .zip(v.chunks_exact(tiles * channels));
+            work.extend(
+                points
+                    .zip(&kernel.points)
+                    .map(|((m, v), point)| (m, v, point)),
+            );
+        }
+        products_into(work, channels);
+        (jobs.iter().zip(&products))
+            .map(|((correlation, kernel), m)| {
+                minimal.output(m, batch, correlation, &kernel.bias, &f)
+            })
+            .collect()
     }
 
     /// `f(group_norm(self))` in place, or `None` where the norm's weights are not f32 host values.

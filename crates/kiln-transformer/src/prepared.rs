@@ -22,6 +22,7 @@ use burn::tensor::backend::Backend;
 use kiln_kernels::HostValues;
 
 use kiln_kernels::host;
+use kiln_kernels::host::winograd::{F2X2, F2X3, Minimal, Phase};
 use kiln_kernels::sgemm;
 
 /// A projection's weight `[in, out]` and bias `[out]` as the host product reads them.
@@ -69,6 +70,32 @@ impl HostWeight {
     /// The output columns.
     pub fn columns(&self) -> usize {
         self.bias.len()
+    }
+}
+
+/// A kernel transformed for Winograd's minimal filtering ([`host::winograd`]): one product weight
+/// `[in, out]` per point ξ of the tile, without bias, and the bias added to the outputs.
+#[derive(Debug)]
+pub struct WinogradKernel {
+    /// `U_ξ`, ξ row-major over the tile.
+    pub points: Vec<HostWeight>,
+    /// The bias `[out]`.
+    pub bias: Vec<f32>,
+}
+
+impl WinogradKernel {
+    /// The kernel whose tap `(ty, tx)` from input `c` to output `o` is `tap(ty, tx, c, o)`,
+    /// transformed by `minimal`.
+    fn new(
+        minimal: &Minimal,
+        [inputs, outputs]: [usize; 2],
+        tap: impl Fn(usize, usize, usize, usize) -> f32 + Sync,
+        bias: Vec<f32>,
+    ) -> Self {
+        let points = (minimal.kernel([inputs, outputs], tap).iter())
+            .map(|u| HostWeight::new(inputs, &[(u, outputs)], vec![0.0; outputs]))
+            .collect();
+        WinogradKernel { points, bias }
     }
 }
 
@@ -224,6 +251,47 @@ impl PreparedWeights {
             (kernels.iter())
                 .map(|kernel| {
                     HostWeight::new(kernel.len() / outputs, &[(kernel, outputs)], bias.clone())
+                })
+                .collect()
+        })
+    }
+
+    /// A 3 × 3 convolution's kernel `[out, in, 3, 3]` transformed for F(2×2, 3×3)
+    /// ([`host::winograd::F2X3`]), and its bias.
+    pub fn conv_winograd<B: Backend>(&self, conv: &Conv2d<B>) -> Arc<WinogradKernel> {
+        let [outputs, inputs, kh, kw] = conv.weight.dims();
+        assert_eq!([kh, kw], [3, 3], "conv_winograd: a 3 × 3 kernel");
+        let sources = weight_and_bias(&conv.weight, conv.bias.as_ref());
+        self.get(conv.weight.id, sources, |sources| {
+            let weight = sources[0].values();
+            let tap = |ty: usize, tx: usize, c: usize, o: usize| {
+                weight[((o * inputs + c) * 3 + ty) * 3 + tx]
+            };
+            let bias = bias_of(conv.bias.is_some().then(|| &sources[1]), outputs);
+            WinogradKernel::new(&F2X3, [inputs, outputs], tap, bias)
+        })
+    }
+
+    /// A 4 × 4, stride-2 transposed convolution's kernel `[in, out, 4, 4]` transformed for
+    /// F(2×2, 2×2) ([`host::winograd::F2X2`]), one per output phase of `phases`, with the bias.
+    pub fn transposed_conv_winograd<B: Backend>(
+        &self,
+        conv: &ConvTranspose2d<B>,
+        phases: &[Phase],
+    ) -> Arc<Vec<WinogradKernel>> {
+        let [inputs, outputs, kh, kw] = conv.weight.dims();
+        assert_eq!([kh, kw], [4, 4], "transposed_conv_winograd: a 4 × 4 kernel");
+        let sources = weight_and_bias(&conv.weight, conv.bias.as_ref());
+        self.get(conv.weight.id, sources, |sources| {
+            let weight = sources[0].values();
+            let bias = bias_of(conv.bias.is_some().then(|| &sources[1]), outputs);
+            (phases.iter())
+                .map(|phase| {
+                    let tap = |ty: usize, tx: usize, c: usize, o: usize| {
+                        let [ky, kx] = phase.kernel_tap(ty, tx);
+                        weight[((c * outputs + o) * 4 + ky) * 4 + kx]
+                    };
+                    WinogradKernel::new(&F2X2, [inputs, outputs], tap, bias.clone())
                 })
                 .collect()
         })

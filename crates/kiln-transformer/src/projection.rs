@@ -17,6 +17,7 @@ use crate::{Pass, Site};
 use kiln_kernels::host;
 use kiln_kernels::matmul::{Threads, View, Write, matmul};
 use kiln_kernels::sgemm;
+use rayon::prelude::*;
 
 /// What follows a projection `x W + b`.
 pub enum Then<B: Backend, const D: usize> {
@@ -207,20 +208,43 @@ pub fn product_rows_into(
     weight: &HostWeight,
     f: impl Fn(f32) -> f32 + Sync,
 ) {
+    product_on(out, x, inputs, weight, f, Threads::All);
+}
+
+/// Independent products `out = x W + b` of `inputs`-wide rows, all at once, each on one thread:
+/// many small products (Winograd's, one per point of the tile), which one at a time would each
+/// be split into slivers across the threads.
+pub fn products_into(products: Vec<(&mut [f32], &[f32], &HostWeight)>, inputs: usize) {
+    (products.into_par_iter())
+        .for_each(|(out, x, weight)| product_on(out, x, inputs, weight, |v| v, Threads::One));
+}
+
+/// `out = f(x W + b)` on `threads` (all of rayon's, or the calling thread's).
+fn product_on(
+    out: &mut [f32],
+    x: &[f32],
+    inputs: usize,
+    weight: &HostWeight,
+    f: impl Fn(f32) -> f32 + Sync,
+    threads: Threads,
+) {
     let (rows, outputs) = (x.len() / inputs.max(1), weight.columns());
     assert_eq!(out.len(), rows * outputs, "product_rows_into: out's shape");
-    match &weight.operand {
-        Operand::Packed(packed) => {
+    match (&weight.operand, threads) {
+        (Operand::Packed(packed), Threads::One) => {
+            sgemm::product_packed_on_this_thread(out, x, packed, rows, &weight.bias, f);
+        }
+        (Operand::Packed(packed), _) => {
             sgemm::product(out, x, packed, rows, false, &weight.bias, f);
         }
-        operand => {
-            gemm_product(out, x, inputs, outputs, operand, Write::Overwrite);
+        (operand, threads) => {
+            gemm_product(out, x, inputs, outputs, operand, Write::Overwrite, threads);
             host::add_bias_map(out, &weight.bias, f);
         }
     }
 }
 
-/// `out (+)= x W` (as `write` says) through the `gemm` crate on every thread, for a weight it
+/// `out (+)= x W` (as `write` says) through the `gemm` crate on `threads`, for a weight it
 /// reads: row-major, in place, or in place transposed.
 fn gemm_product(
     out: &mut [f32],
@@ -229,12 +253,13 @@ fn gemm_product(
     outputs: usize,
     operand: &Operand,
     write: Write,
+    threads: Threads,
 ) {
     let rows = x.len() / inputs.max(1);
     let x_rows = View::rows(0, rows, inputs, inputs);
     let mut product = |first: usize, columns: usize, weight: &[f32], view: View| {
         let out_view = View::rows(first, rows, columns, outputs);
-        matmul(out, out_view, x, x_rows, weight, view, write, Threads::All);
+        matmul(out, out_view, x, x_rows, weight, view, write, threads);
     };
     match operand {
         Operand::RowMajor(values) => {
@@ -266,7 +291,15 @@ pub fn add_product(residual: &mut [f32], x: &[f32], inputs: usize, weight: &Host
         }
         operand => {
             host::add_bias_map(residual, &weight.bias, |v| v);
-            gemm_product(residual, x, inputs, outputs, operand, Write::Add);
+            gemm_product(
+                residual,
+                x,
+                inputs,
+                outputs,
+                operand,
+                Write::Add,
+                Threads::All,
+            );
         }
     }
 }

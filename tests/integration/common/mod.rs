@@ -5,7 +5,7 @@ pub mod labelled;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
 
 use kiln::core::{DeviceError, DeviceSpec};
 
@@ -17,6 +17,21 @@ pub fn fixtures() -> PathBuf {
 /// kiln-forcefield's committed schnetpack models, structures and reference outputs.
 pub fn forcefield_fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/kiln-forcefield/tests/fixtures")
+}
+
+/// The example `name` run with `--out out` and `args`.
+pub fn run_example(name: &str, out: &Path, args: &[&str]) -> Output {
+    Command::new(example(name))
+        .arg("--out")
+        .arg(out)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("the {name} example is built with the tests: {e}"))
+}
+
+/// The `summary.json` an example wrote in `out`.
+pub fn summary(out: &Path) -> serde_json::Value {
+    serde_json::from_slice(&fs::read(out.join("summary.json")).unwrap()).unwrap()
 }
 
 /// `output` of an example run with `args`, once checked to have succeeded (its stderr says why

@@ -226,6 +226,7 @@ pub fn nhwc_to_nchw(x: &[f32], [_, h, w, c]: Nhwc) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::testing::{product, values};
 
     /// Every `(input pixel, output pixel, tap)` a convolution by `window` of an input `[h, w]`
     /// joins: `input = output · stride + tap − padding`, inside the input. A transposed
@@ -283,27 +284,6 @@ mod tests {
                 };
                 out[((n * o + f) * oh + y) * ow + z] +=
                     x[((n * c + ch) * h + iy) * w + ix] * weight;
-            }
-        }
-        out
-    }
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / 16777216.0
-                    - 0.5
-            })
-            .collect()
-    }
-
-    /// `rows [m, k] · weight [k, n]`, row-major.
-    fn product(rows: &[f32], weight: &[f32], k: usize, n: usize) -> Vec<f32> {
-        let m = rows.len() / k;
-        let mut out = vec![0f32; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                out[i * n + j] = (0..k).map(|l| rows[i * k + l] * weight[l * n + j]).sum();
             }
         }
         out

@@ -1,6 +1,7 @@
 //! f32 kernels for the host backends (Flex, NdArray): bias + activation and SwiGLU
 //! (`elementwise`), RMSNorm (`norm`), the rows' softmax (`softmax`) and attention with its
-//! backward (`attention`), convolutions over NHWC images as products (`conv`).
+//! backward (`attention`), convolutions over NHWC images as products (`conv`) and through
+//! Winograd's minimal filtering (`winograd`).
 //!
 //! burn 0.21's host backends evaluate `exp`, `tanh`, `erf` and `sigmoid` one element at a time
 //! on one thread through the C library: on a ViT-B/16 batch the MLP activation took longer than
@@ -16,6 +17,7 @@ pub mod conv;
 mod elementwise;
 mod norm;
 mod softmax;
+pub mod winograd;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
@@ -655,5 +657,31 @@ mod tests {
             quick < 1e-6 && tanh < 1e-6 && exact < 1e-6 && slope < 1e-6,
             "{quick} {tanh} {exact} {slope}"
         );
+    }
+}
+
+/// What the convolution kernels' tests share: deterministic values and a product by definition.
+#[cfg(test)]
+mod testing {
+    /// `n` values in `[-0.5, 0.5)`, a hash of their index and `seed`.
+    pub fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / 16777216.0
+                    - 0.5
+            })
+            .collect()
+    }
+
+    /// `rows [m, k] · weight [k, n]`, row-major.
+    pub fn product(rows: &[f32], weight: &[f32], k: usize, n: usize) -> Vec<f32> {
+        let m = rows.len() / k;
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k).map(|l| rows[i * k + l] * weight[l * n + j]).sum();
+            }
+        }
+        out
     }
 }

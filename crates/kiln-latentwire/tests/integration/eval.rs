@@ -56,7 +56,7 @@ fn the_text_scores_are_each_items_alone() {
     let (mut nll, mut tokens, mut right, mut em) = (0.0, 0, 0, 0.0);
     for item in &items {
         let text = reader.ids(&item.source()).unwrap();
-        let answer = reader.ids(&item.answer).unwrap();
+        let answer = reader.answer_ids(&item.answer).unwrap();
         let prompt = [&template.before[..], &text, &template.after].concat();
         let logits = reader
             .lm()

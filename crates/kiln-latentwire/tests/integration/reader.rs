@@ -2,7 +2,7 @@
 
 use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
-use kiln_latentwire::reader::SYSTEM_PROMPT;
+use kiln_latentwire::reader::{ANCHOR, SYSTEM_PROMPT};
 use kiln_latentwire::{Contents, LatentWireError, Reader};
 use kiln_text::{GenerationConfig, TextInput, generate};
 
@@ -28,11 +28,31 @@ fn the_content_sits_in_the_user_turn_of_the_chat_template() {
         text(&template.before),
         format!("{system}<|im_start|>user\n")
     );
-    assert_eq!(text(&template.after), "<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(
+        text(&template.after),
+        "<|im_end|>\n<|im_start|>assistant\nAnswer:"
+    );
     assert_eq!(
         Some(template.end),
         reader.tokenizer().token_id("<|im_end|>")
     );
+}
+
+/// An answer's ids are those of running text after the anchor: its space joins its first token.
+#[test]
+fn answers_continue_the_anchor_as_running_text() {
+    let reader = tiny();
+    for answer in ["Paris", "the 3rd of May", "Lake Ørsted"] {
+        let ids = reader.answer_ids(answer).unwrap();
+        let anchored = reader.ids(&format!("{ANCHOR} {answer}")).unwrap();
+        assert_eq!(
+            [reader.ids(ANCHOR).unwrap(), ids.clone()].concat(),
+            anchored
+        );
+        let decoded = reader.tokenizer().decode(&ids, false).unwrap();
+        assert_eq!(decoded, format!(" {answer}"));
+    }
+    assert!(reader.answer_ids("").unwrap().is_empty());
 }
 
 /// Rows of different content and answer lengths, padded into one batch, get the logits each
