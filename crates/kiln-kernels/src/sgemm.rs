@@ -16,6 +16,8 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::host::conv::Windows;
+
 /// Rows of the register tile: six broadcast `A` values per step.
 const MR: usize = 6;
 /// Columns of the register tile: two 8-lane AVX registers.
@@ -125,7 +127,7 @@ pub fn product(
     bias: &[f32],
     f: impl Fn(f32) -> f32 + Sync,
 ) {
-    let Some(product) = Product::new(c, a, b, m, accumulate, bias, f, false) else {
+    let Some(product) = Product::new(c, Rows::Matrix(a), b, m, accumulate, bias, f, false) else {
         return;
     };
     tasks(m, b.n.div_ceil(NR), rayon::current_num_threads())
@@ -140,7 +142,7 @@ pub fn product(
 ///
 /// Panics as [`product`] does.
 pub fn product_on_this_thread(c: &mut [f32], a: &[f32], b: &Packed, m: usize, bias: &[f32]) {
-    if let Some(product) = Product::new(c, a, b, m, false, bias, |v| v, true) {
+    if let Some(product) = Product::new(c, Rows::Matrix(a), b, m, false, bias, |v| v, true) {
         for task in tasks(m, b.n.div_ceil(NR), 1) {
             product.run(task);
         }
@@ -160,17 +162,53 @@ pub fn product_packed_on_this_thread(
     bias: &[f32],
     f: impl Fn(f32) -> f32 + Sync,
 ) {
-    if let Some(product) = Product::new(c, a, b, m, false, bias, f, false) {
+    if let Some(product) = Product::new(c, Rows::Matrix(a), b, m, false, bias, f, false) {
         for task in tasks(m, b.n.div_ceil(NR), 1) {
             product.run(task);
         }
     }
 }
 
+/// `c = f(windows · b + bias)` on all of rayon's threads, for the windows of a convolution over
+/// an NHWC image ([`Windows`]: the rows `host::conv::unfold` would write) and the kernel `b`
+/// packed as `[taps · channels, out]`: each task packs its block of rows straight from the image,
+/// so the unfolded rows (the window's taps times the image) are never written out.
+///
+/// Panics when `windows` and `b` disagree or the CPU lacks AVX2 and FMA.
+pub fn conv_product(
+    c: &mut [f32],
+    windows: &Windows,
+    b: &Packed,
+    bias: &[f32],
+    f: impl Fn(f32) -> f32 + Sync,
+) {
+    assert_eq!(
+        windows.depth(),
+        b.k,
+        "sgemm::conv_product: the kernel's depth"
+    );
+    let m = windows.rows();
+    let Some(product) = Product::new(c, Rows::Windows(windows), b, m, false, bias, f, false) else {
+        return;
+    };
+    tasks(m, b.n.div_ceil(NR), rayon::current_num_threads())
+        .into_par_iter()
+        .for_each(|task| product.run(task));
+}
+
+/// A product's left operand.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    /// Row-major `[m, k]`.
+    Matrix(&'a [f32]),
+    /// A convolution's windows, read from the image as they are packed.
+    Windows(&'a Windows<'a>),
+}
+
 /// A product's operands, checked, for its tasks to share.
 struct Product<'a, F> {
     out: Out,
-    a: &'a [f32],
+    a: Rows<'a>,
     b: &'a Packed,
     accumulate: bool,
     bias: &'a [f32],
@@ -185,7 +223,7 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
     #[allow(clippy::too_many_arguments)]
     fn new(
         c: &'a mut [f32],
-        a: &'a [f32],
+        a: Rows<'a>,
         b: &'a Packed,
         m: usize,
         accumulate: bool,
@@ -195,7 +233,14 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
     ) -> Option<Self> {
         let (k, n) = (b.k, b.n);
         assert!(supported(), "sgemm::product needs AVX2 + FMA");
-        assert!(a.len() >= m * k && c.len() >= m * n && bias.len() == n);
+        assert!(c.len() >= m * n && bias.len() == n);
+        let a = match a {
+            Rows::Matrix(a) => {
+                assert!(a.len() >= m * k);
+                Rows::Matrix(&a[..m * k])
+            }
+            windows => windows,
+        };
         if m == 0 || n == 0 {
             return None;
         }
@@ -209,7 +254,7 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
         }
         Some(Product {
             out: Out(c.as_mut_ptr()),
-            a: &a[..m * k],
+            a,
             b,
             accumulate,
             bias,
@@ -224,17 +269,24 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
         let (k, n) = (self.b.k, self.b.n);
         let steps = k.div_ceil(KC);
         let depth = k.div_ceil(steps);
-        let a = &self.a[rows.start * k..rows.end * k];
         let tiles = rows.len().div_ceil(MR);
         let in_place = if self.in_place { rows.len() / MR } else { 0 };
-        let packed_rows = &a[in_place * MR * k..];
+        let packed_rows = rows.start + in_place * MR..rows.end;
         let mut packed_a = vec![0f32; (tiles - in_place) * MR * depth];
         for step in 0..steps {
             let first = step * depth;
             let depth = depth.min(k - first);
             let packed_a = &mut packed_a[..(tiles - in_place) * MR * depth];
             if !packed_a.is_empty() {
-                pack_a(packed_a, packed_rows, k, first);
+                match self.a {
+                    Rows::Matrix(a) => {
+                        let a = &a[packed_rows.start * k..packed_rows.end * k];
+                        pack_a(packed_a, a, k, first);
+                    }
+                    Rows::Windows(windows) => {
+                        pack_windows(packed_a, windows, packed_rows.clone(), first);
+                    }
+                }
             }
             let write = Tile {
                 add: self.accumulate || step > 0,
@@ -255,7 +307,10 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
                     unsafe {
                         let c = self.out.at(row * n + panel * NR);
                         if tile < in_place {
-                            let a = &a[tile * MR * k + first..][..(MR - 1) * k + depth];
+                            let Rows::Matrix(a) = self.a else {
+                                unreachable!("only a matrix is read in place")
+                            };
+                            let a = &a[row * k + first..][..(MR - 1) * k + depth];
                             tile_6x16::<true>(a, k, b, c, n, corner, write, &panel_bias, &self.f);
                         } else {
                             let a = &packed_a[(tile - in_place) * MR * depth..][..MR * depth];
@@ -338,6 +393,29 @@ fn pack_a(packed: &mut [f32], a: &[f32], k: usize, first: usize) {
             let values = (row < rows).then(|| &a[row * k + first..][..depth]);
             for step in 0..depth {
                 panel[step * MR + r] = values.map_or(0.0, |values| values[step]);
+            }
+        }
+    }
+}
+
+/// Columns `first ..` of the windows `rows` as 6-row panels filling `packed`, as [`pack_a`] packs
+/// a matrix's rows (zero past the last row): each row's values read from the image into a strip,
+/// the six strips then interleaved into the panel's steps.
+fn pack_windows(packed: &mut [f32], windows: &Windows, rows: Range<usize>, first: usize) {
+    let depth = packed.len() / rows.len().div_ceil(MR) / MR;
+    let mut strips = vec![0f32; MR * depth];
+    for (tile, panel) in packed.chunks_exact_mut(MR * depth).enumerate() {
+        for (r, strip) in strips.chunks_exact_mut(depth).enumerate() {
+            let row = rows.start + tile * MR + r;
+            if row < rows.end {
+                windows.read(row, first, strip);
+            } else {
+                strip.fill(0.0);
+            }
+        }
+        for (step, out) in panel.chunks_exact_mut(MR).enumerate() {
+            for (r, out) in out.iter_mut().enumerate() {
+                *out = strips[r * depth + step];
             }
         }
     }
@@ -507,6 +585,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A convolution's windows read from the image as they are packed give the product of the
+    /// unfolded rows, for a depth over several blocks and a row tail.
+    #[test]
+    fn windows_products_are_unfolded_products() {
+        use crate::host::conv::{Window, unfold};
+        if !supported() {
+            eprintln!("skipped: this CPU has no AVX2 + FMA");
+            return;
+        }
+        let window = Window {
+            kernel: [3, 3],
+            stride: [2, 2],
+            padding: [1, 1],
+        };
+        let (shape, n) = ([2, 9, 7, 40], 19);
+        let x: Vec<f32> = (0..2 * 9 * 7 * 40)
+            .map(|i| (i as f32 * 0.37).sin())
+            .collect();
+        let windows = Windows::new(&x, shape, window);
+        let k = windows.depth();
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let bias: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin()).collect();
+        let packed = Packed::new(k, &[(&b, n)]);
+        let m = windows.rows();
+        let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
+        product(
+            &mut want,
+            &unfold(&x, shape, &window),
+            &packed,
+            m,
+            false,
+            &bias,
+            f32::tanh,
+        );
+        conv_product(&mut got, &windows, &packed, &bias, f32::tanh);
+        assert_eq!(got, want);
     }
 
     /// The tasks cover every row and panel once, in blocks of whole tiles (but the last) within

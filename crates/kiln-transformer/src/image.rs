@@ -15,12 +15,12 @@ use burn::nn::{GroupNorm, PaddingConfig2d};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use kiln_kernels::host;
-use kiln_kernels::host::conv::{Nhwc, Window, nchw_to_nhwc, nhwc_to_nchw, unfold, unfold_phase};
+use kiln_kernels::host::conv::{Nhwc, Window, Windows, nchw_to_nhwc, nhwc_to_nchw, unfold_phase};
 use kiln_kernels::host::winograd::{Correlation, F2X2, F2X3, Minimal, Phase};
 
 use crate::PreparedWeights;
 use crate::prepared::WinogradKernel;
-use crate::projection::{product_rows, products_into};
+use crate::projection::{product_rows, product_windows, products_into};
 
 /// Input and output channels from which a convolution goes through Winograd's minimal
 /// filtering: with fewer, its products are too thin for the saved multiplications to pay for
@@ -122,12 +122,7 @@ impl HostImage {
         let values = if depth == channels && window.stride == [1, 1] && padding == [0, 0] {
             product_rows(&self.values, depth, &weight, f) // a 1 × 1 convolution: rows as they are
         } else {
-            product_rows(
-                &unfold(&self.values, self.shape, &window),
-                depth,
-                &weight,
-                f,
-            )
+            product_windows(&Windows::new(&self.values, self.shape, window), &weight, f)
         };
         Some(HostImage {
             values,

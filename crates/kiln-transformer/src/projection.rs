@@ -15,6 +15,7 @@ use crate::linear_op::{trained_linear, trained_product_by_table};
 use crate::prepared::{HostWeight, Operand};
 use crate::{Pass, Site};
 use kiln_kernels::host;
+use kiln_kernels::host::conv::Windows;
 use kiln_kernels::matmul::{Threads, View, Write, matmul};
 use kiln_kernels::sgemm;
 use rayon::prelude::*;
@@ -209,6 +210,22 @@ pub fn product_rows_into(
     f: impl Fn(f32) -> f32 + Sync,
 ) {
     product_on(out, x, inputs, weight, f, Threads::All);
+}
+
+/// `f(windows W + b)` for a convolution's windows over an NHWC image (`[rows, out]`): on
+/// sgemm, packed straight from the image (the unfolded rows never written out); else through
+/// the unfolded rows.
+pub fn product_windows(
+    windows: &Windows,
+    weight: &HostWeight,
+    f: impl Fn(f32) -> f32 + Sync,
+) -> Vec<f32> {
+    let mut out = vec![0f32; windows.rows() * weight.columns()];
+    match &weight.operand {
+        Operand::Packed(packed) => sgemm::conv_product(&mut out, windows, packed, &weight.bias, f),
+        _ => product_rows_into(&mut out, &windows.unfolded(), windows.depth(), weight, f),
+    }
+    out
 }
 
 /// Independent products `out = x W + b` of `inputs`-wide rows, all at once, each on one thread:

@@ -61,36 +61,77 @@ pub fn conv_kernel(weight: &[f32], [outputs, inputs, kh, kw]: [usize; 4]) -> Vec
 /// Row-major `[batch · oh · ow, kh · kw · c]`: each output pixel's window over `x` (NHWC of shape
 /// `shape`), zeros where it leaves the image.
 pub fn unfold(x: &[f32], shape: Nhwc, window: &Window) -> Vec<f32> {
-    let [batch, height, width, channels] = shape;
-    assert_eq!(x.len(), batch * height * width * channels, "unfold: shape");
-    let [oh, ow] = window.conv_output([height, width]);
-    let [kh, kw] = window.kernel;
-    let row_len = kh * kw * channels;
-    let mut rows = vec![0f32; batch * oh * ow * row_len];
-    rows.par_chunks_mut(ow * row_len)
-        .enumerate()
-        .for_each(|(line, out)| {
-            let (b, oy) = (line / oh, line % oh);
-            for ox in 0..ow {
-                let row = &mut out[ox * row_len..][..row_len];
-                for ky in 0..kh {
-                    let iy = (oy * window.stride[0] + ky).checked_sub(window.padding[0]);
-                    let Some(iy) = iy.filter(|&iy| iy < height) else {
-                        continue;
-                    };
-                    for kx in 0..kw {
-                        let ix = (ox * window.stride[1] + kx).checked_sub(window.padding[1]);
-                        let Some(ix) = ix.filter(|&ix| ix < width) else {
-                            continue;
-                        };
-                        let from = ((b * height + iy) * width + ix) * channels;
-                        row[(ky * kw + kx) * channels..][..channels]
-                            .copy_from_slice(&x[from..from + channels]);
-                    }
+    Windows::new(x, shape, *window).unfolded()
+}
+
+/// Each output pixel's window over an NHWC image as the rows of a product, read where they lie:
+/// row `(b, oy, ox)` is what [`unfold`] writes for that pixel (taps in row-major order, each
+/// tap's channels, zeros outside the image), without writing it out.
+#[derive(Debug, Clone, Copy)]
+pub struct Windows<'a> {
+    x: &'a [f32],
+    shape: Nhwc,
+    window: Window,
+    out: [usize; 2],
+}
+
+impl<'a> Windows<'a> {
+    /// The windows of a convolution by `window` over `x` (NHWC `shape`).
+    pub fn new(x: &'a [f32], shape: Nhwc, window: Window) -> Self {
+        let [batch, height, width, channels] = shape;
+        assert_eq!(x.len(), batch * height * width * channels, "Windows: shape");
+        let out = window.conv_output([height, width]);
+        Windows {
+            x,
+            shape,
+            window,
+            out,
+        }
+    }
+
+    /// Rows: the output pixels, `batch · oh · ow`.
+    pub fn rows(&self) -> usize {
+        self.shape[0] * self.out[0] * self.out[1]
+    }
+
+    /// Values per row: `kh · kw · channels`.
+    pub fn depth(&self) -> usize {
+        self.window.kernel[0] * self.window.kernel[1] * self.shape[3]
+    }
+
+    /// Every row written out, row-major `[rows, depth]` ([`unfold`]).
+    pub fn unfolded(&self) -> Vec<f32> {
+        let depth = self.depth();
+        let mut rows = vec![0f32; self.rows() * depth];
+        (rows.par_chunks_mut(depth.max(1)).enumerate())
+            .for_each(|(row, strip)| self.read(row, 0, strip));
+        rows
+    }
+
+    /// Fills `segment` with row `row`'s values from column `first` on.
+    pub fn read(&self, row: usize, first: usize, segment: &mut [f32]) {
+        let [_, height, width, channels] = self.shape;
+        let [oh, ow] = self.out;
+        let (b, oy, ox) = (row / (oh * ow), row / ow % oh, row % ow);
+        let (mut column, mut filled) = (first, 0);
+        while filled < segment.len() {
+            let (tap, channel) = (column / channels, column % channels);
+            let run = (channels - channel).min(segment.len() - filled);
+            let (ky, kx) = (tap / self.window.kernel[1], tap % self.window.kernel[1]);
+            let iy = (oy * self.window.stride[0] + ky).checked_sub(self.window.padding[0]);
+            let ix = (ox * self.window.stride[1] + kx).checked_sub(self.window.padding[1]);
+            let out = &mut segment[filled..filled + run];
+            match (iy.filter(|&y| y < height), ix.filter(|&x| x < width)) {
+                (Some(iy), Some(ix)) => {
+                    let from = ((b * height + iy) * width + ix) * channels + channel;
+                    out.copy_from_slice(&self.x[from..from + run]);
                 }
+                _ => out.fill(0.0),
             }
-        });
-    rows
+            column += run;
+            filled += run;
+        }
+    }
 }
 
 /// The taps of one axis that reach outputs of phase `phase` (output position + padding ≡ phase
@@ -329,6 +370,33 @@ mod tests {
             let got = nhwc_to_nchw(&got, [b, oh, ow, o]);
             for (g, e) in got.iter().zip(&want) {
                 assert!((g - e).abs() < 1e-5, "{window:?}: {g} against {e}");
+            }
+        }
+    }
+
+    /// The windows read where they lie are the unfolded rows, from any column on.
+    #[test]
+    fn windows_read_in_place_are_the_unfolded_rows() {
+        let window = Window {
+            kernel: [3, 3],
+            stride: [2, 2],
+            padding: [1, 1],
+        };
+        let shape = [2, 5, 4, 3];
+        let x = values(2 * 5 * 4 * 3, 7);
+        let rows = unfold(&x, shape, &window);
+        let windows = Windows::new(&x, shape, window);
+        let depth = windows.depth();
+        assert_eq!(rows.len(), windows.rows() * depth);
+        for row in 0..windows.rows() {
+            for (first, len) in [(0, depth), (4, 11), (depth - 5, 5)] {
+                let mut segment = vec![f32::NAN; len];
+                windows.read(row, first, &mut segment);
+                assert_eq!(
+                    segment,
+                    rows[row * depth + first..][..len],
+                    "row {row} from {first}"
+                );
             }
         }
     }
