@@ -130,9 +130,7 @@ pub fn product(
     let Some(product) = Product::new(c, Rows::Matrix(a), b, m, accumulate, bias, f, false) else {
         return;
     };
-    tasks(m, b.n.div_ceil(NR), rayon::current_num_threads())
-        .into_par_iter()
-        .for_each(|task| product.run(task));
+    product.run_on_every_thread(m);
 }
 
 /// `c = a · b + bias` on the calling thread alone: for products of a few hundred thousand
@@ -191,9 +189,7 @@ pub fn conv_product(
     let Some(product) = Product::new(c, Rows::Windows(windows), b, m, false, bias, f, false) else {
         return;
     };
-    tasks(m, b.n.div_ceil(NR), rayon::current_num_threads())
-        .into_par_iter()
-        .for_each(|task| product.run(task));
+    product.run_on_every_thread(m);
 }
 
 /// A product's left operand.
@@ -261,6 +257,13 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
             f,
             in_place,
         })
+    }
+
+    /// Every task of the product's `m` rows, on all of rayon's threads.
+    fn run_on_every_thread(&self, m: usize) {
+        tasks(m, self.b.n.div_ceil(NR), rayon::current_num_threads())
+            .into_par_iter()
+            .for_each(|task| self.run(task));
     }
 
     /// One task's block of `C`.

@@ -246,7 +246,7 @@ fn product_on(
     threads: Threads,
 ) {
     let (rows, outputs) = (x.len() / inputs.max(1), weight.columns());
-    assert_eq!(out.len(), rows * outputs, "product_rows_into: out's shape");
+    assert_eq!(out.len(), rows * outputs, "product: out's shape");
     match (&weight.operand, threads) {
         (Operand::Packed(packed), Threads::One) => {
             sgemm::product_packed_on_this_thread(out, x, packed, rows, &weight.bias, f);

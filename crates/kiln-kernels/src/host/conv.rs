@@ -240,27 +240,20 @@ pub fn unfold_phase(
 
 /// NCHW `[b, c, h, w]` values as NHWC.
 pub fn nchw_to_nhwc(x: &[f32], [_, c, h, w]: [usize; 4]) -> Vec<f32> {
-    let plane = h * w;
-    let mut out = vec![0f32; x.len()];
-    out.par_chunks_mut(plane * c)
-        .enumerate()
-        .for_each(|(i, image)| {
-            let transposed = super::transposed(&x[i * c * plane..][..c * plane], c, plane);
-            image.copy_from_slice(&transposed);
-        });
-    out
+    transposed_images(x, c, h * w)
 }
 
 /// NHWC `[b, h, w, c]` values as NCHW.
 pub fn nhwc_to_nchw(x: &[f32], [_, h, w, c]: Nhwc) -> Vec<f32> {
-    let plane = h * w;
+    transposed_images(x, h * w, c)
+}
+
+/// Each image of `x`, a row-major `rows × cols` matrix, transposed.
+fn transposed_images(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut out = vec![0f32; x.len()];
-    out.par_chunks_mut(plane * c)
-        .enumerate()
-        .for_each(|(i, image)| {
-            let transposed = super::transposed(&x[i * c * plane..][..c * plane], plane, c);
-            image.copy_from_slice(&transposed);
-        });
+    out.par_chunks_mut((rows * cols).max(1))
+        .zip(x.par_chunks((rows * cols).max(1)))
+        .for_each(|(out, image)| out.copy_from_slice(&super::transposed(image, rows, cols)));
     out
 }
 
