@@ -12,6 +12,7 @@
 //! runs over a 256-deep block of the inner dimension at a time; after the last block the bias and
 //! the activation are applied to the tile as it is stored. Measurements: docs/PERFORMANCE.md.
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use rayon::prelude::*;
@@ -127,10 +128,23 @@ pub fn product(
     bias: &[f32],
     f: impl Fn(f32) -> f32 + Sync,
 ) {
+    let c = as_uninit(c);
     let Some(product) = Product::new(c, Rows::Matrix(a), b, m, accumulate, bias, f, false) else {
         return;
     };
     product.run_on_every_thread(m);
+}
+
+/// [`product`] into a new vector `[m, n]` (no `accumulate`), which is never zeroed first: each
+/// of its values is written once, by its tile.
+pub fn new_product(
+    a: &[f32],
+    b: &Packed,
+    m: usize,
+    bias: &[f32],
+    f: impl Fn(f32) -> f32 + Sync,
+) -> Vec<f32> {
+    new_matrix_product(a, b, m, bias, f, true)
 }
 
 /// `c = a · b + bias` on the calling thread alone: for products of a few hundred thousand
@@ -140,56 +154,95 @@ pub fn product(
 ///
 /// Panics as [`product`] does.
 pub fn product_on_this_thread(c: &mut [f32], a: &[f32], b: &Packed, m: usize, bias: &[f32]) {
+    let c = as_uninit(c);
     if let Some(product) = Product::new(c, Rows::Matrix(a), b, m, false, bias, |v| v, true) {
-        for task in tasks(m, b.n.div_ceil(NR), 1) {
-            product.run(task);
-        }
+        product.run_on_this_thread(m);
     }
 }
 
-/// `c = f(a · b + bias)` on the calling thread alone, `a` packed in blocks as [`product`] packs
-/// it: for a caller that runs several products of a few hundred rows at once, one per thread
-/// (Winograd's per-point products), where each split across the threads would leave slivers.
+/// `f(a · b + bias)` `[m, n]` on the calling thread alone, into a new vector (never zeroed
+/// first), `a` packed in blocks as [`product`] packs it: for a caller that runs several products
+/// of a few hundred rows at once, one per thread (Winograd's per-point products), where each
+/// split across the threads would leave slivers.
 ///
 /// Panics as [`product`] does.
-pub fn product_packed_on_this_thread(
-    c: &mut [f32],
+pub fn new_product_on_this_thread(
     a: &[f32],
     b: &Packed,
     m: usize,
     bias: &[f32],
     f: impl Fn(f32) -> f32 + Sync,
-) {
-    if let Some(product) = Product::new(c, Rows::Matrix(a), b, m, false, bias, f, false) {
-        for task in tasks(m, b.n.div_ceil(NR), 1) {
-            product.run(task);
-        }
-    }
+) -> Vec<f32> {
+    new_matrix_product(a, b, m, bias, f, false)
 }
 
-/// `c = f(windows · b + bias)` on all of rayon's threads, for the windows of a convolution over
-/// an NHWC image ([`Windows`]: the rows `host::conv::unfold` would write) and the kernel `b`
-/// packed as `[taps · channels, out]`: each task packs its block of rows straight from the image,
-/// so the unfolded rows (the window's taps times the image) are never written out.
+/// [`new_product`] on every thread, or [`new_product_on_this_thread`].
+fn new_matrix_product(
+    a: &[f32],
+    b: &Packed,
+    m: usize,
+    bias: &[f32],
+    f: impl Fn(f32) -> f32 + Sync,
+    every_thread: bool,
+) -> Vec<f32> {
+    written_once(m * b.n, |c| {
+        if let Some(product) = Product::new(c, Rows::Matrix(a), b, m, false, bias, f, false) {
+            match every_thread {
+                true => product.run_on_every_thread(m),
+                false => product.run_on_this_thread(m),
+            }
+        }
+    })
+}
+
+/// `f(windows · b + bias)` `[rows, n]` on all of rayon's threads, into a new vector (never
+/// zeroed first), for the windows of a convolution over an NHWC image ([`Windows`]: the rows
+/// `host::conv::unfold` would write) and the kernel `b` packed as `[taps · channels, out]`: each
+/// task packs its block of rows straight from the image, so the unfolded rows (the window's taps
+/// times the image) are never written out.
 ///
 /// Panics when `windows` and `b` disagree or the CPU lacks AVX2 and FMA.
 pub fn conv_product(
-    c: &mut [f32],
     windows: &Windows,
     b: &Packed,
     bias: &[f32],
     f: impl Fn(f32) -> f32 + Sync,
-) {
+) -> Vec<f32> {
     assert_eq!(
         windows.depth(),
         b.k,
         "sgemm::conv_product: the kernel's depth"
     );
     let m = windows.rows();
-    let Some(product) = Product::new(c, Rows::Windows(windows), b, m, false, bias, f, false) else {
-        return;
-    };
-    product.run_on_every_thread(m);
+    written_once(m * b.n, |c| {
+        if let Some(product) = Product::new(c, Rows::Windows(windows), b, m, false, bias, f, false)
+        {
+            product.run_on_every_thread(m);
+        }
+    })
+}
+
+/// `c` viewed as values that may be uninitialised, for [`Product`], which writes only
+/// initialised values into it.
+#[allow(unsafe_code)]
+fn as_uninit(c: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and every write through the view (a
+    // product's tiles) stores an initialised value, so `c` stays initialised.
+    unsafe { &mut *(std::ptr::from_mut(c) as *mut [MaybeUninit<f32>]) }
+}
+
+/// A new vector of `len` values, `write` given its uninitialised memory: for the products here,
+/// each of which writes every value of `C` once (with no `accumulate`) before anything reads it,
+/// so the vector needs no zeroing first (a pass of its own over megabytes, on memory the kernel
+/// may have to fault in).
+#[allow(unsafe_code)]
+fn written_once(len: usize, write: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
+    let mut c = Vec::with_capacity(len);
+    write(&mut c.spare_capacity_mut()[..len]);
+    // SAFETY: every caller passes a product of `len` values of `C` without `accumulate`, whose
+    // tasks cover `C` and write each value (or, with no inner dimension, whose bias loop does).
+    unsafe { c.set_len(len) };
+    c
 }
 
 /// A product's left operand.
@@ -218,7 +271,7 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
     /// inner dimension).
     #[allow(clippy::too_many_arguments)]
     fn new(
-        c: &'a mut [f32],
+        c: &'a mut [MaybeUninit<f32>],
         a: Rows<'a>,
         b: &'a Packed,
         m: usize,
@@ -243,13 +296,20 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
         if k == 0 {
             for row in c[..m * n].chunks_exact_mut(n) {
                 for (c, b) in row.iter_mut().zip(bias) {
-                    *c = f(if accumulate { *c } else { 0.0 } + b);
+                    // SAFETY: with `accumulate`, the caller's `C` holds initialised values.
+                    #[allow(unsafe_code)]
+                    let before = if accumulate {
+                        unsafe { c.assume_init() }
+                    } else {
+                        0.0
+                    };
+                    c.write(f(before + b));
                 }
             }
             return None;
         }
         Some(Product {
-            out: Out(c.as_mut_ptr()),
+            out: Out(c.as_mut_ptr().cast()),
             a,
             b,
             accumulate,
@@ -264,6 +324,13 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
         tasks(m, self.b.n.div_ceil(NR), rayon::current_num_threads())
             .into_par_iter()
             .for_each(|task| self.run(task));
+    }
+
+    /// Every task of the product's `m` rows, one after another on the calling thread.
+    fn run_on_this_thread(&self, m: usize) {
+        for task in tasks(m, self.b.n.div_ceil(NR), 1) {
+            self.run(task);
+        }
     }
 
     /// One task's block of `C`.
@@ -475,15 +542,30 @@ unsafe fn tile_6x16<const IN_PLACE: bool>(
             }
         }
     }
-    if !write.last && rows == MR && cols == NR {
+    if rows == MR && cols == NR {
+        // A full tile: each row's 16 values summed, biased and mapped in registers and a
+        // fixed-length array, then stored whole.
+        let bias = bias.as_ptr();
         for (r, acc) in acc.iter().enumerate() {
-            // SAFETY: a full tile: row `r` of the corner is 16 values from `r · ldc`.
+            // SAFETY: a full tile: row `r` of the corner is 16 values from `r · ldc`; the bias
+            // holds 16.
             unsafe {
                 let out = c.add(r * ldc);
                 let (mut lo, mut hi) = (acc[0], acc[1]);
                 if write.add {
                     lo = _mm256_add_ps(lo, _mm256_loadu_ps(out));
                     hi = _mm256_add_ps(hi, _mm256_loadu_ps(out.add(8)));
+                }
+                if write.last {
+                    let mut row = [0f32; NR];
+                    _mm256_storeu_ps(row.as_mut_ptr(), _mm256_add_ps(lo, _mm256_loadu_ps(bias)));
+                    let biased = _mm256_add_ps(hi, _mm256_loadu_ps(bias.add(8)));
+                    _mm256_storeu_ps(row.as_mut_ptr().add(8), biased);
+                    for v in &mut row {
+                        *v = f(*v);
+                    }
+                    lo = _mm256_loadu_ps(row.as_ptr());
+                    hi = _mm256_loadu_ps(row.as_ptr().add(8));
                 }
                 _mm256_storeu_ps(out, lo);
                 _mm256_storeu_ps(out.add(8), hi);
@@ -500,15 +582,21 @@ unsafe fn tile_6x16<const IN_PLACE: bool>(
         }
     }
     for (r, row) in tile.iter_mut().enumerate().take(rows) {
-        // SAFETY: row `r` of the corner is `cols` values from `r · ldc`, for this call alone.
-        let out = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), cols) };
-        if write.add {
-            row.iter_mut().zip(out.iter()).for_each(|(v, c)| *v += c);
+        // SAFETY: row `r` of the corner is `cols` values from `r · ldc`, for this call alone,
+        // and holds initialised values where `write.add` reads them (an earlier block's, or
+        // the caller's to accumulate onto).
+        unsafe {
+            let out = c.add(r * ldc);
+            if write.add {
+                for (j, v) in row.iter_mut().enumerate().take(cols) {
+                    *v += *out.add(j);
+                }
+            }
+            if write.last {
+                row.iter_mut().zip(bias).for_each(|(v, b)| *v = f(*v + b));
+            }
+            std::ptr::copy_nonoverlapping(row.as_ptr(), out, cols);
         }
-        if write.last {
-            row.iter_mut().zip(bias).for_each(|(v, b)| *v = f(*v + b));
-        }
-        out.copy_from_slice(&row[..cols]);
     }
 }
 
@@ -565,15 +653,24 @@ mod tests {
                 .map(|i| b[i / (n - split) * n + split + i % (n - split)])
                 .collect();
             let packed = Packed::new(k, &[(&left, split), (&right, n - split)]);
-            // On all threads, writing and accumulating with `f`; on this one, writing plainly.
-            for (accumulate, here) in [(false, false), (true, false), (false, true)] {
+            // On all threads, writing and accumulating with `f`; on this one, writing plainly;
+            // into new vectors, on all threads and on this one, with `f`.
+            let ways = [
+                (false, false, false),
+                (true, false, false),
+                (false, true, false),
+            ];
+            let new = [(false, false, true), (false, true, true)];
+            for (accumulate, here, fresh) in ways.into_iter().chain(new) {
                 let mut c = start.clone();
-                let f = |v: f32| if here { v } else { f(v) };
-                if here {
-                    product_on_this_thread(&mut c, &a, &packed, m, &bias);
-                } else {
-                    product(&mut c, &a, &packed, m, accumulate, &bias, f);
+                let f = |v: f32| if here && !fresh { v } else { f(v) };
+                match (here, fresh) {
+                    (false, true) => c = new_product(&a, &packed, m, &bias, f),
+                    (true, true) => c = new_product_on_this_thread(&a, &packed, m, &bias, f),
+                    (true, false) => product_on_this_thread(&mut c, &a, &packed, m, &bias),
+                    (false, false) => product(&mut c, &a, &packed, m, accumulate, &bias, f),
                 }
+                assert_eq!(c.len(), m * n);
                 for (i, j) in (0..m).flat_map(|i| (0..n).map(move |j| (i, j))) {
                     let dot: f64 = (0..k)
                         .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
@@ -583,7 +680,7 @@ mod tests {
                     let got = c[i * n + j];
                     assert!(
                         (got - want).abs() <= 1e-5 * (k as f32).sqrt() * (1.0 + want.abs()),
-                        "{m}×{k}×{n} (accumulate {accumulate}, on this thread {here}) at ({i}, {j}): {got} vs {want}"
+                        "{m}×{k}×{n} (accumulate {accumulate}, on this thread {here}, new {fresh}) at ({i}, {j}): {got} vs {want}"
                     );
                 }
             }
@@ -614,7 +711,7 @@ mod tests {
         let bias: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin()).collect();
         let packed = Packed::new(k, &[(&b, n)]);
         let m = windows.rows();
-        let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
+        let mut want = vec![0f32; m * n];
         product(
             &mut want,
             &unfold(&x, shape, &window),
@@ -624,8 +721,7 @@ mod tests {
             &bias,
             f32::tanh,
         );
-        conv_product(&mut got, &windows, &packed, &bias, f32::tanh);
-        assert_eq!(got, want);
+        assert_eq!(conv_product(&windows, &packed, &bias, f32::tanh), want);
     }
 
     /// The tasks cover every row and panel once, in blocks of whole tiles (but the last) within

@@ -544,9 +544,13 @@ impl<B: Backend> ContextMemoryBank<B> {
         );
         stream.next_slot = (slot + 1) % slots;
 
-        let query = generated
-            .conv(&self.memory_query, prepared, same)?
-            .mean_pixels();
+        // The query's 1 × 1 convolution is affine: the mean of its outputs over the pixels is
+        // its output at the mean pixel (one row per stream, not 64 × 64).
+        let mean = HostImage {
+            values: generated.mean_pixels(),
+            shape: [streams, 1, 1, channels],
+        };
+        let query = mean.conv(&self.memory_query, prepared, same)?.values;
         let query = Tensor::<B, 3>::from_data(
             TensorData::new(query, [streams, MEMORY_FEATURES, 1]),
             &device,

@@ -20,7 +20,7 @@ use kiln_kernels::host::winograd::{Correlation, F2X2, F2X3, Minimal, Phase};
 
 use crate::PreparedWeights;
 use crate::prepared::WinogradKernel;
-use crate::projection::{product_rows, product_windows, products_into};
+use crate::projection::{product_rows, product_windows, products};
 
 /// Input and output channels from which a convolution goes through Winograd's minimal
 /// filtering: with fewer, its products are too thin for the saved multiplications to pay for
@@ -229,30 +229,17 @@ impl HostImage {
         let inputs: Vec<Vec<f32>> = (jobs.iter())
             .map(|(correlation, _)| minimal.input(&self.values, self.shape, correlation))
             .collect();
-        let mut products: Vec<Vec<f32>> = (jobs.iter())
+        let points = minimal.alpha.pow(2);
+        // Every point of every correlation: its transformed tiles and its kernel.
+        let work = (jobs.iter().zip(&inputs)).flat_map(|((correlation, kernel), v)| {
+            let len = tiles(correlation) * channels;
+            (0..points).map(move |xi| (&v[xi * len..][..len], &kernel.points[xi]))
+        });
+        let mut products = products(work.collect(), channels).into_iter();
+        (jobs.iter())
             .map(|(correlation, kernel)| {
-                vec![0f32; minimal.alpha.pow(2) * tiles(correlation) * kernel.bias.len()]
-            })
-            .collect();
-        let mut work = Vec::new();
-        for (((correlation, kernel), v), m) in jobs.iter().zip(&inputs).zip(&mut products) {
-            let (tiles, outputs) = (tiles(correlation), kernel.bias.len());
-            if tiles == 0 {
-                continue;
-            }
-            let points = m
-                .chunks_exact_mut(tiles * outputs)
-                .zip(v.chunks_exact(tiles * channels));
-            work.extend(
-                points
-                    .zip(&kernel.points)
-                    .map(|((m, v), point)| (m, v, point)),
-            );
-        }
-        products_into(work, channels);
-        (jobs.iter().zip(&products))
-            .map(|((correlation, kernel), m)| {
-                minimal.output(m, batch, correlation, &kernel.bias, &f)
+                let m: Vec<Vec<f32>> = products.by_ref().take(points).collect();
+                minimal.output(&m, batch, correlation, &kernel.bias, &f)
             })
             .collect()
     }

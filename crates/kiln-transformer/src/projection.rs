@@ -196,6 +196,9 @@ pub fn product_rows(
     f: impl Fn(f32) -> f32 + Sync,
 ) -> Vec<f32> {
     let rows = x.len() / inputs.max(1);
+    if let Operand::Packed(packed) = &weight.operand {
+        return sgemm::new_product(x, packed, rows, &weight.bias, f);
+    }
     let mut out = vec![0f32; rows * weight.columns()];
     product_rows_into(&mut out, x, inputs, weight, f);
     out
@@ -209,7 +212,23 @@ pub fn product_rows_into(
     weight: &HostWeight,
     f: impl Fn(f32) -> f32 + Sync,
 ) {
-    product_on(out, x, inputs, weight, f, Threads::All);
+    let (rows, outputs) = (x.len() / inputs.max(1), weight.columns());
+    assert_eq!(out.len(), rows * outputs, "product: out's shape");
+    match &weight.operand {
+        Operand::Packed(packed) => sgemm::product(out, x, packed, rows, false, &weight.bias, f),
+        operand => {
+            gemm_product(
+                out,
+                x,
+                inputs,
+                outputs,
+                operand,
+                Write::Overwrite,
+                Threads::All,
+            );
+            host::add_bias_map(out, &weight.bias, f);
+        }
+    }
 }
 
 /// `f(windows W + b)` for a convolution's windows over an NHWC image (`[rows, out]`): on
@@ -220,45 +239,37 @@ pub fn product_windows(
     weight: &HostWeight,
     f: impl Fn(f32) -> f32 + Sync,
 ) -> Vec<f32> {
-    let mut out = vec![0f32; windows.rows() * weight.columns()];
     match &weight.operand {
-        Operand::Packed(packed) => sgemm::conv_product(&mut out, windows, packed, &weight.bias, f),
-        _ => product_rows_into(&mut out, &windows.unfolded(), windows.depth(), weight, f),
+        Operand::Packed(packed) => sgemm::conv_product(windows, packed, &weight.bias, f),
+        _ => product_rows(&windows.unfolded(), windows.depth(), weight, f),
     }
-    out
 }
 
-/// Independent products `out = x W + b` of `inputs`-wide rows, all at once, each on one thread:
-/// many small products (Winograd's, one per point of the tile), which one at a time would each
-/// be split into slivers across the threads.
-pub fn products_into(products: Vec<(&mut [f32], &[f32], &HostWeight)>, inputs: usize) {
+/// Independent products `x W + b` of `inputs`-wide rows, all at once, each on one thread: many
+/// small products (Winograd's, one per point of the tile), which one at a time would each be
+/// split into slivers across the threads.
+pub fn products(products: Vec<(&[f32], &HostWeight)>, inputs: usize) -> Vec<Vec<f32>> {
     (products.into_par_iter())
-        .for_each(|(out, x, weight)| product_on(out, x, inputs, weight, |v| v, Threads::One));
-}
-
-/// `out = f(x W + b)` on `threads` (all of rayon's, or the calling thread's).
-fn product_on(
-    out: &mut [f32],
-    x: &[f32],
-    inputs: usize,
-    weight: &HostWeight,
-    f: impl Fn(f32) -> f32 + Sync,
-    threads: Threads,
-) {
-    let (rows, outputs) = (x.len() / inputs.max(1), weight.columns());
-    assert_eq!(out.len(), rows * outputs, "product: out's shape");
-    match (&weight.operand, threads) {
-        (Operand::Packed(packed), Threads::One) => {
-            sgemm::product_packed_on_this_thread(out, x, packed, rows, &weight.bias, f);
-        }
-        (Operand::Packed(packed), _) => {
-            sgemm::product(out, x, packed, rows, false, &weight.bias, f);
-        }
-        (operand, threads) => {
-            gemm_product(out, x, inputs, outputs, operand, Write::Overwrite, threads);
-            host::add_bias_map(out, &weight.bias, f);
-        }
-    }
+        .map(|(x, weight)| {
+            let rows = x.len() / inputs.max(1);
+            if let Operand::Packed(packed) = &weight.operand {
+                return sgemm::new_product_on_this_thread(x, packed, rows, &weight.bias, |v| v);
+            }
+            let (operand, outputs) = (&weight.operand, weight.columns());
+            let mut out = vec![0f32; rows * outputs];
+            gemm_product(
+                &mut out,
+                x,
+                inputs,
+                outputs,
+                operand,
+                Write::Overwrite,
+                Threads::One,
+            );
+            host::add_bias_map(&mut out, &weight.bias, |v| v);
+            out
+        })
+        .collect()
 }
 
 /// `out (+)= x W` (as `write` says) through the `gemm` crate on `threads`, for a weight it

@@ -114,20 +114,29 @@ impl<'a> Windows<'a> {
         let [oh, ow] = self.out;
         let (b, oy, ox) = (row / (oh * ow), row / ow % oh, row % ow);
         let (mut column, mut filled) = (first, 0);
+        let kw = self.window.kernel[1];
         while filled < segment.len() {
             let (tap, channel) = (column / channels, column % channels);
-            let run = (channels - channel).min(segment.len() - filled);
-            let (ky, kx) = (tap / self.window.kernel[1], tap % self.window.kernel[1]);
+            let (ky, kx) = (tap / kw, tap % kw);
             let iy = (oy * self.window.stride[0] + ky).checked_sub(self.window.padding[0]);
             let ix = (ox * self.window.stride[1] + kx).checked_sub(self.window.padding[1]);
-            let out = &mut segment[filled..filled + run];
-            match (iy.filter(|&y| y < height), ix.filter(|&x| x < width)) {
+            let left = segment.len() - filled;
+            let run = match (iy.filter(|&y| y < height), ix.filter(|&x| x < width)) {
                 (Some(iy), Some(ix)) => {
+                    // The taps `kx..` of this kernel row read neighbouring pixels, contiguous
+                    // in NHWC: one run across all of them that lie inside the image.
+                    let inside = (kw - kx).min(width - ix);
+                    let run = (inside * channels - channel).min(left);
                     let from = ((b * height + iy) * width + ix) * channels + channel;
-                    out.copy_from_slice(&self.x[from..from + run]);
+                    segment[filled..filled + run].copy_from_slice(&self.x[from..from + run]);
+                    run
                 }
-                _ => out.fill(0.0),
-            }
+                _ => {
+                    let run = (channels - channel).min(left);
+                    segment[filled..filled + run].fill(0.0);
+                    run
+                }
+            };
             column += run;
             filled += run;
         }

@@ -214,30 +214,38 @@ impl Minimal {
                     .map(|(k, l)| (k, l, self.bt[i * alpha + k] * self.bt[j * alpha + l]))
                     .filter(|&(_, _, coefficient)| coefficient != 0.0)
                     .collect();
-                for (column, tile) in out.chunks_exact_mut(channels).enumerate() {
-                    for &(k, l, coefficient) in &terms {
-                        let Some(y) = pixel(correlation.origin[0], row, k, height) else {
-                            continue;
-                        };
-                        let Some(x_) = pixel(correlation.origin[1], column, l, width) else {
-                            continue;
-                        };
-                        let from = &x[((b * height + y) * width + x_) * channels..][..channels];
-                        for (v, &d) in tile.iter_mut().zip(from) {
-                            *v += coefficient * d;
+                // Compiled (through pulp's dispatch) for the CPU's widest SIMD instructions.
+                pulp::Arch::new().dispatch(
+                    #[inline(always)]
+                    || {
+                        for (column, tile) in out.chunks_exact_mut(channels).enumerate() {
+                            for &(k, l, coefficient) in &terms {
+                                let Some(y) = pixel(correlation.origin[0], row, k, height) else {
+                                    continue;
+                                };
+                                let Some(x_) = pixel(correlation.origin[1], column, l, width)
+                                else {
+                                    continue;
+                                };
+                                let from =
+                                    &x[((b * height + y) * width + x_) * channels..][..channels];
+                                for (v, &d) in tile.iter_mut().zip(from) {
+                                    *v += coefficient * d;
+                                }
+                            }
                         }
-                    }
-                }
+                    },
+                )
             });
         v
     }
 
-    /// The outputs `f(Aᵀ M A + bias)` of `correlation` from the products `m` (`[α², tiles,
-    /// outputs]`, as [`Self::input`] lays out the tiles): NHWC `[batch, out height, out width,
-    /// outputs]`.
+    /// The outputs `f(Aᵀ M A + bias)` of `correlation` from the products `m` (each of the `α²`
+    /// points' `[tiles, outputs]`, as [`Self::input`] lays out the tiles): NHWC `[batch, out
+    /// height, out width, outputs]`.
     pub fn output(
         &self,
-        m: &[f32],
+        m: &[Vec<f32>],
         batch: usize,
         correlation: &Correlation,
         bias: &[f32],
@@ -247,9 +255,8 @@ impl Minimal {
         let [height, width] = correlation.out;
         let [rows, columns] = correlation.tiles();
         let (alpha, tiles) = (self.alpha, batch * rows * columns);
-        assert_eq!(
-            m.len(),
-            alpha * alpha * tiles * outputs,
+        assert!(
+            m.len() == alpha * alpha && m.iter().all(|m| m.len() == tiles * outputs),
             "winograd: products"
         );
         let mut out = vec![0f32; batch * height * width * outputs];
@@ -280,27 +287,33 @@ impl Minimal {
             rest = after;
         }
         pieces.into_par_iter().for_each(|(b, row, lines, piece)| {
-            for column in 0..columns {
-                let tile = (b * rows + row) * columns + column;
-                for (ab, terms) in terms.iter().enumerate() {
-                    let (a, c) = (ab / TILE, ab % TILE);
-                    let x = column * TILE + c;
-                    if a >= lines || x >= width {
-                        continue;
-                    }
-                    let y = &mut piece[(a * width + x) * outputs..][..outputs];
-                    y.copy_from_slice(bias);
-                    for &(xi, coefficient) in terms {
-                        let product = &m[(xi * tiles + tile) * outputs..][..outputs];
-                        for (y, &p) in y.iter_mut().zip(product) {
-                            *y += coefficient * p;
+            // Compiled (through pulp's dispatch) for the CPU's widest SIMD instructions.
+            pulp::Arch::new().dispatch(
+                #[inline(always)]
+                || {
+                    for column in 0..columns {
+                        let tile = (b * rows + row) * columns + column;
+                        for (ab, terms) in terms.iter().enumerate() {
+                            let (a, c) = (ab / TILE, ab % TILE);
+                            let x = column * TILE + c;
+                            if a >= lines || x >= width {
+                                continue;
+                            }
+                            let y = &mut piece[(a * width + x) * outputs..][..outputs];
+                            y.copy_from_slice(bias);
+                            for &(xi, coefficient) in terms {
+                                let product = &m[xi][tile * outputs..][..outputs];
+                                for (y, &p) in y.iter_mut().zip(product) {
+                                    *y += coefficient * p;
+                                }
+                            }
+                            for y in y.iter_mut() {
+                                *y = f(*y);
+                            }
                         }
                     }
-                    for y in y.iter_mut() {
-                        *y = f(*y);
-                    }
-                }
-            }
+                },
+            )
         });
         out
     }
@@ -367,8 +380,8 @@ mod tests {
             let v = minimal.input(&x, shape, &correlation);
             let [rows, columns] = correlation.tiles();
             let tiles = batch * rows * columns;
-            let m: Vec<f32> = (0..minimal.alpha * minimal.alpha)
-                .flat_map(|xi| {
+            let m: Vec<Vec<f32>> = (0..minimal.alpha * minimal.alpha)
+                .map(|xi| {
                     product(
                         &v[xi * tiles * channels..][..tiles * channels],
                         &u[xi],
@@ -432,8 +445,8 @@ mod tests {
                 let v = F2X2.input(&x, shape, &correlation);
                 let [rows, columns] = correlation.tiles();
                 let tiles = batch * rows * columns;
-                let m: Vec<f32> = (0..9)
-                    .flat_map(|xi| {
+                let m: Vec<Vec<f32>> = (0..9)
+                    .map(|xi| {
                         let v = &v[xi * tiles * channels..][..tiles * channels];
                         product(v, &u[xi], channels, outputs)
                     })
