@@ -12,17 +12,20 @@
 //! runs over a 256-deep block of the inner dimension at a time; after the last block the bias and
 //! the activation are applied to the tile as it is stored. Measurements: docs/PERFORMANCE.md.
 
+use std::cell::RefCell;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use rayon::prelude::*;
 
 use crate::host::conv::Windows;
+use crate::host::written_once;
 
 /// Rows of the register tile: six broadcast `A` values per step.
 const MR: usize = 6;
-/// Columns of the register tile: two 8-lane AVX registers.
-const NR: usize = 16;
+/// Columns of the register tile: two 8-lane AVX registers. A product's columns are computed in
+/// blocks of this many.
+pub const NR: usize = 16;
 /// Longest inner-dimension block: a 6 × 256 `A` panel (6 kB) and a 256 × 16 `B` panel (16 kB)
 /// stay in L1.
 const KC: usize = 256;
@@ -136,7 +139,8 @@ pub fn product(
 }
 
 /// [`product`] into a new vector `[m, n]` (no `accumulate`), which is never zeroed first: each
-/// of its values is written once, by its tile.
+/// of its values is written once, by its tile. Rows that fit one block of the inner dimension
+/// are read in place.
 pub fn new_product(
     a: &[f32],
     b: &Packed,
@@ -161,7 +165,8 @@ pub fn product_on_this_thread(c: &mut [f32], a: &[f32], b: &Packed, m: usize, bi
 }
 
 /// `f(a · b + bias)` `[m, n]` on the calling thread alone, into a new vector (never zeroed
-/// first), `a` packed in blocks as [`product`] packs it: for a caller that runs several products
+/// first), `a` read in place when its rows fit one block of the inner dimension (else packed
+/// as [`product`] packs it): for a caller that runs several products
 /// of a few hundred rows at once, one per thread (Winograd's per-point products), where each
 /// split across the threads would leave slivers.
 ///
@@ -185,14 +190,23 @@ fn new_matrix_product(
     f: impl Fn(f32) -> f32 + Sync,
     every_thread: bool,
 ) -> Vec<f32> {
-    written_once(m * b.n, |c| {
-        if let Some(product) = Product::new(c, Rows::Matrix(a), b, m, false, bias, f, false) {
-            match every_thread {
-                true => product.run_on_every_thread(m),
-                false => product.run_on_this_thread(m),
+    // One block of the inner dimension: whole tiles read `a` where it lies, each of its six
+    // rows once per column panel, instead of packing it first (`pack_a` was 8% of the
+    // live-stream model's b = 8 frame, most of it for Winograd's 128-deep products).
+    let in_place = b.k <= KC;
+    // SAFETY: a product without `accumulate` writes every value of its `C` (`m · n`).
+    #[allow(unsafe_code)]
+    unsafe {
+        written_once(m * b.n, |c| {
+            if let Some(product) = Product::new(c, Rows::Matrix(a), b, m, false, bias, f, in_place)
+            {
+                match every_thread {
+                    true => product.run_on_every_thread(m),
+                    false => product.run_on_this_thread(m),
+                }
             }
-        }
-    })
+        })
+    }
 }
 
 /// `f(windows · b + bias)` `[rows, n]` on all of rayon's threads, into a new vector (never
@@ -214,12 +228,17 @@ pub fn conv_product(
         "sgemm::conv_product: the kernel's depth"
     );
     let m = windows.rows();
-    written_once(m * b.n, |c| {
-        if let Some(product) = Product::new(c, Rows::Windows(windows), b, m, false, bias, f, false)
-        {
-            product.run_on_every_thread(m);
-        }
-    })
+    // SAFETY: a product without `accumulate` writes every value of its `C` (`m · n`).
+    #[allow(unsafe_code)]
+    unsafe {
+        written_once(m * b.n, |c| {
+            if let Some(product) =
+                Product::new(c, Rows::Windows(windows), b, m, false, bias, f, false)
+            {
+                product.run_on_every_thread(m);
+            }
+        })
+    }
 }
 
 /// `c` viewed as values that may be uninitialised, for [`Product`], which writes only
@@ -229,20 +248,6 @@ fn as_uninit(c: &mut [f32]) -> &mut [MaybeUninit<f32>] {
     // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and every write through the view (a
     // product's tiles) stores an initialised value, so `c` stays initialised.
     unsafe { &mut *(std::ptr::from_mut(c) as *mut [MaybeUninit<f32>]) }
-}
-
-/// A new vector of `len` values, `write` given its uninitialised memory: for the products here,
-/// each of which writes every value of `C` once (with no `accumulate`) before anything reads it,
-/// so the vector needs no zeroing first (a pass of its own over megabytes, on memory the kernel
-/// may have to fault in).
-#[allow(unsafe_code)]
-fn written_once(len: usize, write: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
-    let mut c = Vec::with_capacity(len);
-    write(&mut c.spare_capacity_mut()[..len]);
-    // SAFETY: every caller passes a product of `len` values of `C` without `accumulate`, whose
-    // tasks cover `C` and write each value (or, with no inner dimension, whose bias loop does).
-    unsafe { c.set_len(len) };
-    c
 }
 
 /// A product's left operand.
@@ -334,15 +339,23 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
     }
 
     /// One task's block of `C`.
+    fn run(&self, task: Task) {
+        PACKED_A.with_borrow_mut(|packed_a| self.run_packing_into(task, packed_a));
+    }
+
+    /// [`Self::run`], its blocks of `A` packed into `packed_a` (grown as needed).
     #[allow(unsafe_code)]
-    fn run(&self, Task { rows, panels }: Task) {
+    fn run_packing_into(&self, Task { rows, panels }: Task, packed_a: &mut Vec<f32>) {
         let (k, n) = (self.b.k, self.b.n);
         let steps = k.div_ceil(KC);
         let depth = k.div_ceil(steps);
         let tiles = rows.len().div_ceil(MR);
         let in_place = if self.in_place { rows.len() / MR } else { 0 };
         let packed_rows = rows.start + in_place * MR..rows.end;
-        let mut packed_a = vec![0f32; (tiles - in_place) * MR * depth];
+        let needed = (tiles - in_place) * MR * depth;
+        if packed_a.len() < needed {
+            packed_a.resize(needed, 0.0);
+        }
         for step in 0..steps {
             let first = step * depth;
             let depth = depth.min(k - first);
@@ -391,6 +404,12 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
             }
         }
     }
+}
+
+thread_local! {
+    /// Each thread's packed blocks of `A`, kept from task to task (a block of 144 rows by 256
+    /// is 147 kB, which each task allocated and zeroed afresh).
+    static PACKED_A: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The start of `C`, shared by the tasks, each of which writes only its own block.

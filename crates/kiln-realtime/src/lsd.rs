@@ -35,8 +35,10 @@ use burn::tensor::ops::{InterpolateMode, InterpolateOptions};
 use burn::tensor::{DType, Tensor, TensorData};
 use kiln_core::{CheckpointError, Policy, Precision, cast, cast_module};
 use kiln_kernels::host;
+use kiln_kernels::host::conv::{nchw_to_nhwc, nhwc_to_nchw};
 use kiln_transformer::PreparedWeights;
 use kiln_transformer::image::HostImage;
+use rayon::prelude::*;
 
 use crate::FrameError;
 use crate::runtime::{FrameRuntime, check_frames};
@@ -277,18 +279,99 @@ const UNUSED: &[&str] = &[
 /// features, where the next frame is written, and its previous output.
 #[derive(Debug, Clone)]
 pub struct Stream<B: Backend> {
-    /// `[streams, M, channels, height, width]`.
-    bank: Tensor<B, 5>,
-    /// Each slot's pooled memory features `[streams, M, 32]`.
-    keys: Tensor<B, 3>,
+    memory: Memory<B>,
     next_slot: usize,
     previous: Option<Tensor<B, 4>>,
+}
+
+/// The streams' banks and their slots' pooled features, held where the path that last read them
+/// reads them.
+#[derive(Debug, Clone)]
+enum Memory<B: Backend> {
+    /// As tensors: the bank `[streams, M, channels, height, width]`, the features `[streams, M,
+    /// 32]`.
+    Tensors {
+        bank: Tensor<B, 5>,
+        keys: Tensor<B, 3>,
+    },
+    /// On the host: each slot's frame NHWC, `[streams, M, height, width, channels]` row-major,
+    /// and the features `[streams, M, 32]`, for tensors on `device`.
+    Host {
+        bank: Vec<f32>,
+        keys: Vec<f32>,
+        shape: [usize; 5],
+        device: B::Device,
+    },
+}
+
+impl<B: Backend> Memory<B> {
+    /// `[streams, M, channels, height, width]`.
+    fn dims(&self) -> [usize; 5] {
+        match self {
+            Memory::Tensors { bank, .. } => bank.dims(),
+            Memory::Host { shape, .. } => {
+                let [streams, slots, height, width, channels] = *shape;
+                [streams, slots, channels, height, width]
+            }
+        }
+    }
+
+    /// The bank and the features as tensors (converted, once, from the host's).
+    fn tensors(&mut self) -> (&mut Tensor<B, 5>, &mut Tensor<B, 3>) {
+        if let Memory::Host {
+            bank,
+            keys,
+            shape,
+            device,
+        } = self
+        {
+            let [streams, slots, height, width, channels] = *shape;
+            let frames = [streams * slots, height, width, channels];
+            let bank = TensorData::new(
+                nhwc_to_nchw(bank, frames),
+                [streams, slots, channels, height, width],
+            );
+            let keys = TensorData::new(std::mem::take(keys), [streams, slots, MEMORY_FEATURES]);
+            *self = Memory::Tensors {
+                bank: Tensor::from_data(bank, &*device),
+                keys: Tensor::from_data(keys, &*device),
+            };
+        }
+        match self {
+            Memory::Tensors { bank, keys } => (bank, keys),
+            Memory::Host { .. } => unreachable!("converted above"),
+        }
+    }
+
+    /// The bank and the features on the host, with the bank's `[streams, M, height, width,
+    /// channels]` (converted, once, from f32 tensors); `None` where the tensors are not f32.
+    fn host(&mut self) -> Option<(&mut [f32], &mut [f32], [usize; 5])> {
+        if let Memory::Tensors { bank, keys } = self {
+            let [streams, slots, channels, height, width] = bank.dims();
+            let device = bank.device();
+            let frames = [streams * slots, channels, height, width];
+            let bank = nchw_to_nhwc(&bank.clone().into_data().to_vec::<f32>().ok()?, frames);
+            let keys = keys.clone().into_data().to_vec::<f32>().ok()?;
+            *self = Memory::Host {
+                bank,
+                keys,
+                shape: [streams, slots, height, width, channels],
+                device,
+            };
+        }
+        match self {
+            Memory::Host {
+                bank, keys, shape, ..
+            } => Some((bank, keys, *shape)),
+            Memory::Tensors { .. } => unreachable!("converted above"),
+        }
+    }
 }
 
 impl<B: Backend> Stream<B> {
     /// The number of streams.
     pub fn streams(&self) -> usize {
-        self.bank.dims()[0]
+        self.memory.dims()[0]
     }
 
     /// Each stream's last output `[streams, channels, height, width]` (none before the first
@@ -333,8 +416,10 @@ impl<B: Backend> LiveStreamDiffusion<B> {
         let memory = self.context_memory.frame_memory.val();
         let keys = self.context_memory.keys(memory.clone(), &self.runtime);
         Stream {
-            bank: memory.unsqueeze_dim::<5>(0).repeat_dim(0, streams),
-            keys: keys.unsqueeze_dim::<3>(0).repeat_dim(0, streams),
+            memory: Memory::Tensors {
+                bank: memory.unsqueeze_dim::<5>(0).repeat_dim(0, streams),
+                keys: keys.unsqueeze_dim::<3>(0).repeat_dim(0, streams),
+            },
             next_slot: 0,
             previous: None,
         }
@@ -521,29 +606,16 @@ impl<B: Backend> ContextMemoryBank<B> {
     }
 
     /// [`Self::correction`] on the host: the convolutions, pooling and resizing over NHWC
-    /// images, the bank's write, weights and blend through burn's operations.
+    /// images, the bank NHWC on the host too (its slot written in place, the softmax-weighted
+    /// frames summed straight into the blend).
     fn correction_on_host(
         &self,
         stream: &mut Stream<B>,
         generated: &HostImage,
         prepared: &PreparedWeights,
     ) -> Option<HostImage> {
-        let [streams, slots, channels, height, width] = stream.bank.dims();
-        let device = stream.bank.device();
-        let slot = stream.next_slot;
-        let frame = generated.clone().into_nchw::<B>(&device);
-        stream.bank = stream.bank.clone().slice_assign(
-            [0..streams, slot..slot + 1, 0..channels, 0..height, 0..width],
-            frame.unsqueeze_dim(1),
-        );
         let key = self.features_on_host(generated, prepared)?.mean_pixels();
-        let key = TensorData::new(key, [streams, 1, MEMORY_FEATURES]);
-        stream.keys = stream.keys.clone().slice_assign(
-            [0..streams, slot..slot + 1, 0..MEMORY_FEATURES],
-            Tensor::from_data(key, &device),
-        );
-        stream.next_slot = (slot + 1) % slots;
-
+        let [streams, height, width, channels] = generated.shape;
         // The query's 1 × 1 convolution is affine: the mean of its outputs over the pixels is
         // its output at the mean pixel (one row per stream, not 64 × 64).
         let mean = HostImage {
@@ -551,14 +623,35 @@ impl<B: Backend> ContextMemoryBank<B> {
             shape: [streams, 1, 1, channels],
         };
         let query = mean.conv(&self.memory_query, prepared, same)?.values;
-        let query = Tensor::<B, 3>::from_data(
-            TensorData::new(query, [streams, MEMORY_FEATURES, 1]),
-            &device,
-        );
-        let similarities = stream.keys.clone().matmul(query).reshape([streams, slots]);
-        let weights = softmax(similarities, 1).reshape([streams, slots, 1, 1, 1]);
-        let blend = (stream.bank.clone() * weights).sum_dim(1);
-        let blend = HostImage::from_nchw(blend.reshape([streams, channels, height, width]));
+        let slot = stream.next_slot;
+        let (bank, keys, [_, slots, ..]) = stream.memory.host()?;
+        stream.next_slot = (slot + 1) % slots;
+        let frame = height * width * channels;
+        let mut blend = HostImage {
+            values: vec![0f32; streams * frame],
+            shape: generated.shape,
+        };
+        let streams = (bank
+            .par_chunks_mut(slots * frame)
+            .zip(keys.par_chunks_mut(slots * MEMORY_FEATURES)))
+        .zip(blend.values.par_chunks_mut(frame))
+        .enumerate();
+        streams.for_each(|(s, ((bank, keys), blend))| {
+            bank[slot * frame..][..frame].copy_from_slice(&generated.values[s * frame..][..frame]);
+            keys[slot * MEMORY_FEATURES..][..MEMORY_FEATURES]
+                .copy_from_slice(&key[s * MEMORY_FEATURES..][..MEMORY_FEATURES]);
+            let query = &query[s * MEMORY_FEATURES..][..MEMORY_FEATURES];
+            let mut weights: Vec<f32> = (keys.chunks_exact(MEMORY_FEATURES))
+                .map(|key| key.iter().zip(query).map(|(k, q)| k * q).sum())
+                .collect();
+            let max = weights.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            weights.iter_mut().for_each(|w| *w = (*w - max).exp());
+            let total: f32 = weights.iter().sum();
+            weights.iter_mut().for_each(|w| *w /= total);
+            for (frame, &w) in bank.chunks_exact(frame).zip(&weights) {
+                blend.iter_mut().zip(frame).for_each(|(b, &v)| *b += w * v);
+            }
+        });
         let x = self.features_on_host(&blend, prepared)?;
         let x = x.conv(&self.out_conv, prepared, relu_host)?;
         x.resize_bilinear([height, width])
@@ -573,16 +666,17 @@ impl<B: Backend> ContextMemoryBank<B> {
         generated: Tensor<B, 4>,
         runtime: &FrameRuntime,
     ) -> Tensor<B, 4> {
-        let [streams, slots, channels, height, width] = stream.bank.dims();
+        let [streams, slots, channels, height, width] = stream.memory.dims();
         let slot = stream.next_slot;
-        stream.bank = stream.bank.clone().slice_assign(
+        let new_keys = self.keys(generated.clone(), runtime).unsqueeze_dim(1);
+        let (bank, keys) = stream.memory.tensors();
+        *bank = bank.clone().slice_assign(
             [0..streams, slot..slot + 1, 0..channels, 0..height, 0..width],
             generated.clone().unsqueeze_dim(1),
         );
-        stream.keys = stream.keys.clone().slice_assign(
-            [0..streams, slot..slot + 1, 0..MEMORY_FEATURES],
-            self.keys(generated.clone(), runtime).unsqueeze_dim(1),
-        );
+        *keys = keys
+            .clone()
+            .slice_assign([0..streams, slot..slot + 1, 0..MEMORY_FEATURES], new_keys);
         stream.next_slot = (slot + 1) % slots;
 
         let query = self.memory_query.forward(generated);
@@ -590,9 +684,9 @@ impl<B: Backend> ContextMemoryBank<B> {
             .mean_dim(3)
             .mean_dim(2)
             .reshape([streams, MEMORY_FEATURES, 1]);
-        let similarities = stream.keys.clone().matmul(query).reshape([streams, slots]);
+        let similarities = keys.clone().matmul(query).reshape([streams, slots]);
         let weights = softmax(similarities, 1).reshape([streams, slots, 1, 1, 1]);
-        let blend = (stream.bank.clone() * weights).sum_dim(1);
+        let blend = (bank.clone() * weights).sum_dim(1);
         let blend = blend.reshape([streams, channels, height, width]);
         let x = relu(self.out_conv.forward(self.features(blend)));
         let options = InterpolateOptions::new(InterpolateMode::Bilinear).with_align_corners(false);

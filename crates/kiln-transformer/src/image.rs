@@ -14,9 +14,10 @@ use burn::nn::conv::{Conv2d, ConvTranspose2d};
 use burn::nn::{GroupNorm, PaddingConfig2d};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use kiln_kernels::host;
 use kiln_kernels::host::conv::{Nhwc, Window, Windows, nchw_to_nhwc, nhwc_to_nchw, unfold_phase};
 use kiln_kernels::host::winograd::{Correlation, F2X2, F2X3, Minimal, Phase};
+use kiln_kernels::{host, sgemm};
+use rayon::prelude::*;
 
 use crate::PreparedWeights;
 use crate::prepared::WinogradKernel;
@@ -26,6 +27,17 @@ use crate::projection::{product_rows, product_windows, products};
 /// filtering: with fewer, its products are too thin for the saved multiplications to pay for
 /// the transforms (a frame model's first and last layers).
 const WINOGRAD_CHANNELS: usize = 32;
+
+/// Whether a stride-1 convolution of `taps` taps to `outputs` channels runs as a product of the
+/// pixels with every tap at once, then sums of the taps ([`host::conv::sum_taps`]): where that
+/// product's columns, in whole register tiles, are at most half of the unfolded product's
+/// (`taps` rows of the kernel per column of its tiles): a frame model's last convolutions, to
+/// 3 channels or 1.
+fn by_taps(taps: usize, outputs: usize) -> bool {
+    taps > 1
+        && 2 * (taps * outputs).next_multiple_of(sgemm::NR)
+            <= taps * outputs.next_multiple_of(sgemm::NR)
+}
 
 /// An image batch on the host, its values NHWC (`[batch, height, width, channels]`): a pixel's
 /// channels side by side, as a convolution's unfolded rows and attention's tokens read them.
@@ -117,8 +129,17 @@ impl HostImage {
                 shape: [batch, out_height, out_width, outputs],
             });
         }
+        let taps = window.kernel[0] * window.kernel[1];
+        if window.stride == [1, 1] && by_taps(taps, outputs) {
+            let kernel = prepared.conv_taps(conv);
+            let products = product_rows(&self.values, channels, &kernel.taps, |v| v);
+            return Some(HostImage {
+                values: host::conv::sum_taps(&products, self.shape, &window, &kernel.bias, f),
+                shape: [batch, out_height, out_width, outputs],
+            });
+        }
         let weight = prepared.conv_nhwc(conv);
-        let depth = window.kernel[0] * window.kernel[1] * channels;
+        let depth = taps * channels;
         let values = if depth == channels && window.stride == [1, 1] && padding == [0, 0] {
             product_rows(&self.values, depth, &weight, f) // a 1 × 1 convolution: rows as they are
         } else {
@@ -187,19 +208,8 @@ impl HostImage {
         let jobs: Vec<_> = (phases.iter().zip(kernels))
             .map(|(phase, kernel)| (phase.correlation, kernel))
             .collect();
-        let mut values = vec![0f32; batch * height * width * outputs];
-        for (phase, y) in phases.iter().zip(self.winograd(&F2X2, &jobs, f)) {
-            let [rows, columns] = phase.correlation.out;
-            for (pixel, y) in y.chunks_exact(outputs).enumerate() {
-                let (b, row, column) = (
-                    pixel / (rows * columns),
-                    pixel / columns % rows,
-                    pixel % columns,
-                );
-                let (oy, ox) = (2 * row + phase.offset[0], 2 * column + phase.offset[1]);
-                values[((b * height + oy) * width + ox) * outputs..][..outputs].copy_from_slice(y);
-            }
-        }
+        let phase_outputs = self.winograd(&F2X2, &jobs, f);
+        let values = Phase::interleave(phases, &phase_outputs, batch, [height, width], outputs);
         HostImage {
             values,
             shape: [batch, height, width, outputs],
@@ -279,15 +289,23 @@ impl HostImage {
             "concat_channels: sizes"
         );
         let b = other.shape[3];
-        let mut values = Vec::with_capacity(batch * height * width * (a + b));
-        for (left, right) in self
-            .values
-            .chunks_exact(a)
-            .zip(other.values.chunks_exact(b))
-        {
-            values.extend_from_slice(left);
-            values.extend_from_slice(right);
+        if a == 0 || b == 0 {
+            return if a == 0 { other.clone() } else { self.clone() };
         }
+        let pixels = height * width;
+        let mut values = vec![0f32; batch * pixels * (a + b)];
+        (values.par_chunks_mut((pixels * (a + b)).max(1)))
+            .zip(self.values.par_chunks((pixels * a).max(1)))
+            .zip(other.values.par_chunks((pixels * b).max(1)))
+            .for_each(|((out, left), right)| {
+                for ((out, left), right) in (out.chunks_exact_mut(a + b))
+                    .zip(left.chunks_exact(a))
+                    .zip(right.chunks_exact(b))
+                {
+                    out[..a].copy_from_slice(left);
+                    out[a..].copy_from_slice(right);
+                }
+            });
         HostImage {
             values,
             shape: [batch, height, width, a + b],
@@ -320,26 +338,24 @@ impl HostImage {
         let span =
             |i: usize, size: usize, out: usize| (i * size / out, ((i + 1) * size).div_ceil(out));
         let mut values = vec![0f32; batch * out_height * out_width * channels];
-        for b in 0..batch {
-            for oy in 0..out_height {
-                let (y0, y1) = span(oy, height, out_height);
-                for ox in 0..out_width {
-                    let (x0, x1) = span(ox, width, out_width);
-                    let out = &mut values[((b * out_height + oy) * out_width + ox) * channels..]
-                        [..channels];
-                    for y in y0..y1 {
-                        for x in x0..x1 {
-                            let from = ((b * height + y) * width + x) * channels;
-                            out.iter_mut()
-                                .zip(&self.values[from..from + channels])
-                                .for_each(|(o, &v)| *o += v);
-                        }
+        let line = (out_width * channels).max(1);
+        (values.par_chunks_mut(line).enumerate()).for_each(|(line, values)| {
+            let (b, oy) = (line / out_height, line % out_height);
+            let (y0, y1) = span(oy, height, out_height);
+            for (ox, out) in values.chunks_exact_mut(channels.max(1)).enumerate() {
+                let (x0, x1) = span(ox, width, out_width);
+                for y in y0..y1 {
+                    for x in x0..x1 {
+                        let from = ((b * height + y) * width + x) * channels;
+                        out.iter_mut()
+                            .zip(&self.values[from..from + channels])
+                            .for_each(|(o, &v)| *o += v);
                     }
-                    let count = ((y1 - y0) * (x1 - x0)) as f32;
-                    out.iter_mut().for_each(|o| *o /= count);
                 }
+                let count = ((y1 - y0) * (x1 - x0)) as f32;
+                out.iter_mut().for_each(|o| *o /= count);
             }
-        }
+        });
         HostImage {
             values,
             shape: [batch, out_height, out_width, channels],
@@ -364,21 +380,19 @@ impl HostImage {
         let (rows, columns) = (taps(out_height, height), taps(out_width, width));
         let mut values = vec![0f32; batch * out_height * out_width * channels];
         let at = |b: usize, y: usize, x: usize| ((b * height + y) * width + x) * channels;
-        for b in 0..batch {
-            for (oy, &(y0, y1, ly)) in rows.iter().enumerate() {
-                for (ox, &(x0, x1, lx)) in columns.iter().enumerate() {
-                    let out = &mut values[((b * out_height + oy) * out_width + ox) * channels..]
-                        [..channels];
-                    let [a, c, d, e] = [at(b, y0, x0), at(b, y0, x1), at(b, y1, x0), at(b, y1, x1)];
-                    for (k, o) in out.iter_mut().enumerate() {
-                        let v = &self.values;
-                        let top = v[a + k] * (1.0 - lx) + v[c + k] * lx;
-                        let bottom = v[d + k] * (1.0 - lx) + v[e + k] * lx;
-                        *o = top * (1.0 - ly) + bottom * ly;
-                    }
+        let line = (out_width * channels).max(1);
+        (values.par_chunks_mut(line).enumerate()).for_each(|(line, values)| {
+            let (b, (y0, y1, ly)) = (line / out_height, rows[line % out_height]);
+            for (out, &(x0, x1, lx)) in values.chunks_exact_mut(channels.max(1)).zip(&columns) {
+                let [a, c, d, e] = [at(b, y0, x0), at(b, y0, x1), at(b, y1, x0), at(b, y1, x1)];
+                for (k, o) in out.iter_mut().enumerate() {
+                    let v = &self.values;
+                    let top = v[a + k] * (1.0 - lx) + v[c + k] * lx;
+                    let bottom = v[d + k] * (1.0 - lx) + v[e + k] * lx;
+                    *o = top * (1.0 - ly) + bottom * ly;
                 }
             }
-        }
+        });
         HostImage {
             values,
             shape: [batch, out_height, out_width, channels],
@@ -404,14 +418,14 @@ impl HostImage {
     pub fn add_per_image(&mut self, v: &[f32]) {
         let [batch, height, width, channels] = self.shape;
         assert_eq!(v.len(), batch * channels, "HostImage::add_per_image: shape");
-        for (image, v) in self
+        (self
             .values
-            .chunks_exact_mut(height * width * channels)
-            .zip(v.chunks_exact(channels))
-        {
-            for pixel in image.chunks_exact_mut(channels) {
+            .par_chunks_mut((height * width * channels).max(1)))
+        .zip(v.par_chunks(channels.max(1)))
+        .for_each(|(image, v)| {
+            for pixel in image.chunks_exact_mut(channels.max(1)) {
                 pixel.iter_mut().zip(v).for_each(|(a, b)| *a += b);
             }
-        }
+        });
     }
 }

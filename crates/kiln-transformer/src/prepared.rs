@@ -99,6 +99,16 @@ impl WinogradKernel {
     }
 }
 
+/// A convolution's kernel as a product with every tap at once ([`host::conv::tap_kernel`]),
+/// its outputs' bias apart: what [`host::conv::sum_taps`] adds up.
+#[derive(Debug)]
+pub struct TapKernel {
+    /// `[in, taps · out]`, with no bias.
+    pub taps: HostWeight,
+    /// The bias `[out]`.
+    pub bias: Vec<f32>,
+}
+
 /// The host weights a tower's forwards prepared, shared by its clones: each under the parameter
 /// it was made from, with the values it was read from ([`HostValues`] read in place, which keep
 /// their storage unchanged). A forward reuses a weight while its parameters read the same
@@ -231,6 +241,22 @@ impl PreparedWeights {
             let kernel = host::conv::conv_kernel(sources[0].values(), shape);
             let bias = bias_of(conv.bias.is_some().then(|| &sources[1]), outputs);
             HostWeight::new(channels * height * width, &[(&kernel, outputs)], bias)
+        })
+    }
+
+    /// A convolution's kernel `[out, in, kh, kw]` as the weight `[in, kh · kw · out]` of a
+    /// product with the image's pixels ([`host::conv::tap_kernel`]), and its bias.
+    pub fn conv_taps<B: Backend>(&self, conv: &Conv2d<B>) -> Arc<TapKernel> {
+        let shape = conv.weight.dims();
+        let [outputs, channels, height, width] = shape;
+        let sources = weight_and_bias(&conv.weight, conv.bias.as_ref());
+        self.get(conv.weight.id, sources, |sources| {
+            let kernel = host::conv::tap_kernel(sources[0].values(), shape);
+            let columns = height * width * outputs;
+            TapKernel {
+                taps: HostWeight::new(channels, &[(&kernel, columns)], vec![0.0; columns]),
+                bias: bias_of(conv.bias.is_some().then(|| &sources[1]), outputs),
+            }
         })
     }
 

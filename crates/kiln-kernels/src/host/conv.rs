@@ -58,6 +58,73 @@ pub fn conv_kernel(weight: &[f32], [outputs, inputs, kh, kw]: [usize; 4]) -> Vec
     out
 }
 
+/// The kernel `[out, in, kh, kw]` as the row-major weight `[in, kh · kw · out]` of a product
+/// with the image's pixels as they are: column `tap · out + o` holds tap `tap`'s weights (taps
+/// row-major over the window) for output `o`. [`sum_taps`] adds each output pixel's taps of that
+/// product.
+pub fn tap_kernel(weight: &[f32], [outputs, inputs, kh, kw]: [usize; 4]) -> Vec<f32> {
+    assert_eq!(
+        weight.len(),
+        outputs * inputs * kh * kw,
+        "tap_kernel: shape"
+    );
+    let taps = kh * kw;
+    let columns = taps * outputs;
+    let mut out = vec![0f32; inputs * columns];
+    for (o, c, tap) in
+        (0..outputs).flat_map(|o| (0..inputs).flat_map(move |c| (0..taps).map(move |t| (o, c, t))))
+    {
+        out[c * columns + tap * outputs + o] = weight[(o * inputs + c) * taps + tap];
+    }
+    out
+}
+
+/// `f(bias + Σ taps)` for each output pixel of a convolution by `window` over an NHWC image of
+/// `shape` (NHWC `[batch, oh, ow, outputs]`), from the products of the image's pixels with
+/// [`tap_kernel`] (`[batch · h · w, taps · outputs]`): each output pixel adds, for every tap whose
+/// input pixel lies inside the image, that pixel's block of the tap's outputs. For convolutions
+/// to a few outputs, whose product of unfolded windows would fill a 16-column register tile with
+/// a handful of columns: the taps fill them instead.
+pub fn sum_taps(
+    products: &[f32],
+    shape: Nhwc,
+    window: &Window,
+    bias: &[f32],
+    f: impl Fn(f32) -> f32 + Sync,
+) -> Vec<f32> {
+    let [batch, height, width, _] = shape;
+    let outputs = bias.len();
+    let [kh, kw] = window.kernel;
+    let taps = kh * kw;
+    assert_eq!(
+        products.len(),
+        batch * height * width * taps * outputs,
+        "sum_taps: products"
+    );
+    let [oh, ow] = window.conv_output([height, width]);
+    let mut out = vec![0f32; batch * oh * ow * outputs];
+    let inside = |o: usize, stride: usize, k: usize, padding: usize, size: usize| {
+        (o * stride + k).checked_sub(padding).filter(|&i| i < size)
+    };
+    (out.par_chunks_mut((ow * outputs).max(1)).enumerate()).for_each(|(line, out)| {
+        let (b, oy) = (line / oh, line % oh);
+        for (ox, y) in out.chunks_exact_mut(outputs).enumerate() {
+            y.copy_from_slice(bias);
+            for (ky, kx) in (0..kh).flat_map(|ky| (0..kw).map(move |kx| (ky, kx))) {
+                let iy = inside(oy, window.stride[0], ky, window.padding[0], height);
+                let ix = inside(ox, window.stride[1], kx, window.padding[1], width);
+                let (Some(iy), Some(ix)) = (iy, ix) else {
+                    continue;
+                };
+                let from = (((b * height + iy) * width + ix) * taps + ky * kw + kx) * outputs;
+                (y.iter_mut().zip(&products[from..from + outputs])).for_each(|(y, p)| *y += p);
+            }
+            y.iter_mut().for_each(|v| *v = f(*v));
+        }
+    });
+    out
+}
+
 /// Row-major `[batch · oh · ow, kh · kw · c]`: each output pixel's window over `x` (NHWC of shape
 /// `shape`), zeros where it leaves the image.
 pub fn unfold(x: &[f32], shape: Nhwc, window: &Window) -> Vec<f32> {
@@ -372,6 +439,22 @@ mod tests {
             let got = nhwc_to_nchw(&got, [b, oh, ow, o]);
             for (g, e) in got.iter().zip(&want) {
                 assert!((g - e).abs() < 1e-5, "{window:?}: {g} against {e}");
+            }
+            // The pixels' products with every tap, summed per output pixel.
+            let taps = window.kernel[0] * window.kernel[1];
+            let kernel = tap_kernel(&k, [o, c, window.kernel[0], window.kernel[1]]);
+            let bias = values(o, 3);
+            let by_taps = sum_taps(
+                &product(&nhwc, &kernel, c, taps * o),
+                [b, h, w, c],
+                &window,
+                &bias,
+                |v| 2.0 * v,
+            );
+            let by_taps = nhwc_to_nchw(&by_taps, [b, oh, ow, o]);
+            for (i, (g, e)) in by_taps.iter().zip(&want).enumerate() {
+                let e = 2.0 * (e + bias[i / (oh * ow) % o]);
+                assert!((g - e).abs() < 1e-5, "{window:?} by taps: {g} against {e}");
             }
         }
     }

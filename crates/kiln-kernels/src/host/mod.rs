@@ -63,6 +63,24 @@ pub fn transposed(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+/// A new vector of `len` values, `write` given its uninitialised memory: for outputs that a
+/// kernel writes in full (a product's tiles, a transform's tiles), which so need no zeroing
+/// first (a pass of its own over megabytes, on memory the kernel may have to fault in).
+///
+/// # Safety
+/// `write` initialises every one of the `len` values.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn written_once(
+    len: usize,
+    write: impl FnOnce(&mut [std::mem::MaybeUninit<f32>]),
+) -> Vec<f32> {
+    let mut values = Vec::with_capacity(len);
+    write(&mut values.spare_capacity_mut()[..len]);
+    // SAFETY: `write` initialised the first `len` values, as the caller promises.
+    unsafe { values.set_len(len) };
+    values
+}
+
 /// Elements per parallel task: large enough to amortise scheduling, small enough to balance.
 const CHUNK: usize = 1 << 14;
 

@@ -17,7 +17,10 @@
 
 use rayon::prelude::*;
 
+use std::mem::MaybeUninit;
+
 use super::conv::{Nhwc, Window};
+use super::written_once;
 
 /// A minimal filtering algorithm F(2×2, r×r): its `α × α` input tiles (`α = r + 1`) and its
 /// transforms `Bᵀ` (`α × α`), `G` (`α × r`) and `Aᵀ` (`2 × α`), row-major.
@@ -141,9 +144,120 @@ impl Phase {
         Some(phases.collect())
     }
 
+    /// The transposed convolution's output, NHWC `[batch, height, width, channels]`, from each
+    /// of its `phases`' outputs (NHWC over the phase's correlation): every output pixel is one
+    /// phase's, at `offset + 2 · q`. Panics when the phases do not cover the output once each.
+    pub fn interleave(
+        phases: &[Phase],
+        outputs: &[Vec<f32>],
+        batch: usize,
+        [height, width]: [usize; 2],
+        channels: usize,
+    ) -> Vec<f32> {
+        assert_eq!(
+            phases.len(),
+            outputs.len(),
+            "interleave: an output per phase"
+        );
+        let row = width * channels;
+        let line = |line: usize, out: &mut [MaybeUninit<f32>]| {
+            let (b, oy) = (line / height, line % height);
+            let mut written = vec![false; width];
+            for (phase, y) in phases.iter().zip(outputs) {
+                let [rows, columns] = phase.correlation.out;
+                let Some(r) = (oy.checked_sub(phase.offset[0]))
+                    .filter(|d| d % TILE == 0)
+                    .map(|d| d / TILE)
+                    .filter(|&r| r < rows)
+                else {
+                    continue;
+                };
+                let source = &y[(b * rows + r) * columns * channels..][..columns * channels];
+                for (q, pixel) in source.chunks_exact(channels.max(1)).enumerate() {
+                    let ox = phase.offset[1] + TILE * q;
+                    assert!(ox < width && !written[ox], "interleave: phases overlap");
+                    written[ox] = true;
+                    for (out, &v) in out[ox * channels..][..channels].iter_mut().zip(pixel) {
+                        out.write(v);
+                    }
+                }
+            }
+            assert!(
+                written.iter().all(|&w| w),
+                "interleave: a pixel no phase covers"
+            );
+        };
+        // SAFETY: each output row is written whole (its pixels checked, or a panic before the
+        // vector is made).
+        #[allow(unsafe_code)]
+        unsafe {
+            written_once(batch * height * row, |out| {
+                (out.par_chunks_mut(row.max(1)).enumerate()).for_each(|(l, out)| line(l, out))
+            })
+        }
+    }
+
     /// The kernel tap `[ky, kx]` of this phase's correlation tap `(ty, tx)`.
     pub fn kernel_tap(&self, ty: usize, tx: usize) -> [usize; 2] {
         [self.phase[0] + 2 * (1 - ty), self.phase[1] + 2 * (1 - tx)]
+    }
+}
+
+/// One line of [`Minimal::input`]'s tiles, compiled (through pulp's dispatch, which compiles
+/// what is inlined into `with_simd`) for the CPU's widest SIMD instructions.
+struct InputLine<'a> {
+    minimal: &'a Minimal,
+    x: &'a [f32],
+    shape: Nhwc,
+    correlation: &'a Correlation,
+    line: usize,
+    out: &'a mut [MaybeUninit<f32>],
+}
+
+impl pulp::WithSimd for InputLine<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        (self.minimal).input_line(self.x, self.shape, self.correlation, self.line, self.out);
+    }
+}
+
+/// The output lines `piece` of one tile row of [`Minimal::output`] (its first tile
+/// `tile_row`), compiled as [`InputLine`] is.
+struct OutputLines<'a, F> {
+    m: &'a [Vec<f32>],
+    /// Per output of a tile, the points and coefficients it sums.
+    terms: &'a [Vec<(usize, f32)>],
+    bias: &'a [f32],
+    f: &'a F,
+    tile_row: usize,
+    width: usize,
+    piece: &'a mut [MaybeUninit<f32>],
+}
+
+impl<F: Fn(f32) -> f32> pulp::WithSimd for OutputLines<'_, F> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let (outputs, width) = (self.bias.len(), self.width);
+        let lines = self.piece.len() / (width * outputs);
+        let mut y = vec![0f32; outputs];
+        for (a, x) in (0..lines).flat_map(|a| (0..width).map(move |x| (a, x))) {
+            let tile = self.tile_row + x / TILE;
+            y.copy_from_slice(self.bias);
+            for &(xi, coefficient) in &self.terms[a * TILE + x % TILE] {
+                let product = &self.m[xi][tile * outputs..][..outputs];
+                for (y, &p) in y.iter_mut().zip(product) {
+                    *y += coefficient * p;
+                }
+            }
+            let out = &mut self.piece[(a * width + x) * outputs..][..outputs];
+            for (out, &y) in out.iter_mut().zip(&y) {
+                out.write((self.f)(y));
+            }
+        }
     }
 }
 
@@ -193,51 +307,73 @@ impl Minimal {
         let [rows, columns] = correlation.tiles();
         let tiles = batch * rows * columns;
         let alpha = self.alpha;
-        let mut v = vec![0f32; alpha * alpha * tiles * channels];
         if tiles == 0 || channels == 0 {
-            return v;
+            return Vec::new();
         }
+        // SAFETY: the lines cover the vector, and each writes every value of its tiles.
+        #[allow(unsafe_code)]
+        unsafe {
+            written_once(alpha * alpha * tiles * channels, |v| {
+                (v.par_chunks_mut(columns * channels).enumerate()).for_each(|(line, out)| {
+                    pulp::Arch::new().dispatch(InputLine {
+                        minimal: self,
+                        x,
+                        shape,
+                        correlation,
+                        line,
+                        out,
+                    })
+                })
+            })
+        }
+    }
+
+    /// Line `line` of [`Self::input`]'s tiles (point ξ, image, tile row): every tile of it
+    /// summed in a buffer, then written once into `out`.
+    #[inline(always)]
+    fn input_line(
+        &self,
+        x: &[f32],
+        [batch, height, width, channels]: Nhwc,
+        correlation: &Correlation,
+        line: usize,
+        out: &mut [MaybeUninit<f32>],
+    ) {
+        let [rows, _] = correlation.tiles();
+        let alpha = self.alpha;
+        let (xi, line) = (line / (batch * rows), line % (batch * rows));
+        let (i, j) = (xi / alpha, xi % alpha);
+        let (b, row) = (line / rows, line % rows);
         // The input pixel under tile offset `k` along an axis, if inside the image.
         let pixel = |origin: isize, tile: usize, k: usize, size: usize| {
             let at = origin + (tile * TILE + k) as isize;
             (0..size as isize).contains(&at).then_some(at as usize)
         };
-        v.par_chunks_mut(columns * channels)
-            .enumerate()
-            .for_each(|(line, out)| {
-                let (xi, line) = (line / (batch * rows), line % (batch * rows));
-                let (i, j) = (xi / alpha, xi % alpha);
-                let (b, row) = (line / rows, line % rows);
-                // The `d[k][l]` whose coefficient in `V_ij` is `Bᵀ[i][k] · Bᵀ[j][l]`.
-                let terms: Vec<(usize, usize, f32)> = (0..alpha)
-                    .flat_map(|k| (0..alpha).map(move |l| (k, l)))
-                    .map(|(k, l)| (k, l, self.bt[i * alpha + k] * self.bt[j * alpha + l]))
-                    .filter(|&(_, _, coefficient)| coefficient != 0.0)
-                    .collect();
-                // Compiled (through pulp's dispatch) for the CPU's widest SIMD instructions.
-                pulp::Arch::new().dispatch(
-                    #[inline(always)]
-                    || {
-                        for (column, tile) in out.chunks_exact_mut(channels).enumerate() {
-                            for &(k, l, coefficient) in &terms {
-                                let Some(y) = pixel(correlation.origin[0], row, k, height) else {
-                                    continue;
-                                };
-                                let Some(x_) = pixel(correlation.origin[1], column, l, width)
-                                else {
-                                    continue;
-                                };
-                                let from =
-                                    &x[((b * height + y) * width + x_) * channels..][..channels];
-                                for (v, &d) in tile.iter_mut().zip(from) {
-                                    *v += coefficient * d;
-                                }
-                            }
-                        }
-                    },
-                )
-            });
-        v
+        // The `d[k][l]` whose coefficient in `V_ij` is `Bᵀ[i][k] · Bᵀ[j][l]`.
+        let terms: Vec<(usize, usize, f32)> = (0..alpha)
+            .flat_map(|k| (0..alpha).map(move |l| (k, l)))
+            .map(|(k, l)| (k, l, self.bt[i * alpha + k] * self.bt[j * alpha + l]))
+            .filter(|&(_, _, coefficient)| coefficient != 0.0)
+            .collect();
+        let mut sum = vec![0f32; channels];
+        for (column, tile) in out.chunks_exact_mut(channels).enumerate() {
+            sum.fill(0.0);
+            for &(k, l, coefficient) in &terms {
+                let Some(y) = pixel(correlation.origin[0], row, k, height) else {
+                    continue;
+                };
+                let Some(x_) = pixel(correlation.origin[1], column, l, width) else {
+                    continue;
+                };
+                let from = &x[((b * height + y) * width + x_) * channels..][..channels];
+                for (v, &d) in sum.iter_mut().zip(from) {
+                    *v += coefficient * d;
+                }
+            }
+            for (v, &s) in tile.iter_mut().zip(&sum) {
+                v.write(s);
+            }
+        }
     }
 
     /// The outputs `f(Aᵀ M A + bias)` of `correlation` from the products `m` (each of the `α²`
@@ -259,9 +395,9 @@ impl Minimal {
             m.len() == alpha * alpha && m.iter().all(|m| m.len() == tiles * outputs),
             "winograd: products"
         );
-        let mut out = vec![0f32; batch * height * width * outputs];
-        if out.is_empty() {
-            return out;
+        let len = batch * height * width * outputs;
+        if len == 0 {
+            return Vec::new();
         }
         // `y[a][b] = Σ Aᵀ[a][i] Aᵀ[b][j] M_ij` for each output of a tile.
         let terms: Vec<Vec<(usize, f32)>> = (0..TILE * TILE)
@@ -276,46 +412,35 @@ impl Minimal {
                     .collect()
             })
             .collect();
-        // One chunk per tile row of one image: its (up to) two output rows.
-        let chunks = (0..batch)
-            .flat_map(|b| (0..rows).map(move |row| (b, row, TILE.min(height - row * TILE))));
-        let mut pieces = Vec::with_capacity(batch * rows);
-        let mut rest = out.as_mut_slice();
-        for (b, row, lines) in chunks {
-            let (piece, after) = rest.split_at_mut(lines * width * outputs);
-            pieces.push((b, row, lines, piece));
-            rest = after;
+        // SAFETY: the pieces split the vector; each writes every output of its lines (all
+        // `width` columns of each).
+        #[allow(unsafe_code)]
+        unsafe {
+            written_once(len, |out| {
+                // One piece per tile row of one image: its (up to) two output rows.
+                let chunks = (0..batch).flat_map(|b| {
+                    (0..rows).map(move |row| (b, row, TILE.min(height - row * TILE)))
+                });
+                let mut pieces = Vec::with_capacity(batch * rows);
+                let mut rest = out;
+                for (b, row, lines) in chunks {
+                    let (piece, after) = rest.split_at_mut(lines * width * outputs);
+                    pieces.push((b, row, piece));
+                    rest = after;
+                }
+                pieces.into_par_iter().for_each(|(b, row, piece)| {
+                    pulp::Arch::new().dispatch(OutputLines {
+                        m,
+                        terms: &terms,
+                        bias,
+                        f: &f,
+                        tile_row: (b * rows + row) * columns,
+                        width,
+                        piece,
+                    })
+                });
+            })
         }
-        pieces.into_par_iter().for_each(|(b, row, lines, piece)| {
-            // Compiled (through pulp's dispatch) for the CPU's widest SIMD instructions.
-            pulp::Arch::new().dispatch(
-                #[inline(always)]
-                || {
-                    for column in 0..columns {
-                        let tile = (b * rows + row) * columns + column;
-                        for (ab, terms) in terms.iter().enumerate() {
-                            let (a, c) = (ab / TILE, ab % TILE);
-                            let x = column * TILE + c;
-                            if a >= lines || x >= width {
-                                continue;
-                            }
-                            let y = &mut piece[(a * width + x) * outputs..][..outputs];
-                            y.copy_from_slice(bias);
-                            for &(xi, coefficient) in terms {
-                                let product = &m[xi][tile * outputs..][..outputs];
-                                for (y, &p) in y.iter_mut().zip(product) {
-                                    *y += coefficient * p;
-                                }
-                            }
-                            for y in y.iter_mut() {
-                                *y = f(*y);
-                            }
-                        }
-                    }
-                },
-            )
-        });
-        out
     }
 }
 
@@ -403,6 +528,20 @@ mod tests {
     /// The phases of a 4 × 4, stride-2 transposed convolution, each through F(2×2, 2×2), put
     /// together are the transposed convolution (`out[i · 2 − p + k] += x[i] w[k]`).
     #[test]
+    #[should_panic(expected = "interleave: a pixel no phase covers")]
+    fn phases_that_leave_a_pixel_out_are_refused() {
+        let window = Window {
+            kernel: [4, 4],
+            stride: [2, 2],
+            padding: [1, 1],
+        };
+        let phases = Phase::of_transposed(&window, [2, 2]).unwrap();
+        // Three of the four phases: a quarter of the output is no phase's.
+        let outputs: Vec<Vec<f32>> = phases[..3].iter().map(|_| vec![1.0; 2 * 2 * 3]).collect();
+        Phase::interleave(&phases[..3], &outputs, 1, [4, 4], 3);
+    }
+
+    #[test]
     fn transposed_phases_are_the_transposed_convolution() {
         for (padding, [height, width]) in [([1, 1], [4, 5]), ([0, 2], [3, 3]), ([1, 0], [5, 2])] {
             let window = Window {
@@ -433,32 +572,30 @@ mod tests {
                         * w[((c * outputs + o) * 4 + ky) * 4 + kx];
                 }
             }
-            let mut got = vec![f32::NAN; want.len()];
             let shape = [batch, height, width, channels];
-            for phase in Phase::of_transposed(&window, [height, width]).unwrap() {
-                let tap = |ty: usize, tx: usize, c: usize, o: usize| {
-                    let [ky, kx] = phase.kernel_tap(ty, tx);
-                    w[((c * outputs + o) * 4 + ky) * 4 + kx]
-                };
-                let correlation = phase.correlation;
-                let u = F2X2.kernel([channels, outputs], tap);
-                let v = F2X2.input(&x, shape, &correlation);
-                let [rows, columns] = correlation.tiles();
-                let tiles = batch * rows * columns;
-                let m: Vec<Vec<f32>> = (0..9)
-                    .map(|xi| {
-                        let v = &v[xi * tiles * channels..][..tiles * channels];
-                        product(v, &u[xi], channels, outputs)
-                    })
-                    .collect();
-                let y = F2X2.output(&m, batch, &correlation, &vec![0.0; outputs], |y| y);
-                let [ch, cw] = correlation.out;
-                for (pixel, values) in y.chunks_exact(outputs).enumerate() {
-                    let (b, u, z) = (pixel / (ch * cw), pixel / cw % ch, pixel % cw);
-                    let (oy, ox) = (2 * u + phase.offset[0], 2 * z + phase.offset[1]);
-                    got[((b * oh + oy) * ow + ox) * outputs..][..outputs].copy_from_slice(values);
-                }
-            }
+            let phases = Phase::of_transposed(&window, [height, width]).unwrap();
+            let each: Vec<Vec<f32>> = (phases.iter())
+                .map(|phase| {
+                    let tap = |ty: usize, tx: usize, c: usize, o: usize| {
+                        let [ky, kx] = phase.kernel_tap(ty, tx);
+                        w[((c * outputs + o) * 4 + ky) * 4 + kx]
+                    };
+                    let correlation = phase.correlation;
+                    let u = F2X2.kernel([channels, outputs], tap);
+                    let v = F2X2.input(&x, shape, &correlation);
+                    let [rows, columns] = correlation.tiles();
+                    let tiles = batch * rows * columns;
+                    let m: Vec<Vec<f32>> = (0..9)
+                        .map(|xi| {
+                            let v = &v[xi * tiles * channels..][..tiles * channels];
+                            product(v, &u[xi], channels, outputs)
+                        })
+                        .collect();
+                    F2X2.output(&m, batch, &correlation, &vec![0.0; outputs], |y| y)
+                })
+                .collect();
+            let got = Phase::interleave(&phases, &each, batch, [oh, ow], outputs);
+            assert_eq!(got.len(), want.len());
             for (g, e) in got.iter().zip(&want) {
                 assert!((g - e).abs() < 1e-5, "{window:?}: {g} against {e}");
             }
