@@ -19,7 +19,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::host::conv::Windows;
-use crate::host::written_once;
+use crate::host::{as_uninit, written_once};
 
 /// Rows of the register tile: six broadcast `A` values per step.
 const MR: usize = 6;
@@ -31,6 +31,12 @@ pub const NR: usize = 16;
 const KC: usize = 256;
 /// Rows per task: a 144 × 256 block of packed `A` (147 kB) stays in L2.
 const MC: usize = 144;
+
+/// Kernel-row depths (`kw · channels`) at which a convolution's windows go one kernel row a
+/// step, its interior tiles read in place ([`Windows::kernel_row_in_place`]) instead of packed:
+/// deep enough for the steps' stores of `C` to cost little, shallow enough for a step's panel
+/// of `B` to stay in L1 (the live-stream model's stride-2 convolutions: 192 and 96).
+const KERNEL_ROW_IN_PLACE: std::ops::RangeInclusive<usize> = 64..=2 * KC;
 
 /// Whether [`product`] can run here: an x86-64 CPU with AVX2 and FMA.
 pub fn supported() -> bool {
@@ -241,15 +247,6 @@ pub fn conv_product(
     }
 }
 
-/// `c` viewed as values that may be uninitialised, for [`Product`], which writes only
-/// initialised values into it.
-#[allow(unsafe_code)]
-fn as_uninit(c: &mut [f32]) -> &mut [MaybeUninit<f32>] {
-    // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and every write through the view (a
-    // product's tiles) stores an initialised value, so `c` stays initialised.
-    unsafe { &mut *(std::ptr::from_mut(c) as *mut [MaybeUninit<f32>]) }
-}
-
 /// A product's left operand.
 #[derive(Clone, Copy)]
 enum Rows<'a> {
@@ -347,7 +344,18 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
     #[allow(unsafe_code)]
     fn run_packing_into(&self, Task { rows, panels }: Task, packed_a: &mut Vec<f32>) {
         let (k, n) = (self.b.k, self.b.n);
-        let steps = k.div_ceil(KC);
+        // A convolution's windows go one kernel row a step where a kernel row is deep enough:
+        // then a whole tile of neighbouring output pixels reads that kernel row in place.
+        let by_kernel_rows = match self.a {
+            Rows::Windows(windows) => {
+                (KERNEL_ROW_IN_PLACE).contains(&windows.kernel_row()) && k > windows.kernel_row()
+            }
+            Rows::Matrix(_) => false,
+        };
+        let steps = match (by_kernel_rows, self.a) {
+            (true, Rows::Windows(windows)) => k / windows.kernel_row(),
+            _ => k.div_ceil(KC),
+        };
         let depth = k.div_ceil(steps);
         let tiles = rows.len().div_ceil(MR);
         let in_place = if self.in_place { rows.len() / MR } else { 0 };
@@ -360,6 +368,19 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
             let first = step * depth;
             let depth = depth.min(k - first);
             let packed_a = &mut packed_a[..(tiles - in_place) * MR * depth];
+            // The whole tiles of windows that read this kernel row in place.
+            let windows_in_place: Vec<Option<(&[f32], usize)>> = match self.a {
+                Rows::Windows(windows) if by_kernel_rows => (0..tiles)
+                    .map(|tile| {
+                        let row = rows.start + tile * MR;
+                        let tile_rows = row..(row + MR).min(rows.end);
+                        let in_place = (tile_rows.len() == MR)
+                            .then(|| windows.kernel_row_in_place(tile_rows, step));
+                        in_place.flatten()
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
             if !packed_a.is_empty() {
                 match self.a {
                     Rows::Matrix(a) => {
@@ -367,7 +388,9 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
                         pack_a(packed_a, a, k, first);
                     }
                     Rows::Windows(windows) => {
-                        pack_windows(packed_a, windows, packed_rows.clone(), first);
+                        let skip =
+                            |tile: usize| matches!(windows_in_place.get(tile), Some(Some(_)));
+                        pack_windows(packed_a, windows, packed_rows.clone(), first, skip);
                     }
                 }
             }
@@ -395,6 +418,19 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
                             };
                             let a = &a[row * k + first..][..(MR - 1) * k + depth];
                             tile_6x16::<true>(a, k, b, c, n, corner, write, &panel_bias, &self.f);
+                        } else if let Some(Some((a, lda))) = windows_in_place.get(tile) {
+                            let a = &a[..(MR - 1) * lda + depth];
+                            tile_6x16::<true>(
+                                a,
+                                *lda,
+                                b,
+                                c,
+                                n,
+                                corner,
+                                write,
+                                &panel_bias,
+                                &self.f,
+                            );
                         } else {
                             let a = &packed_a[(tile - in_place) * MR * depth..][..MR * depth];
                             tile_6x16::<false>(a, MR, b, c, n, corner, write, &panel_bias, &self.f);
@@ -489,11 +525,21 @@ fn pack_a(packed: &mut [f32], a: &[f32], k: usize, first: usize) {
 
 /// Columns `first ..` of the windows `rows` as 6-row panels filling `packed`, as [`pack_a`] packs
 /// a matrix's rows (zero past the last row): each row's values read from the image into a strip,
-/// the six strips then interleaved into the panel's steps.
-fn pack_windows(packed: &mut [f32], windows: &Windows, rows: Range<usize>, first: usize) {
+/// the six strips then interleaved into the panel's steps. Tiles `skip` says are read in place
+/// are left as they are.
+fn pack_windows(
+    packed: &mut [f32],
+    windows: &Windows,
+    rows: Range<usize>,
+    first: usize,
+    skip: impl Fn(usize) -> bool,
+) {
     let depth = packed.len() / rows.len().div_ceil(MR) / MR;
     let mut strips = vec![0f32; MR * depth];
     for (tile, panel) in packed.chunks_exact_mut(MR * depth).enumerate() {
+        if skip(tile) {
+            continue;
+        }
         for (r, strip) in strips.chunks_exact_mut(depth).enumerate() {
             let row = rows.start + tile * MR + r;
             if row < rows.end {
@@ -706,8 +752,9 @@ mod tests {
         }
     }
 
-    /// A convolution's windows read from the image as they are packed give the product of the
-    /// unfolded rows, for a depth over several blocks and a row tail.
+    /// A convolution's windows read from the image as they are packed, or in place a kernel row
+    /// a step, give the product of the unfolded rows: a depth over several blocks, a row tail,
+    /// tiles at the borders (packed) and inside (read in place), strides 1 and 2.
     #[test]
     fn windows_products_are_unfolded_products() {
         use crate::host::conv::{Window, unfold};
@@ -715,32 +762,64 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX2 + FMA");
             return;
         }
+        for (stride, shape, n) in [
+            (2, [2, 9, 7, 40], 19),
+            (2, [2, 5, 30, 40], 21),
+            (1, [1, 4, 17, 24], 16),
+        ] {
+            let window = Window {
+                kernel: [3, 3],
+                stride: [stride, stride],
+                padding: [1, 1],
+            };
+            let len = shape.iter().product();
+            let x: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37).sin()).collect();
+            let windows = Windows::new(&x, shape, window);
+            let k = windows.depth();
+            let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+            let bias: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin()).collect();
+            let packed = Packed::new(k, &[(&b, n)]);
+            let m = windows.rows();
+            let mut want = vec![0f32; m * n];
+            product(
+                &mut want,
+                &unfold(&x, shape, &window),
+                &packed,
+                m,
+                false,
+                &bias,
+                f32::tanh,
+            );
+            let got = conv_product(&windows, &packed, &bias, f32::tanh);
+            assert_eq!(got.len(), want.len());
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5,
+                    "{shape:?}, stride {stride}, at {i}: {g} vs {w}"
+                );
+            }
+        }
+        // The second and third images have tiles inside, whose kernel rows read in place.
+        let x = vec![0f32; 2 * 5 * 30 * 40];
         let window = Window {
             kernel: [3, 3],
             stride: [2, 2],
             padding: [1, 1],
         };
-        let (shape, n) = ([2, 9, 7, 40], 19);
-        let x: Vec<f32> = (0..2 * 9 * 7 * 40)
-            .map(|i| (i as f32 * 0.37).sin())
-            .collect();
-        let windows = Windows::new(&x, shape, window);
-        let k = windows.depth();
-        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
-        let bias: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin()).collect();
-        let packed = Packed::new(k, &[(&b, n)]);
-        let m = windows.rows();
-        let mut want = vec![0f32; m * n];
-        product(
-            &mut want,
-            &unfold(&x, shape, &window),
-            &packed,
-            m,
-            false,
-            &bias,
-            f32::tanh,
+        let windows = Windows::new(&x, [2, 5, 30, 40], window);
+        assert!(windows.kernel_row_in_place(1..7, 1).is_some());
+        assert!(
+            windows.kernel_row_in_place(0..6, 1).is_none(),
+            "the first column reads padding"
         );
-        assert_eq!(conv_product(&windows, &packed, &bias, f32::tanh), want);
+        assert!(
+            windows.kernel_row_in_place(12..18, 1).is_none(),
+            "two output rows"
+        );
+        assert!(
+            windows.kernel_row_in_place(1..7, 0).is_none(),
+            "the first row reads padding"
+        );
     }
 
     /// The tasks cover every row and panel once, in blocks of whole tiles (but the last) within

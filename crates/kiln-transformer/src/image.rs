@@ -15,13 +15,13 @@ use burn::nn::{GroupNorm, PaddingConfig2d};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use kiln_kernels::host::conv::{Nhwc, Window, Windows, nchw_to_nhwc, nhwc_to_nchw, unfold_phase};
-use kiln_kernels::host::winograd::{Correlation, F2X2, F2X3, Minimal, Phase};
+use kiln_kernels::host::winograd::{Correlation, F2X2, F2X3, Minimal, Phase, Placement};
 use kiln_kernels::{host, sgemm};
 use rayon::prelude::*;
 
 use crate::PreparedWeights;
 use crate::prepared::WinogradKernel;
-use crate::projection::{product_rows, product_windows, products};
+use crate::projection::{product_on_this_thread, product_rows, product_windows};
 
 /// Input and output channels from which a convolution goes through Winograd's minimal
 /// filtering: with fewer, its products are too thin for the saved multiplications to pay for
@@ -122,12 +122,9 @@ impl HostImage {
                 out: [out_height, out_width],
             };
             let kernel = prepared.conv_winograd(conv);
-            let values = (self.winograd(&F2X3, &[(correlation, &kernel)], f).pop())
-                .expect("one correlation, one output");
-            return Some(HostImage {
-                values,
-                shape: [batch, out_height, out_width, outputs],
-            });
+            let jobs = [(correlation, Placement::SAME)];
+            let size = [out_height, out_width];
+            return Some(self.winograd(&F2X3, &jobs, std::slice::from_ref(&*kernel), size, f));
         }
         let taps = window.kernel[0] * window.kernel[1];
         if window.stride == [1, 1] && by_taps(taps, outputs) {
@@ -172,7 +169,10 @@ impl HostImage {
         let winograd_phases = Phase::of_transposed(&window, [height, width]);
         if let Some(phases) = winograd_phases.filter(|_| self.wide_enough(conv.weight.dims()[1])) {
             let kernels = prepared.transposed_conv_winograd(conv, &phases);
-            return Some(self.phases_by_winograd(&phases, &kernels, [out_height, out_width], f));
+            let jobs: Vec<_> = (phases.iter())
+                .map(|phase| (phase.correlation, phase.placement()))
+                .collect();
+            return Some(self.winograd(&F2X2, &jobs, &kernels, [out_height, out_width], f));
         }
         let phases = prepared.transposed_conv_phases(conv);
         let outputs = phases[0].columns();
@@ -194,64 +194,33 @@ impl HostImage {
         })
     }
 
-    /// `f(transposed convolution of self)` of size `[height, width]`, each of its `phases` a
-    /// 2 × 2 correlation by F(2×2, 2×2) with its kernel, the phases' outputs interleaved.
-    fn phases_by_winograd(
-        &self,
-        phases: &[Phase],
-        kernels: &[WinogradKernel],
-        [height, width]: [usize; 2],
-        f: impl Fn(f32) -> f32 + Sync,
-    ) -> HostImage {
-        let batch = self.shape[0];
-        let outputs = kernels[0].bias.len();
-        let jobs: Vec<_> = (phases.iter().zip(kernels))
-            .map(|(phase, kernel)| (phase.correlation, kernel))
-            .collect();
-        let phase_outputs = self.winograd(&F2X2, &jobs, f);
-        let values = Phase::interleave(phases, &phase_outputs, batch, [height, width], outputs);
-        HostImage {
-            values,
-            shape: [batch, height, width, outputs],
-        }
-    }
-
     /// Whether a convolution of this image to `outputs` channels has the channels for Winograd's
     /// minimal filtering to pay ([`WINOGRAD_CHANNELS`]).
     fn wide_enough(&self, outputs: usize) -> bool {
         self.shape[3] >= WINOGRAD_CHANNELS && outputs >= WINOGRAD_CHANNELS
     }
 
-    /// `f(correlation of self + bias)` by `minimal` for each correlation and its kernel: NHWC
-    /// `[batch, out height, out width, outputs]` each. The products of every point of every
-    /// correlation run at once, each on one thread.
+    /// `f(correlation of self + bias)` by `minimal` for each of `jobs` with its kernel, each put
+    /// where its placement says in an image of `size` ([`Minimal::correlate`]), the products on
+    /// one thread each.
     fn winograd(
         &self,
         minimal: &Minimal,
-        jobs: &[(Correlation, &WinogradKernel)],
+        jobs: &[(Correlation, Placement)],
+        kernels: &[WinogradKernel],
+        size: [usize; 2],
         f: impl Fn(f32) -> f32 + Sync,
-    ) -> Vec<Vec<f32>> {
+    ) -> HostImage {
         let [batch, _, _, channels] = self.shape;
-        let tiles = |correlation: &Correlation| {
-            let [rows, columns] = correlation.tiles();
-            batch * rows * columns
+        let bias = &kernels[0].bias;
+        let multiply = |job: usize, xi: usize, v: &[f32]| {
+            product_on_this_thread(v, channels, &kernels[job].points[xi])
         };
-        let inputs: Vec<Vec<f32>> = (jobs.iter())
-            .map(|(correlation, _)| minimal.input(&self.values, self.shape, correlation))
-            .collect();
-        let points = minimal.alpha.pow(2);
-        // Every point of every correlation: its transformed tiles and its kernel.
-        let work = (jobs.iter().zip(&inputs)).flat_map(|((correlation, kernel), v)| {
-            let len = tiles(correlation) * channels;
-            (0..points).map(move |xi| (&v[xi * len..][..len], &kernel.points[xi]))
-        });
-        let mut products = products(work.collect(), channels).into_iter();
-        (jobs.iter())
-            .map(|(correlation, kernel)| {
-                let m: Vec<Vec<f32>> = products.by_ref().take(points).collect();
-                minimal.output(&m, batch, correlation, &kernel.bias, &f)
-            })
-            .collect()
+        let values = minimal.correlate(&self.values, self.shape, jobs, size, bias, multiply, f);
+        HostImage {
+            values,
+            shape: [batch, size[0], size[1], bias.len()],
+        }
     }
 
     /// `f(group_norm(self))` in place, or `None` where the norm's weights are not f32 host values.

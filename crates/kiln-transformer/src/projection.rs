@@ -18,7 +18,6 @@ use kiln_kernels::host;
 use kiln_kernels::host::conv::Windows;
 use kiln_kernels::matmul::{Threads, View, Write, matmul};
 use kiln_kernels::sgemm;
-use rayon::prelude::*;
 
 /// What follows a projection `x W + b`.
 pub enum Then<B: Backend, const D: usize> {
@@ -245,31 +244,27 @@ pub fn product_windows(
     }
 }
 
-/// Independent products `x W + b` of `inputs`-wide rows, all at once, each on one thread: many
-/// small products (Winograd's, one per point of the tile), which one at a time would each be
-/// split into slivers across the threads.
-pub fn products(products: Vec<(&[f32], &HostWeight)>, inputs: usize) -> Vec<Vec<f32>> {
-    (products.into_par_iter())
-        .map(|(x, weight)| {
-            let rows = x.len() / inputs.max(1);
-            if let Operand::Packed(packed) = &weight.operand {
-                return sgemm::new_product_on_this_thread(x, packed, rows, &weight.bias, |v| v);
-            }
-            let (operand, outputs) = (&weight.operand, weight.columns());
-            let mut out = vec![0f32; rows * outputs];
-            gemm_product(
-                &mut out,
-                x,
-                inputs,
-                outputs,
-                operand,
-                Write::Overwrite,
-                Threads::One,
-            );
-            host::add_bias_map(&mut out, &weight.bias, |v| v);
-            out
-        })
-        .collect()
+/// `x W + bias` for the rows `x` (of `inputs` values each) on the calling thread, into a new
+/// vector: for a caller that runs several products at once, one per thread (Winograd's per-point
+/// products), where splitting each across the threads would leave slivers.
+pub fn product_on_this_thread(x: &[f32], inputs: usize, weight: &HostWeight) -> Vec<f32> {
+    let rows = x.len() / inputs.max(1);
+    if let Operand::Packed(packed) = &weight.operand {
+        return sgemm::new_product_on_this_thread(x, packed, rows, &weight.bias, |v| v);
+    }
+    let (operand, outputs) = (&weight.operand, weight.columns());
+    let mut out = vec![0f32; rows * outputs];
+    gemm_product(
+        &mut out,
+        x,
+        inputs,
+        outputs,
+        operand,
+        Write::Overwrite,
+        Threads::One,
+    );
+    host::add_bias_map(&mut out, &weight.bias, |v| v);
+    out
 }
 
 /// `out (+)= x W` (as `write` says) through the `gemm` crate on `threads`, for a weight it

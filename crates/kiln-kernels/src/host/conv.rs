@@ -8,6 +8,8 @@
 //! ([`unfold`], [`unfold_phase`]) agree on the order of a row: taps in row-major order of the
 //! kernel window, then channels.
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 /// The shape of an NHWC batch: `[batch, height, width, channels]`.
@@ -102,25 +104,41 @@ pub fn sum_taps(
         "sum_taps: products"
     );
     let [oh, ow] = window.conv_output([height, width]);
+    let ([sy, sx], [py, px]) = (window.stride, window.padding);
     let mut out = vec![0f32; batch * oh * ow * outputs];
-    let inside = |o: usize, stride: usize, k: usize, padding: usize, size: usize| {
-        (o * stride + k).checked_sub(padding).filter(|&i| i < size)
+    // The outputs `o` whose tap `k` reads inside the image along an axis: `o · s + k − p` in
+    // `[0, size)`.
+    let outputs_inside = |k: usize, stride: usize, padding: usize, size: usize, count: usize| {
+        let first = padding.saturating_sub(k).div_ceil(stride);
+        let end = (size + padding)
+            .saturating_sub(k)
+            .div_ceil(stride)
+            .min(count);
+        first..end.max(first)
     };
+    let pixel_row = taps * outputs;
     (out.par_chunks_mut((ow * outputs).max(1)).enumerate()).for_each(|(line, out)| {
         let (b, oy) = (line / oh, line % oh);
-        for (ox, y) in out.chunks_exact_mut(outputs).enumerate() {
+        for y in out.chunks_exact_mut(outputs.max(1)) {
             y.copy_from_slice(bias);
-            for (ky, kx) in (0..kh).flat_map(|ky| (0..kw).map(move |kx| (ky, kx))) {
-                let iy = inside(oy, window.stride[0], ky, window.padding[0], height);
-                let ix = inside(ox, window.stride[1], kx, window.padding[1], width);
-                let (Some(iy), Some(ix)) = (iy, ix) else {
-                    continue;
-                };
-                let from = (((b * height + iy) * width + ix) * taps + ky * kw + kx) * outputs;
-                (y.iter_mut().zip(&products[from..from + outputs])).for_each(|(y, p)| *y += p);
-            }
-            y.iter_mut().for_each(|v| *v = f(*v));
         }
+        // Tap by tap along the line: no bounds to test per pixel.
+        for ky in 0..kh {
+            let Some(iy) = (oy * sy + ky).checked_sub(py).filter(|&iy| iy < height) else {
+                continue;
+            };
+            let input_row = &products[(b * height + iy) * width * pixel_row..][..width * pixel_row];
+            for kx in 0..kw {
+                let tap = (ky * kw + kx) * outputs;
+                for ox in outputs_inside(kx, sx, px, width, ow) {
+                    let ix = ox * sx + kx - px;
+                    let from = &input_row[ix * pixel_row + tap..][..outputs];
+                    let y = &mut out[ox * outputs..][..outputs];
+                    y.iter_mut().zip(from).for_each(|(y, p)| *y += p);
+                }
+            }
+        }
+        out.iter_mut().for_each(|v| *v = f(*v));
     });
     out
 }
@@ -173,6 +191,36 @@ impl<'a> Windows<'a> {
         (rows.par_chunks_mut(depth.max(1)).enumerate())
             .for_each(|(row, strip)| self.read(row, 0, strip));
         rows
+    }
+
+    /// Values of one kernel row of a window, `kw · channels`: in the image, its taps' pixels
+    /// lie side by side.
+    pub fn kernel_row(&self) -> usize {
+        self.window.kernel[1] * self.shape[3]
+    }
+
+    /// Where rows `rows` lie in the image over the columns of kernel row `ky` (`ky ·
+    /// kernel_row() ..`), as a matrix read in place: the image from the returned offset, one
+    /// row every returned stride of values. `None` unless the rows are neighbours along one
+    /// output row and every tap of that kernel row of theirs lies inside the image.
+    pub fn kernel_row_in_place(&self, rows: Range<usize>, ky: usize) -> Option<(&[f32], usize)> {
+        let [_, height, width, channels] = self.shape;
+        let [oh, ow] = self.out;
+        let (b, oy, ox) = (
+            rows.start / (oh * ow),
+            rows.start / ow % oh,
+            rows.start % ow,
+        );
+        let last_ox = ox + rows.len().checked_sub(1)?;
+        let ([sy, sx], [py, px]) = (self.window.stride, self.window.padding);
+        let iy = (oy * sy + ky).checked_sub(py).filter(|&iy| iy < height)?;
+        let ix = (ox * sx).checked_sub(px)?;
+        let last_ix = last_ox * sx + self.window.kernel[1] - 1 - px;
+        if last_ox >= ow || last_ix >= width {
+            return None;
+        }
+        let from = ((b * height + iy) * width + ix) * channels;
+        Some((&self.x[from..], sx * channels))
     }
 
     /// Fills `segment` with row `row`'s values from column `first` on.

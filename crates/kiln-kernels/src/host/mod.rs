@@ -81,6 +81,15 @@ pub(crate) unsafe fn written_once(
     values
 }
 
+/// `c` viewed as values that may be uninitialised, for a kernel that writes only initialised
+/// values into it (a product's tiles, a transform's tiles) and so keeps it initialised.
+#[allow(unsafe_code)]
+pub(crate) fn as_uninit(c: &mut [f32]) -> &mut [std::mem::MaybeUninit<f32>] {
+    // SAFETY: `MaybeUninit<f32>` has `f32`'s layout; the kernels given the view store only
+    // initialised values through it, so `c` stays initialised.
+    unsafe { &mut *(std::ptr::from_mut(c) as *mut [std::mem::MaybeUninit<f32>]) }
+}
+
 /// Elements per parallel task: large enough to amortise scheduling, small enough to balance.
 const CHUNK: usize = 1 << 14;
 

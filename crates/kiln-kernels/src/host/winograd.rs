@@ -17,10 +17,12 @@
 
 use rayon::prelude::*;
 
+use std::cell::RefCell;
 use std::mem::MaybeUninit;
+use std::ops::Range;
 
 use super::conv::{Nhwc, Window};
-use super::written_once;
+use super::{as_uninit, written_once};
 
 /// A minimal filtering algorithm F(2×2, r×r): its `α × α` input tiles (`α = r + 1`) and its
 /// transforms `Bᵀ` (`α × α`), `G` (`α × r`) and `Aᵀ` (`2 × α`), row-major.
@@ -144,56 +146,11 @@ impl Phase {
         Some(phases.collect())
     }
 
-    /// The transposed convolution's output, NHWC `[batch, height, width, channels]`, from each
-    /// of its `phases`' outputs (NHWC over the phase's correlation): every output pixel is one
-    /// phase's, at `offset + 2 · q`. Panics when the phases do not cover the output once each.
-    pub fn interleave(
-        phases: &[Phase],
-        outputs: &[Vec<f32>],
-        batch: usize,
-        [height, width]: [usize; 2],
-        channels: usize,
-    ) -> Vec<f32> {
-        assert_eq!(
-            phases.len(),
-            outputs.len(),
-            "interleave: an output per phase"
-        );
-        let row = width * channels;
-        let line = |line: usize, out: &mut [MaybeUninit<f32>]| {
-            let (b, oy) = (line / height, line % height);
-            let mut written = vec![false; width];
-            for (phase, y) in phases.iter().zip(outputs) {
-                let [rows, columns] = phase.correlation.out;
-                let Some(r) = (oy.checked_sub(phase.offset[0]))
-                    .filter(|d| d % TILE == 0)
-                    .map(|d| d / TILE)
-                    .filter(|&r| r < rows)
-                else {
-                    continue;
-                };
-                let source = &y[(b * rows + r) * columns * channels..][..columns * channels];
-                for (q, pixel) in source.chunks_exact(channels.max(1)).enumerate() {
-                    let ox = phase.offset[1] + TILE * q;
-                    assert!(ox < width && !written[ox], "interleave: phases overlap");
-                    written[ox] = true;
-                    for (out, &v) in out[ox * channels..][..channels].iter_mut().zip(pixel) {
-                        out.write(v);
-                    }
-                }
-            }
-            assert!(
-                written.iter().all(|&w| w),
-                "interleave: a pixel no phase covers"
-            );
-        };
-        // SAFETY: each output row is written whole (its pixels checked, or a panic before the
-        // vector is made).
-        #[allow(unsafe_code)]
-        unsafe {
-            written_once(batch * height * row, |out| {
-                (out.par_chunks_mut(row.max(1)).enumerate()).for_each(|(l, out)| line(l, out))
-            })
+    /// Where the phase's outputs go in the transposed convolution's output.
+    pub fn placement(&self) -> Placement {
+        Placement {
+            offset: self.offset,
+            step: 2,
         }
     }
 
@@ -203,8 +160,160 @@ impl Phase {
     }
 }
 
-/// One line of [`Minimal::input`]'s tiles, compiled (through pulp's dispatch, which compiles
-/// what is inlined into `with_simd`) for the CPU's widest SIMD instructions.
+/// Where a correlation's outputs go in the image [`Minimal::correlate`] writes: output `(y, x)`
+/// at pixel `(offset[0] + step · y, offset[1] + step · x)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// The pixel of output `(0, 0)`.
+    pub offset: [usize; 2],
+    /// Pixels between neighbouring outputs along each axis.
+    pub step: usize,
+}
+
+impl Placement {
+    /// Output `(y, x)` at pixel `(y, x)`: a convolution's.
+    pub const SAME: Placement = Placement {
+        offset: [0, 0],
+        step: 1,
+    };
+
+    /// The pixel `[y, x]` of output `(y, x)`.
+    fn pixel(&self, y: usize, x: usize) -> [usize; 2] {
+        [
+            self.offset[0] + self.step * y,
+            self.offset[1] + self.step * x,
+        ]
+    }
+}
+
+/// Bytes of a block's transformed tiles and their products (`α² · (in + out)` values a tile) in
+/// [`Minimal::correlate`]: three quarters of a core's L2 cache (Zen 3's 512 KiB), so that a
+/// block's tiles are multiplied and transformed back while they are in it, not after a trip
+/// through memory (the live-stream model's transposed convolution: 48 tiles, eight whole
+/// register tiles of rows).
+const BLOCK_BYTES: usize = 384 << 10;
+
+/// Bytes of the transformed kernels (`α² · in · out` values) up to which [`Minimal::correlate`]
+/// goes block by block, every block reading all of them; past this, each kernel is read once,
+/// by one product over every tile.
+const BLOCKED_KERNEL_BYTES: usize = 1 << 20;
+
+/// How [`Minimal::correlate`] goes through the tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Schedule {
+    /// In blocks of tile rows, each transformed, multiplied and put back on one thread.
+    Blocks,
+    /// Every tile transformed, then each point's product, then every output.
+    Points,
+}
+
+impl Schedule {
+    /// The schedule for transformed kernels of `bytes` in all ([`BLOCKED_KERNEL_BYTES`]).
+    fn for_kernels(bytes: usize) -> Schedule {
+        match bytes <= BLOCKED_KERNEL_BYTES {
+            true => Schedule::Blocks,
+            false => Schedule::Points,
+        }
+    }
+}
+
+thread_local! {
+    /// Each thread's transformed tiles of its current block, kept from block to block.
+    static BLOCK_TILES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The image [`Minimal::correlate`] writes, shared by the blocks and tile rows that write it,
+/// each its own pixels.
+struct Image<'a, F> {
+    values: *mut f32,
+    /// `[height, width]`.
+    size: [usize; 2],
+    bias: &'a [f32],
+    f: &'a F,
+    /// Per output of a tile (row-major), the points and coefficients it sums.
+    terms: Vec<Vec<(usize, f32)>>,
+}
+
+// SAFETY: the writers of an `Image` write disjoint pixels (checked by `covered_once` before any
+// is made) of a vector that outlives them.
+#[allow(unsafe_code)]
+unsafe impl<F: Sync> Sync for Image<'_, F> {}
+
+/// One tile row of one image of a correlation.
+#[derive(Debug, Clone, Copy)]
+struct TileRow {
+    job: usize,
+    image: usize,
+    row: usize,
+}
+
+/// One [`Minimal::correlate`] call: its input image, its correlations, their point products and
+/// the image they write.
+struct Correlating<'a, M, F> {
+    minimal: &'a Minimal,
+    x: &'a [f32],
+    shape: Nhwc,
+    jobs: &'a [(Correlation, Placement)],
+    multiply: M,
+    out: Image<'a, F>,
+}
+
+/// A block of [`Minimal::correlate`]'s tiles: tile rows `rows` of one image of one correlation,
+/// transformed, multiplied and put back on one thread, compiled (through pulp's dispatch, which
+/// compiles what is inlined into `with_simd`) for the CPU's widest SIMD instructions.
+struct Block<'a, M, F> {
+    work: &'a Correlating<'a, M, F>,
+    job: usize,
+    image: usize,
+    rows: Range<usize>,
+}
+
+impl<M, F> pulp::WithSimd for Block<'_, M, F>
+where
+    M: Fn(usize, usize, &[f32]) -> Vec<f32>,
+    F: Fn(f32) -> f32,
+{
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let work = self.work;
+        let (minimal, shape) = (work.minimal, work.shape);
+        let channels = shape[3];
+        let (correlation, _) = &work.jobs[self.job];
+        let [rows, columns] = correlation.tiles();
+        let points = minimal.alpha * minimal.alpha;
+        let tiles = self.rows.len() * columns;
+        // Taken out of the thread's cell, not borrowed in a closure: a closure would be compiled
+        // apart, without the SIMD instructions.
+        let mut buffer = BLOCK_TILES.take();
+        if buffer.len() < points * tiles * channels {
+            buffer.resize(points * tiles * channels, 0.0);
+        }
+        let v = &mut buffer[..points * tiles * channels];
+        for (xi, point) in v.chunks_exact_mut(tiles * channels).enumerate() {
+            for (r, line) in point.chunks_exact_mut(columns * channels).enumerate() {
+                let line_index = (xi * shape[0] + self.image) * rows + self.rows.start + r;
+                minimal.input_line(work.x, shape, correlation, line_index, as_uninit(line));
+            }
+        }
+        let products: Vec<Vec<f32>> = (v.chunks_exact(tiles * channels).enumerate())
+            .map(|(xi, point)| (work.multiply)(self.job, xi, point))
+            .collect();
+        BLOCK_TILES.set(buffer);
+        let m: Vec<&[f32]> = products.iter().map(Vec::as_slice).collect();
+        for (r, row) in self.rows.clone().enumerate() {
+            let tile_row = TileRow {
+                job: self.job,
+                image: self.image,
+                row,
+            };
+            minimal.output_row(&m, r * columns, work.jobs, tile_row, &work.out);
+        }
+    }
+}
+
+/// One line of [`Minimal::input`]'s tiles, compiled as [`Block`] is.
 struct InputLine<'a> {
     minimal: &'a Minimal,
     x: &'a [f32],
@@ -223,42 +332,51 @@ impl pulp::WithSimd for InputLine<'_> {
     }
 }
 
-/// The output lines `piece` of one tile row of [`Minimal::output`] (its first tile
-/// `tile_row`), compiled as [`InputLine`] is.
-struct OutputLines<'a, F> {
-    m: &'a [Vec<f32>],
-    /// Per output of a tile, the points and coefficients it sums.
-    terms: &'a [Vec<(usize, f32)>],
-    bias: &'a [f32],
-    f: &'a F,
-    tile_row: usize,
-    width: usize,
-    piece: &'a mut [MaybeUninit<f32>],
+/// One tile row's outputs from every point's products over all of its correlation's tiles,
+/// compiled as [`Block`] is.
+struct OutputRow<'a, F> {
+    minimal: &'a Minimal,
+    m: &'a [&'a [f32]],
+    jobs: &'a [(Correlation, Placement)],
+    tile_row: TileRow,
+    out: &'a Image<'a, F>,
 }
 
-impl<F: Fn(f32) -> f32> pulp::WithSimd for OutputLines<'_, F> {
+impl<F: Fn(f32) -> f32> pulp::WithSimd for OutputRow<'_, F> {
     type Output = ();
 
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) {
-        let (outputs, width) = (self.bias.len(), self.width);
-        let lines = self.piece.len() / (width * outputs);
-        let mut y = vec![0f32; outputs];
-        for (a, x) in (0..lines).flat_map(|a| (0..width).map(move |x| (a, x))) {
-            let tile = self.tile_row + x / TILE;
-            y.copy_from_slice(self.bias);
-            for &(xi, coefficient) in &self.terms[a * TILE + x % TILE] {
-                let product = &self.m[xi][tile * outputs..][..outputs];
-                for (y, &p) in y.iter_mut().zip(product) {
-                    *y += coefficient * p;
-                }
-            }
-            let out = &mut self.piece[(a * width + x) * outputs..][..outputs];
-            for (out, &y) in out.iter_mut().zip(&y) {
-                out.write((self.f)(y));
-            }
+        let TileRow { job, image, row } = self.tile_row;
+        let [rows, columns] = self.jobs[job].0.tiles();
+        let first = (image * rows + row) * columns;
+        (self.minimal).output_row(self.m, first, self.jobs, self.tile_row, self.out);
+    }
+}
+
+/// Panics unless the outputs of `jobs` land inside an image of `[height, width]`, one on each
+/// of its pixels.
+fn covered_once(jobs: &[(Correlation, Placement)], [height, width]: [usize; 2]) {
+    let mut covered = vec![false; height * width];
+    for (correlation, placement) in jobs {
+        let [rows, columns] = correlation.out;
+        for (y, x) in (0..rows).flat_map(|y| (0..columns).map(move |x| (y, x))) {
+            let [py, px] = placement.pixel(y, x);
+            assert!(
+                py < height && px < width,
+                "winograd: an output outside the image"
+            );
+            assert!(
+                !covered[py * width + px],
+                "winograd: two outputs on one pixel"
+            );
+            covered[py * width + px] = true;
         }
     }
+    assert!(
+        covered.iter().all(|&c| c),
+        "winograd: a pixel no correlation covers"
+    );
 }
 
 impl Minimal {
@@ -295,19 +413,101 @@ impl Minimal {
             .collect()
     }
 
-    /// The transformed input tiles `V_ξ = Bᵀ d B` of `correlation` over `x` (NHWC `shape`):
-    /// `[α², tiles, channels]`, tiles row-major over `[batch, tile rows, tile columns]`.
-    pub fn input(&self, x: &[f32], shape: Nhwc, correlation: &Correlation) -> Vec<f32> {
+    /// `f(correlation + bias)` of each of `jobs` over `x` (NHWC `shape`), each output where its
+    /// placement puts it in a new NHWC image `[batch, height, width, outputs]` (`size = [height,
+    /// width]`, `outputs = bias.len()`), which the jobs cover once. `multiply(job, ξ, v)` is the
+    /// product `v · U_ξ` `[tiles, outputs]` of the job's transformed kernel at point ξ
+    /// ([`Self::kernel`]) with the transformed tiles `v` `[tiles, channels]`.
+    ///
+    /// Where the transformed kernels are small (up to a megabyte), the tiles go in blocks, each
+    /// transformed, multiplied and transformed back on one thread while in its cache (the
+    /// live-stream model's transposed convolution at b = 8 took twice as long with its 57 MB of
+    /// transformed tiles and products written out in full first); else every point's tiles at
+    /// once, each product on one thread, each kernel read once.
+    ///
+    /// Panics where the placements put an output outside the image, leave a pixel out or put
+    /// two outputs on one.
+    #[allow(clippy::too_many_arguments)]
+    pub fn correlate<M, F>(
+        &self,
+        x: &[f32],
+        shape: Nhwc,
+        jobs: &[(Correlation, Placement)],
+        size: [usize; 2],
+        bias: &[f32],
+        multiply: M,
+        f: F,
+    ) -> Vec<f32>
+    where
+        M: Fn(usize, usize, &[f32]) -> Vec<f32> + Sync,
+        F: Fn(f32) -> f32 + Sync,
+    {
         let [batch, height, width, channels] = shape;
         assert_eq!(
             x.len(),
             batch * height * width * channels,
             "winograd: shape"
         );
+        covered_once(jobs, size);
+        let outputs = bias.len();
+        let len = batch * size[0] * size[1] * outputs;
+        if len == 0 {
+            return Vec::new();
+        }
+        assert!(channels > 0, "winograd: an image without channels");
+        let points = self.alpha * self.alpha;
+        let schedule = Schedule::for_kernels(points * channels * outputs * size_of::<f32>());
+        // `y[a][b] = Σ Aᵀ[a][i] Aᵀ[b][j] M_ij` for each output of a tile.
+        let terms = (0..TILE * TILE)
+            .map(|ab| {
+                let (a, b) = (ab / TILE, ab % TILE);
+                (0..points)
+                    .map(|xi| {
+                        let (i, j) = (xi / self.alpha, xi % self.alpha);
+                        (
+                            xi,
+                            self.at[a * self.alpha + i] * self.at[b * self.alpha + j],
+                        )
+                    })
+                    .filter(|&(_, coefficient)| coefficient != 0.0)
+                    .collect()
+            })
+            .collect();
+        // SAFETY: `covered_once` checked that the jobs' outputs are the image's pixels, one
+        // each; every tile row of every job writes all of its outputs' values (each once).
+        #[allow(unsafe_code)]
+        unsafe {
+            written_once(len, |values| {
+                let work = Correlating {
+                    minimal: self,
+                    x,
+                    shape,
+                    jobs,
+                    multiply,
+                    out: Image {
+                        values: values.as_mut_ptr().cast(),
+                        size,
+                        bias,
+                        f: &f,
+                        terms,
+                    },
+                };
+                match schedule {
+                    Schedule::Blocks => work.by_blocks(),
+                    Schedule::Points => work.by_points(),
+                }
+            })
+        }
+    }
+
+    /// The transformed input tiles `V_ξ = Bᵀ d B` of `correlation` over `x` (NHWC `shape`):
+    /// `[α², tiles, channels]`, tiles row-major over `[batch, tile rows, tile columns]`.
+    fn input(&self, x: &[f32], shape: Nhwc, correlation: &Correlation) -> Vec<f32> {
+        let [batch, _, _, channels] = shape;
         let [rows, columns] = correlation.tiles();
         let tiles = batch * rows * columns;
         let alpha = self.alpha;
-        if tiles == 0 || channels == 0 {
+        if tiles == 0 {
             return Vec::new();
         }
         // SAFETY: the lines cover the vector, and each writes every value of its tiles.
@@ -376,71 +576,116 @@ impl Minimal {
         }
     }
 
-    /// The outputs `f(Aᵀ M A + bias)` of `correlation` from the products `m` (each of the `α²`
-    /// points' `[tiles, outputs]`, as [`Self::input`] lays out the tiles): NHWC `[batch, out
-    /// height, out width, outputs]`.
-    pub fn output(
+    /// The outputs `f(Aᵀ M A + bias)` of one tile row, from `m` (each point's products, the
+    /// row's first tile at `first`), written where the job's placement puts them.
+    #[inline(always)]
+    fn output_row<F: Fn(f32) -> f32>(
         &self,
-        m: &[Vec<f32>],
-        batch: usize,
-        correlation: &Correlation,
-        bias: &[f32],
-        f: impl Fn(f32) -> f32 + Sync,
-    ) -> Vec<f32> {
-        let outputs = bias.len();
+        m: &[&[f32]],
+        first: usize,
+        jobs: &[(Correlation, Placement)],
+        TileRow { job, image, row }: TileRow,
+        out: &Image<'_, F>,
+    ) {
+        let (correlation, placement) = &jobs[job];
+        let outputs = out.bias.len();
         let [height, width] = correlation.out;
-        let [rows, columns] = correlation.tiles();
-        let (alpha, tiles) = (self.alpha, batch * rows * columns);
-        assert!(
-            m.len() == alpha * alpha && m.iter().all(|m| m.len() == tiles * outputs),
-            "winograd: products"
-        );
-        let len = batch * height * width * outputs;
-        if len == 0 {
-            return Vec::new();
+        let [image_height, image_width] = out.size;
+        let mut y = vec![0f32; outputs];
+        for a in (0..TILE).take_while(|a| row * TILE + a < height) {
+            for x in 0..width {
+                let tile = first + x / TILE;
+                y.copy_from_slice(out.bias);
+                for &(xi, coefficient) in &out.terms[a * TILE + x % TILE] {
+                    let product = &m[xi][tile * outputs..][..outputs];
+                    for (y, &p) in y.iter_mut().zip(product) {
+                        *y += coefficient * p;
+                    }
+                }
+                let [py, px] = placement.pixel(row * TILE + a, x);
+                let pixel = (image * image_height + py) * image_width + px;
+                for (o, &y) in y.iter().enumerate() {
+                    // SAFETY: the pixel lies in the image and is this output's alone
+                    // (`covered_once`), so no other writer touches its values.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        out.values.add(pixel * outputs + o).write((out.f)(y));
+                    }
+                }
+            }
         }
-        // `y[a][b] = Σ Aᵀ[a][i] Aᵀ[b][j] M_ij` for each output of a tile.
-        let terms: Vec<Vec<(usize, f32)>> = (0..TILE * TILE)
-            .map(|ab| {
-                let (a, b) = (ab / TILE, ab % TILE);
-                (0..alpha * alpha)
-                    .map(|xi| {
-                        let (i, j) = (xi / alpha, xi % alpha);
-                        (xi, self.at[a * alpha + i] * self.at[b * alpha + j])
-                    })
-                    .filter(|&(_, coefficient)| coefficient != 0.0)
-                    .collect()
+    }
+}
+
+impl<M, F> Correlating<'_, M, F>
+where
+    M: Fn(usize, usize, &[f32]) -> Vec<f32> + Sync,
+    F: Fn(f32) -> f32 + Sync,
+{
+    /// The correlations in blocks of tile rows, each on one thread, more than four per thread
+    /// where there are enough tile rows.
+    fn by_blocks(&self) {
+        let (minimal, [batch, _, _, channels]) = (self.minimal, self.shape);
+        let tile_bytes = minimal.alpha.pow(2) * (channels + self.out.bias.len()) * size_of::<f32>();
+        let all_rows: usize = self.jobs.iter().map(|(c, _)| batch * c.tiles()[0]).sum();
+        let enough = (all_rows / (4 * rayon::current_num_threads())).max(1);
+        let blocks: Vec<(usize, usize, Range<usize>)> = (self.jobs.iter().enumerate())
+            .flat_map(|(job, (correlation, _))| {
+                let [rows, columns] = correlation.tiles();
+                let fit = BLOCK_BYTES / tile_bytes / columns.max(1);
+                let per_block = fit.min(enough).max(1);
+                (0..batch).flat_map(move |image| {
+                    (0..rows)
+                        .step_by(per_block)
+                        .map(move |row| (job, image, row..(row + per_block).min(rows)))
+                })
             })
             .collect();
-        // SAFETY: the pieces split the vector; each writes every output of its lines (all
-        // `width` columns of each).
-        #[allow(unsafe_code)]
-        unsafe {
-            written_once(len, |out| {
-                // One piece per tile row of one image: its (up to) two output rows.
-                let chunks = (0..batch).flat_map(|b| {
-                    (0..rows).map(move |row| (b, row, TILE.min(height - row * TILE)))
-                });
-                let mut pieces = Vec::with_capacity(batch * rows);
-                let mut rest = out;
-                for (b, row, lines) in chunks {
-                    let (piece, after) = rest.split_at_mut(lines * width * outputs);
-                    pieces.push((b, row, piece));
-                    rest = after;
-                }
-                pieces.into_par_iter().for_each(|(b, row, piece)| {
-                    pulp::Arch::new().dispatch(OutputLines {
-                        m,
-                        terms: &terms,
-                        bias,
-                        f: &f,
-                        tile_row: (b * rows + row) * columns,
-                        width,
-                        piece,
-                    })
-                });
+        blocks.into_par_iter().for_each(|(job, image, rows)| {
+            pulp::Arch::new().dispatch(Block {
+                work: self,
+                job,
+                image,
+                rows,
             })
-        }
+        });
+    }
+
+    /// The correlations point by point: every job's transformed tiles, then every point's
+    /// product (each on one thread), then every tile row's outputs.
+    fn by_points(&self) {
+        let (minimal, batch) = (self.minimal, self.shape[0]);
+        let points = minimal.alpha * minimal.alpha;
+        let inputs: Vec<Vec<f32>> = (self.jobs.iter())
+            .map(|(correlation, _)| minimal.input(self.x, self.shape, correlation))
+            .collect();
+        let work: Vec<(usize, usize, &[f32])> = (inputs.iter().enumerate())
+            .flat_map(|(job, v)| {
+                let len = v.len() / points;
+                (0..points).map(move |xi| (job, xi, &v[xi * len..][..len]))
+            })
+            .collect();
+        let products: Vec<Vec<f32>> = (work.into_par_iter())
+            .map(|(job, xi, v)| (self.multiply)(job, xi, v))
+            .collect();
+        let m: Vec<&[f32]> = products.iter().map(Vec::as_slice).collect();
+        let jobs = self.jobs;
+        let tile_rows: Vec<TileRow> = (0..jobs.len())
+            .flat_map(|job| {
+                let rows = jobs[job].0.tiles()[0];
+                (0..batch)
+                    .flat_map(move |image| (0..rows).map(move |row| TileRow { job, image, row }))
+            })
+            .collect();
+        tile_rows.into_par_iter().for_each(|tile_row| {
+            pulp::Arch::new().dispatch(OutputRow {
+                minimal,
+                m: &m[tile_row.job * points..][..points],
+                jobs,
+                tile_row,
+                out: &self.out,
+            })
+        });
     }
 }
 
@@ -481,18 +726,23 @@ mod tests {
         out
     }
 
-    /// Both algorithms give the correlation, for odd and even sizes (partial tiles), padding
-    /// before and after, and an origin past the image.
+    /// Both algorithms on both schedules give the correlation, for odd and even sizes (partial
+    /// tiles), padding before and after, an origin past the image, and blocks of one and of
+    /// several tile rows; the last case's kernels are wide enough for the point-by-point
+    /// schedule.
     #[test]
     fn minimal_filtering_is_the_correlation() {
         let cases = [
-            (F2X3, [-1, -1], [5, 6], [5, 6]),
-            (F2X3, [0, -2], [3, 4], [4, 7]),
-            (F2X2, [-1, 0], [4, 5], [4, 5]),
-            (F2X2, [0, -1], [5, 3], [4, 3]),
+            (F2X3, [-1, -1], [5, 6], [5, 6], [3, 5]),
+            (F2X3, [0, -2], [3, 4], [4, 7], [3, 5]),
+            (F2X3, [-1, -1], [40, 3], [40, 3], [3, 5]),
+            (F2X2, [-1, 0], [4, 5], [4, 5], [3, 5]),
+            (F2X2, [0, -1], [5, 3], [4, 3], [3, 5]),
+            (F2X3, [-1, 0], [3, 5], [3, 4], [130, 128]),
         ];
-        for (minimal, origin, [height, width], out) in cases {
-            let (batch, channels, outputs, r) = (2, 3, 5, minimal.taps);
+        let mut schedules = Vec::new();
+        for (minimal, origin, [height, width], out, [channels, outputs]) in cases {
+            let (batch, r) = (2, minimal.taps);
             let shape = [batch, height, width, channels];
             let x = values(batch * height * width * channels, 1);
             let k = values(r * r * channels * outputs, 2);
@@ -502,33 +752,29 @@ mod tests {
             let correlation = Correlation { origin, out };
             let want = by_definition(&x, shape, &correlation, r, outputs, tap);
             let u = minimal.kernel([channels, outputs], tap);
-            let v = minimal.input(&x, shape, &correlation);
-            let [rows, columns] = correlation.tiles();
-            let tiles = batch * rows * columns;
-            let m: Vec<Vec<f32>> = (0..minimal.alpha * minimal.alpha)
-                .map(|xi| {
-                    product(
-                        &v[xi * tiles * channels..][..tiles * channels],
-                        &u[xi],
-                        channels,
-                        outputs,
-                    )
-                })
-                .collect();
+            let multiply = |_: usize, xi: usize, v: &[f32]| product(v, &u[xi], channels, outputs);
             let bias = values(outputs, 3);
-            let got = minimal.output(&m, batch, &correlation, &bias, |y| 2.0 * y);
+            let jobs = [(correlation, Placement::SAME)];
+            let got = minimal.correlate(&x, shape, &jobs, out, &bias, multiply, |y| 2.0 * y);
+            let schedule = Schedule::for_kernels(u.iter().map(Vec::len).sum::<usize>() * 4);
+            schedules.push(schedule);
             assert_eq!(got.len(), want.len());
             for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                 let e = 2.0 * (e + bias[i % outputs]);
-                assert!((g - e).abs() < 1e-5, "{correlation:?}: {g} against {e}");
+                let tolerance = 1e-5 * (1.0 + e.abs());
+                assert!(
+                    (g - e).abs() < tolerance,
+                    "{correlation:?}, {schedule:?}: {g} against {e}"
+                );
             }
         }
+        assert!(schedules.contains(&Schedule::Blocks) && schedules.contains(&Schedule::Points));
     }
 
-    /// The phases of a 4 × 4, stride-2 transposed convolution, each through F(2×2, 2×2), put
-    /// together are the transposed convolution (`out[i · 2 − p + k] += x[i] w[k]`).
+    /// The phases of a 4 × 4, stride-2 transposed convolution put where they go must cover its
+    /// output.
     #[test]
-    #[should_panic(expected = "interleave: a pixel no phase covers")]
+    #[should_panic(expected = "winograd: a pixel no correlation covers")]
     fn phases_that_leave_a_pixel_out_are_refused() {
         let window = Window {
             kernel: [4, 4],
@@ -537,10 +783,23 @@ mod tests {
         };
         let phases = Phase::of_transposed(&window, [2, 2]).unwrap();
         // Three of the four phases: a quarter of the output is no phase's.
-        let outputs: Vec<Vec<f32>> = phases[..3].iter().map(|_| vec![1.0; 2 * 2 * 3]).collect();
-        Phase::interleave(&phases[..3], &outputs, 1, [4, 4], 3);
+        let jobs: Vec<_> = (phases[..3].iter())
+            .map(|phase| (phase.correlation, phase.placement()))
+            .collect();
+        let x = values(2 * 2 * 3, 1);
+        F2X2.correlate(
+            &x,
+            [1, 2, 2, 3],
+            &jobs,
+            [4, 4],
+            &[0.0; 3],
+            |_, _, v| v.to_vec(),
+            |y| y,
+        );
     }
 
+    /// The phases of a 4 × 4, stride-2 transposed convolution, each through F(2×2, 2×2), put
+    /// together are the transposed convolution (`out[i · 2 − p + k] += x[i] w[k]`).
     #[test]
     fn transposed_phases_are_the_transposed_convolution() {
         for (padding, [height, width]) in [([1, 1], [4, 5]), ([0, 2], [3, 3]), ([1, 0], [5, 2])] {
@@ -574,27 +833,22 @@ mod tests {
             }
             let shape = [batch, height, width, channels];
             let phases = Phase::of_transposed(&window, [height, width]).unwrap();
-            let each: Vec<Vec<f32>> = (phases.iter())
+            let kernels: Vec<Vec<Vec<f32>>> = (phases.iter())
                 .map(|phase| {
                     let tap = |ty: usize, tx: usize, c: usize, o: usize| {
                         let [ky, kx] = phase.kernel_tap(ty, tx);
                         w[((c * outputs + o) * 4 + ky) * 4 + kx]
                     };
-                    let correlation = phase.correlation;
-                    let u = F2X2.kernel([channels, outputs], tap);
-                    let v = F2X2.input(&x, shape, &correlation);
-                    let [rows, columns] = correlation.tiles();
-                    let tiles = batch * rows * columns;
-                    let m: Vec<Vec<f32>> = (0..9)
-                        .map(|xi| {
-                            let v = &v[xi * tiles * channels..][..tiles * channels];
-                            product(v, &u[xi], channels, outputs)
-                        })
-                        .collect();
-                    F2X2.output(&m, batch, &correlation, &vec![0.0; outputs], |y| y)
+                    F2X2.kernel([channels, outputs], tap)
                 })
                 .collect();
-            let got = Phase::interleave(&phases, &each, batch, [oh, ow], outputs);
+            let jobs: Vec<_> = (phases.iter())
+                .map(|phase| (phase.correlation, phase.placement()))
+                .collect();
+            let multiply =
+                |job: usize, xi: usize, v: &[f32]| product(v, &kernels[job][xi], channels, outputs);
+            let bias = vec![0.0; outputs];
+            let got = F2X2.correlate(&x, shape, &jobs, [oh, ow], &bias, multiply, |y| y);
             assert_eq!(got.len(), want.len());
             for (g, e) in got.iter().zip(&want) {
                 assert!((g - e).abs() < 1e-5, "{window:?}: {g} against {e}");
