@@ -9,7 +9,12 @@
 #   cargo bench --no-run --features cuda --bench vision --bench text --bench forcefield \
 #       --bench foveated
 #   cargo test --release --features cuda --no-run --test integration  # masks (the facade's tests)
-#   scripts/bench/cuda_session.sh --collect        # .gpu/binaries.tar.xz
+#   cargo bench --no-run --features cuda --bench realtime \
+#       && cargo build --release --features cuda --example realtime             # realtime
+#   KILN_MIRAGE_DIR=<checkout> scripts/bench/cuda_session.sh --collect   # .gpu/binaries.tar.xz
+#
+# `realtime` also needs the system's two model files (mirage-hello at 04a704d), which --collect
+# copies into BIN/mirage from the checkout KILN_MIRAGE_DIR names.
 #
 # schnetpack is not installed on the GPU machines: for `painn`, carry its wheels in .whl/ (the
 # device tool's README says how to download them; scripts/fixtures/requirements-schnetpack.txt
@@ -43,6 +48,11 @@
 #  painn   PaiNN energies and forces at batch 1 … 256 (the `forcefield` bench, seed size)
 #          against scripts/bench/painn_torch.py (schnetpack) on the same GPU. Each new batch
 #          size compiles for tens of seconds: PAINN_FILTER=painn/seed/b=64 times one size alone.
+#  realtime The frame models (the `realtime` bench: mirage-hello's U-Net and live-stream model at
+#          b = 1 and 8) under the system's FP16 conversion (pure-f16), beside
+#          scripts/bench/realtime_torch.py (FP16 + channels_last, its method) on the same GPU;
+#          then kernel launches per frame: the `realtime` example with cubecl's execution log on
+#          (a cubecl.toml, profiling level "minimal"), 2 frames and 12, the difference per frame.
 set -u
 BIN=${BIN:-.gpu}
 
@@ -51,12 +61,19 @@ if [ "${1:-}" = "--collect" ]; then
     # binaries last), and exp0_mc.
     mkdir -p "$BIN"
     names=()
-    for name in vision text forcefield foveated train integration; do
+    for name in vision text forcefield foveated train integration realtime; do
         newest=$(ls -t target/release/deps/"$name"-* 2>/dev/null | grep -v '\.d$' | head -1)
         [ -n "$newest" ] && cp "$newest" "$BIN/$name" && names+=("$name")
     done
     [ -f target/release/examples/exp0_mc ] && cp target/release/examples/exp0_mc "$BIN" &&
         names+=(exp0_mc)
+    [ -f target/release/examples/realtime ] &&
+        cp target/release/examples/realtime "$BIN/realtime_example" && names+=(realtime_example)
+    if [ -n "${KILN_MIRAGE_DIR:-}" ]; then
+        for file in examples/advanced/day2_fixed.py examples/basic/simplified_lsd.py; do
+            mkdir -p "$BIN/mirage/$(dirname "$file")" && cp "$KILN_MIRAGE_DIR/$file" "$BIN/mirage/$file"
+        done
+    fi
     (cd "$BIN" && strip "${names[@]}" && tar -cf - "${names[@]}" | xz -T0 -6 >binaries.tar.xz &&
         rm "${names[@]}")
     # Tests read the repository's fixtures by the path they were built in.
@@ -72,7 +89,7 @@ if [[ "${1:-}" =~ ^[0-9]+$ ]]; then
     shift
 fi
 GROUPS_TO_RUN=("$@")
-[ ${#GROUPS_TO_RUN[@]} -eq 0 ] && GROUPS_TO_RUN=(masks exp0 towers towers-bf16 siglip2 text foveated painn)
+[ ${#GROUPS_TO_RUN[@]} -eq 0 ] && GROUPS_TO_RUN=(masks exp0 towers towers-bf16 siglip2 text foveated painn realtime)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 START=$(date +%s)
@@ -191,6 +208,37 @@ painn() {
     fi
     step painn_torch 90 python3 scripts/bench/painn_torch.py --device cuda --models seed \
         --seconds 2 --threads 16
+}
+
+# launches MODEL: kernels launched per frame of MODEL's `realtime` example (pure-f16, one stream):
+# cubecl's execution log over 12 frames less that over 2, divided by 10.
+launches() {
+    local model=$1 counts=()
+    for frames in 2 12; do
+        local dir=/tmp/launches_${model}_$frames
+        mkdir -p "$dir"
+        printf '[profiling.logger]\nlevel = "minimal"\nfile = "%s"\nappend = false\n' \
+            "$dir/executions.log" >"$dir/cubecl.toml"
+        step "launches_${model}_$frames" 120 env -C "$dir" "$PWD/$BIN/realtime_example" \
+            --out "$dir/out" --model "$model" --frames "$frames" --device cuda --policy pure-f16
+        counts+=("$(grep -c Executing "$dir/executions.log" 2>/dev/null || echo 0)")
+        cp "$dir/out/summary.json" "$OUT/launches_${model}_$frames.json" 2>/dev/null
+    done
+    echo "launches $model: ${counts[0]} in 2 frames, ${counts[1]} in 12:" \
+        "$(((counts[1] - counts[0]) / 10)) a frame" | tee -a "$OUT/steps.log"
+}
+
+realtime() {
+    step realtime_f16 240 "$BIN/realtime" --device cuda --quick --no-calibration \
+        --policy pure-f16
+    for model in lsd unet; do
+        for batch in 1 8; do
+            step "realtime_torch_${model}_$batch" 60 env KILN_MIRAGE_DIR="$BIN/mirage" python3 \
+                scripts/bench/realtime_torch.py --device cuda --dtype f16 --model "$model" \
+                --batch "$batch"
+        done
+        launches "$model"
+    done
 }
 
 for group in "${GROUPS_TO_RUN[@]}"; do

@@ -316,8 +316,9 @@ impl<B: Backend> Memory<B> {
         }
     }
 
-    /// The bank and the features as tensors (converted, once, from the host's).
-    fn tensors(&mut self) -> (&mut Tensor<B, 5>, &mut Tensor<B, 3>) {
+    /// The bank and the features as tensors of `dtype` (converted, once, from the host's or
+    /// from another dtype's: a stream may pass between models of different policies).
+    fn tensors(&mut self, dtype: DType) -> (&mut Tensor<B, 5>, &mut Tensor<B, 3>) {
         if let Memory::Host {
             bank,
             keys,
@@ -338,20 +339,27 @@ impl<B: Backend> Memory<B> {
             };
         }
         match self {
-            Memory::Tensors { bank, keys } => (bank, keys),
+            Memory::Tensors { bank, keys } => {
+                if bank.dtype() != dtype {
+                    *bank = bank.clone().cast(dtype);
+                    *keys = keys.clone().cast(dtype);
+                }
+                (bank, keys)
+            }
             Memory::Host { .. } => unreachable!("converted above"),
         }
     }
 
     /// The bank and the features on the host, with the bank's `[streams, M, height, width,
-    /// channels]` (converted, once, from f32 tensors); `None` where the tensors are not f32.
+    /// channels]` (converted, once, from the tensors, in f32 whatever their dtype).
     fn host(&mut self) -> Option<(&mut [f32], &mut [f32], [usize; 5])> {
         if let Memory::Tensors { bank, keys } = self {
             let [streams, slots, channels, height, width] = bank.dims();
             let device = bank.device();
             let frames = [streams * slots, channels, height, width];
-            let bank = nchw_to_nhwc(&bank.clone().into_data().to_vec::<f32>().ok()?, frames);
-            let keys = keys.clone().into_data().to_vec::<f32>().ok()?;
+            let f32s = |data: TensorData| data.to_vec::<f32>().ok();
+            let bank = nchw_to_nhwc(&f32s(bank.clone().cast(DType::F32).into_data())?, frames);
+            let keys = f32s(keys.clone().cast(DType::F32).into_data())?;
             *self = Memory::Host {
                 bank,
                 keys,
@@ -452,7 +460,7 @@ impl<B: Backend> LiveStreamDiffusion<B> {
                 batch,
             });
         }
-        if host::serves(&frames)
+        if self.runtime.on_host(&frames)
             && let Some(out) = self.next_frame_on_host(stream, frames.clone(), timesteps)
         {
             return Ok(out);
@@ -460,7 +468,8 @@ impl<B: Backend> LiveStreamDiffusion<B> {
         let pass = self.runtime.pass();
         let policy = self.runtime.policy();
         let frames = pass.input(frames);
-        let previous = stream.previous.clone();
+        // The stream's last output in this model's dtype (another model may have written it).
+        let previous = stream.previous.clone().map(|p| pass.input(p));
         let mut generated = previous.clone().unwrap_or_else(|| frames.clone());
         for &timestep in timesteps {
             let t = Tensor::<B, 1>::full([batch], timestep, &frames.device()).cast(frames.dtype());
@@ -494,7 +503,7 @@ impl<B: Backend> LiveStreamDiffusion<B> {
         let device = frames.device();
         let prepared = self.runtime.prepared();
         let input = HostImage::from_nchw(frames);
-        let previous = stream.previous.clone().map(HostImage::from_nchw);
+        let previous = (stream.previous.clone()).map(|p| HostImage::from_nchw(p.cast(DType::F32)));
         let mut generated = previous.clone().unwrap_or_else(|| input.clone());
         for &timestep in timesteps {
             generated =
@@ -669,7 +678,7 @@ impl<B: Backend> ContextMemoryBank<B> {
         let [streams, slots, channels, height, width] = stream.memory.dims();
         let slot = stream.next_slot;
         let new_keys = self.keys(generated.clone(), runtime).unsqueeze_dim(1);
-        let (bank, keys) = stream.memory.tensors();
+        let (bank, keys) = stream.memory.tensors(generated.dtype());
         *bank = bank.clone().slice_assign(
             [0..streams, slot..slot + 1, 0..channels, 0..height, 0..width],
             generated.clone().unsqueeze_dim(1),

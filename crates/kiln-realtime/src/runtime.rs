@@ -2,7 +2,8 @@
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_core::Policy;
+use kiln_core::{Policy, Precision};
+use kiln_kernels::host;
 use kiln_transformer::{Pass, PreparedWeights, Settings};
 
 use crate::FrameError;
@@ -40,6 +41,13 @@ impl FrameRuntime {
     /// The policy the model runs under.
     pub(crate) fn policy(&self) -> Policy {
         self.settings.policy
+    }
+
+    /// Whether the host layers serve a forward of `x`: an f32 tensor of a host backend without
+    /// autodiff ([`host::serves`]) into a model computing in f32 (a half policy's parameters
+    /// go through burn's operations, in their dtype, whatever the input's).
+    pub(crate) fn on_host<B: Backend, const D: usize>(&self, x: &Tensor<B, D>) -> bool {
+        self.policy().compute == Precision::F32 && host::serves(x)
     }
 }
 

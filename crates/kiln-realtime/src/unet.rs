@@ -16,7 +16,6 @@ use burn::tensor::Tensor;
 use burn::tensor::activation::{silu, tanh};
 use burn::tensor::backend::Backend;
 use kiln_core::{CheckpointError, Policy};
-use kiln_kernels::host;
 use kiln_kernels::host::silu as silu_host;
 use kiln_transformer::image::HostImage;
 use kiln_transformer::{PACKED_ATTENTION_KEYS, PackedAttention, Pass};
@@ -140,7 +139,7 @@ impl<B: Backend> UNet<B> {
     /// The U-Net's output for `x` `[batch, in_channels, H, W]` (H and W multiples of 4).
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let pass = self.runtime.pass();
-        if host::serves(&x)
+        if self.runtime.on_host(&x)
             && let Some(out) = self.forward_on_host(x.clone(), &pass)
         {
             return out;
