@@ -1,6 +1,7 @@
-//! Row-major f32 products `C (+)= A · B` on x86-64 CPUs with AVX2 and FMA (and no AVX-512): the
-//! vision encoders' projections (large, on all threads) and the force field's layers (a
-//! molecule's few atoms, on the calling thread).
+//! Row-major f32 products `C (+)= A · B` on x86-64 CPUs with AVX2 and FMA, 512 bits wide where
+//! the CPU has AVX-512F: the vision encoders' projections (large, on all threads), the force
+//! field's layers (a molecule's few atoms, on the calling thread) and the frame models'
+//! convolutions (windows packed straight from the image).
 //!
 //! On two Zen 3 cores the `gemm` crate (burn-flex's kernels) ran SigLIP-B/16's `[6272, 3072] ·
 //! [3072, 768]` MLP product (b = 32) at about 110 GFLOP/s where PyTorch's `torch.mm` reached
@@ -10,7 +11,10 @@
 //! into 16-column panels ([`Packed`], kept with the model's weights), each task packs a block of
 //! 6-row panels of `A` that stays in L2, and a 6 × 16 register tile (twelve AVX accumulators)
 //! runs over a 256-deep block of the inner dimension at a time; after the last block the bias and
-//! the activation are applied to the tile as it is stored. Measurements: docs/PERFORMANCE.md.
+//! the activation are applied to the tile as it is stored. With AVX-512 the tile spans up to four
+//! neighbouring panels, 6 × 64 in 24 512-bit accumulators (the same packing; on a Zen 5 VM
+//! it replaced the `gemm` crate's AVX-512 kernels, which these products used there before, at
+//! equal or better speed). Measurements: docs/PERFORMANCE.md.
 
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
@@ -43,19 +47,6 @@ pub fn supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Whether the projections should run through [`product`] here: it is [`supported`] and the CPU
-/// has no AVX-512 (where the `gemm` crate's 512-bit kernels are faster than these 256-bit ones).
-pub fn preferred() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        supported() && !std::arch::is_x86_feature_detected!("avx512f")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -398,29 +389,52 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
                 add: self.accumulate || step > 0,
                 last: step + 1 == steps,
             };
-            for panel in panels.clone() {
-                let b = &self.b.panels[(panel * k + first) * NR..][..depth * NR];
-                let cols = NR.min(n - panel * NR);
-                let mut panel_bias = [0f32; NR];
+            let wide = wide_tiles();
+            let mut panel = panels.start;
+            while panel < panels.end {
+                let width = match panels.end - panel {
+                    left if wide && left >= 4 => 4,
+                    left if wide && left >= 2 => 2,
+                    _ => 1,
+                };
+                let panel_b = |p: usize| &self.b.panels[(p * k + first) * NR..][..depth * NR];
+                let b = match width {
+                    4 => Panels::Four(std::array::from_fn(|p| panel_b(panel + p))),
+                    2 => Panels::Two(std::array::from_fn(|p| panel_b(panel + p))),
+                    _ => Panels::One(panel_b(panel)),
+                };
+                let cols = (width * NR).min(n - panel * NR);
+                let mut panel_bias = [0f32; WIDE * NR];
                 panel_bias[..cols].copy_from_slice(&self.bias[panel * NR..][..cols]);
                 for tile in 0..tiles {
                     let row = rows.start + tile * MR;
-                    let corner = (MR.min(rows.end - row), cols);
-                    // SAFETY: `supported()` was asserted in `new`; both panels hold `depth` steps
-                    // (a tile in place: its six rows of `a` hold `k ≥ first + depth` values);
-                    // the tile's corner lies inside `c` (`row < m`, `panel · 16 + cols ≤ n`) and
-                    // in this task's block, which no other task writes.
+                    // SAFETY: `supported()` was asserted in `new` (`width > 1` only with AVX-512);
+                    // both panels hold `depth` steps (a tile in place: its six rows of `a` hold
+                    // `k ≥ first + depth` values); the tile's corner lies inside `c` (`row < m`,
+                    // `panel · 16 + cols ≤ n`) and in this task's block, which no other task
+                    // writes.
                     unsafe {
                         let c = self.out.at(row * n + panel * NR);
+                        let corner = (MR.min(rows.end - row), cols);
                         if tile < in_place {
                             let Rows::Matrix(a) = self.a else {
                                 unreachable!("only a matrix is read in place")
                             };
                             let a = &a[row * k + first..][..(MR - 1) * k + depth];
-                            tile_6x16::<true>(a, k, b, c, n, corner, write, &panel_bias, &self.f);
+                            register_tile::<true>(
+                                a,
+                                k,
+                                b,
+                                c,
+                                n,
+                                corner,
+                                write,
+                                &panel_bias,
+                                &self.f,
+                            );
                         } else if let Some(Some((a, lda))) = windows_in_place.get(tile) {
                             let a = &a[..(MR - 1) * lda + depth];
-                            tile_6x16::<true>(
+                            register_tile::<true>(
                                 a,
                                 *lda,
                                 b,
@@ -433,10 +447,21 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
                             );
                         } else {
                             let a = &packed_a[(tile - in_place) * MR * depth..][..MR * depth];
-                            tile_6x16::<false>(a, MR, b, c, n, corner, write, &panel_bias, &self.f);
+                            register_tile::<false>(
+                                a,
+                                MR,
+                                b,
+                                c,
+                                n,
+                                corner,
+                                write,
+                                &panel_bias,
+                                &self.f,
+                            );
                         }
                     }
                 }
+                panel += width;
             }
         }
     }
@@ -565,9 +590,70 @@ struct Tile {
     last: bool,
 }
 
-/// One 6 × 16 register tile over `a` and the packed panel `b` (`steps × 16`), written as `write`
-/// says into the `rows × cols` corner that starts at `c` (rows `ldc` apart). `a` is a packed panel
-/// (`steps × 6`, `lda` unused) or, `IN_PLACE`, six rows `lda` apart of `steps` values each.
+/// Most neighbouring panels one register tile spans ([`tile_6x16n`]).
+const WIDE: usize = 4;
+
+/// The panels of `B` a register tile reads: one for [`tile_6x16`], two or four neighbouring
+/// ones for [`tile_6x16n`].
+#[derive(Clone, Copy)]
+enum Panels<'a> {
+    One(&'a [f32]),
+    Two([&'a [f32]; 2]),
+    Four([&'a [f32]; 4]),
+}
+
+/// Whether the register tiles span several panels, 512 bits wide ([`tile_6x16n`]): the CPU has
+/// AVX-512F.
+fn wide_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The register tile for `b`'s panels. The corner's parameters go one by one, as in the tiles:
+/// bundled in a struct (by value or by reference) the tiles took three times the samples and the
+/// U-Net's frame twice as long on a Zen 5 VM.
+///
+/// # Safety
+/// That tile's.
+#[allow(unsafe_code, clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn register_tile<const IN_PLACE: bool>(
+    a: &[f32],
+    lda: usize,
+    b: Panels<'_>,
+    c: *mut f32,
+    ldc: usize,
+    corner: (usize, usize),
+    write: Tile,
+    bias: &[f32; WIDE * NR],
+    f: &impl Fn(f32) -> f32,
+) {
+    // SAFETY: the caller's.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        match b {
+            Panels::One(b) => tile_6x16::<IN_PLACE>(a, lda, b, c, ldc, corner, write, bias, f),
+            Panels::Two(b) => tile_6x16n::<IN_PLACE, 2>(a, lda, b, c, ldc, corner, write, bias, f),
+            Panels::Four(b) => tile_6x16n::<IN_PLACE, 4>(a, lda, b, c, ldc, corner, write, bias, f),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (a, lda, b, c, ldc, corner, write, bias, f);
+        unreachable!("sgemm::supported() is false off x86-64")
+    }
+}
+
+/// One 6 × 16 register tile over `a` and the packed panel `b` (`steps × 16`), written into
+/// the `rows × cols` corner that starts at `c` (rows `ldc` apart) as `write` says, `bias` its first
+/// 16 values. `a` is a packed panel (`steps × 6`, `lda` unused)
+/// or, `IN_PLACE`, six rows `lda` apart of `steps` values each.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `a` holds the `steps = b.len() / 16` values of each of its six rows;
@@ -584,7 +670,7 @@ unsafe fn tile_6x16<const IN_PLACE: bool>(
     ldc: usize,
     (rows, cols): (usize, usize),
     write: Tile,
-    bias: &[f32; NR],
+    bias: &[f32; WIDE * NR],
     f: &impl Fn(f32) -> f32,
 ) {
     use std::arch::x86_64::*;
@@ -665,20 +751,82 @@ unsafe fn tile_6x16<const IN_PLACE: bool>(
     }
 }
 
+/// [`tile_6x16`] `P` panels wide: a 6 × 16P register tile over `a` and the neighbouring packed
+/// panels `b` (each `steps × 16`), 6P 16-lane AVX-512 accumulators (each step `P` loads of `B`
+/// and six broadcasts of `A` feed 6P 512-bit FMAs: four panels, 24 accumulators, as the `gemm`
+/// crate's 6 × 64 tile), `cols ≤ 16P`.
+///
+/// # Safety
+/// As [`tile_6x16`]'s, the CPU having AVX-512F, with `cols ≤ 16P` and every panel of `steps`.
 #[allow(unsafe_code, clippy::too_many_arguments)]
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn tile_6x16<const IN_PLACE: bool>(
-    _: &[f32],
-    _: usize,
-    _: &[f32],
-    _: *mut f32,
-    _: usize,
-    _: (usize, usize),
-    _: Tile,
-    _: &[f32; NR],
-    _: &impl Fn(f32) -> f32,
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_6x16n<const IN_PLACE: bool, const P: usize>(
+    a: &[f32],
+    lda: usize,
+    b: [&[f32]; P],
+    c: *mut f32,
+    ldc: usize,
+    (rows, cols): (usize, usize),
+    write: Tile,
+    bias: &[f32; WIDE * NR],
+    f: &impl Fn(f32) -> f32,
 ) {
-    unreachable!("sgemm::supported() is false off x86-64")
+    use std::arch::x86_64::*;
+    let steps = b[0].len() / NR;
+    let (row_stride, step_stride) = if IN_PLACE { (lda, 1) } else { (1, MR) };
+    debug_assert!(steps == 0 || a.len() > (MR - 1) * row_stride + (steps - 1) * step_stride);
+    debug_assert!(rows <= MR && cols <= P * NR && P <= WIDE);
+    debug_assert!(b.iter().all(|panel| panel.len() == b[0].len()));
+    let a = a.as_ptr();
+    let b = b.map(<[f32]>::as_ptr);
+    let mut acc = [[_mm512_setzero_ps(); P]; MR];
+    for step in 0..steps {
+        // SAFETY: `step < steps`, so the panels hold these values.
+        unsafe {
+            let panels: [__m512; P] = std::array::from_fn(|p| _mm512_loadu_ps(b[p].add(step * NR)));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let a = _mm512_set1_ps(*a.add(r * row_stride + step * step_stride));
+                for (acc, &panel) in acc.iter_mut().zip(&panels) {
+                    *acc = _mm512_fmadd_ps(a, panel, *acc);
+                }
+            }
+        }
+    }
+    let full = rows == MR && cols == P * NR;
+    for (r, acc) in acc.iter().enumerate().take(rows) {
+        let mut row = [0f32; WIDE * NR];
+        // SAFETY: a tile row holds 16P values; row `r` of the corner is `cols` values from
+        // `r · ldc`, for this call alone, initialised where `write.add` reads them (an earlier
+        // block's, or the caller's to accumulate onto).
+        unsafe {
+            let out = c.add(r * ldc);
+            let mut acc = *acc;
+            if full && write.add {
+                for (p, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_add_ps(*acc, _mm512_loadu_ps(out.add(p * NR)));
+                }
+            }
+            if full && !write.last {
+                for (p, acc) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(out.add(p * NR), *acc);
+                }
+                continue;
+            }
+            for (p, acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(row.as_mut_ptr().add(p * NR), *acc);
+            }
+            if write.add && !full {
+                for (j, v) in row.iter_mut().enumerate().take(cols) {
+                    *v += *out.add(j);
+                }
+            }
+            if write.last {
+                row.iter_mut().zip(bias).for_each(|(v, b)| *v = f(*v + b));
+            }
+            std::ptr::copy_nonoverlapping(row.as_ptr(), out, cols);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -691,13 +839,14 @@ mod tests {
     #[test]
     fn products_match_the_definition() {
         if !supported() {
-            eprintln!("skipped: this CPU has no AVX2 + FMA, or has AVX-512");
+            eprintln!("skipped: this CPU has no AVX2 + FMA");
             return;
         }
         let f = |v: f32| v.max(0.0) + 0.1 * v;
         for (m, k, n) in [
             (6, 16, 16),
             (7, 5, 3),
+            (12, 40, 64),
             (150, 600, 37),
             (301, 257, 48),
             (40, 300, 100),

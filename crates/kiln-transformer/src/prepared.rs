@@ -52,7 +52,7 @@ impl HostWeight {
     /// The weight whose columns are those of `blocks` side by side (each a row-major
     /// `[inputs, columns]` matrix with its column count), and its bias.
     pub fn new(inputs: usize, blocks: &[(&[f32], usize)], bias: Vec<f32>) -> HostWeight {
-        let operand = if sgemm::preferred() {
+        let operand = if sgemm::supported() {
             Operand::Packed(sgemm::Packed::new(inputs, blocks))
         } else {
             let columns: usize = blocks.iter().map(|(_, columns)| columns).sum();
