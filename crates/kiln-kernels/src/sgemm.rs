@@ -650,10 +650,10 @@ unsafe fn register_tile<const IN_PLACE: bool>(
     }
 }
 
-/// One 6 × 16 register tile over `a` and the packed panel `b` (`steps × 16`), written into
-/// the `rows × cols` corner that starts at `c` (rows `ldc` apart) as `write` says, `bias` its first
-/// 16 values. `a` is a packed panel (`steps × 6`, `lda` unused)
-/// or, `IN_PLACE`, six rows `lda` apart of `steps` values each.
+/// One 6 × 16 register tile over `a` and the packed panel `b` (`steps × 16`), written into the
+/// `rows × cols` corner that starts at `c` (rows `ldc` apart) as `write` says, `bias` its first 16
+/// values. `a` is a packed panel (`steps × 6`, `lda` unused) or, `IN_PLACE`, six rows `lda` apart
+/// of `steps` values each.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `a` holds the `steps = b.len() / 16` values of each of its six rows;
