@@ -3,7 +3,10 @@
 //! - `ci`: everything `.ci/run` checks — formatting, clippy, a `cargo check` of each GPU backend
 //!   on its own, and the README's test command (check-only artifacts pruned before it, so a cold
 //!   run needs the disk of one build at a time).
-//! - `test`: the README's test command.
+//! - `test`: the README's test command: the Rust tests (`cargo test --workspace
+//!   --all-features`), then the Python package `crates/kiln-python` installed into a fresh
+//!   virtual environment (`target/python-tests`, with `$KILN_PYTHON` or `python3`) by pip, as
+//!   its README section says users install it, and its pytest tests run there.
 //! - `check-backends`: `cargo check` of kiln-core and kiln-kernels (where the backend `cfg`s
 //!   are) with each backend feature alone.
 //! - `bench [ARGS]`: kiln's benchmark suite in release mode (`kiln-bench`), e.g.
@@ -21,8 +24,14 @@
 
 use std::process::{Command, ExitCode};
 
-/// The README's test command, without the leading `cargo`.
-const TEST: &[&str] = &["test", "--workspace", "--all-features"];
+/// The README's test command.
+const README_TEST: &str = "cargo xtask test";
+
+/// The Rust half of the README's test command, without the leading `cargo`.
+const RUST_TEST: &[&str] = &["test", "--workspace", "--all-features"];
+
+/// The Python package, relative to the workspace root.
+const PYTHON_PACKAGE: &str = "crates/kiln-python";
 
 /// Each backend feature on its own, so a `cfg` slip in one of them cannot hide behind another:
 /// (crate, feature). Backend `cfg`s live in kiln-core (device selection) and kiln-kernels
@@ -36,18 +45,7 @@ const BACKEND_CHECKS: &[(&str, &str)] = &[
 ];
 
 fn cargo(args: &[&str]) -> Result<(), String> {
-    println!("--- cargo {}", args.join(" "));
-    let start = std::time::Instant::now();
-    let status = Command::new(env!("CARGO"))
-        .args(args)
-        .status()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
-    println!("--- {:.0} s", start.elapsed().as_secs_f64());
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("`cargo {}` failed ({status})", args.join(" ")))
-    }
+    run(std::path::Path::new(env!("CARGO")), args)
 }
 
 fn check_backends() -> Result<(), String> {
@@ -76,17 +74,63 @@ fn ci() -> Result<(), String> {
     ])?;
     check_backends()?;
     prune_check_metadata()?;
-    cargo(TEST)
+    test()
+}
+
+/// The README's test command: the Rust tests, then the Python package's.
+fn test() -> Result<(), String> {
+    println!("--- {README_TEST}: the Rust tests, then the Python package's");
+    cargo(RUST_TEST)?;
+    python_tests()
+}
+
+fn workspace_root() -> Result<&'static std::path::Path, String> {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .ok_or_else(|| "xtask is not inside the workspace".into())
+}
+
+/// Runs `program args` in the workspace root, printing it and its time.
+fn run(program: &std::path::Path, args: &[&str]) -> Result<(), String> {
+    let shown = format!("{} {}", program.display(), args.join(" "));
+    println!("--- {shown}");
+    let start = std::time::Instant::now();
+    let status = Command::new(program)
+        .current_dir(workspace_root()?)
+        .args(args)
+        .status()
+        .map_err(|e| format!("cannot run `{shown}`: {e}"))?;
+    println!("--- {:.0} s", start.elapsed().as_secs_f64());
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{shown}` failed ({status})"))
+    }
+}
+
+/// Installs the Python package into a fresh virtual environment with pip (maturin builds the
+/// wheel, release mode, default features) and runs its pytest tests there.
+fn python_tests() -> Result<(), String> {
+    let root = workspace_root()?;
+    let venv = root.join("target/python-tests");
+    if venv.exists() {
+        std::fs::remove_dir_all(&venv).map_err(|e| format!("{}: {e}", venv.display()))?;
+    }
+    let python = std::env::var_os("KILN_PYTHON").unwrap_or_else(|| "python3".into());
+    let venv_arg = venv.to_str().ok_or("the workspace path is not UTF-8")?;
+    run(std::path::Path::new(&python), &["-m", "venv", venv_arg])?;
+    let bin = venv.join("bin");
+    let package = format!("./{PYTHON_PACKAGE}[test]");
+    run(&bin.join("pip"), &["install", "--quiet", &package])?;
+    let tests = format!("{PYTHON_PACKAGE}/tests");
+    run(&bin.join("python"), &["-m", "pytest", "-q", &tests])
 }
 
 /// Deletes what only `cargo check` and `cargo clippy` use (`.rmeta` files without a compiled
 /// library beside them) before the test build: a cold CI run then needs the test build's disk
 /// space, not both at once. A later check rebuilds what it misses.
 fn prune_check_metadata() -> Result<(), String> {
-    let deps = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .ok_or("xtask is not inside the workspace")?
-        .join("target/debug/deps");
+    let deps = workspace_root()?.join("target/debug/deps");
     let Ok(entries) = std::fs::read_dir(&deps) else {
         return Ok(());
     };
@@ -243,9 +287,7 @@ const FIXTURES: &[Fixture] = &[
 /// Runs the fixture scripts whose path contains `filter` (all without one), each with the Python
 /// its variable names (default `python3`).
 fn fixtures(filter: Option<&str>) -> Result<(), String> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .ok_or("xtask is not inside the workspace")?;
+    let root = workspace_root()?;
     let chosen = FIXTURES
         .iter()
         .filter(|f| filter.is_none_or(|name| f.script.contains(name)));
@@ -273,7 +315,7 @@ fn main() -> ExitCode {
     let task = args.first().map_or("", String::as_str);
     let result = match task {
         "ci" => ci(),
-        "test" => cargo(TEST),
+        "test" => test(),
         "check-backends" => check_backends(),
         "bench" => bench(&args[1..]),
         "fixtures" => fixtures(args.get(1).map(String::as_str)),
@@ -298,10 +340,9 @@ mod tests {
     #[test]
     fn readme_test_command_is_the_one_ci_runs() {
         let readme = include_str!("../../README.md");
-        let command = format!("cargo {}", TEST.join(" "));
         assert!(
-            readme.contains(&command),
-            "README.md does not show `{command}`"
+            readme.contains(&format!("```sh\n{README_TEST}\n```")),
+            "README.md does not show `{README_TEST}`"
         );
     }
 

@@ -1,0 +1,79 @@
+//! # kiln-python
+//!
+//! kiln from Python: the native module `kiln._kiln` behind the `kiln` package
+//! (`python/kiln/`). Each submodule holds a loaded model on one device and computes with the
+//! interpreter's lock released; inputs come as numpy arrays (read in place) or paths, results go
+//! back as numpy arrays.
+//!
+//! - [`forcefield`]: a PaiNN potential's energies, forces and stresses for a batch of structures
+//!   (what `kiln.forcefield.Calculator`, an ASE calculator, calls).
+//! - [`vision`]: embeddings of images (paths or `uint8` arrays) preprocessed as the checkpoint's
+//!   Hugging Face processor does.
+//! - [`mc`]: the main job's nested Monte-Carlo statistics.
+//! - [`text`]: generation with a Llama or Qwen2 checkpoint.
+//!
+//! Errors reach Python as exceptions carrying kiln's messages: `FileNotFoundError` for missing
+//! files, `ValueError` for inputs kiln refuses, `RuntimeError` for what fails while computing.
+
+use burn::tensor::backend::Backend;
+use kiln_core::{CheckpointError, DeviceJob, DeviceSpec, Policy, PolicySpec};
+use pyo3::exceptions::{PyFileNotFoundError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+pub mod forcefield;
+pub mod mc;
+pub mod text;
+pub mod vision;
+
+/// Runs `job` on the backend that `device` names (`cpu`, `wgpu`, `cuda:1`, ...).
+fn on_device<J: DeviceJob>(device: &str, job: J) -> PyResult<J::Output> {
+    let spec: DeviceSpec = device
+        .parse()
+        .map_err(|e| PyValueError::new_err(format!("device {device:?}: {e}")))?;
+    spec.run(job)
+        .map_err(|e| PyRuntimeError::new_err(format!("device {device:?}: {e}")))
+}
+
+/// A precision policy as its name or `key=dtype` list says (`full`, `mixed-bf16`, ...).
+fn policy(text: &str) -> PyResult<PolicySpec> {
+    text.parse()
+        .map_err(|e| PyValueError::new_err(format!("policy {text:?}: {e}")))
+}
+
+/// `policy` with its `half` dtypes made the device's.
+fn resolve<B: Backend>(policy: &PolicySpec, device: &B::Device) -> PyResult<Policy> {
+    policy
+        .resolve::<B>(device)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// A checkpoint that cannot be used: `FileNotFoundError` when a file or directory is missing,
+/// `ValueError` otherwise.
+fn checkpoint_error(error: &CheckpointError) -> PyErr {
+    let missing = match error {
+        CheckpointError::Unreadable { file, .. } => !file.exists(),
+        CheckpointError::NoWeights { .. } | CheckpointError::NotFound { .. } => true,
+        _ => false,
+    };
+    if missing {
+        PyFileNotFoundError::new_err(error.to_string())
+    } else {
+        PyValueError::new_err(error.to_string())
+    }
+}
+
+/// A model that an earlier call panicked inside: its state cannot be trusted.
+fn poisoned() -> PyErr {
+    PyRuntimeError::new_err("an earlier call panicked inside the model: load it again")
+}
+
+/// The native module: classes and functions the `kiln` package wraps.
+#[pymodule]
+fn _kiln(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<forcefield::Potential>()?;
+    module.add_class::<vision::Encoder>()?;
+    module.add_class::<text::LanguageModel>()?;
+    module.add_function(wrap_pyfunction!(mc::run, module)?)?;
+    module.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

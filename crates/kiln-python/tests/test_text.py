@@ -1,0 +1,42 @@
+"""kiln.text against transformers' greedy generate on the same tiny Llama
+(crates/kiln-text/tests/fixtures, written by scripts/fixtures/text.py)."""
+
+import pytest
+from conftest import TEXT, read_safetensors
+
+from kiln.text import LanguageModel, generate, load
+
+
+def test_greedy_ids_match_transformers():
+    ref = read_safetensors(TEXT / "llama.safetensors")
+    model = load(TEXT / "llama")
+    prompts = [
+        [int(t) for t, m in zip(ids, mask) if m]
+        for ids, mask in zip(ref["input_ids"], ref["attention_mask"])
+    ]
+    new = ref["generated"].shape[1] - ref["input_ids"].shape[1]
+    ours = model.generate_ids(prompts, max_new_tokens=new, stop_tokens=[])
+    expected = [list(map(int, row[ref["input_ids"].shape[1] :])) for row in ref["generated"]]
+    assert ours == expected
+
+
+def test_text_in_text_out():
+    model = LanguageModel(str(TEXT / "llama"))
+    out = generate(model, "hello world", max_new_tokens=5)
+    assert isinstance(out, str)
+    ids = model.generate_ids([model.encode("hello world")], max_new_tokens=5)[0]
+    assert out == model.decode(ids)
+    batch = generate(model, ["hello world", "a b"], max_new_tokens=5)
+    assert batch[0] == out and len(batch) == 2
+    sampled = generate(model, "hello", max_new_tokens=5, temperature=0.8, seed=3)
+    assert sampled == generate(model, "hello", max_new_tokens=5, temperature=0.8, seed=3)
+
+
+def test_bad_arguments_are_errors(tmp_path):
+    model = load(TEXT / "llama")
+    with pytest.raises(ValueError, match="temperature"):
+        generate(model, "hello", temperature=-1)
+    with pytest.raises(ValueError, match="empty"):
+        generate(model, "")
+    with pytest.raises(FileNotFoundError):
+        generate(tmp_path / "absent", "hello")
