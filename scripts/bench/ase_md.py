@@ -5,7 +5,8 @@ calculator call a step, with the seed's PaiNN size (F = 128, 3 blocks, 20 Gaussi
 random weights. Both calculators read the same model directory (kiln's format: a schnetpack
 state dict and its config.json; the schnetpack model is also saved whole for SpkCalculator).
 Prints the seconds, steps/s and the total-energy drift. `batch` times kiln's
-`calculate_batch` on 64 perturbed benzenes against 64 single calls.
+`calculate_batch` on 64 perturbed benzenes against 64 single calls; `calls` times kiln's native
+`Potential.predict` alone (no ASE) on one water, one, two and eight benzenes.
 
     # the model (schnetpack's environment: scripts/fixtures/requirements-schnetpack.txt)
     /work/venvs/spk/bin/python scripts/bench/ase_md.py model target/bench/ase_md/seed
@@ -14,6 +15,7 @@ Prints the seconds, steps/s and the total-energy drift. `batch` times kiln's
     /work/venvs/spk/bin/python scripts/bench/ase_md.py md --calculator schnetpack \
         --model target/bench/ase_md/seed
     python scripts/bench/ase_md.py batch --model target/bench/ase_md/seed
+    python scripts/bench/ase_md.py calls --model target/bench/ase_md/seed
 """
 
 import argparse
@@ -136,6 +138,22 @@ def batch(args):
     )
 
 
+def calls(args):
+    from kiln.forcefield import Calculator, _arrays
+
+    model = Calculator(args.model).model
+    benzene_arrays, water = _arrays(molecule("C6H6")), _arrays(molecule("H2O"))
+    cases = [("water", [water]), ("benzene", [benzene_arrays])]
+    cases += [("2 benzenes", [benzene_arrays] * 2), ("8 benzenes", [benzene_arrays] * 8)]
+    for name, structures in cases:
+        model.predict(structures)
+        start = time.perf_counter()
+        for _ in range(args.rounds):
+            model.predict(structures)
+        per_call = (time.perf_counter() - start) / args.rounds
+        print(f"kiln Potential.predict, {name}: {1e3 * per_call:.2f} ms a call")
+
+
 def main():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -149,14 +167,19 @@ def main():
     timed = sub.add_parser("batch", help="calculate_batch(64) against 64 single calls")
     timed.add_argument("--model", type=Path, required=True)
     timed.add_argument("--rounds", type=int, default=5)
+    native = sub.add_parser("calls", help="the native model's cost per call, without ASE")
+    native.add_argument("--model", type=Path, required=True)
+    native.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     if args.command == "model":
         make_model(args.directory)
     elif args.command == "md":
         os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))
         md(args)
-    else:
+    elif args.command == "batch":
         batch(args)
+    else:
+        calls(args)
 
 
 if __name__ == "__main__":
