@@ -198,6 +198,8 @@ impl Suite for Text {
 
 fn main() -> ExitCode {
     allocator::keep_freed_memory();
+    // kiln's warnings (a library that falls back, say) on stderr; `KILN_LOG=info` for more.
+    kiln::log_to_stderr();
     let args: Vec<String> = std::env::args().collect();
     if let [_, flag, file] = &args[..]
         && flag == FIRST_TOKEN

@@ -8,7 +8,7 @@
 #   cargo build --release --features cuda --example exp0_mc                  # exp0
 #   cargo bench --no-run --features cuda --bench vision --bench text --bench forcefield \
 #       --bench foveated
-#   cargo test --release --features cuda --no-run --test integration  # masks (the facade's tests)
+#   cargo test --release --features cuda --no-run --test integration  # cublaslt, parity, masks
 #   cargo bench --no-run --features cuda --bench realtime \
 #       && cargo build --release --features cuda --example realtime             # realtime
 #   KILN_MIRAGE_DIR=<checkout> scripts/bench/cuda_session.sh --collect   # .gpu/binaries.tar.xz
@@ -23,11 +23,20 @@
 #
 #   scripts/bench/cuda_session.sh [BUDGET_SECONDS] [GROUP...]   # logs into $OUT (default /tmp/out)
 #
+# kiln's products through cuBLASLt are off by default (docs/PERFORMANCE.md): run the script with
+# KILN_CUBLASLT=1 to measure them (the `cublaslt` group turns them on for its own test).
+#
 # The kernels compiled there come back as $OUT/kernels.tar.xz; copied into BIN, the next
 # session starts with them cached (first calls in seconds instead of a minute per shape).
 #
 # Each step gets what is left of the budget; a step that runs out is cut and logged as such.
 # GROUPs, run in the order given (default: all, in this order):
+#  cublaslt kiln's products through NVIDIA's cuBLASLt against the host's (each epilogue,
+#          transposes, a residual, an offset operand; f32/TF32, bf16, f16; none falling back).
+#  products The towers' MLP projections alone (the `vision` bench's `projection/` rows), burn's
+#          products then cuBLASLt's (KILN_CUBLASLT=1), in f32/TF32 and in bf16.
+#  parity  The CUDA parity tests under their TF32 bounds: vision (tiny CLIP, SigLIP, DINOv2 vs
+#          transformers), text (vs transformers), one Monte-Carlo trial vs Flex.
 #  masks   kiln's own CUDA kernels against the host's results (KILN_REQUIRE_CUDA=1): the dropout
 #          masks bit for bit in any batch composition, none uploaded (mc_backends' masks::cuda);
 #          attention with probability dropout as one kernel, f32 and bf16 (attention::cuda);
@@ -89,7 +98,7 @@ if [[ "${1:-}" =~ ^[0-9]+$ ]]; then
     shift
 fi
 GROUPS_TO_RUN=("$@")
-[ ${#GROUPS_TO_RUN[@]} -eq 0 ] && GROUPS_TO_RUN=(masks exp0 towers towers-bf16 siglip2 text foveated painn realtime)
+[ ${#GROUPS_TO_RUN[@]} -eq 0 ] && GROUPS_TO_RUN=(cublaslt products parity masks exp0 towers towers-bf16 siglip2 text foveated painn realtime)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 START=$(date +%s)
@@ -120,6 +129,22 @@ step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/steps.log"
+# kiln's CUDA products load libcublasLt at run time, as burn loads the driver: where the loader
+# does not know it, the toolkit's copy or PyTorch's (the nvidia-cublas wheel) serves.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt\.so'; then
+    for dir in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os
+for p in nvidia.__path__:
+    for sub in os.listdir(p): print(os.path.join(p, sub, "lib"))' 2>/dev/null); do
+        if ls "$dir"/libcublasLt.so* >/dev/null 2>&1; then
+            export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            break
+        fi
+    done
+fi
+echo "libcublasLt: $(ldconfig -p 2>/dev/null | grep -c 'libcublasLt\.so') in the cache;" \
+    "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" | tee -a "$OUT/steps.log"
+# kiln's info lines say which library ran the products (and any fallback, as a warning).
+export KILN_LOG=${KILN_LOG:-info}
 export KILN_KERNEL_CACHE=${KILN_KERNEL_CACHE:-$HOME/.cache/kiln/kernels}
 # A kernel cache brought back from an earlier session (same cubecl, same chip family) spares
 # the compiles its kernels cost; this session's cache goes back in $OUT/kernels.tar.xz.
@@ -128,15 +153,41 @@ if [ -f "$BIN/kernels.tar.xz" ]; then
     echo "kernel cache carried in: $(du -sh "$KILN_KERNEL_CACHE" | cut -f1)" | tee -a "$OUT/steps.log"
 fi
 
+# The tests read the repository's fixtures where they were built: this checkout, linked there.
+fixtures_here() {
+    local source
+    source=$(cat "$BIN/source_dir" 2>/dev/null || echo "$PWD")
+    [ -e "$source" ] || { mkdir -p "$(dirname "$source")" && ln -s "$PWD" "$source"; }
+}
+
+cublaslt() {
+    step cublaslt 150 env KILN_REQUIRE_CUDA=1 "$BIN/integration" --exact backends::cublaslt::cuda \
+        --nocapture
+}
+
+products() {
+    for policy in full mixed-bf16; do
+        for lt in 0 1; do
+            step "products_${policy}_cublaslt$lt" 90 env KILN_CUBLASLT=$lt "$BIN/vision" \
+                --device cuda --quick --no-calibration --filter projection/ --policy "$policy"
+        done
+    done
+}
+
+parity() {
+    local tests="$BIN/integration"
+    fixtures_here
+    for test in vision_backends::cuda text_backends::cuda mc_backends::cuda; do
+        step "parity_${test%%::*}" 200 env KILN_REQUIRE_CUDA=1 "$tests" --exact "$test" --nocapture
+    done
+}
+
 masks() {
     local tests="$BIN/integration"
     step masks 60 env KILN_REQUIRE_CUDA=1 "$tests" --exact mc_backends::masks::cuda
     step attention 90 env KILN_REQUIRE_CUDA=1 "$tests" --exact mc_backends::attention::cuda
     if [ -x "$tests" ]; then
-        # The fixtures where the test was built: this checkout, linked there if need be.
-        local source
-        source=$(cat "$BIN/source_dir" 2>/dev/null || echo "$PWD")
-        [ -e "$source" ] || { mkdir -p "$(dirname "$source")" && ln -s "$PWD" "$source"; }
+        fixtures_here
         step segments 150 env KILN_REQUIRE_CUDA=1 "$tests" --exact forcefield_backends::cuda
     fi
 }

@@ -7,6 +7,9 @@
 //! - [`math`] and [`gelu`]: vectorised host math and the GELU as a differentiable host kernel;
 //! - [`host`]: f32 kernels for the host backends — bias + activation, softmax, RMSNorm, SwiGLU,
 //!   attention and its backward ([`host::AttentionOp`]);
+//! - [`cublaslt`]: matrix products on burn's CUDA backend through NVIDIA's cuBLASLt, with the
+//!   bias, the tanh GELU and a residual in the kernel (feature `cuda`; the product's
+//!   description everywhere);
 //! - [`matmul`]: strided products on host slices through the `gemm` crate; [`rotary`]: rotary
 //!   position embeddings' rotation of rows and its transpose;
 //! - [`HashedMask`]: counter-based Monte-Carlo dropout masks, the same bits on every backend; on
@@ -40,6 +43,7 @@ mod activation;
 mod adamw;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub mod cube;
+pub mod cublaslt;
 pub mod device_attention;
 pub mod device_mask;
 pub mod host;

@@ -51,6 +51,11 @@ pub fn project<B: Backend, const D: usize>(
     if host::serves(&x) && residual_served {
         return project_on_host(linear, x, then, pass);
     }
+    #[cfg(feature = "cuda")]
+    let (x, then) = match cublaslt::project(linear, x, then) {
+        Ok(y) => return y,
+        Err(unserved) => unserved,
+    };
     let mut dims = x.dims();
     let rows = dims[..D - 1].iter().product();
     let x = x.reshape([rows, dims[D - 1]]);
@@ -82,6 +87,11 @@ pub fn project_by_table<B: Backend>(
     }
     let table = table.val();
     let rows = x.clone().reshape([batch * tokens, inputs]);
+    #[cfg(feature = "cuda")]
+    if let Some(y) = kiln_kernels::cublaslt::product(&rows, false, &table, true, None, false, None)
+    {
+        return y.reshape([batch, tokens, table.dims()[0]]);
+    }
     match trained_product_by_table(&rows, &table) {
         Some(y) => y.reshape([batch, tokens, table.dims()[0]]),
         // Unsqueezed before the transpose: the other order makes burn copy the whole transposed
@@ -106,6 +116,57 @@ pub fn project_dropped<B: Backend, const D: usize>(
         pass.drop(site, project(linear, x, Then::Nothing, pass)),
         then,
     )
+}
+
+/// Projections on burn's CUDA backend through NVIDIA's cuBLASLt (kiln-kernels' `cublaslt`).
+#[cfg(feature = "cuda")]
+mod cublaslt {
+    use super::*;
+    use kiln_kernels::cublaslt::product;
+
+    /// `then(x W + b)` with the bias, the tanh GELU and a residual without LayerScale inside
+    /// cuBLASLt's kernel (`β = 1` adds the residual), any other activation or a scale after it
+    /// through burn's operations; `Err` gives `x` and `then` back where cuBLASLt does not serve
+    /// them (another backend, training, a dtype it does not take, the library missing).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn project<B: Backend, const D: usize>(
+        linear: &Linear<B>,
+        x: Tensor<B, D>,
+        then: Then<B, D>,
+    ) -> Result<Tensor<B, D>, (Tensor<B, D>, Then<B, D>)> {
+        let mut dims = x.dims();
+        let rows = dims[..D - 1].iter().product();
+        let weight = linear.weight.val();
+        let outputs = weight.dims()[1];
+        let bias = linear.bias.as_ref().map(|b| b.val());
+        let flat = x.clone().reshape([rows, dims[D - 1]]);
+        let (gelu_tanh, residual) = match &then {
+            Then::Activate(Activation::GeluTanh) => (true, None),
+            Then::AddTo {
+                residual,
+                scale: None,
+            } => (false, Some(residual.clone().reshape([rows, outputs]))),
+            _ => (false, None),
+        };
+        let Some(y) = product(
+            &flat,
+            false,
+            &weight,
+            false,
+            bias.as_ref(),
+            gelu_tanh,
+            residual.as_ref(),
+        ) else {
+            return Err((x, then));
+        };
+        dims[D - 1] = outputs;
+        let y = y.reshape(dims);
+        Ok(if gelu_tanh || residual.is_some() {
+            y
+        } else {
+            finish(y, then)
+        })
+    }
 }
 
 /// `then(y)` through burn's operations.
