@@ -398,6 +398,12 @@ fn run(
         Some(algorithm) => *algorithm,
         None => {
             let algorithm = descriptors.choose(library.handle, workspace_size, key.alignments)?;
+            // Each shape should ask once per alignment: more lines than that (`KILN_LOG=debug`)
+            // mean the look-ups cost every product.
+            log::debug!(
+                "cuBLASLt: kernel {} chosen for {key:?}",
+                library.algorithms.len() + 1
+            );
             library.algorithms.insert(key, algorithm);
             algorithm
         }
