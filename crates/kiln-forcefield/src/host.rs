@@ -22,14 +22,15 @@ use std::sync::Arc;
 use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Element, Tensor, TensorData};
+use burn::tensor::{DType, Element, Tensor, TensorData};
+use kiln_core::is_host_backend;
 use num_traits::Float;
 use rayon::prelude::*;
 
 use kiln_kernels::sgemm;
 
 use crate::ForceFieldError;
-use crate::config::RadialBasisKind;
+use crate::config::{PainnConfig, RadialBasisKind};
 use crate::neighbors::{NeighborList, neighbor_list};
 use crate::painn::{Painn, Predictions, stress};
 use crate::structure::Structure;
@@ -104,40 +105,73 @@ impl Real for f32 {
 
 impl Real for f64 {}
 
-/// What [`Painn::predict`] computes, on the host in `T`.
-pub(crate) fn predict<T: Real, B: Backend>(
-    model: &Painn<B>,
-    structures: &[Structure],
-) -> Result<Predictions, ForceFieldError> {
-    let potential = HostPotential::<T>::new(model);
-    let config = model.config();
-    let results: Vec<Result<Evaluated, ForceFieldError>> = structures
-        .par_iter()
-        .enumerate()
-        .map(|(index, s)| {
+/// A model's host kernel, in its parameters' dtype: what the CPU backends run.
+pub(crate) enum Host {
+    F32(HostPotential<f32>),
+    F64(HostPotential<f64>),
+}
+
+impl Host {
+    /// `model`'s weights read into the host kernel's layout, when `device` is a CPU backend's and
+    /// the parameters are f32 or f64 (`None` otherwise: the tensor path runs those).
+    pub fn for_model<B: Backend>(model: &Painn<B>, device: &B::Device) -> Option<Self> {
+        if !is_host_backend::<B>(device) {
+            return None;
+        }
+        match model.representation.filter_net.weight.val().dtype() {
+            DType::F32 => Some(Host::F32(HostPotential::new(model))),
+            DType::F64 => Some(Host::F64(HostPotential::new(model))),
+            _ => None,
+        }
+    }
+
+    /// [`HostPotential::evaluate`] in the model's dtype.
+    pub fn evaluate(&self, s: &Structure, list: &NeighborList, parts: usize) -> Evaluated {
+        match self {
+            Host::F32(potential) => potential.evaluate(s, list, parts),
+            Host::F64(potential) => potential.evaluate(s, list, parts),
+        }
+    }
+
+    /// What [`Painn::predict`] computes: structures in parallel, one at a time, or a structure
+    /// alone split over [`parts_for`] threads.
+    pub fn predict(
+        &self,
+        config: &PainnConfig,
+        structures: &[Structure],
+    ) -> Result<Predictions, ForceFieldError> {
+        let evaluate = |index: usize, s: &Structure, parts: usize| {
             s.validate(index, config.max_z)?;
             let list = neighbor_list(s, config.cutoff).map_err(|e| e.in_structure(index))?;
-            Ok(potential.evaluate(s, &list, 1))
-        })
-        .collect();
-    let mut predictions = Predictions {
-        energies: Vec::with_capacity(structures.len()),
-        forces: Vec::new(),
-        stresses: Vec::with_capacity(structures.len()),
-    };
-    for (s, result) in structures.iter().zip(results) {
-        let Evaluated {
-            energy,
-            forces,
-            virial,
-        } = result?;
-        predictions.energies.push(energy);
-        predictions.forces.extend(forces);
-        predictions
-            .stresses
-            .push(s.volume().map(|volume| stress(&virial, volume)));
+            Ok(self.evaluate(s, &list, parts))
+        };
+        let results: Vec<Result<Evaluated, ForceFieldError>> = match structures {
+            [s] => vec![evaluate(0, s, parts_for(s.len()))],
+            _ => structures
+                .par_iter()
+                .enumerate()
+                .map(|(index, s)| evaluate(index, s, 1))
+                .collect(),
+        };
+        let mut predictions = Predictions {
+            energies: Vec::with_capacity(structures.len()),
+            forces: Vec::new(),
+            stresses: Vec::with_capacity(structures.len()),
+        };
+        for (s, result) in structures.iter().zip(results) {
+            let Evaluated {
+                energy,
+                forces,
+                virial,
+            } = result?;
+            predictions.energies.push(energy);
+            predictions.forces.extend(forces);
+            predictions
+                .stresses
+                .push(s.volume().map(|volume| stress(&virial, volume)));
+        }
+        Ok(predictions)
     }
-    Ok(predictions)
 }
 
 /// What a batch's force-matching loss needs of the parameters' gradient, per structure: `∂ℓ/∂E`
@@ -250,7 +284,7 @@ pub(crate) fn loss_surrogate<T: Real, B: Backend>(
 }
 
 /// A model's weights read once into host memory in `T`, for repeated evaluations (molecular
-/// dynamics calls it every step).
+/// dynamics and a [`crate::Predictor`] call it every step).
 pub(crate) struct HostPotential<T> {
     weights: Arc<Weights<T>>,
     /// Threads for the parts of a structure evaluated alone.

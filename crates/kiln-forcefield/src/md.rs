@@ -1,16 +1,14 @@
 //! Constant-energy (NVE) molecular dynamics with the velocity-Verlet integrator, in ASE's units:
 //! Å, eV, amu, and time in `Å √(amu / eV)` (femtoseconds at the edges).
 
-use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
-use kiln_core::is_host_backend;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use crate::ForceFieldError;
 use crate::elements::atomic_mass;
-use crate::host::{HostPotential, parts_for};
+use crate::host::{Host, parts_for};
 use crate::neighbors::{NeighborError, NeighborList, neighbor_list};
 use crate::painn::Painn;
 use crate::structure::Structure;
@@ -241,48 +239,39 @@ fn sorted(list: NeighborList) -> NeighborList {
 /// How a trajectory's forces are computed: on CPU backends the fused host kernel over a Verlet
 /// list, weights read once; elsewhere [`Painn::predict`] (a neighbour list per step).
 enum Forces<'m, B: AutodiffBackend> {
-    HostF32(HostPotential<f32>, VerletList),
-    HostF64(HostPotential<f64>, VerletList),
+    Host(Host, VerletList),
     Device(&'m Painn<B>, B::Device),
 }
 
 impl<'m, B: AutodiffBackend> Forces<'m, B> {
     fn new(model: &'m Painn<B>, skin: f64, device: &B::Device) -> Self {
-        let list = || VerletList::new(model.config().cutoff, skin);
-        if is_host_backend::<B>(device) {
-            match model.representation.filter_net.weight.val().dtype() {
-                DType::F32 => return Forces::HostF32(HostPotential::new(model), list()),
-                DType::F64 => return Forces::HostF64(HostPotential::new(model), list()),
-                _ => {}
-            }
+        match Host::for_model(model, device) {
+            Some(host) => Forces::Host(host, VerletList::new(model.config().cutoff, skin)),
+            None => Forces::Device(model, device.clone()),
         }
-        Forces::Device(model, device.clone())
     }
 
     /// The potential energy and forces of `s`.
     fn evaluate(&mut self, s: &Structure) -> Result<(f64, Vec<[f64; 3]>), ForceFieldError> {
-        let fail = |e: NeighborError| e.in_structure(0);
-        let evaluated = match self {
-            Forces::HostF32(potential, list) => {
-                potential.evaluate(s, &list.pairs(s).map_err(fail)?, parts_for(s.len()))
-            }
-            Forces::HostF64(potential, list) => {
-                potential.evaluate(s, &list.pairs(s).map_err(fail)?, parts_for(s.len()))
+        match self {
+            Forces::Host(host, list) => {
+                let list = list.pairs(s).map_err(|e| e.in_structure(0))?;
+                let evaluated = host.evaluate(s, &list, parts_for(s.len()));
+                Ok((evaluated.energy, evaluated.forces))
             }
             Forces::Device(model, device) => {
                 let mut predictions = model.predict(std::slice::from_ref(s), device)?;
-                return Ok((
+                Ok((
                     predictions.energies[0],
                     std::mem::take(&mut predictions.forces),
-                ));
+                ))
             }
-        };
-        Ok((evaluated.energy, evaluated.forces))
+        }
     }
 
     fn builds(&self) -> usize {
         match self {
-            Forces::HostF32(_, list) | Forces::HostF64(_, list) => list.builds(),
+            Forces::Host(_, list) => list.builds(),
             Forces::Device(..) => 0,
         }
     }

@@ -12,15 +12,13 @@ use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
-use kiln_core::{
-    Precision, cast_module, checkpoint_dir, is_host_backend, load_checkpoint, save_checkpoint,
-};
+use kiln_core::{Precision, cast_module, checkpoint_dir, load_checkpoint, save_checkpoint};
 
 use crate::ForceFieldError;
 use crate::batch::Graph;
 use crate::config::{PainnConfig, RadialBasisKind};
 use crate::dual::Dual;
-use crate::host;
+use crate::host::Host;
 use crate::structure::Structure;
 
 /// Stability constant inside the vector norm's square root (schnetpack's `epsilon`).
@@ -699,15 +697,21 @@ impl<B: AutodiffBackend> Painn<B> {
         structures: &[Structure],
         device: &B::Device,
     ) -> Result<Predictions, ForceFieldError> {
+        self.predict_with(Host::for_model(self, device).as_ref(), structures, device)
+    }
+
+    /// [`predict`](Self::predict) through `host` where there is one.
+    fn predict_with(
+        &self,
+        host: Option<&Host>,
+        structures: &[Structure],
+        device: &B::Device,
+    ) -> Result<Predictions, ForceFieldError> {
         self.warn_unseen_elements(structures);
-        if is_host_backend::<B>(device) {
-            match self.representation.filter_net.weight.val().dtype() {
-                DType::F32 => return host::predict::<f32, B>(self, structures),
-                DType::F64 => return host::predict::<f64, B>(self, structures),
-                _ => {}
-            }
+        match host {
+            Some(host) => host.predict(&self.config, structures),
+            None => self.predict_tensors(structures, device),
         }
-        self.predict_tensors(structures, device)
     }
 
     /// [`predict`](Self::predict) through tensor operations on the device: the batch as one
@@ -754,6 +758,62 @@ impl<B: AutodiffBackend> Painn<B> {
             forces: forces.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect(),
             stresses,
         })
+    }
+}
+
+/// A model made ready for many [`predict`](Self::predict) calls (an ASE calculator's steps, a
+/// service's requests): on the CPU backends its weights are read into the host kernel's layout
+/// once, here, where [`Painn::predict`] reads them on every call (a few milliseconds for a
+/// seed-size model, more than a small molecule's whole evaluation). It owns the model, so the
+/// prepared weights cannot go stale.
+///
+/// ```no_run
+/// use burn::backend::{Autodiff, Flex};
+/// use kiln_forcefield::{Painn, Predictor, Structure};
+///
+/// let device = Default::default();
+/// let predictor = Predictor::new(Painn::<Autodiff<Flex>>::from_dir("painn_model/", &device)?, &device);
+/// let water = Structure::molecule(
+///     vec![8, 1, 1],
+///     vec![[0.0, 0.0, 0.12], [0.0, 0.76, -0.47], [0.0, -0.76, -0.47]],
+/// );
+/// for _ in 0..1000 {
+///     let results = predictor.predict(std::slice::from_ref(&water))?;
+///     # let _ = results;
+/// }
+/// # Ok::<(), kiln_forcefield::ForceFieldError>(())
+/// ```
+pub struct Predictor<B: AutodiffBackend> {
+    model: Painn<B>,
+    device: B::Device,
+    host: Option<Host>,
+}
+
+impl<B: AutodiffBackend> Predictor<B> {
+    /// `model` on `device`, its weights prepared for the host kernel where that runs.
+    pub fn new(model: Painn<B>, device: &B::Device) -> Self {
+        let host = Host::for_model(&model, device);
+        Predictor {
+            model,
+            device: device.clone(),
+            host,
+        }
+    }
+
+    /// What [`Painn::predict`] gives for `structures`.
+    pub fn predict(&self, structures: &[Structure]) -> Result<Predictions, ForceFieldError> {
+        self.model
+            .predict_with(self.host.as_ref(), structures, &self.device)
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Painn<B> {
+        &self.model
+    }
+
+    /// The model back, for training or saving.
+    pub fn into_model(self) -> Painn<B> {
+        self.model
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use burn::backend::Autodiff;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use kiln_core::{DeviceJob, Precision};
-use kiln_forcefield::{Doubt, ForceFieldError, Painn, Predictions, Structure};
+use kiln_forcefield::{Doubt, ForceFieldError, Painn, Predictions, Predictor, Structure};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::{PyRuntimeError, PyUserWarning, PyValueError};
@@ -18,14 +18,9 @@ trait Evaluate: Send {
     fn predict(&self, structures: &[Structure]) -> Result<Predictions, ForceFieldError>;
 }
 
-struct OnDevice<B: AutodiffBackend> {
-    model: Painn<B>,
-    device: B::Device,
-}
-
-impl<B: AutodiffBackend> Evaluate for OnDevice<B> {
+impl<B: AutodiffBackend> Evaluate for Predictor<B> {
     fn predict(&self, structures: &[Structure]) -> Result<Predictions, ForceFieldError> {
-        self.model.predict(structures, &self.device)
+        Predictor::predict(self, structures)
     }
 }
 
@@ -43,8 +38,7 @@ impl DeviceJob for Load {
             .map_err(|e| error(&e))?
             .with_precision(self.precision);
         let (max_z, cutoff) = (model.config().max_z, model.config().cutoff);
-        let device = device.clone();
-        Ok((Box::new(OnDevice { model, device }), max_z, cutoff))
+        Ok((Box::new(Predictor::new(model, device)), max_z, cutoff))
     }
 }
 
@@ -171,11 +165,8 @@ impl Potential {
             .map(|r| [r[0], r[1], r[2]])
             .collect();
         let cell = std::array::from_fn(|i| std::array::from_fn(|j| cell[[i, j]]));
-        let structure = Structure::periodic(numbers, positions, cell, *pbc);
-        structure
-            .validate(index, self.max_z)
-            .map_err(|e| error(&e))?;
-        Ok(structure)
+        // The model checks the rest (elements, finite positions, overlaps) when it predicts.
+        Ok(Structure::periodic(numbers, positions, cell, *pbc))
     }
 }
 
