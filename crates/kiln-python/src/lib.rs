@@ -14,11 +14,21 @@
 //!
 //! Errors reach Python as exceptions carrying kiln's messages: `FileNotFoundError` for missing
 //! files, `ValueError` for inputs kiln refuses, `RuntimeError` for what fails while computing.
+//! kiln's warnings (`log` records) reach Python's `logging` through `pyo3-log`.
 
 use burn::tensor::backend::Backend;
 use kiln_core::{CheckpointError, DeviceJob, DeviceSpec, Policy, PolicySpec};
 use pyo3::exceptions::{PyFileNotFoundError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+
+/// mimalloc for the module's own allocations (Python's objects keep the interpreter's). The
+/// kernels allocate their working buffers afresh on every call: glibc's allocator maps the larger
+/// ones from the kernel and unmaps them when freed, so every call page-faults them in again, and
+/// while another of the module's threads runs each fault also flushes that core's TLB. One call
+/// on two benzenes cost 6.6 ms that way and 1.9 ms with the memory kept (docs/PERFORMANCE.md,
+/// "kiln from Python").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub mod forcefield;
 pub mod mc;
@@ -70,6 +80,11 @@ fn poisoned() -> PyErr {
 /// The native module: classes and functions the `kiln` package wraps.
 #[pymodule]
 fn _kiln(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    // kiln's `log` records go to Python's `logging`, under the Rust module's path with `.` for
+    // `::` (`kiln_forcefield.painn`), so warnings reach the user as other libraries' do. It fails
+    // only when this module already installed the bridge (a second initialisation): the first
+    // one stays.
+    let _ = pyo3_log::try_init();
     module.add_class::<forcefield::Potential>()?;
     module.add_class::<vision::Encoder>()?;
     module.add_class::<text::LanguageModel>()?;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::backend::Backend;
-use kiln_cache::{ImageCache, ImageSource, Preprocess, Residency};
+use kiln_cache::{ImageCache, ImageSource, Residency};
 use kiln_core::{DeviceJob, PolicySpec};
 use kiln_mc::{EmbeddingStats, McError, NestedStats, TrialRunner, batch_rows, trial_seed};
 use kiln_vision::{DropoutSites, VisionConfig, VisionModel};
@@ -15,6 +15,8 @@ use numpy::ndarray::{Array1, Array2};
 use pyo3::exceptions::{PyFileNotFoundError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+
+use crate::vision;
 
 /// One experiment over one model.
 struct Job {
@@ -43,17 +45,15 @@ impl DeviceJob for Job {
     type Output = PyResult<Outcome>;
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
-        let value = |e: &dyn std::fmt::Display| PyValueError::new_err(e.to_string());
         let policy = crate::resolve::<B>(&self.policy, device)?;
-        let config = VisionConfig::from_hf_config(&self.dir).map_err(|e| value(&e))?;
-        let preprocess = Preprocess::from_hf_config(self.dir.join("preprocessor_config.json"))
-            .map_err(|e| value(&e))?;
+        let config = VisionConfig::from_hf_config(&self.dir).map_err(|e| vision::error(&e))?;
+        let preprocess = vision::preprocess(&self.dir)?;
         let cached = ImageCache::new(&self.cache)
             .load(&ImageSource::Folder(self.images.clone()), &preprocess)
-            .map_err(|e| value(&format!("{}: {e}", self.images.display())))?;
+            .map_err(|e| PyValueError::new_err(format!("{}: {e}", self.images.display())))?;
         let model = VisionModel::<B>::from_hf_dir(&self.dir, device, &policy)
             .and_then(|m| m.with_dropout(self.dropout))
-            .map_err(|e| value(&e))?;
+            .map_err(|e| vision::error(&e))?;
         let feed = cached.to_device::<B>(device, policy.compute, Residency::Device);
         let (width, height) = cached.size();
         let per_row =

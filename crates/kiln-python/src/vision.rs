@@ -88,15 +88,7 @@ impl Encoder {
     #[new]
     #[pyo3(signature = (model_dir, device = "cpu", policy = "full"))]
     fn new(py: Python<'_>, model_dir: PathBuf, device: &str, policy: &str) -> PyResult<Self> {
-        let processor = model_dir.join("preprocessor_config.json");
-        if !processor.is_file() {
-            return Err(PyFileNotFoundError::new_err(format!(
-                "{}: no such file (the checkpoint's Hugging Face processor)",
-                processor.display()
-            )));
-        }
-        let preprocess = Preprocess::from_hf_config(&processor)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let preprocess = preprocess(&model_dir)?;
         let job = Load {
             dir: model_dir,
             policy: crate::policy(policy)?,
@@ -235,8 +227,21 @@ fn source(index: usize, image: &Bound<'_, PyAny>) -> PyResult<Source> {
     Ok(Source::File(path))
 }
 
+/// The preprocessing of `model_dir`'s Hugging Face processor (`preprocessor_config.json`):
+/// `FileNotFoundError` when it is missing, `ValueError` when kiln cannot follow it.
+pub(crate) fn preprocess(model_dir: &Path) -> PyResult<Preprocess> {
+    let processor = model_dir.join("preprocessor_config.json");
+    if !processor.is_file() {
+        return Err(PyFileNotFoundError::new_err(format!(
+            "{}: no such file (the checkpoint's Hugging Face processor)",
+            processor.display()
+        )));
+    }
+    Preprocess::from_hf_config(&processor).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// A vision error as the Python exception it is.
-fn error(error: &VisionError) -> PyErr {
+pub(crate) fn error(error: &VisionError) -> PyErr {
     match error {
         VisionError::Checkpoint(e) => crate::checkpoint_error(e),
         _ => PyValueError::new_err(error.to_string()),

@@ -2,11 +2,15 @@
 (crates/kiln-forcefield/tests/fixtures, written by scripts/fixtures/painn.py with schnetpack
 2.1.1), and its behaviour as an ASE calculator."""
 
+import json
+import logging
+import shutil
 import threading
 
 import numpy as np
 import pytest
 from ase import Atoms
+from ase.build import molecule
 from ase.calculators.calculator import PropertyNotImplementedError
 from ase.stress import full_3x3_to_voigt_6_stress
 from conftest import FORCEFIELD, read_safetensors
@@ -138,6 +142,21 @@ def test_a_bad_structure_in_a_batch_is_named():
     broken = Atoms("H2", positions=[[0, 0, 0], [0, 0, np.inf]])
     with pytest.raises(ValueError, match="structure 2"):
         calc.calculate_batch([good, broken])
+
+
+def test_kiln_warnings_reach_python_logging(tmp_path, caplog):
+    """A model told it was trained on H and C warns (once) about oxygen through `logging`."""
+    model = tmp_path / "model"
+    shutil.copytree(FORCEFIELD / "painn_gaussian", model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "trained_elements": [1, 6]}))
+    calc = Calculator(model)
+    with caplog.at_level(logging.WARNING):
+        calc.calculate_batch([molecule("H2O"), molecule("CH4"), molecule("H2O")])
+    records = [r for r in caplog.records if r.name.startswith("kiln_forcefield")]
+    assert len(records) == 1, caplog.text
+    assert records[0].levelno == logging.WARNING
+    assert "[8]" in records[0].getMessage() and "not to be trusted" in records[0].getMessage()
 
 
 def test_missing_or_bad_models_are_errors(tmp_path):

@@ -44,3 +44,16 @@ def test_bad_arguments_are_errors(tmp_path):
         run(MODEL, IMAGES, passes=[0], cache_dir=tmp_path)
     with pytest.raises(ValueError, match="dropout"):
         run(MODEL, IMAGES, dropout="lots", cache_dir=tmp_path)
+
+
+def test_bad_models_are_errors_as_in_embed(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        run(empty, IMAGES, cache_dir=tmp_path)
+    (empty / "config.json").write_bytes((MODEL / "config.json").read_bytes())
+    with pytest.raises(FileNotFoundError, match="preprocessor_config.json"):
+        run(empty, IMAGES, cache_dir=tmp_path)
+    (empty / "config.json").write_text("{")
+    with pytest.raises(ValueError, match="config.json"):
+        run(empty, IMAGES, cache_dir=tmp_path)
