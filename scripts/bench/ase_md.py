@@ -10,6 +10,9 @@ Prints the seconds, steps/s and the total-energy drift. `batch` times kiln's
 
     # the model (schnetpack's environment: scripts/fixtures/requirements-schnetpack.txt)
     /work/venvs/spk/bin/python scripts/bench/ase_md.py model target/bench/ase_md/seed
+    # kiln's `md` example on the same model and molecule, without ASE
+    target/release/examples/md --model target/bench/ase_md/seed \
+        --input target/bench/ase_md/benzene.extxyz --trajectory /tmp/md.extxyz --steps 1000
     # kiln (an environment with `pip install ./crates/kiln-python[ase]`)
     python scripts/bench/ase_md.py md --calculator kiln --model target/bench/ase_md/seed
     /work/venvs/spk/bin/python scripts/bench/ase_md.py md --calculator schnetpack \
@@ -29,8 +32,13 @@ from pathlib import Path
 import numpy as np
 from ase import units
 from ase.build import molecule
-from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+from ase.io import write
 from ase.md.verlet import VelocityVerlet
+
+try:
+    from ase.md.velocitydistribution import thermalize_momenta
+except ImportError:  # ase < 3.29 has it under its older name
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution as thermalize_momenta
 
 SEED_SIZE = dict(
     representation="painn",
@@ -64,7 +72,9 @@ def make_model(directory):
     save_file(state, directory / "model.safetensors")
     (directory / "config.json").write_text(json.dumps(SEED_SIZE, indent=2))
     torch.save(model, directory / "schnetpack_model.pt")
-    print(f"wrote {directory}")
+    # The same molecule for kiln's `md` example (which draws its own 300 K start).
+    write(directory.parent / "benzene.extxyz", molecule("C6H6"), format="extxyz")
+    print(f"wrote {directory} and {directory.parent / 'benzene.extxyz'}")
 
 
 def calculator(kind, directory, threads):
@@ -90,7 +100,7 @@ def calculator(kind, directory, threads):
 
 def benzene(seed=0):
     atoms = molecule("C6H6")
-    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(seed))
+    thermalize_momenta(atoms, temperature_K=300, rng=np.random.default_rng(seed))
     return atoms
 
 

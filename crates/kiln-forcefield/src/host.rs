@@ -47,6 +47,22 @@ pub(crate) trait Real: Float + Element + AddAssign + SubAssign {
         self.exp()
     }
 
+    /// `self`, or 0 where it is below √(smallest normal value) (1.1e-19 in f32), where it
+    /// weighs nothing beside the other terms of a sum. Every product that reads or writes a
+    /// subnormal on x86 takes a microcode assist (kiln-kernels' `loss.rs` found the same in a
+    /// logit gradient); the product of two values above this bound is normal. A radial basis
+    /// value from a Gaussian's tail (1e-38, where e^x stops) times a weight is subnormal: a
+    /// benzene's basis had dozens, the filter products' accumulators took an assist for each, and
+    /// a call cost 0.85 ms instead of 0.57.
+    #[inline(always)]
+    fn flushed(self) -> Self {
+        if self.abs() < Self::min_positive_value().sqrt() {
+            Self::zero()
+        } else {
+            self
+        }
+    }
+
     /// A layer's weight `[inputs, outputs]` packed for [`sgemm`], where this type and CPU run it.
     fn packed(_weight: &[Self], _inputs: usize) -> Option<sgemm::Packed> {
         None
@@ -491,16 +507,16 @@ impl<T: Real> Weights<T> {
                 for (&o, &k) in offsets.iter().zip(coeffs) {
                     let phi = ((d - o) * (d - o) * k).exp();
                     let dphi = phi * (T::one() + T::one()) * k * (d - o);
-                    psi.push(phi * c);
-                    dpsi.push(dphi * c + phi * dc);
+                    psi.push((phi * c).flushed());
+                    dpsi.push((dphi * c + phi * dc).flushed());
                 }
             }
             Basis::Bessel { freqs } => {
                 for &k in freqs {
                     let phi = (d * k).sin() / d;
                     let dphi = (k * (d * k).cos() - phi) / d;
-                    psi.push(phi * c);
-                    dpsi.push(dphi * c + phi * dc);
+                    psi.push((phi * c).flushed());
+                    dpsi.push((dphi * c + phi * dc).flushed());
                 }
             }
         }
@@ -588,6 +604,41 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// The radial basis has no value too small to multiply without a subnormal (each one a
+    /// microcode assist in the filter products): the Gaussians far from a distance are zeros.
+    #[test]
+    fn the_radial_basis_holds_no_value_too_small_to_multiply() {
+        // The seed's basis: 20 Gaussians over 5 Å, as narrow as their spacing.
+        let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/painn_gaussian");
+        let config = PainnConfig {
+            n_rbf: 20,
+            ..PainnConfig::from_file(fixture).unwrap()
+        };
+        let weights = Weights::<f32>::read(&config.init::<Flex>(&Default::default()));
+        let Basis::Gaussian { offsets, coeffs } = &weights.basis else {
+            panic!("the fixture has Gaussians");
+        };
+        let distances: Vec<f32> = (1..100)
+            .map(|k| k as f32 * weights.cutoff as f32 / 100.0)
+            .collect();
+        // The case must reach the Gaussians' tails: exact values far below the bound.
+        let tail = distances.iter().any(|&d| {
+            offsets
+                .iter()
+                .zip(coeffs)
+                .any(|(&o, &k)| f64::from((d - o) * (d - o) * k).exp() < 1e-30)
+        });
+        assert!(tail, "no distance reaches a Gaussian's tail");
+        let bound = f32::MIN_POSITIVE.sqrt();
+        for d in distances {
+            let (mut psi, mut dpsi) = (Vec::new(), Vec::new());
+            weights.radial(d, &mut psi, &mut dpsi);
+            for v in psi.iter().chain(&dpsi) {
+                assert!(*v == 0.0 || v.abs() >= bound, "{v:e} at {d} Å");
             }
         }
     }
