@@ -5,8 +5,9 @@ calculator call a step, with the seed's PaiNN size (F = 128, 3 blocks, 20 Gaussi
 random weights. Both calculators read the same model directory (kiln's format: a schnetpack
 state dict and its config.json; the schnetpack model is also saved whole for SpkCalculator).
 Prints the seconds, steps/s and the total-energy drift. `batch` times kiln's
-`calculate_batch` on 64 perturbed benzenes against 64 single calls; `calls` times kiln's native
-`Potential.predict` alone (no ASE) on one water, one, two and eight benzenes.
+`calculate_batch` on 64 perturbed benzenes against 64 single calls (median of 15 rounds);
+`calls` times kiln's native `Potential.predict` alone (no ASE) on one water, one, two and eight
+benzenes.
 
     # the model (schnetpack's environment: scripts/fixtures/requirements-schnetpack.txt)
     /work/venvs/spk/bin/python scripts/bench/ase_md.py model target/bench/ase_md/seed
@@ -176,7 +177,7 @@ def main():
     run.add_argument("--threads", type=int, default=2)
     timed = sub.add_parser("batch", help="calculate_batch(64) against 64 single calls")
     timed.add_argument("--model", type=Path, required=True)
-    timed.add_argument("--rounds", type=int, default=5)
+    timed.add_argument("--rounds", type=int, default=15)
     native = sub.add_parser("calls", help="the native model's cost per call, without ASE")
     native.add_argument("--model", type=Path, required=True)
     native.add_argument("--rounds", type=int, default=30)

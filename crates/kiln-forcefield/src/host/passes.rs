@@ -16,10 +16,13 @@
 //! and a thread put to sleep (rayon's idle workers, `std::sync::Barrier`) takes about that long
 //! to wake, which made two parts no faster than one.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock, mpsc};
 
-use super::rows::{dot, mul_add, product_of, scaled_add, silu, silu_backward, thirds, thirds_mut};
+use super::rows::{
+    add, dot, mul_add, product_of, quotient_of, scaled_add, silu, silu_backward, thirds, thirds_mut,
+};
 use super::team::{SpinBarrier, Team};
 use super::{Pairs, Real, Weights};
 use crate::painn::EPSILON;
@@ -39,12 +42,17 @@ pub(crate) fn parts_for(atoms: usize) -> usize {
 struct Part<T> {
     atoms: Range<usize>,
     pairs: Range<usize>,
-    /// Per pair: distance, unit vector, `[φ c, c]` and its derivative with respect to `d`.
+    /// Per pair: distance, unit vector, its row of the filters ([`filter_rows`]) and whether
+    /// it is that row's first pair (which the row's gradient with respect to `d` goes to).
     d: Vec<T>,
     u: Vec<[T; 3]>,
+    rows: Vec<usize>,
+    owns: Vec<bool>,
+    /// Per filter row: `[φ c, c]` and its derivative with respect to `d`.
     psi: Vec<T>,
     dpsi: Vec<T>,
-    /// Every block's filters of the part's pairs `[pairs, 3F × sets]`, and their gradient.
+    /// Every block's filters of the part's distinct pairs `[rows, 3F × sets]`, and their
+    /// gradient.
     filters: Vec<T>,
     gfilters: Vec<T>,
     /// Scalar and vector features of the part's atoms, `[atoms, F]` and `[atoms, 3, F]`.
@@ -254,6 +262,8 @@ impl<T: Real> Weights<T> {
                     pairs,
                     d: Vec::new(),
                     u: Vec::new(),
+                    rows: Vec::new(),
+                    owns: Vec::new(),
                     psi: Vec::new(),
                     dpsi: Vec::new(),
                     filters: Vec::new(),
@@ -280,18 +290,24 @@ impl<T: Real> Weights<T> {
     #[inline(always)]
     fn start(&self, part: &mut Part<T>, numbers: &[u32], pairs: &Pairs<T>) {
         let f = self.f;
-        for r in &pairs.r[part.pairs.clone()] {
+        part.rows = filter_rows(pairs, part.pairs.clone());
+        let mut next_row = 0;
+        for (r, &row) in pairs.r[part.pairs.clone()].iter().zip(&part.rows) {
             let length = (r[0] * r[0] + r[1] * r[1] + r[2] * r[2]).sqrt();
             part.d.push(length);
             part.u.push(r.map(|v| v / length));
-            self.radial(length, &mut part.psi, &mut part.dpsi);
+            part.owns.push(row == next_row);
+            if row == next_row {
+                self.radial(length, &mut part.psi, &mut part.dpsi);
+                next_row += 1;
+            }
         }
         part.filters = self.filter.forward(&part.psi);
-        part.q = numbers[part.atoms.clone()]
-            .iter()
-            .flat_map(|&z| self.embedding[z as usize * f..(z as usize + 1) * f].iter())
-            .copied()
-            .collect();
+        part.q = Vec::with_capacity(part.atoms.len() * f);
+        for &z in &numbers[part.atoms.clone()] {
+            part.q
+                .extend_from_slice(&self.embedding[z as usize * f..][..f]);
+        }
         part.mu = vec![T::zero(); 3 * part.atoms.len() * f];
     }
 
@@ -315,7 +331,7 @@ impl<T: Real> Weights<T> {
         let mut message = vec![T::zero(); 2 * f];
         for (local, p) in part.pairs.clone().enumerate() {
             let (i, j) = (pairs.i[p] - part.atoms.start, pairs.j[p]);
-            let (wq, wr, wm) = thirds(&part.filters[local * width + start..], f);
+            let (wq, wr, wm) = thirds(&part.filters[part.rows[local] * width + start..], f);
             let (xq, xr, xm) = thirds(&block.x[3 * f * j..], f);
             mul_add(&mut part.q[i * f..][..f], wq, xq);
             let (radial, along) = message.split_at_mut(f);
@@ -337,37 +353,33 @@ impl<T: Real> Weights<T> {
         let vw = block.channel_mix.forward(&part.mu);
         let mut norm = vec![T::zero(); n * f];
         let mut dot_vw = vec![T::zero(); n * f];
-        for atom in 0..n {
-            for a in 0..3 {
-                let row = &vw[(3 * atom + a) * 2 * f..(3 * atom + a + 1) * 2 * f];
-                for k in 0..f {
-                    norm[atom * f + k] += row[k] * row[k];
-                    dot_vw[atom * f + k] += row[k] * row[f + k];
-                }
+        for ((norm, dot_vw), rows) in norm
+            .chunks_exact_mut(f)
+            .zip(dot_vw.chunks_exact_mut(f))
+            .zip(vw.chunks_exact(6 * f))
+        {
+            for (v, w) in rows.chunks_exact(2 * f).map(|row| row.split_at(f)) {
+                mul_add(norm, v, v);
+                mul_add(dot_vw, v, w);
             }
         }
         let eps = T::from(EPSILON).unwrap();
         norm.iter_mut().for_each(|v| *v = (*v + eps).sqrt());
-        let context: Vec<T> = (0..n)
-            .flat_map(|atom| {
-                part.q[atom * f..(atom + 1) * f]
-                    .iter()
-                    .chain(&norm[atom * f..(atom + 1) * f])
-                    .copied()
-            })
-            .collect();
+        let mut context = Vec::with_capacity(2 * n * f);
+        for (q, norm) in part.q.chunks_exact(f).zip(norm.chunks_exact(f)) {
+            context.extend_from_slice(q);
+            context.extend_from_slice(norm);
+        }
         let pre_mix = block.mixing[0].forward(&context);
         let y = block.mixing[1].forward(&silu(&pre_mix));
-        for atom in 0..n {
-            let y = &y[3 * f * atom..3 * f * (atom + 1)];
-            for k in 0..f {
-                part.q[atom * f + k] += y[k] + y[2 * f + k] * dot_vw[atom * f + k];
-            }
-            for a in 0..3 {
-                let row = (3 * atom + a) * 2 * f;
-                for k in 0..f {
-                    part.mu[(3 * atom + a) * f + k] += y[f + k] * vw[row + f + k];
-                }
+        for (atom, y) in y.chunks_exact(3 * f).enumerate() {
+            let (yq, yv, ys) = thirds(y, f);
+            let q = &mut part.q[atom * f..][..f];
+            add(q, yq);
+            mul_add(q, ys, &dot_vw[atom * f..][..f]);
+            let mu = part.mu[3 * atom * f..][..3 * f].chunks_exact_mut(f);
+            for (mu, row) in mu.zip(vw[6 * atom * f..][..6 * f].chunks_exact(2 * f)) {
+                mul_add(mu, yv, &row[f..]);
             }
         }
         let saved = &mut part.saved[t];
@@ -420,40 +432,40 @@ impl<T: Real> Weights<T> {
         let (gq, gmu) = (&mut part.gq, &mut part.gmu);
         let mut gy = vec![T::zero(); 3 * n * f];
         let mut gdot = vec![T::zero(); n * f];
-        for atom in 0..n {
-            let y = &s.y[3 * f * atom..3 * f * (atom + 1)];
-            let gy = &mut gy[3 * f * atom..3 * f * (atom + 1)];
-            for k in 0..f {
-                let g = gq[atom * f + k];
-                gy[k] = g;
-                gy[2 * f + k] = g * s.dot_vw[atom * f + k];
-                gdot[atom * f + k] = g * y[2 * f + k];
-            }
-            for a in 0..3 {
-                let row = (3 * atom + a) * 2 * f;
-                for k in 0..f {
-                    gy[f + k] += gmu[(3 * atom + a) * f + k] * s.vw[row + f + k];
-                }
+        for (atom, gy) in gy.chunks_exact_mut(3 * f).enumerate() {
+            let (g, dot_vw) = (&gq[atom * f..][..f], &s.dot_vw[atom * f..][..f]);
+            let (gyq, gyv, gys) = thirds_mut(gy, f);
+            gyq.copy_from_slice(g);
+            product_of(gys, g, dot_vw);
+            product_of(
+                &mut gdot[atom * f..][..f],
+                g,
+                &s.y[3 * f * atom + 2 * f..][..f],
+            );
+            let gmu = gmu[3 * atom * f..][..3 * f].chunks_exact(f);
+            for (gmu, row) in gmu.zip(s.vw[6 * atom * f..][..6 * f].chunks_exact(2 * f)) {
+                mul_add(gyv, gmu, &row[f..]);
             }
         }
         let mut gh = block.mixing[1].backward(&gy);
         silu_backward(&mut gh, &s.pre_mix);
         let gcontext = block.mixing[0].backward(&gh);
         let mut gvw = vec![T::zero(); 6 * n * f];
-        for atom in 0..n {
-            let y = &s.y[3 * f * atom..3 * f * (atom + 1)];
-            for k in 0..f {
-                gq[atom * f + k] += gcontext[2 * f * atom + k];
-            }
-            for a in 0..3 {
-                let row = (3 * atom + a) * 2 * f;
-                for k in 0..f {
-                    let gdot = gdot[atom * f + k];
-                    let gnorm = gcontext[2 * f * atom + f + k];
-                    let (v, wv) = (s.vw[row + k], s.vw[row + f + k]);
-                    gvw[row + k] = gdot * wv + gnorm * v / s.norm[atom * f + k];
-                    gvw[row + f + k] = gmu[(3 * atom + a) * f + k] * y[f + k] + gdot * v;
-                }
+        let mut gnorm_over_norm = vec![T::zero(); f];
+        for (atom, gvw) in gvw.chunks_exact_mut(6 * f).enumerate() {
+            let (gq_context, gnorm) = gcontext[2 * f * atom..][..2 * f].split_at(f);
+            add(&mut gq[atom * f..][..f], gq_context);
+            quotient_of(&mut gnorm_over_norm, gnorm, &s.norm[atom * f..][..f]);
+            let (yv, gdot) = (&s.y[3 * f * atom + f..][..f], &gdot[atom * f..][..f]);
+            let rows = s.vw[6 * atom * f..][..6 * f].chunks_exact(2 * f);
+            let gmu = gmu[3 * atom * f..][..3 * f].chunks_exact(f);
+            for ((grow, row), gmu) in gvw.chunks_exact_mut(2 * f).zip(rows).zip(gmu) {
+                let ((gv, gw), (v, w)) = (grow.split_at_mut(f), row.split_at(f));
+                // ∂/∂μ_V: through μ_V · μ_W and ‖μ_V‖; ∂/∂μ_W: through μ_V · μ_W and a_vv μ_W.
+                product_of(gv, gdot, w);
+                mul_add(gv, &gnorm_over_norm, v);
+                product_of(gw, gmu, yv);
+                mul_add(gw, gdot, v);
             }
         }
         let gmu_mix = block.channel_mix.backward(&gvw);
@@ -478,7 +490,7 @@ impl<T: Real> Weights<T> {
         let mut sums = vec![T::zero(); 4 * f];
         for (local, p) in part.pairs.clone().enumerate() {
             let (i, j) = (pairs.i[p] - part.atoms.start, pairs.j[p]);
-            let row = local * width + start;
+            let row = part.rows[local] * width + start;
             let (wq, wr, wm) = thirds(&part.filters[row..], f);
             let (xq, xr, xm) = thirds(&block.x[3 * f * j..], f);
             let (gxq, gxr, gxm) = thirds_mut(&mut part.gx_sent[3 * f * j..], f);
@@ -517,23 +529,62 @@ impl<T: Real> Weights<T> {
         part.gq.iter_mut().zip(&gq).for_each(|(g, &c)| *g += c);
     }
 
-    /// ∂E/∂r of the part's pairs: ∂E/∂d û + (∂E/∂û − (∂E/∂û · û) û) / d.
+    /// ∂E/∂r of the part's pairs: ∂E/∂d û + (∂E/∂û − (∂E/∂û · û) û) / d, where ∂E/∂d of a
+    /// filter row shared by a pair and its reverse goes to the first of them whole: `d` is one
+    /// function of the two atoms' positions, so their forces and the virial are the same as with
+    /// the halves.
     #[inline(always)]
     fn pair_gradients(&self, part: &mut Part<T>) {
-        let rows = self.filter_rows();
+        let width = self.filter_rows();
         let gpsi = self.filter.backward(&part.gfilters);
         part.gradients = (0..part.pairs.len())
             .map(|p| {
-                let gd = dot(
-                    &gpsi[p * rows..(p + 1) * rows],
-                    &part.dpsi[p * rows..(p + 1) * rows],
-                );
+                let row = part.rows[p] * width..(part.rows[p] + 1) * width;
+                let gd = if part.owns[p] {
+                    dot(&gpsi[row.clone()], &part.dpsi[row])
+                } else {
+                    T::zero()
+                };
                 let (u, gu) = (part.u[p], part.gu[p]);
                 let along = gu[0] * u[0] + gu[1] * u[1] + gu[2] * u[2];
                 std::array::from_fn(|a| gd * u[a] + (gu[a] - along * u[a]) / part.d[p])
             })
             .collect();
     }
+}
+
+/// The filter row of each pair of `range`, numbered in order of first use: a pair and its
+/// reverse (centre and neighbour swapped, the vector negated bit for bit, so the same distance
+/// and the same filters) share the row of the first of the two, which halves the filter products
+/// of a structure evaluated as one part.
+fn filter_rows<T: Real>(pairs: &Pairs<T>, range: Range<usize>) -> Vec<usize> {
+    // `+ 0` makes −0 into 0: a component is 0 in both directions or in neither.
+    let key = |i: usize, j: usize, r: [T; 3]| {
+        (
+            i,
+            j,
+            r.map(|v| {
+                num_traits::ToPrimitive::to_f64(&(v + T::zero()))
+                    .unwrap_or(f64::NAN)
+                    .to_bits()
+            }),
+        )
+    };
+    let mut seen = HashMap::with_capacity(range.len());
+    let (mut rows, mut count) = (Vec::with_capacity(range.len()), 0);
+    for p in range {
+        let (i, j, r) = (pairs.i[p], pairs.j[p], pairs.r[p]);
+        let row = match seen.get(&key(j, i, r.map(|v| -v))) {
+            Some(&row) => row,
+            None => {
+                count += 1;
+                count - 1
+            }
+        };
+        seen.insert(key(i, j, r), row);
+        rows.push(row);
+    }
+    rows
 }
 
 /// [`Weights::part`] as a `pulp` operation: inlined, with everything it calls, into a function
@@ -648,5 +699,34 @@ impl<T: Real> Exchange<T> {
 fn set<T>(slot: &OnceLock<T>, value: T) {
     if slot.set(value).is_err() {
         unreachable!("each part publishes into its own slot once");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pair and its reverse share a row whichever comes first, a zero component matches
+    /// whatever its sign, and a pair whose reverse is elsewhere (another part) or is a different
+    /// image gets a row of its own.
+    #[test]
+    fn a_pair_and_its_reverse_share_one_filter_row() {
+        let pairs = Pairs::<f32> {
+            i: vec![0, 0, 1, 2, 1, 2, 0],
+            j: vec![1, 2, 0, 0, 2, 1, 0],
+            r: vec![
+                [1.0, -0.5, 2.0],
+                [0.0, 1.5, -2.0],
+                [-1.0, 0.5, -2.0],
+                [0.0, -1.5, 2.0],
+                [0.25, 0.0, 0.0],
+                [-0.25, 0.0, 1e-7],
+                [3.0, 0.0, 0.0],
+            ],
+        };
+        assert_eq!(filter_rows(&pairs, 0..7), [0, 1, 0, 1, 2, 3, 4]);
+        // Apart, a pair and its reverse each have a row.
+        assert_eq!(filter_rows(&pairs, 1..3), [0, 1]);
+        assert_eq!(filter_rows(&pairs, 2..4), [0, 1]);
     }
 }
