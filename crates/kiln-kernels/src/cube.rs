@@ -19,22 +19,30 @@ use burn_ir::{BackendIr, InitOperationIr, OperationIr};
 pub type Fused<R, BT> = Fusion<CubeBackend<R, f32, i32, BT>>;
 
 /// The fusion stream's tensor of [`Fused`].
-type Primitive<R> = FusionTensor<burn_cubecl::fusion::FusionCubeRuntime<R>>;
+pub type Primitive<R> = FusionTensor<burn_cubecl::fusion::FusionCubeRuntime<R>>;
 
 /// Whether `B` is [`Fused<R, BT>`](Fused).
 pub fn is_fused<B: Backend, R: CubeRuntime, BT: BoolElement>() -> bool {
     TypeId::of::<B>() == TypeId::of::<Fused<R, BT>>()
 }
 
-/// `x` as a cubecl tensor, when `B` is [`Fused<R, BT>`](Fused) (in `x`'s own float dtype).
-pub fn float_input<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
+/// `x`'s tensor in the fusion stream, when `B` is [`Fused<R, BT>`](Fused): what an operation
+/// registered with the stream takes as an input.
+pub fn fusion_tensor<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
     x: Tensor<B, D>,
-) -> Option<CubeTensor<R>> {
+) -> Option<Primitive<R>> {
     if !is_fused::<B, R, BT>() {
         return None;
     }
     let primitive: Box<dyn Any> = Box::new(x.into_primitive().tensor());
-    let primitive = *primitive.downcast::<Primitive<R>>().ok()?;
+    primitive.downcast::<Primitive<R>>().ok().map(|t| *t)
+}
+
+/// `x` as a cubecl tensor, when `B` is [`Fused<R, BT>`](Fused) (in `x`'s own float dtype).
+pub fn float_input<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
+    x: Tensor<B, D>,
+) -> Option<CubeTensor<R>> {
+    let primitive = fusion_tensor::<B, R, BT, D>(x)?;
     let client = primitive.client.clone();
     Some(client.resolve_tensor_float::<CubeBackend<R, f32, i32, BT>>(primitive))
 }

@@ -107,12 +107,15 @@ pub fn product<B: Backend>(
         return None;
     }
     // The fusion stream's tensors, in the operation's input order: lhs, rhs, bias, residual.
-    let mut inputs = vec![fusion_tensor(lhs.clone())?, fusion_tensor(rhs.clone())?];
+    let mut inputs = vec![
+        cube::fusion_tensor::<B, Cuda, u8, 2>(lhs.clone())?,
+        cube::fusion_tensor::<B, Cuda, u8, 2>(rhs.clone())?,
+    ];
     if let Some(bias) = bias {
-        inputs.push(fusion_tensor(bias.clone())?);
+        inputs.push(cube::fusion_tensor::<B, Cuda, u8, 1>(bias.clone())?);
     }
     if let Some(residual) = residual {
-        inputs.push(fusion_tensor(residual.clone())?);
+        inputs.push(cube::fusion_tensor::<B, Cuda, u8, 2>(residual.clone())?);
     }
     let client = inputs[0].client.clone();
     let streams = OperationStreams::with_inputs(&inputs);
@@ -135,15 +138,6 @@ pub fn product<B: Backend>(
     let out: Box<dyn Any> = Box::new(out);
     let out = *out.downcast::<B::FloatTensorPrimitive>().ok()?;
     Some(Tensor::from_primitive(TensorPrimitive::Float(out)))
-}
-
-/// `x`'s tensor in burn's CUDA fusion stream (`B` is checked to be that backend).
-fn fusion_tensor<B: Backend, const D: usize>(x: Tensor<B, D>) -> Option<FusionTensor<Runtime>> {
-    let primitive: Box<dyn Any> = Box::new(x.into_primitive().tensor());
-    primitive
-        .downcast::<FusionTensor<Runtime>>()
-        .ok()
-        .map(|t| *t)
 }
 
 /// One product as an operation of burn's fusion stream.
@@ -249,16 +243,23 @@ fn warn_once(message: &str) {
     SAID.get_or_init(|| log::warn!("{message}"));
 }
 
-/// A cuBLASLt handle, a workspace per stream and the chosen kernels of one device.
+/// A cuBLASLt handle, a workspace per stream and the plans of one device's products.
 struct Library {
     handle: sys::cublasLtHandle_t,
     workspace: usize,
     workspaces: HashMap<usize, cudarc::driver::sys::CUdeviceptr>,
-    algorithms: HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>,
+    plans: HashMap<AlgoKey, Plan>,
 }
 
-// SAFETY: the handle is used under the mutex that owns it; cuBLASLt handles may be used from
-// any thread of the process.
+/// A product's descriptors and chosen kernel, made on its first run and kept for the next ones
+/// (making them costs the host more than queueing the product).
+struct Plan {
+    descriptors: Descriptors,
+    algorithm: sys::cublasLtMatmulAlgo_t,
+}
+
+// SAFETY: the handle and the plans' descriptors are used under the mutex that owns them;
+// cuBLASLt's handles and descriptors may be used from any thread of the process.
 unsafe impl Send for Library {}
 
 impl Library {
@@ -278,12 +279,12 @@ impl Library {
             handle,
             workspace: workspace_bytes(major),
             workspaces: HashMap::new(),
-            algorithms: HashMap::new(),
+            plans: HashMap::new(),
         })
     }
 }
 
-/// What a chosen kernel depends on: the product, TF32, the operands' alignments.
+/// What a [`Plan`] depends on: the product, TF32, the operands' alignments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct AlgoKey {
     gemm: Gemm,
@@ -393,28 +394,32 @@ fn run(
             ptr
         }
     };
-    let descriptors = Descriptors::new(gemm, problem, tf32, bias_ptr)?;
-    let algorithm = match library.algorithms.get(&key) {
-        Some(algorithm) => *algorithm,
-        None => {
-            let algorithm = descriptors.choose(library.handle, workspace_size, key.alignments)?;
+    let (handle, plans) = (library.handle, library.plans.len());
+    let plan = match library.plans.entry(key) {
+        Entry::Occupied(plan) => plan.into_mut(),
+        Entry::Vacant(slot) => {
+            let descriptors = Descriptors::new(gemm, problem, tf32)?;
+            // The heuristic sees the product as it will run.
+            descriptors.set_bias(bias_ptr)?;
+            let algorithm = descriptors.choose(handle, workspace_size, key.alignments)?;
             // Each shape should ask once per alignment: more lines than that (`KILN_LOG=debug`)
             // mean the look-ups cost every product.
-            log::debug!(
-                "cuBLASLt: kernel {} chosen for {key:?}",
-                library.algorithms.len() + 1
-            );
-            library.algorithms.insert(key, algorithm);
-            algorithm
+            log::debug!("cuBLASLt: kernel {} chosen for {key:?}", plans + 1);
+            slot.insert(Plan {
+                descriptors,
+                algorithm,
+            })
         }
     };
+    let descriptors = &plan.descriptors;
+    descriptors.set_bias(bias_ptr)?;
     let (alpha, beta) = (1.0f32, if gemm.accumulate { 1.0f32 } else { 0.0 });
     // SAFETY: the pointers are live device buffers of the shapes the layouts describe (the
     // tensors outlive the call's queueing, and their memory is freed in stream order), the
     // workspace is this stream's, and the stream is the one cubecl queues these tensors' work on.
     unsafe {
         lt::matmul(
-            library.handle,
+            handle,
             descriptors.matmul,
             &alpha as *const f32 as *const c_void,
             &beta as *const f32 as *const c_void,
@@ -426,7 +431,7 @@ fn run(
             descriptors.d,
             d_ptr as *mut c_void,
             descriptors.d,
-            &algorithm,
+            &plan.algorithm,
             workspace as *mut c_void,
             workspace_size,
             stream as sys::cudaStream_t,
@@ -435,7 +440,9 @@ fn run(
     .map_err(|e| format!("{e:?}"))
 }
 
-/// One product's cuBLASLt descriptors, destroyed with it.
+/// A product's cuBLASLt descriptors, destroyed with its [`Plan`]. The bias pointer is the one
+/// attribute that changes from run to run ([`Descriptors::set_bias`]): cuBLASLt reads the
+/// descriptors when a product is queued, and the library's mutex orders the runs.
 struct Descriptors {
     matmul: sys::cublasLtMatmulDesc_t,
     a: sys::cublasLtMatrixLayout_t,
@@ -444,12 +451,7 @@ struct Descriptors {
 }
 
 impl Descriptors {
-    fn new(
-        gemm: &Gemm,
-        problem: &ColumnMajor,
-        tf32: bool,
-        bias: Option<u64>,
-    ) -> Result<Descriptors, Failure> {
+    fn new(gemm: &Gemm, problem: &ColumnMajor, tf32: bool) -> Result<Descriptors, Failure> {
         let fail = |e: lt::CublasError| format!("{e:?}");
         let element = data_type(gemm.element);
         let matmul = lt::create_matmul_desc(
@@ -489,15 +491,25 @@ impl Descriptors {
             &epilogue as *const sys::cublasLtEpilogue_t as *const c_void,
             std::mem::size_of::<sys::cublasLtEpilogue_t>(),
         )?;
-        if let Some(bias) = bias {
-            let pointer = bias as *const c_void;
-            set(
-                Attribute::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+        Ok(made)
+    }
+
+    /// Points the epilogue's bias at `bias` (nothing without one).
+    fn set_bias(&self, bias: Option<u64>) -> Result<(), Failure> {
+        let Some(bias) = bias else {
+            return Ok(());
+        };
+        let pointer = bias as *const c_void;
+        // SAFETY: the attribute's value is a device pointer, `pointer` one.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                self.matmul,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                 &pointer as *const *const c_void as *const c_void,
                 std::mem::size_of::<*const c_void>(),
-            )?;
+            )
         }
-        Ok(made)
+        .map_err(|e| format!("{e:?}"))
     }
 
     /// cuBLASLt's first choice for this product within the workspace and these alignments.
@@ -554,7 +566,7 @@ impl Descriptors {
 
 impl Drop for Descriptors {
     fn drop(&mut self) {
-        // SAFETY: each was created by cuBLASLt for this product alone (null where not made);
+        // SAFETY: each was created by cuBLASLt for this plan alone (null where not made);
         // cuBLASLt reads descriptors when a product is queued, not when it runs.
         unsafe {
             for layout in [self.a, self.b, self.d] {
