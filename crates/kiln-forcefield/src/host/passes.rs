@@ -290,16 +290,13 @@ impl<T: Real> Weights<T> {
     #[inline(always)]
     fn start(&self, part: &mut Part<T>, numbers: &[u32], pairs: &Pairs<T>) {
         let f = self.f;
-        part.rows = filter_rows(pairs, part.pairs.clone());
-        let mut next_row = 0;
-        for (r, &row) in pairs.r[part.pairs.clone()].iter().zip(&part.rows) {
+        (part.rows, part.owns) = filter_rows(pairs, part.pairs.clone()).into_iter().unzip();
+        for (r, &owns) in pairs.r[part.pairs.clone()].iter().zip(&part.owns) {
             let length = (r[0] * r[0] + r[1] * r[1] + r[2] * r[2]).sqrt();
             part.d.push(length);
             part.u.push(r.map(|v| v / length));
-            part.owns.push(row == next_row);
-            if row == next_row {
+            if owns {
                 self.radial(length, &mut part.psi, &mut part.dpsi);
-                next_row += 1;
             }
         }
         part.filters = self.filter.forward(&part.psi);
@@ -553,11 +550,11 @@ impl<T: Real> Weights<T> {
     }
 }
 
-/// The filter row of each pair of `range`, numbered in order of first use: a pair and its
-/// reverse (centre and neighbour swapped, the vector negated bit for bit, so the same distance
-/// and the same filters) share the row of the first of the two, which halves the filter products
-/// of a structure evaluated as one part.
-fn filter_rows<T: Real>(pairs: &Pairs<T>, range: Range<usize>) -> Vec<usize> {
+/// The filter row of each pair of `range`, numbered in order of first use, and whether the pair
+/// is the row's first: a pair and its reverse (centre and neighbour swapped, the vector negated
+/// bit for bit, so the same distance and the same filters) share the row of the first of the
+/// two, which halves the filter products of a structure evaluated as one part.
+fn filter_rows<T: Real>(pairs: &Pairs<T>, range: Range<usize>) -> Vec<(usize, bool)> {
     // `+ 0` makes −0 into 0: a component is 0 in both directions or in neither.
     let key = |i: usize, j: usize, r: [T; 3]| {
         (
@@ -574,15 +571,15 @@ fn filter_rows<T: Real>(pairs: &Pairs<T>, range: Range<usize>) -> Vec<usize> {
     let (mut rows, mut count) = (Vec::with_capacity(range.len()), 0);
     for p in range {
         let (i, j, r) = (pairs.i[p], pairs.j[p], pairs.r[p]);
-        let row = match seen.get(&key(j, i, r.map(|v| -v))) {
-            Some(&row) => row,
+        let (row, first) = match seen.get(&key(j, i, r.map(|v| -v))) {
+            Some(&row) => (row, false),
             None => {
                 count += 1;
-                count - 1
+                (count - 1, true)
             }
         };
         seen.insert(key(i, j, r), row);
-        rows.push(row);
+        rows.push((row, first));
     }
     rows
 }
@@ -724,9 +721,11 @@ mod tests {
                 [3.0, 0.0, 0.0],
             ],
         };
-        assert_eq!(filter_rows(&pairs, 0..7), [0, 1, 0, 1, 2, 3, 4]);
+        let (t, f) = (true, false);
+        let all = [(0, t), (1, t), (0, f), (1, f), (2, t), (3, t), (4, t)];
+        assert_eq!(filter_rows(&pairs, 0..7), all);
         // Apart, a pair and its reverse each have a row.
-        assert_eq!(filter_rows(&pairs, 1..3), [0, 1]);
-        assert_eq!(filter_rows(&pairs, 2..4), [0, 1]);
+        assert_eq!(filter_rows(&pairs, 1..3), [(0, t), (1, t)]);
+        assert_eq!(filter_rows(&pairs, 2..4), [(0, t), (1, t)]);
     }
 }
