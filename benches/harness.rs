@@ -8,6 +8,10 @@
 //!
 //! Each measurement syncs the device before reading the clock (`iter_custom`), so GPU timings
 //! cover the work and not only its submission.
+//!
+//! `harness/host-products` times kiln's own CPU products on their own, `n×n` by a weight packed
+//! once, one row each for f32 (`sgemm`) and bf16 operands with f32 sums (`gemm::bf16`, on AMX or
+//! AVX512-BF16 where the CPU has them); criterion's "elem/s" is FLOP/s (2n³ a product).
 
 mod common;
 
@@ -66,9 +70,47 @@ impl DeviceJob for Harness<'_> {
     }
 }
 
+/// kiln's own CPU products at `n×n`, f32 and bf16, each row's throughput in FLOP.
+fn host_products(criterion: &mut Criterion) {
+    use kiln::kernels::gemm::{Bf16Isa, bf16};
+    use kiln::kernels::sgemm;
+    let mut group = criterion.benchmark_group("harness/host-products");
+    group.measurement_time(Duration::from_secs(3));
+    for n in [512, 1024, 2048] {
+        let values = |seed: usize| -> Vec<f32> {
+            (0..n * n)
+                .map(|i| ((i * 7 + seed) % 101) as f32 / 50.0 - 1.0)
+                .collect()
+        };
+        let (a, b, bias) = (values(1), values(2), vec![0.0; n]);
+        let mut c = vec![0.0; n * n];
+        group.throughput(Throughput::Elements(2 * (n as u64).pow(3)));
+        if sgemm::supported() {
+            let packed = sgemm::Packed::new(n, &[(&b, n)]);
+            group.bench_function(format!("sgemm/n={n}"), |run| {
+                run.iter(|| sgemm::product(&mut c, &a, &packed, n, false, &bias, |v| v))
+            });
+        }
+        match Bf16Isa::chosen() {
+            Some(isa) => {
+                let packed = bf16::Packed::new(n, &[(&b, n)]);
+                group.bench_function(format!("bf16/n={n}"), |run| {
+                    run.iter(|| bf16::product(&mut c, &a, &packed, n, false, &bias, |v| v))
+                });
+                if n == 2048 {
+                    eprintln!("bf16 products on {isa}");
+                }
+            }
+            None => eprintln!("SKIPPED bf16/n={n} (no amx_bf16 or avx512_bf16)"),
+        }
+    }
+    group.finish();
+}
+
 fn main() {
     let device = common::device_from_env();
     let mut criterion = Criterion::default().configure_from_args();
+    host_products(&mut criterion);
     if let Err(e) = device.run(Harness {
         criterion: &mut criterion,
         device,

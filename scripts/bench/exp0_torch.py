@@ -189,6 +189,12 @@ def main():
         action="store_true",
         help="f32 matrix products and convolutions on TF32 tensor cores (as burn's CUDA backend)",
     )
+    parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="the forward under torch.autocast(dtype=torch.bfloat16), the one-line mixed "
+        "precision a careful user adds (kiln's --policy mixed-bf16)",
+    )
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = args.tf32
@@ -205,6 +211,13 @@ def main():
         model, processor = PRESETS[args.model](args.dropout)
     model = model.to(args.device).train()
     embed = add_dropout(model, args.dropout)
+    if args.bf16:
+        f32_embed = embed
+        device_type = args.device.split(":")[0]
+
+        def embed(pixels):
+            with torch.autocast(device_type, dtype=torch.bfloat16):
+                return f32_embed(pixels).float()
 
     start = time.perf_counter()
     pixels = load_pixels(args.images, processor).to(args.device)
@@ -227,6 +240,7 @@ def main():
 
     image_passes = pixels.shape[0] * args.trials * sum(passes)
     print(f"torch {torch.__version__} on {args.device}, {args.threads} threads, {args.model}, "
+          f"{'bf16 autocast' if args.bf16 else 'f32'}, "
           f"{pixels.shape[0]} images, dropout {args.dropout}, batch {args.batch} rows")
     print("T   mean variance   uncertainty     spread  rank stab.")
     for row in rows:
@@ -245,6 +259,7 @@ def main():
         "trials": args.trials,
         "dropout": args.dropout,
         "batch": args.batch,
+        "bf16_autocast": args.bf16,
         "wall_s": wall,
         "image_passes_per_s": image_passes / wall,
         "preprocess_s": preprocess_s,

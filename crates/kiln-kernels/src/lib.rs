@@ -4,6 +4,8 @@
 //!
 //! - [`sgemm`]: packed-panel f32 products with fused epilogues (kiln-vision's projections,
 //!   kiln-forcefield's host potential);
+//! - [`gemm`]: where products are chosen by element type; [`gemm::bf16`]: bf16 products with
+//!   f32 sums on AMX tiles or AVX512-BF16 (the mixed-bf16 policy's host products);
 //! - [`math`] and [`gelu`]: vectorised host math and the GELU as a differentiable host kernel;
 //! - [`host`]: f32 kernels for the host backends — bias + activation, softmax, RMSNorm, SwiGLU,
 //!   attention and its backward ([`host::AttentionOp`]);
@@ -46,6 +48,7 @@ pub mod cube;
 pub mod cublaslt;
 pub mod device_attention;
 pub mod device_mask;
+pub mod gemm;
 pub mod host;
 mod host_op;
 mod loss;

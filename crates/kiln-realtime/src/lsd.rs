@@ -402,14 +402,15 @@ impl<B: Backend> LiveStreamDiffusion<B> {
 
     /// The model's parameters converted once to `policy`'s compute dtype (the system's
     /// `model.to(dtype=torch.float16)`: no per-call casts), the group norms' kept in f32, where
-    /// they normalise.
+    /// they normalise; a bf16 policy on a host backend keeps them f32 for bf16 products
+    /// ([`FrameRuntime::with_policy`]).
     pub fn with_policy(self, policy: Policy) -> Self {
-        let mut model = cast_module(self, policy.compute);
+        let (mut model, runtime) = FrameRuntime::with_policy(self, policy);
         let block = &mut model.diffusion_block;
         for norm in [&mut block.norm_in, &mut block.norm_down, &mut block.norm_up] {
             *norm = cast_module(norm.clone(), Precision::F32);
         }
-        model.runtime = FrameRuntime::new(policy);
+        model.runtime = runtime;
         model
     }
 
@@ -466,7 +467,7 @@ impl<B: Backend> LiveStreamDiffusion<B> {
             return Ok(out);
         }
         let pass = self.runtime.pass();
-        let policy = self.runtime.policy();
+        let policy = pass.policy_on::<B>(&frames.device());
         let frames = pass.input(frames);
         // The stream's last output in this model's dtype (another model may have written it).
         let previous = stream.previous.clone().map(|p| pass.input(p));

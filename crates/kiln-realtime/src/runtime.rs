@@ -1,10 +1,11 @@
 //! What every frame model computes with, and the frame checks they share.
 
+use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_core::{Policy, Precision};
+use kiln_core::{Policy, Precision, cast_module};
 use kiln_kernels::host;
-use kiln_transformer::{Pass, PreparedWeights, Settings};
+use kiln_transformer::{Pass, PreparedWeights, Products, Settings, host_autocast};
 
 use crate::FrameError;
 
@@ -18,13 +19,34 @@ pub(crate) struct FrameRuntime {
 
 impl FrameRuntime {
     /// A runtime computing under `policy`.
-    pub(crate) fn new(policy: Policy) -> Self {
+    fn new(policy: Policy) -> Self {
         FrameRuntime {
             settings: Settings {
                 policy,
                 ..Settings::default()
             },
-            prepared: PreparedWeights::default(),
+            prepared: PreparedWeights::default().for_products(Products::under(&policy)),
+        }
+    }
+
+    /// `model` under `policy`, and its runtime: the parameters converted once to the compute
+    /// dtype (the system's `model.to(dtype=...)`: no per-call casts), except for a bf16 policy
+    /// on a host backend, where they stay f32 and the host layers run as PyTorch's CPU autocast
+    /// does ([`host_autocast`]): every product reads its operands rounded to bf16 (the
+    /// weights' values are those of the bf16 copy), the layers between in f32.
+    pub(crate) fn with_policy<B: Backend, M: Module<B>>(model: M, policy: Policy) -> (M, Self) {
+        let as_mixed = Policy {
+            param: Precision::F32,
+            ..policy
+        };
+        let on_host = (model.devices().first()).is_some_and(|d| host_autocast::<B>(&as_mixed, d));
+        if on_host {
+            (model, FrameRuntime::new(as_mixed))
+        } else {
+            (
+                cast_module(model, policy.compute),
+                FrameRuntime::new(policy),
+            )
         }
     }
 
@@ -44,10 +66,14 @@ impl FrameRuntime {
     }
 
     /// Whether the host layers serve a forward of `x`: an f32 tensor of a host backend without
-    /// autodiff ([`host::serves`]) into a model computing in f32 (a half policy's parameters
-    /// go through burn's operations, in their dtype, whatever the input's).
+    /// autodiff ([`host::serves`]) into a model whose parameters are f32 (f32 compute, or host
+    /// autocast; a half policy's parameters elsewhere go through burn's operations, in their
+    /// dtype, whatever the input's).
     pub(crate) fn on_host<B: Backend, const D: usize>(&self, x: &Tensor<B, D>) -> bool {
-        self.policy().compute == Precision::F32 && host::serves(x)
+        let policy = self.policy();
+        let f32_parameters =
+            policy.compute == Precision::F32 || host_autocast::<B>(&policy, &x.device());
+        f32_parameters && host::serves(x)
     }
 }
 

@@ -123,11 +123,12 @@ impl<B: Backend> UNet<B> {
         Ok(loaded)
     }
 
-    /// The U-Net's parameters converted once to `policy`'s compute dtype (the system's
-    /// `model.to(dtype=torch.float16)`: no per-call casts of the weights).
+    /// The U-Net under `policy`: its parameters converted once to the compute dtype (the
+    /// system's `model.to(dtype=torch.float16)`: no per-call casts of the weights); a bf16
+    /// policy on a host backend keeps them f32 for bf16 products ([`FrameRuntime::with_policy`]).
     pub fn with_policy(self, policy: Policy) -> Self {
-        let mut model = kiln_core::cast_module(self, policy.compute);
-        model.runtime = FrameRuntime::new(policy);
+        let (mut model, runtime) = FrameRuntime::with_policy(self, policy);
+        model.runtime = runtime;
         model
     }
 
@@ -187,11 +188,13 @@ impl<B: Backend> UNet<B> {
     pub fn denoise(&self, frames: Tensor<B, 4>, timestep: f32) -> Result<Tensor<B, 4>, FrameError> {
         check_frames("U-Net", &frames, self.input_channels() - 1, None)?;
         let [batch, _, height, width] = frames.dims();
-        let plane = Tensor::full(
+        // In the frames' dtype: a half policy's output frames come back as the next input.
+        let plane = Tensor::<B, 4>::full(
             [batch, 1, height, width],
             timestep / 100.0,
             &frames.device(),
-        );
+        )
+        .cast(frames.dtype());
         Ok(self.forward(Tensor::cat(vec![frames, plane], 1)))
     }
 }

@@ -54,5 +54,5 @@ pub use activation::Activation;
 pub use dropout::{Draw, DropoutError, DropoutSites, Sample, Site};
 pub use layers::run_layers;
 pub use packed_attention::{PACKED_ATTENTION_KEYS, PackedAttention};
-pub use pass::{Pass, Settings, in_compute_dtype};
-pub use prepared::PreparedWeights;
+pub use pass::{Pass, Settings, host_autocast, in_compute_dtype};
+pub use prepared::{PreparedWeights, Products};

@@ -19,8 +19,10 @@ use burn::nn::Linear;
 use burn::nn::conv::{Conv2d, ConvTranspose2d};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use kiln_core::{Policy, Precision};
 use kiln_kernels::HostValues;
 
+use kiln_kernels::gemm::bf16;
 use kiln_kernels::host;
 use kiln_kernels::host::winograd::{F2X2, F2X3, Minimal, Phase};
 use kiln_kernels::sgemm;
@@ -39,6 +41,9 @@ pub struct HostWeight {
 pub enum Operand {
     /// In [`sgemm`]'s column panels, where the CPU runs it.
     Packed(sgemm::Packed),
+    /// Rounded to bf16 in [`bf16`]'s pair-row panels: a pass whose products read bf16 operands
+    /// (the mixed-bf16 policy on a CPU with AMX or AVX512-BF16).
+    Bf16(bf16::Packed),
     /// Row-major `[in, out]`, for the `gemm` crate.
     RowMajor(Vec<f32>),
     /// Where the parameters hold it, copied nowhere ([`PreparedWeights::in_place`]): row-major
@@ -67,9 +72,49 @@ impl HostWeight {
         HostWeight { operand, bias }
     }
 
+    /// [`HostWeight::new`], rounded to bf16 for [`bf16`]'s products where `products` says so.
+    pub fn for_products(
+        products: Products,
+        inputs: usize,
+        blocks: &[(&[f32], usize)],
+        bias: Vec<f32>,
+    ) -> HostWeight {
+        match products {
+            Products::Bf16 => HostWeight {
+                operand: Operand::Bf16(bf16::Packed::new(inputs, blocks)),
+                bias,
+            },
+            Products::F32 => HostWeight::new(inputs, blocks, bias),
+        }
+    }
+
     /// The output columns.
     pub fn columns(&self) -> usize {
         self.bias.len()
+    }
+}
+
+/// The operands host products read: f32, or rounded to bf16 with f32 sums (PyTorch's CPU
+/// autocast).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Products {
+    /// f32 operands.
+    #[default]
+    F32,
+    /// bf16 operands, f32 sums ([`bf16`]).
+    Bf16,
+}
+
+impl Products {
+    /// The operands host products read under `policy`: bf16 under a bf16 compute policy with
+    /// f32 parameters where the CPU multiplies bf16 ([`bf16::supported`]), else f32.
+    pub fn under(policy: &Policy) -> Products {
+        let mixed_bf16 = policy.param == Precision::F32 && policy.compute == Precision::BF16;
+        if mixed_bf16 && bf16::supported() {
+            Products::Bf16
+        } else {
+            Products::F32
+        }
     }
 }
 
@@ -87,13 +132,16 @@ impl WinogradKernel {
     /// The kernel whose tap `(ty, tx)` from input `c` to output `o` is `tap(ty, tx, c, o)`,
     /// transformed by `minimal`.
     fn new(
+        products: Products,
         minimal: &Minimal,
         [inputs, outputs]: [usize; 2],
         tap: impl Fn(usize, usize, usize, usize) -> f32 + Sync,
         bias: Vec<f32>,
     ) -> Self {
         let points = (minimal.kernel([inputs, outputs], tap).iter())
-            .map(|u| HostWeight::new(inputs, &[(u, outputs)], vec![0.0; outputs]))
+            .map(|u| {
+                HostWeight::for_products(products, inputs, &[(u, outputs)], vec![0.0; outputs])
+            })
             .collect();
         WinogradKernel { points, bias }
     }
@@ -116,9 +164,11 @@ pub struct TapKernel {
 /// place (NdArray) prepare every forward.
 #[derive(Clone, Default)]
 pub struct PreparedWeights {
-    kept: Arc<Mutex<HashMap<ParamId, Prepared>>>,
+    kept: Arc<Mutex<HashMap<(ParamId, Products), Prepared>>>,
     /// Weights are read where the parameters hold them ([`Self::in_place`]).
     in_place: bool,
+    /// The operands the products read (weights kept apart per kind).
+    products: Products,
 }
 
 /// One prepared weight and what it was made from.
@@ -143,7 +193,32 @@ impl PreparedWeights {
         PreparedWeights {
             kept: Arc::default(),
             in_place: true,
+            products: Products::F32,
         }
+    }
+
+    /// The same kept weights, prepared for products that read `products` operands (bf16
+    /// weights are rounded and packed even where f32 ones would be read in place).
+    pub fn for_products(&self, products: Products) -> Self {
+        PreparedWeights {
+            products,
+            ..self.clone()
+        }
+    }
+
+    /// The operands the products read.
+    pub fn products(&self) -> Products {
+        self.products
+    }
+
+    /// Whether weights are read where the parameters hold them (f32 products only).
+    fn reads_in_place(&self) -> bool {
+        self.in_place && self.products == Products::F32
+    }
+
+    /// [`HostWeight::for_products`] with this kind of operand.
+    fn weight(&self, inputs: usize, blocks: &[(&[f32], usize)], bias: Vec<f32>) -> HostWeight {
+        HostWeight::for_products(self.products, inputs, blocks, bias)
     }
 
     /// `linear`'s weight and bias, the weight's columns and the bias scaled by `scale` when
@@ -155,7 +230,7 @@ impl PreparedWeights {
     ) -> Arc<HostWeight> {
         let [inputs, outputs] = linear.weight.dims();
         let mut sources = weight_and_bias(&linear.weight, linear.bias.as_ref());
-        if self.in_place && scale.is_none() {
+        if self.reads_in_place() && scale.is_none() {
             return in_place(&[(linear, outputs)], sources);
         }
         sources.extend(scale.map(HostValues::of));
@@ -169,7 +244,7 @@ impl PreparedWeights {
                 }
                 bias.iter_mut().zip(scale).for_each(|(b, s)| *b *= s);
             }
-            HostWeight::new(inputs, &[(&weight, outputs)], bias)
+            self.weight(inputs, &[(&weight, outputs)], bias)
         })
     }
 
@@ -181,7 +256,7 @@ impl PreparedWeights {
             .iter()
             .flat_map(|linear| weight_and_bias(&linear.weight, linear.bias.as_ref()))
             .collect();
-        if self.in_place {
+        if self.reads_in_place() {
             let blocks: Vec<_> = linears.iter().map(|l| (*l, l.weight.dims()[1])).collect();
             return in_place(&blocks, sources);
         }
@@ -196,7 +271,7 @@ impl PreparedWeights {
                 blocks.push((weight.values(), columns));
                 bias.extend(bias_of(own_bias, columns));
             }
-            HostWeight::new(inputs, &blocks, bias)
+            self.weight(inputs, &blocks, bias)
         })
     }
 
@@ -205,7 +280,7 @@ impl PreparedWeights {
     pub fn transposed<B: Backend>(&self, matrix: &Param<Tensor<B, 2>>) -> Arc<HostWeight> {
         let [outputs, inputs] = matrix.dims();
         let sources = vec![HostValues::of(&matrix.val())];
-        if self.in_place {
+        if self.reads_in_place() {
             let [matrix] = <[HostValues; 1]>::try_from(sources).expect("one source");
             return Arc::new(HostWeight {
                 operand: Operand::InPlaceTransposed(matrix),
@@ -214,7 +289,7 @@ impl PreparedWeights {
         }
         self.get(matrix.id, sources, |sources| {
             let weight = host::transposed(sources[0].values(), outputs, inputs);
-            HostWeight::new(inputs, &[(&weight, outputs)], vec![0.0; outputs])
+            self.weight(inputs, &[(&weight, outputs)], vec![0.0; outputs])
         })
     }
 
@@ -227,7 +302,7 @@ impl PreparedWeights {
         self.get(conv.weight.id, sources, |sources| {
             let kernel = host::transposed(sources[0].values(), outputs, depth);
             let bias = bias_of(conv.bias.is_some().then(|| &sources[1]), outputs);
-            HostWeight::new(depth, &[(&kernel, outputs)], bias)
+            self.weight(depth, &[(&kernel, outputs)], bias)
         })
     }
 
@@ -240,7 +315,7 @@ impl PreparedWeights {
         self.get(conv.weight.id, sources, |sources| {
             let kernel = host::conv::conv_kernel(sources[0].values(), shape);
             let bias = bias_of(conv.bias.is_some().then(|| &sources[1]), outputs);
-            HostWeight::new(channels * height * width, &[(&kernel, outputs)], bias)
+            self.weight(channels * height * width, &[(&kernel, outputs)], bias)
         })
     }
 
@@ -254,7 +329,7 @@ impl PreparedWeights {
             let kernel = host::conv::tap_kernel(sources[0].values(), shape);
             let columns = height * width * outputs;
             TapKernel {
-                taps: HostWeight::new(channels, &[(&kernel, columns)], vec![0.0; columns]),
+                taps: self.weight(channels, &[(&kernel, columns)], vec![0.0; columns]),
                 bias: bias_of(conv.bias.is_some().then(|| &sources[1]), outputs),
             }
         })
@@ -276,7 +351,7 @@ impl PreparedWeights {
             let bias = bias_of(conv.bias.is_some().then(|| &sources[1]), outputs);
             (kernels.iter())
                 .map(|kernel| {
-                    HostWeight::new(kernel.len() / outputs, &[(kernel, outputs)], bias.clone())
+                    self.weight(kernel.len() / outputs, &[(kernel, outputs)], bias.clone())
                 })
                 .collect()
         })
@@ -294,7 +369,7 @@ impl PreparedWeights {
                 weight[((o * inputs + c) * 3 + ty) * 3 + tx]
             };
             let bias = bias_of(conv.bias.is_some().then(|| &sources[1]), outputs);
-            WinogradKernel::new(&F2X3, [inputs, outputs], tap, bias)
+            WinogradKernel::new(self.products, &F2X3, [inputs, outputs], tap, bias)
         })
     }
 
@@ -317,7 +392,7 @@ impl PreparedWeights {
                         let [ky, kx] = phase.kernel_tap(ty, tx);
                         weight[((c * outputs + o) * 4 + ky) * 4 + kx]
                     };
-                    WinogradKernel::new(&F2X2, [inputs, outputs], tap, bias.clone())
+                    WinogradKernel::new(self.products, &F2X2, [inputs, outputs], tap, bias.clone())
                 })
                 .collect()
         })
@@ -333,7 +408,8 @@ impl PreparedWeights {
         prepare: impl FnOnce(&[HostValues]) -> T,
     ) -> Arc<T> {
         let lock = || self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(kept) = lock().get(&id)
+        let key = (id, self.products);
+        if let Some(kept) = lock().get(&key)
             && kept.sources.len() == sources.len()
             && kept
                 .sources
@@ -350,7 +426,7 @@ impl PreparedWeights {
                 sources,
                 weight: weight.clone(),
             };
-            lock().insert(id, kept);
+            lock().insert(key, kept);
         }
         weight
     }

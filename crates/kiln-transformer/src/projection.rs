@@ -14,6 +14,7 @@ use crate::Activation;
 use crate::linear_op::{trained_linear, trained_product_by_table};
 use crate::prepared::{HostWeight, Operand};
 use crate::{Pass, Site};
+use kiln_kernels::gemm::bf16;
 use kiln_kernels::host;
 use kiln_kernels::host::conv::Windows;
 use kiln_kernels::matmul::{Threads, View, Write, matmul};
@@ -256,8 +257,10 @@ pub fn product_rows(
     f: impl Fn(f32) -> f32 + Sync,
 ) -> Vec<f32> {
     let rows = x.len() / inputs.max(1);
-    if let Operand::Packed(packed) = &weight.operand {
-        return sgemm::new_product(x, packed, rows, &weight.bias, f);
+    match &weight.operand {
+        Operand::Packed(packed) => return sgemm::new_product(x, packed, rows, &weight.bias, f),
+        Operand::Bf16(packed) => return bf16::new_product(x, packed, rows, &weight.bias, f),
+        _ => {}
     }
     let mut out = vec![0f32; rows * weight.columns()];
     product_rows_into(&mut out, x, inputs, weight, f);
@@ -276,6 +279,7 @@ pub fn product_rows_into(
     assert_eq!(out.len(), rows * outputs, "product: out's shape");
     match &weight.operand {
         Operand::Packed(packed) => sgemm::product(out, x, packed, rows, false, &weight.bias, f),
+        Operand::Bf16(packed) => bf16::product(out, x, packed, rows, false, &weight.bias, f),
         operand => {
             gemm_product(
                 out,
@@ -292,8 +296,8 @@ pub fn product_rows_into(
 }
 
 /// `f(windows W + b)` for a convolution's windows over an NHWC image (`[rows, out]`): on
-/// sgemm, packed straight from the image (the unfolded rows never written out); else through
-/// the unfolded rows.
+/// sgemm, packed straight from the image (the unfolded rows never written out); else (bf16
+/// products too) through the unfolded rows.
 pub fn product_windows(
     windows: &Windows,
     weight: &HostWeight,
@@ -310,8 +314,16 @@ pub fn product_windows(
 /// products), where splitting each across the threads would leave slivers.
 pub fn product_on_this_thread(x: &[f32], inputs: usize, weight: &HostWeight) -> Vec<f32> {
     let rows = x.len() / inputs.max(1);
-    if let Operand::Packed(packed) = &weight.operand {
-        return sgemm::new_product_on_this_thread(x, packed, rows, &weight.bias, |v| v);
+    match &weight.operand {
+        Operand::Packed(packed) => {
+            return sgemm::new_product_on_this_thread(x, packed, rows, &weight.bias, |v| v);
+        }
+        Operand::Bf16(packed) => {
+            let mut out = vec![0f32; rows * weight.columns()];
+            bf16::product_on_this_thread(&mut out, x, packed, rows, &weight.bias, |v| v);
+            return out;
+        }
+        _ => {}
     }
     let (operand, outputs) = (&weight.operand, weight.columns());
     let mut out = vec![0f32; rows * outputs];
@@ -361,7 +373,9 @@ fn gemm_product(
             let view = View::rows(0, outputs, inputs, inputs).transposed();
             product(0, outputs, matrix.values(), view);
         }
-        Operand::Packed(_) => unreachable!("packed weights run on sgemm"),
+        Operand::Packed(_) | Operand::Bf16(_) => {
+            unreachable!("packed weights run on their own kernels")
+        }
     }
 }
 
@@ -372,6 +386,9 @@ pub fn add_product(residual: &mut [f32], x: &[f32], inputs: usize, weight: &Host
     match &weight.operand {
         Operand::Packed(packed) => {
             sgemm::product(residual, x, packed, rows, true, &weight.bias, |v| v);
+        }
+        Operand::Bf16(packed) => {
+            bf16::product(residual, x, packed, rows, true, &weight.bias, |v| v);
         }
         operand => {
             host::add_bias_map(residual, &weight.bias, |v| v);
@@ -525,9 +542,18 @@ mod tests {
                 &[(&w, outputs)],
             )));
         }
+        if bf16::supported() {
+            operands.push(Operand::Bf16(bf16::Packed::new(inputs, &[(&w, outputs)])));
+        }
         for operand in operands {
+            // bf16 operands: within bf16 rounding of the sum's magnitude (|x|, |w| ≤ 1).
+            let tolerance = match operand {
+                Operand::Bf16(_) => inputs as f32 / 256.0,
+                _ => 1e-4,
+            };
             let name = match operand {
                 Operand::Packed(_) => "packed",
+                Operand::Bf16(_) => "bf16",
                 Operand::RowMajor(_) => "row-major",
                 Operand::InPlace(_) => "in place",
                 Operand::InPlaceTransposed(_) => "in place, transposed",
@@ -544,11 +570,11 @@ mod tests {
                 let i = r * outputs + c;
                 let want = dot(r, c);
                 assert!(
-                    (product[i] - f(want)).abs() < 1e-4,
+                    (product[i] - f(want)).abs() < tolerance,
                     "{name} f(xW+b) at {r},{c}"
                 );
                 assert!(
-                    (added[i] - residual[i] - want).abs() < 1e-4,
+                    (added[i] - residual[i] - want).abs() < tolerance,
                     "{name} r+xW+b at {r},{c}"
                 );
             }

@@ -251,7 +251,7 @@ fn grouped_attention<B: Backend>(
     };
     let scores = query.matmul(repeat(key).swap_dims(2, 3)) * (head_dim as f64).powf(-0.5);
     let probs = pass
-        .policy()
+        .policy_on::<B>(&scores.device())
         .keep_f32(scores, |scores| softmax(scores + bias, 3));
     probs.matmul(repeat(value))
 }

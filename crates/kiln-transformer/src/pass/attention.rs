@@ -69,7 +69,7 @@ impl Pass {
     ) -> Tensor<B, 4> {
         let scale = ((query.dims()[2] / heads) as f64).powf(-0.5);
         let scores = split_heads(query, heads).matmul(split_heads(key, heads).swap_dims(2, 3));
-        self.policy.keep_f32(scores * scale, |s| softmax(s, 3))
+        (self.policy_on::<B>(&scores.device())).keep_f32(scores * scale, |s| softmax(s, 3))
     }
 
     /// Self-attention on a host backend over the f32 data `qkv` `[batch, tokens, 3 · width]`:

@@ -19,12 +19,13 @@ use burn::module::Module;
 use burn::nn::{LayerNorm, RmsNorm};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use kiln_core::{Policy, Precision, cast_module};
+use kiln_core::{Policy, Precision, cast_module, is_host_backend};
+use kiln_kernels::gemm::Bf16Isa;
 use kiln_kernels::host;
 use kiln_kernels::{HashedMask, HostValues, dropout_mask};
 
 use crate::dropout::{Draw, DropoutSites, Site, apply_mask};
-use crate::prepared::PreparedWeights;
+use crate::prepared::{PreparedWeights, Products};
 
 /// How a model runs: its precision policy (set when its weights are loaded) and its Monte-Carlo
 /// dropout sites (used by stochastic forwards, those given a [`Draw`]; none by default).
@@ -49,16 +50,42 @@ impl Default for Settings {
 /// `model` as a forward pass computes with it: itself, or where `policy` stores parameters in
 /// another dtype than it computes in, a copy cast to the compute dtype (autocast's per-op weight
 /// casts, done once per forward). A copy shares the model's prepared weights, which are keyed by
-/// dtype.
+/// dtype. Under [host autocast](host_autocast) the model itself: its products read bf16 copies
+/// of the weights that are made once.
 pub fn in_compute_dtype<'a, B: Backend, M: Module<B> + Clone>(
     model: &'a M,
     policy: &Policy,
 ) -> Cow<'a, M> {
-    if policy.param == policy.compute {
+    let autocast = || (model.devices().first()).is_some_and(|d| host_autocast::<B>(policy, d));
+    if policy.param == policy.compute || autocast() {
         Cow::Borrowed(model)
     } else {
         Cow::Owned(cast_module(model.clone(), policy.compute))
     }
+}
+
+/// Whether `policy` runs as PyTorch's CPU autocast does on `device`: a mixed bf16 policy
+/// (f32 parameters, bf16 compute) on a host backend outside autodiff. Its tensors then stay f32
+/// (norms, softmax, GELU and sums in f32 by construction) and every host product reads its
+/// operands rounded to bf16, with f32 sums, on AMX or AVX512-BF16 ([`bf16`]); on a CPU with
+/// neither the products are f32 (said once), so the policy is never slower than `full` there.
+pub fn host_autocast<B: Backend>(policy: &Policy, device: &B::Device) -> bool {
+    policy.param == Precision::F32
+        && policy.compute == Precision::BF16
+        && is_host_backend::<B>(device)
+        && !B::ad_enabled(device)
+}
+
+/// Says once per process how host autocast multiplies on this CPU.
+fn announce_host_autocast() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| match Bf16Isa::chosen() {
+        Some(isa) => log::info!("mixed-bf16 on the CPU: products in bf16 on {isa}"),
+        None => log::warn!(
+            "this CPU has neither amx_bf16 nor avx512_bf16 (or KILN_BF16=off): mixed-bf16 \
+             multiplies in f32 here"
+        ),
+    });
 }
 
 /// One forward pass: the settings and, for a stochastic pass, each batch row's key and the
@@ -86,7 +113,7 @@ impl Pass {
             samples: draw.map(|d| d.rows.len()),
             keys,
             sites: Cell::new(0),
-            prepared: prepared.clone(),
+            prepared: prepared.for_products(Products::under(&settings.policy)),
         }
     }
 
@@ -122,9 +149,9 @@ impl Pass {
         self.drop(Site::Embeddings, tokens)
     }
 
-    /// The pixels in the compute dtype.
+    /// The pixels in the compute dtype (f32 under [`host_autocast`]).
     pub fn input<B: Backend, const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        self.policy.cast_input(x)
+        self.policy_on::<B>(&x.device()).cast_input(x)
     }
 
     /// A result in the output dtype.
@@ -135,6 +162,20 @@ impl Pass {
     /// The precision policy the pass runs under.
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// The policy tensors follow on `device`: the pass's, with f32 compute under
+    /// [`host_autocast`] (the products' operands are rounded inside the kernels).
+    pub fn policy_on<B: Backend>(&self, device: &B::Device) -> Policy {
+        if host_autocast::<B>(&self.policy, device) {
+            announce_host_autocast();
+            Policy {
+                compute: Precision::F32,
+                ..self.policy
+            }
+        } else {
+            self.policy
+        }
     }
 
     /// `norm(x)` (RMSNorm) in f32 whatever the compute dtype, as transformers' `LlamaRMSNorm`
@@ -152,9 +193,10 @@ impl Pass {
             let out = host::rms_norm(values.values(), weight.values(), norm.epsilon as f32);
             return Tensor::from_data(TensorData::new(out, x.dims()), &x.device());
         }
-        if self.policy.compute.is_half() {
+        let policy = self.policy_on::<B>(&x.device());
+        if policy.compute.is_half() {
             let wide = cast_module(norm.clone(), Precision::F32);
-            self.policy.keep_f32(x, |x| wide.forward(x))
+            policy.keep_f32(x, |x| wide.forward(x))
         } else {
             norm.forward(x)
         }
@@ -166,9 +208,10 @@ impl Pass {
         norm: &LayerNorm<B>,
         x: Tensor<B, D>,
     ) -> Tensor<B, D> {
-        if self.policy.compute.is_half() {
+        let policy = self.policy_on::<B>(&x.device());
+        if policy.compute.is_half() {
             let wide = cast_module(norm.clone(), Precision::F32);
-            self.policy.keep_f32(x, |x| wide.forward(x))
+            policy.keep_f32(x, |x| wide.forward(x))
         } else {
             norm.forward(x)
         }

@@ -1,0 +1,113 @@
+//! AVX512-BF16: a 32 × 32 block of `C` as four 8 × 32 register tiles (sixteen 512-bit f32
+//! accumulators), `vdpbf16ps` multiplying a broadcast pair of `A` values by 16 column pairs
+//! of `B`; and the rounding of f32 rows to bf16 (`vcvtne2ps2bf16`) that packing uses.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use std::ops::Range;
+
+use super::bf16::{BLOCK, K_STEP, TILE};
+
+/// Rows of one register tile.
+const ROWS: usize = 8;
+
+/// 32 bf16 values given as integer lanes.
+#[inline(always)]
+fn as_pairs(v: __m512i) -> __m512bh {
+    // SAFETY: both are 64 bytes of plain bits.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+}
+
+/// Whether the CPU has AVX512-BF16 (with AVX512-F).
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+}
+
+/// `out (+)= A · B` for one 32 × 32 block over the inner-dimension steps `steps`, `a`, `b`
+/// and `out` as [`super::amx::block`] reads and writes them.
+///
+/// # Safety
+/// [`available`] returned true; `steps` lies within `depth / K_STEP`; `a` holds
+/// `BLOCK · depth` values and `b` `2 · TILE · depth`.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn block(
+    a: *const u16,
+    b: *const u16,
+    depth: usize,
+    steps: Range<usize>,
+    out: &mut [f32],
+    add: bool,
+) {
+    assert!(out.len() >= BLOCK * BLOCK);
+    let right_b = b.wrapping_add(TILE * depth);
+    let pairs = steps.start * K_STEP / 2..steps.end * K_STEP / 2;
+    for first in (0..BLOCK).step_by(ROWS) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; ROWS];
+        if add {
+            for (row, acc) in acc.iter_mut().enumerate() {
+                let out = &out[(first + row) * BLOCK..][..BLOCK];
+                // SAFETY: each load reads 16 of the row's 32 values.
+                unsafe {
+                    acc[0] = _mm512_loadu_ps(out.as_ptr());
+                    acc[1] = _mm512_loadu_ps(out.as_ptr().add(TILE));
+                }
+            }
+        }
+        for pair in pairs.clone() {
+            // SAFETY: pair rows below depth / 2 lie inside both panels; the broadcast pairs
+            // inside the block's rows.
+            unsafe {
+                let left = _mm512_loadu_si512(b.add(pair * 2 * TILE).cast());
+                let right = _mm512_loadu_si512(right_b.add(pair * 2 * TILE).cast());
+                let (left, right) = (as_pairs(left), as_pairs(right));
+                for (row, acc) in acc.iter_mut().enumerate() {
+                    let (step, within) = (pair * 2 / K_STEP, pair * 2 % K_STEP);
+                    let values = a.add((step * BLOCK + first + row) * K_STEP + within);
+                    let values = values.cast::<i32>();
+                    let pairs = as_pairs(_mm512_set1_epi32(values.read_unaligned()));
+                    acc[0] = _mm512_dpbf16_ps(acc[0], pairs, left);
+                    acc[1] = _mm512_dpbf16_ps(acc[1], pairs, right);
+                }
+            }
+        }
+        for (row, acc) in acc.iter().enumerate() {
+            let out = &mut out[(first + row) * BLOCK..][..BLOCK];
+            // SAFETY: each store writes 16 of the row's 32 values.
+            unsafe {
+                _mm512_storeu_ps(out.as_mut_ptr(), acc[0]);
+                _mm512_storeu_ps(out.as_mut_ptr().add(TILE), acc[1]);
+            }
+        }
+    }
+}
+
+/// `to[i] = bf16(from[i])`, rounded to nearest even (`to` as long as `from`).
+///
+/// # Safety
+/// [`available`] returned true.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn round_row(from: &[f32], to: &mut [u16]) {
+    assert_eq!(from.len(), to.len());
+    let mut from_chunks = from.chunks_exact(2 * TILE);
+    let mut to_chunks = to.chunks_exact_mut(2 * TILE);
+    for (from, to) in (&mut from_chunks).zip(&mut to_chunks) {
+        // SAFETY: 32 values read, 32 written.
+        unsafe {
+            let low = _mm512_loadu_ps(from.as_ptr());
+            let high = _mm512_loadu_ps(from.as_ptr().add(TILE));
+            let rounded = _mm512_cvtne2ps_pbh(high, low);
+            _mm512_storeu_si512(
+                to.as_mut_ptr().cast(),
+                std::mem::transmute::<__m512bh, __m512i>(rounded),
+            );
+        }
+    }
+    for (from, to) in from_chunks
+        .remainder()
+        .iter()
+        .zip(to_chunks.into_remainder())
+    {
+        *to = super::bf16::round(*from);
+    }
+}

@@ -1,0 +1,551 @@
+//! Row-major products `C (+)= f(A · B + bias)` whose operands are rounded to bf16 and whose
+//! sums are f32, as PyTorch's CPU autocast multiplies (oneDNN's bf16 kernels): `B` is rounded
+//! and packed once per weight ([`Packed`]), `A` is rounded while it is packed, and the bias,
+//! the activation and a residual sum are applied in f32 as each 32 × 32 block of `C` is stored.
+//!
+//! Both instruction sets ([`Bf16Isa`]) read the same packing. `B`'s columns go in 16-column
+//! panels of pair rows: pair row `p` of a panel holds, for each of its 16 columns `j`, the
+//! values `B[2p, j]` and `B[2p + 1, j]` side by side (64 bytes: one AMX tile row, one 512-bit
+//! register for `vdpbf16ps`). `A` is packed in blocks of 32 rows, each block as `depth / 32`
+//! steps (the inner dimension rounded up to 32, zeros past it) of 32 rows × 32 values, so that a
+//! tile of `A` is 1 kB contiguous (rows a power-of-two apart thrashed L1 at `k` = 2048). A task
+//! computes the blocks of a range of rows against a range of columns whose panels stay in L2,
+//! the inner dimension in passes whose block of `A` stays in L1.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use super::Bf16Isa;
+
+/// Rows and columns of one block of `C`: 2 × 2 AMX tiles.
+pub(super) const BLOCK: usize = 32;
+/// Rows of an AMX tile of `A`, columns of a panel of `B` (16 f32 accumulators wide).
+pub(super) const TILE: usize = 16;
+/// Inner-dimension values one AMX step multiplies (one 64-byte tile row of bf16).
+pub(super) const K_STEP: usize = 32;
+/// Columns of a task: eight panels of `B`, `8 · 16 · depth` bf16 (192 kB at depth 768).
+const TASK_COLUMNS: usize = 4 * BLOCK;
+/// Inner-dimension steps per pass over a task's blocks: a block of `A`, 32 rows × 512 values
+/// (32 kB), stays in L1 while it meets every column block of the task, whose `B` stays in L2.
+const STEPS_PER_PASS: usize = 16;
+/// Row blocks whose sums a task keeps between passes (8 × 4 blocks of 4 kB).
+const ROW_BLOCKS_PER_PASS: usize = 8;
+
+/// Whether bf16 products run here ([`Bf16Isa::chosen`] found an instruction set).
+pub fn supported() -> bool {
+    Bf16Isa::chosen().is_some()
+}
+
+/// `x` rounded to the nearest bf16 (ties to even), as its 16 bits; NaN stays NaN.
+pub fn round(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return (bits >> 16) as u16 | 0x40;
+    }
+    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
+/// The f32 value of the bf16 `bits`.
+pub fn widen(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
+
+/// A product's right operand `[k, n]` rounded to bf16 and packed for [`product`]: 16-column
+/// panels of pair rows (zero past `k` and `n`), made once per weight.
+#[derive(Debug)]
+pub struct Packed {
+    k: usize,
+    n: usize,
+    /// `k` rounded up to [`K_STEP`].
+    depth: usize,
+    panels: Vec<u16>,
+}
+
+impl Packed {
+    /// The row-major `[k, n]` matrix whose columns are those of `blocks` side by side, each
+    /// block a row-major `[k, columns]` matrix given with its column count, rounded to bf16.
+    ///
+    /// Panics when a block is not `[k, columns]`.
+    pub fn new(k: usize, blocks: &[(&[f32], usize)]) -> Packed {
+        assert!(
+            blocks.iter().all(|(b, columns)| b.len() == k * columns),
+            "gemm::bf16::Packed::new: a block is not [k, columns]"
+        );
+        let n: usize = blocks.iter().map(|(_, columns)| columns).sum();
+        // The block and its column holding each column of the concatenation.
+        let sources: Vec<(&[f32], usize, usize)> = blocks
+            .iter()
+            .flat_map(|&(block, columns)| (0..columns).map(move |j| (block, columns, j)))
+            .collect();
+        let depth = k.next_multiple_of(K_STEP);
+        let panel_len = depth * TILE;
+        let mut panels = vec![0u16; n.div_ceil(BLOCK) * 2 * panel_len];
+        panels
+            .par_chunks_mut(panel_len.max(1))
+            .enumerate()
+            .for_each(|(panel, packed)| {
+                for (j, &(block, columns, column)) in
+                    sources.iter().enumerate().skip(panel * TILE).take(TILE)
+                {
+                    let lane = j - panel * TILE;
+                    for row in 0..k {
+                        packed[(row / 2) * 2 * TILE + 2 * lane + row % 2] =
+                            round(block[row * columns + column]);
+                    }
+                }
+            });
+        Packed {
+            k,
+            n,
+            depth,
+            panels,
+        }
+    }
+
+    /// Rows of the matrix (the product's inner dimension).
+    pub fn rows(&self) -> usize {
+        self.k
+    }
+
+    /// Columns of the matrix (the product's output columns).
+    pub fn columns(&self) -> usize {
+        self.n
+    }
+
+    /// The two panels of block column `block` (32 columns).
+    fn block(&self, block: usize) -> *const u16 {
+        self.panels[block * 2 * TILE * self.depth..].as_ptr()
+    }
+}
+
+/// `c = f(a · b + bias)`, or `c = f(c + a · b + bias)` with `accumulate`, for row-major `a`
+/// `[m, k]`, the packed `b` `[k, n]` and `c` `[m, n]`, and `bias` `[n]`, on all of rayon's
+/// threads; `a` is rounded to bf16, sums are f32.
+///
+/// Panics when a slice is shorter than its shape or no bf16 instruction set is [`supported`].
+pub fn product(
+    c: &mut [f32],
+    a: &[f32],
+    b: &Packed,
+    m: usize,
+    accumulate: bool,
+    bias: &[f32],
+    f: impl Fn(f32) -> f32 + Sync,
+) {
+    let isa = Bf16Isa::chosen().expect("gemm::bf16::product: no bf16 products on this CPU");
+    Product::new(isa, c, a, b, m, accumulate, bias).run(&f, true);
+}
+
+/// [`product`] on the calling thread alone, overwriting `c`: for a caller that runs several
+/// products at once, one per thread.
+pub fn product_on_this_thread(
+    c: &mut [f32],
+    a: &[f32],
+    b: &Packed,
+    m: usize,
+    bias: &[f32],
+    f: impl Fn(f32) -> f32 + Sync,
+) {
+    let isa = Bf16Isa::chosen().expect("gemm::bf16::product: no bf16 products on this CPU");
+    Product::new(isa, c, a, b, m, false, bias).run(&f, false);
+}
+
+/// [`product`] into a new vector `[m, n]`.
+pub fn new_product(
+    a: &[f32],
+    b: &Packed,
+    m: usize,
+    bias: &[f32],
+    f: impl Fn(f32) -> f32 + Sync,
+) -> Vec<f32> {
+    let mut c = vec![0f32; m * b.n];
+    product(&mut c, a, b, m, false, bias, f);
+    c
+}
+
+/// One product's operands and where it writes.
+struct Product<'a> {
+    isa: Bf16Isa,
+    c: Out,
+    a: &'a [f32],
+    b: &'a Packed,
+    m: usize,
+    accumulate: bool,
+    bias: &'a [f32],
+}
+
+/// `C`'s values, written by tasks whose blocks never overlap.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+
+// SAFETY: tasks write disjoint blocks of `C` (distinct rows × columns) while the product
+// borrows it mutably.
+#[allow(unsafe_code)]
+unsafe impl Send for Out {}
+#[allow(unsafe_code)]
+unsafe impl Sync for Out {}
+
+impl<'a> Product<'a> {
+    fn new(
+        isa: Bf16Isa,
+        c: &'a mut [f32],
+        a: &'a [f32],
+        b: &'a Packed,
+        m: usize,
+        accumulate: bool,
+        bias: &'a [f32],
+    ) -> Self {
+        assert!(a.len() >= m * b.k, "gemm::bf16::product: a is not [m, k]");
+        assert!(c.len() >= m * b.n, "gemm::bf16::product: c is not [m, n]");
+        assert_eq!(bias.len(), b.n, "gemm::bf16::product: bias is not [n]");
+        Product {
+            isa,
+            c: Out(c.as_mut_ptr()),
+            a,
+            b,
+            m,
+            accumulate,
+            bias,
+        }
+    }
+
+    /// `A` packed, then every task, on all threads or this one.
+    fn run(&self, f: &(impl Fn(f32) -> f32 + Sync), every_thread: bool) {
+        if self.m == 0 || self.b.n == 0 {
+            return;
+        }
+        let packed_a = self.pack_a(every_thread);
+        let threads = if every_thread {
+            rayon::current_num_threads()
+        } else {
+            1
+        };
+        let tasks = tasks(self.m.div_ceil(BLOCK), self.b.n.div_ceil(BLOCK), threads);
+        let run = |task: &Task| self.run_task(task, &packed_a, f);
+        match every_thread {
+            true => tasks.par_iter().for_each(run),
+            false => tasks.iter().for_each(run),
+        }
+    }
+
+    /// `A`'s rows rounded to bf16 in blocks of 32 rows, each block step by step (32 rows of 32
+    /// values: one AMX tile pair, 2 kB contiguous, whatever `k`), zeros past `m` and `k`.
+    fn pack_a(&self, every_thread: bool) -> Vec<u16> {
+        let (k, depth) = (self.b.k, self.b.depth);
+        let mut packed = vec![0u16; self.m.div_ceil(BLOCK) * BLOCK * depth];
+        let mut row_values = vec![0u16; depth];
+        let pack = |(block, to): (usize, &mut [u16]), row_values: &mut Vec<u16>| {
+            for r in 0..BLOCK.min(self.m - block * BLOCK) {
+                let row = block * BLOCK + r;
+                round_row(&self.a[row * k..][..k], &mut row_values[..k]);
+                for (step, values) in row_values.chunks_exact(K_STEP).enumerate() {
+                    to[(step * BLOCK + r) * K_STEP..][..K_STEP].copy_from_slice(values);
+                }
+            }
+        };
+        let blocks = BLOCK * depth;
+        match every_thread {
+            true => packed
+                .par_chunks_mut(blocks)
+                .enumerate()
+                .for_each_init(|| vec![0u16; depth], |values, block| pack(block, values)),
+            false => (packed.chunks_mut(blocks).enumerate())
+                .for_each(|block| pack(block, &mut row_values)),
+        }
+        packed
+    }
+
+    /// One task's blocks: groups of its row blocks against its column blocks, the inner
+    /// dimension in passes of [`STEPS_PER_PASS`] steps, the sums kept between passes.
+    #[allow(unsafe_code)]
+    fn run_task(&self, task: &Task, packed_a: &[u16], f: &impl Fn(f32) -> f32) {
+        let depth = self.b.depth;
+        let steps = depth / K_STEP;
+        let columns = task.column_blocks.len();
+        let mut sums: Vec<Block> = (0..ROW_BLOCKS_PER_PASS * columns)
+            .map(|_| Block([0f32; BLOCK * BLOCK]))
+            .collect();
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Bf16Isa::Amx {
+            // SAFETY: the ISA was chosen because AMX is available.
+            unsafe { super::amx::configure() };
+        }
+        let rows: Vec<usize> = task.row_blocks.clone().collect();
+        for group in rows.chunks(ROW_BLOCKS_PER_PASS) {
+            for first_step in (0..steps).step_by(STEPS_PER_PASS) {
+                let pass = first_step..(first_step + STEPS_PER_PASS).min(steps);
+                for (i, &row_block) in group.iter().enumerate() {
+                    let a = packed_a[row_block * BLOCK * depth..].as_ptr();
+                    for (j, column_block) in task.column_blocks.clone().enumerate() {
+                        let b = self.b.block(column_block);
+                        let out = &mut sums[i * columns + j].0;
+                        let add = first_step > 0;
+                        // SAFETY: `a` points at a whole packed block of 32 rows, `b` at two
+                        // whole panels, `pass` inside the depth; the chosen ISA is available
+                        // (and AMX configured above).
+                        #[cfg(target_arch = "x86_64")]
+                        unsafe {
+                            match self.isa {
+                                Bf16Isa::Amx => {
+                                    super::amx::block(a, b, depth, pass.clone(), out, add)
+                                }
+                                Bf16Isa::Avx512Bf16 => {
+                                    super::avx512_bf16::block(a, b, depth, pass.clone(), out, add)
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            for (i, &row_block) in group.iter().enumerate() {
+                for (j, column_block) in task.column_blocks.clone().enumerate() {
+                    let out = &sums[i * columns + j].0;
+                    self.store(row_block * BLOCK, column_block * BLOCK, out, f);
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Bf16Isa::Amx {
+            // SAFETY: configured above on this thread.
+            unsafe { super::amx::release() };
+        }
+    }
+
+    /// `C`'s block at (`first_row`, `first_column`) from the sums `out`, inside `C`'s bounds.
+    #[allow(unsafe_code)]
+    fn store(&self, first_row: usize, first_column: usize, out: &[f32], f: &impl Fn(f32) -> f32) {
+        let n = self.b.n;
+        let rows = BLOCK.min(self.m - first_row);
+        let columns = BLOCK.min(n - first_column);
+        let bias = &self.bias[first_column..][..columns];
+        for row in 0..rows {
+            let sums = &out[row * BLOCK..][..columns];
+            // SAFETY: this row's columns of the block belong to this task alone, inside `C`.
+            let c = unsafe {
+                std::slice::from_raw_parts_mut(
+                    self.c.0.add((first_row + row) * n + first_column),
+                    columns,
+                )
+            };
+            if self.accumulate {
+                for ((c, &sum), &bias) in c.iter_mut().zip(sums).zip(bias) {
+                    *c = f(*c + sum + bias);
+                }
+            } else {
+                for ((c, &sum), &bias) in c.iter_mut().zip(sums).zip(bias) {
+                    *c = f(sum + bias);
+                }
+            }
+        }
+    }
+}
+
+/// One block of sums, aligned for the tile stores.
+#[repr(C, align(64))]
+struct Block([f32; BLOCK * BLOCK]);
+
+/// A task: row blocks against column blocks (32 each).
+struct Task {
+    row_blocks: Range<usize>,
+    column_blocks: Range<usize>,
+}
+
+/// Tasks covering `row_blocks × column_blocks`: column ranges of [`TASK_COLUMNS`] (fewer when
+/// that leaves threads idle), row ranges cut so that there are a few tasks per thread.
+fn tasks(row_blocks: usize, column_blocks: usize, threads: usize) -> Vec<Task> {
+    let wanted = 4 * threads;
+    let mut per_task = (TASK_COLUMNS / BLOCK).min(column_blocks).max(1);
+    while per_task > 1 && column_blocks.div_ceil(per_task) * row_blocks < wanted {
+        per_task /= 2;
+    }
+    let column_tasks = column_blocks.div_ceil(per_task);
+    let row_tasks = wanted.div_ceil(column_tasks).clamp(1, row_blocks);
+    let rows_per_task = row_blocks.div_ceil(row_tasks);
+    let mut tasks = Vec::new();
+    for first_row in (0..row_blocks).step_by(rows_per_task) {
+        for first_column in (0..column_blocks).step_by(per_task) {
+            tasks.push(Task {
+                row_blocks: first_row..(first_row + rows_per_task).min(row_blocks),
+                column_blocks: first_column..(first_column + per_task).min(column_blocks),
+            });
+        }
+    }
+    tasks
+}
+
+/// `to[i] = bf16(from[i])`: 32 at a time where the CPU has AVX512-BF16.
+fn round_row(from: &[f32], to: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512_bf16::available() {
+        // SAFETY: the CPU has AVX512-BF16.
+        #[allow(unsafe_code)]
+        unsafe {
+            super::avx512_bf16::round_row(from, to)
+        };
+        return;
+    }
+    for (to, &from) in to.iter_mut().zip(from) {
+        *to = round(from);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Every instruction set this CPU has; the others print `SKIPPED (no flag)`.
+    fn isas_here() -> Vec<Bf16Isa> {
+        [Bf16Isa::Amx, Bf16Isa::Avx512Bf16]
+            .into_iter()
+            .filter(|isa| {
+                let here = isa.available();
+                if !here {
+                    println!("SKIPPED (no {})", isa.flag());
+                }
+                here
+            })
+            .collect()
+    }
+
+    /// Values spread over several binades, signs mixed, from a seed.
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
+                (unit - 0.5) * 4.0 * if state & 1 == 0 { 1.0 } else { 0.125 }
+            })
+            .collect()
+    }
+
+    /// `f(c₀ + a · b + bias)` in f64 with the operands as given, and Σ|a b| per value.
+    fn reference(
+        a: &[f32],
+        b: &[f32],
+        [m, k, n]: [usize; 3],
+        start: &[f32],
+        bias: &[f32],
+        f: impl Fn(f64) -> f64,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let mut exact = vec![0.0; m * n];
+        let mut magnitude = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let (mut sum, mut size) = (0f64, 0f64);
+                for l in 0..k {
+                    let product = f64::from(a[i * k + l]) * f64::from(b[l * n + j]);
+                    sum += product;
+                    size += product.abs();
+                }
+                exact[i * n + j] = f(f64::from(start[i * n + j]) + sum + f64::from(bias[j]));
+                magnitude[i * n + j] = size;
+            }
+        }
+        (exact, magnitude)
+    }
+
+    fn rounded(values: &[f32]) -> Vec<f32> {
+        values.iter().map(|&v| widen(round(v))).collect()
+    }
+
+    /// One product on `isa` against f64: within f32 summation error (far inside the bound
+    /// 2⁻⁸ Σ|ab|) of the product of the same rounded operands, and within two bf16 roundings
+    /// (unit roundoff u = 2⁻⁸ each: (2u + u²) Σ|ab|) of the product of the f32 operands.
+    fn check(isa: Bf16Isa, [m, k, n]: [usize; 3], split: usize, accumulate: bool, relu: bool) {
+        let seed = (m * 1_000_000 + k * 1000 + n) as u64;
+        let (a, b) = (values(m * k, seed), values(k * n, seed + 1));
+        let bias = values(n, seed + 2);
+        let start = if accumulate {
+            values(m * n, seed + 3)
+        } else {
+            vec![0.0; m * n]
+        };
+        // `b`'s columns as two blocks side by side, split at `split`.
+        let split = split.min(n);
+        let block = |columns: Range<usize>| -> Vec<f32> {
+            (0..k)
+                .flat_map(|l| b[l * n..][columns.clone()].to_vec())
+                .collect()
+        };
+        let (left, right) = (block(0..split), block(split..n));
+        let packed = Packed::new(k, &[(&left, split), (&right, n - split)]);
+        let mut c = start.clone();
+        let f = |v: f32| if relu { v.max(0.0) } else { v };
+        Product::new(isa, &mut c, &a, &packed, m, accumulate, &bias).run(&f, m % 2 == 0);
+        let f64_f = |v: f64| if relu { v.max(0.0) } else { v };
+        let (same_operands, magnitude) =
+            reference(&rounded(&a), &rounded(&b), [m, k, n], &start, &bias, f64_f);
+        let (exact, _) = reference(&a, &b, [m, k, n], &start, &bias, f64_f);
+        for i in 0..m * n {
+            let size = magnitude[i] + f64::from(start[i].abs()) + f64::from(bias[i % n].abs());
+            let got = f64::from(c[i]);
+            assert!(
+                (got - same_operands[i]).abs() <= 1e-5 * size + 1e-30,
+                "{isa}: [{m}, {k}, {n}] value {i}: {got} against {} (same operands)",
+                same_operands[i]
+            );
+            assert!(
+                (got - exact[i]).abs() <= size * (2.0 / 256.0 + 1.0 / 65536.0) + 1e-30,
+                "{isa}: [{m}, {k}, {n}] value {i}: {got} against {} (f64)",
+                exact[i]
+            );
+        }
+    }
+
+    #[test]
+    fn rounding_is_to_nearest_even() {
+        assert_eq!(round(1.0), 0x3f80);
+        // 1 + 2⁻⁸ lies halfway between 1 and 1 + 2⁻⁷: ties go to the even 1.
+        assert_eq!(round(1.0 + 1.0 / 256.0), 0x3f80);
+        assert_eq!(round(1.0 + 3.0 / 256.0), 0x3f82);
+        assert_eq!(widen(round(-2.5)), -2.5);
+        assert!(widen(round(f32::NAN)).is_nan());
+        assert_eq!(widen(round(f32::INFINITY)), f32::INFINITY);
+        assert_eq!(widen(round(f32::MAX)), f32::INFINITY);
+        let many = values(1000, 7);
+        let mut vector = vec![0u16; many.len()];
+        round_row(&many, &mut vector);
+        let scalar: Vec<u16> = many.iter().map(|&v| round(v)).collect();
+        assert_eq!(vector, scalar);
+    }
+
+    #[test]
+    fn large_and_ragged_products_match_f64() {
+        for isa in isas_here() {
+            // Odd row counts run on this thread: [1101, ..] gives tasks of more row blocks than
+            // one pass keeps; depth 768 takes two passes.
+            for shape in [
+                [1, 1, 1],
+                [33, 65, 47],
+                [64, 768, 96],
+                [100, 300, 200],
+                [1101, 64, 33],
+            ] {
+                check(isa, shape, shape[2] / 3, false, false);
+                check(isa, shape, 5, true, true);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        #[test]
+        fn products_match_f64(
+            m in 1usize..70,
+            k in 1usize..140,
+            n in 1usize..80,
+            split in 0usize..80,
+            accumulate: bool,
+            relu: bool,
+        ) {
+            for isa in isas_here() {
+                check(isa, [m, k, n], split, accumulate, relu);
+            }
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! Products on the CPU, by element type: where each instruction set is chosen once and the
+//! callers ask for a product, not for an instruction set.
+//!
+//! - f32: [`crate::sgemm`] (6 × 16 AVX2 / 6 × 64 AVX-512 register tiles), the `gemm` crate
+//!   ([`crate::matmul`]) for strided views;
+//! - bf16 operands with f32 accumulation, as PyTorch's CPU autocast multiplies: [`bf16`], on
+//!   Intel's AMX tiles (`tdpbf16ps`, Sapphire Rapids and later) or AVX512-BF16's `vdpbf16ps`
+//!   (Cooper Lake, AMD Zen 4 and Zen 5), chosen by [`Bf16Isa::chosen`].
+//!
+//! ```
+//! use kiln_kernels::gemm::bf16;
+//!
+//! if bf16::supported() {
+//!     // W [3, 2] rounded to bf16 and packed once, then y = x W + b for x [2, 3].
+//!     let w = [1.0, 0.0, 0.0, 1.0, 1.0, -1.0];
+//!     let packed = bf16::Packed::new(3, &[(&w, 2)]);
+//!     let x = [1.0, 2.0, 3.0, 0.5, 0.5, 0.5];
+//!     let y = bf16::new_product(&x, &packed, 2, &[0.5, 0.5], |v| v);
+//!     assert_eq!(y, [4.5, -0.5, 1.5, 0.5]);
+//! }
+//! ```
+
+#[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
+mod avx512_bf16;
+pub mod bf16;
+mod isa;
+
+pub use isa::Bf16Isa;
