@@ -74,6 +74,12 @@ impl DeviceJob for Harness<'_> {
 fn host_products(criterion: &mut Criterion) {
     use kiln::kernels::gemm::{Bf16Isa, bf16};
     use kiln::kernels::sgemm;
+    if let Some(peak) = bf16::peak_flop_per_s() {
+        eprintln!(
+            "bf16 peak, all threads: {:.2} TFLOP/s (operands in registers)",
+            peak / 1e12
+        );
+    }
     let mut group = criterion.benchmark_group("harness/host-products");
     group.measurement_time(Duration::from_secs(3));
     for n in [512, 1024, 2048] {

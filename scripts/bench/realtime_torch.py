@@ -26,6 +26,7 @@ Requirements: scripts/fixtures/requirements-hf.txt (torch).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -61,6 +62,12 @@ def main():
     parser.add_argument("--model", choices=["unet", "lsd"], default="unet")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32")
+    parser.add_argument(
+        "--autocast",
+        action="store_true",
+        help="an f32 model whose forwards run under torch.autocast(dtype=torch.bfloat16), the "
+        "one-line mixed precision (kiln's --policy mixed-bf16)",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--size", type=int, default=64)
@@ -114,7 +121,14 @@ def main():
         out, context = model(frame.view(b, 1, 3, size, size), context)
         return out
 
-    with torch.inference_mode():
+    if args.autocast and args.dtype != "f32":
+        parser.error("--autocast runs an f32 model: leave --dtype at f32")
+    autocast = (
+        torch.autocast(device.type, dtype=torch.bfloat16)
+        if args.autocast
+        else contextlib.nullcontext()
+    )
+    with torch.inference_mode(), autocast:
         for _ in range(args.warmup):
             one_frame()
         synchronize(device)
@@ -130,6 +144,7 @@ def main():
         "model": args.model,
         "batch": b,
         "dtype": args.dtype,
+        "bf16_autocast": args.autocast,
         "device": args.device,
         "threads": torch.get_num_threads(),
         "size": size,

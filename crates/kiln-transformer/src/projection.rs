@@ -296,8 +296,8 @@ pub fn product_rows_into(
 }
 
 /// `f(windows W + b)` for a convolution's windows over an NHWC image (`[rows, out]`): on
-/// sgemm, packed straight from the image (the unfolded rows never written out); else (bf16
-/// products too) through the unfolded rows.
+/// sgemm or in bf16, packed straight from the image (the unfolded rows never written out); else
+/// through the unfolded rows.
 pub fn product_windows(
     windows: &Windows,
     weight: &HostWeight,
@@ -305,6 +305,7 @@ pub fn product_windows(
 ) -> Vec<f32> {
     match &weight.operand {
         Operand::Packed(packed) => sgemm::conv_product(windows, packed, &weight.bias, f),
+        Operand::Bf16(packed) => bf16::conv_product(windows, packed, &weight.bias, f),
         _ => product_rows(&windows.unfolded(), windows.depth(), weight, f),
     }
 }

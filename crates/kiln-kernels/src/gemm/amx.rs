@@ -143,12 +143,14 @@ pub(super) unsafe fn block(
             let a_offset = step * BLOCK * K_STEP;
             let b_offset = step * K_STEP * TILE;
             asm!(
+                // Each load as late as its first product allows: tiles are not renamed, so
+                // the next step's loads wait for the products reading the same registers.
                 "tileloadd tmm4, [{upper} + {stride}*1]",
-                "tileloadd tmm5, [{lower} + {stride}*1]",
                 "tileloadd tmm6, [{left} + {sixty_four}*1]",
-                "tileloadd tmm7, [{right} + {sixty_four}*1]",
                 "tdpbf16ps tmm0, tmm4, tmm6",
+                "tileloadd tmm7, [{right} + {sixty_four}*1]",
                 "tdpbf16ps tmm1, tmm4, tmm7",
+                "tileloadd tmm5, [{lower} + {stride}*1]",
                 "tdpbf16ps tmm2, tmm5, tmm6",
                 "tdpbf16ps tmm3, tmm5, tmm7",
                 upper = in(reg) a.add(a_offset),
@@ -172,5 +174,39 @@ pub(super) unsafe fn block(
             stride = in(reg) out_stride,
             options(nostack),
         );
+    }
+}
+
+/// FLOP of one step of [`resident_products`]: four 16 × 16 × 32 multiply-adds.
+pub(super) const RESIDENT_FLOP_PER_STEP: f64 = 4.0 * 16.0 * 16.0 * 32.0 * 2.0;
+
+/// `steps` times four `tdpbf16ps` on tiles already in registers, no memory traffic: the
+/// engine's own rate, what a product's rate is read against.
+///
+/// # Safety
+/// [`configure`] ran on this thread.
+pub(super) unsafe fn resident_products(steps: usize) {
+    // SAFETY: tile-register operations only.
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "tilezero tmm4",
+            "tilezero tmm5",
+            "tilezero tmm6",
+            "tilezero tmm7",
+            options(nostack, nomem),
+        );
+        for _ in 0..steps {
+            asm!(
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                options(nostack, nomem),
+            );
+        }
     }
 }

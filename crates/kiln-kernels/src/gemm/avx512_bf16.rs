@@ -111,3 +111,26 @@ pub(super) unsafe fn round_row(from: &[f32], to: &mut [u16]) {
         *to = super::bf16::round(*from);
     }
 }
+
+/// Accumulators [`resident_products`] keeps busy: enough to cover `vdpbf16ps`'s latency.
+const RESIDENT_ACCUMULATORS: usize = 16;
+
+/// FLOP of one step of [`resident_products`]: each accumulator's 16 lanes, 2 pairs each.
+pub(super) const RESIDENT_FLOP_PER_STEP: f64 = RESIDENT_ACCUMULATORS as f64 * 16.0 * 2.0 * 2.0;
+
+/// `steps` times one `vdpbf16ps` into each of 16 accumulators, operands in registers: the
+/// instruction's own rate. Returns a sum of the accumulators so the work is kept.
+///
+/// # Safety
+/// [`available`] returned true.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn resident_products(steps: usize) -> f32 {
+    let pairs = as_pairs(_mm512_set1_epi32(std::hint::black_box(0x3f80_3f80)));
+    let mut acc = [_mm512_setzero_ps(); RESIDENT_ACCUMULATORS];
+    for _ in 0..steps {
+        for acc in &mut acc {
+            *acc = _mm512_dpbf16_ps(*acc, pairs, pairs);
+        }
+    }
+    acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum()
+}

@@ -12,11 +12,15 @@
 //! computes the blocks of a range of rows against a range of columns whose panels stay in L2,
 //! the inner dimension in passes whose block of `A` stays in L1.
 
+use std::cell::RefCell;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use rayon::prelude::*;
 
 use super::Bf16Isa;
+use crate::host::as_uninit;
+use crate::host::conv::Windows;
 
 /// Rows and columns of one block of `C`: 2 × 2 AMX tiles.
 pub(super) const BLOCK: usize = 32;
@@ -24,17 +28,68 @@ pub(super) const BLOCK: usize = 32;
 pub(super) const TILE: usize = 16;
 /// Inner-dimension values one AMX step multiplies (one 64-byte tile row of bf16).
 pub(super) const K_STEP: usize = 32;
-/// Columns of a task: eight panels of `B`, `8 · 16 · depth` bf16 (192 kB at depth 768).
-const TASK_COLUMNS: usize = 4 * BLOCK;
+/// Columns of a task: sixteen panels of `B`, `16 · 16 · depth` bf16 (384 kB at depth 768), in
+/// L2; fewer column tasks means fewer passes of `A` through L3 (at 2 048², 128 columns a task
+/// ran 0.82 TFLOP/s, 256 ran 0.92 on a Sapphire Rapids VM).
+const TASK_COLUMNS: usize = 8 * BLOCK;
 /// Inner-dimension steps per pass over a task's blocks: a block of `A`, 32 rows × 512 values
 /// (32 kB), stays in L1 while it meets every column block of the task, whose `B` stays in L2.
-const STEPS_PER_PASS: usize = 16;
-/// Row blocks whose sums a task keeps between passes (8 × 4 blocks of 4 kB).
-const ROW_BLOCKS_PER_PASS: usize = 8;
+const STEPS_PER_PASS: usize = 32;
+/// Row blocks whose sums a task keeps between passes (8 × 8 blocks of 4 kB).
+const ROW_BLOCKS_PER_PASS: usize = 4;
+
+thread_local! {
+    /// Each calling thread's packed `A`, reused by its products.
+    static PACKED_A: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+    /// Each task thread's sums between passes, reused by its tasks.
+    static SUMS: RefCell<Vec<Block>> = const { RefCell::new(Vec::new()) };
+}
 
 /// Whether bf16 products run here ([`Bf16Isa::chosen`] found an instruction set).
 pub fn supported() -> bool {
     Bf16Isa::chosen().is_some()
+}
+
+/// The CPU's bf16 peak on all of rayon's threads, in FLOP/s: the chosen instruction set's
+/// multiply-adds on operands held in registers (no memory traffic), timed after a warm-up run;
+/// the ceiling a bf16 product's rate is read against. `None` without bf16 products.
+#[allow(unsafe_code)]
+pub fn peak_flop_per_s() -> Option<f64> {
+    let isa = Bf16Isa::chosen()?;
+    let threads = rayon::current_num_threads();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (steps, flop_per_step) = match isa {
+            Bf16Isa::Amx => (100_000, super::amx::RESIDENT_FLOP_PER_STEP),
+            Bf16Isa::Avx512Bf16 => (1_000_000, super::avx512_bf16::RESIDENT_FLOP_PER_STEP),
+        };
+        // SAFETY: the chosen instruction set is available; AMX is configured on each thread
+        // that runs it.
+        let run = || {
+            (0..threads).into_par_iter().for_each(|_| unsafe {
+                match isa {
+                    Bf16Isa::Amx => {
+                        super::amx::configure();
+                        super::amx::resident_products(steps);
+                        super::amx::release();
+                    }
+                    Bf16Isa::Avx512Bf16 => {
+                        std::hint::black_box(super::avx512_bf16::resident_products(steps));
+                    }
+                }
+            })
+        };
+        run();
+        let start = std::time::Instant::now();
+        run();
+        let seconds = start.elapsed().as_secs_f64();
+        Some(threads as f64 * steps as f64 * flop_per_step / seconds)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, threads);
+        None
+    }
 }
 
 /// `x` rounded to the nearest bf16 (ties to even), as its 16 bits; NaN stays NaN.
@@ -134,7 +189,7 @@ pub fn product(
     f: impl Fn(f32) -> f32 + Sync,
 ) {
     let isa = Bf16Isa::chosen().expect("gemm::bf16::product: no bf16 products on this CPU");
-    Product::new(isa, c, a, b, m, accumulate, bias).run(&f, true);
+    Product::new(isa, as_uninit(c), Lhs::Matrix(a), b, m, accumulate, bias).run(&f, true);
 }
 
 /// [`product`] on the calling thread alone, overwriting `c`: for a caller that runs several
@@ -148,7 +203,7 @@ pub fn product_on_this_thread(
     f: impl Fn(f32) -> f32 + Sync,
 ) {
     let isa = Bf16Isa::chosen().expect("gemm::bf16::product: no bf16 products on this CPU");
-    Product::new(isa, c, a, b, m, false, bias).run(&f, false);
+    Product::new(isa, as_uninit(c), Lhs::Matrix(a), b, m, false, bias).run(&f, false);
 }
 
 /// [`product`] into a new vector `[m, n]`.
@@ -159,16 +214,53 @@ pub fn new_product(
     bias: &[f32],
     f: impl Fn(f32) -> f32 + Sync,
 ) -> Vec<f32> {
-    let mut c = vec![0f32; m * b.n];
-    product(&mut c, a, b, m, false, bias, f);
-    c
+    let isa = Bf16Isa::chosen().expect("gemm::bf16::product: no bf16 products on this CPU");
+    written(m * b.n, |c| {
+        Product::new(isa, c, Lhs::Matrix(a), b, m, false, bias).run(&f, true)
+    })
+}
+
+/// A new vector of `len` values that `write` fills through a product without `accumulate`
+/// (which stores every value of its `C`), never zeroed first.
+#[allow(unsafe_code)]
+fn written(len: usize, write: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
+    // SAFETY: a product without `accumulate` writes each of its `m · n` values.
+    unsafe { crate::host::written_once(len, write) }
+}
+
+/// A product's left operand: row-major values, or a convolution's windows over an NHWC image
+/// (rounded to bf16 as they are read, the unfolded rows never written out).
+#[derive(Clone, Copy)]
+enum Lhs<'a> {
+    /// Row-major `[m, k]`.
+    Matrix(&'a [f32]),
+    /// The windows' rows, `[m, k]`.
+    Windows(&'a Windows<'a>),
+}
+
+/// `f(windows · b + bias)` `[rows, n]` on all of rayon's threads, for the windows of a
+/// convolution over an NHWC image and the kernel `b` packed as `[taps · channels, out]`: each
+/// window row is read from the image and rounded as `A` is packed.
+///
+/// Panics when `windows` and `b` disagree or no bf16 instruction set is [`supported`].
+pub fn conv_product(
+    windows: &Windows,
+    b: &Packed,
+    bias: &[f32],
+    f: impl Fn(f32) -> f32 + Sync,
+) -> Vec<f32> {
+    let isa = Bf16Isa::chosen().expect("gemm::bf16::conv_product: no bf16 products on this CPU");
+    let m = windows.rows();
+    written(m * b.n, |c| {
+        Product::new(isa, c, Lhs::Windows(windows), b, m, false, bias).run(&f, true)
+    })
 }
 
 /// One product's operands and where it writes.
 struct Product<'a> {
     isa: Bf16Isa,
     c: Out,
-    a: &'a [f32],
+    a: Lhs<'a>,
     b: &'a Packed,
     m: usize,
     accumulate: bool,
@@ -189,19 +281,25 @@ unsafe impl Sync for Out {}
 impl<'a> Product<'a> {
     fn new(
         isa: Bf16Isa,
-        c: &'a mut [f32],
-        a: &'a [f32],
+        c: &'a mut [MaybeUninit<f32>],
+        a: Lhs<'a>,
         b: &'a Packed,
         m: usize,
         accumulate: bool,
         bias: &'a [f32],
     ) -> Self {
-        assert!(a.len() >= m * b.k, "gemm::bf16::product: a is not [m, k]");
+        match a {
+            Lhs::Matrix(a) => assert!(a.len() >= m * b.k, "gemm::bf16::product: a is not [m, k]"),
+            Lhs::Windows(windows) => assert!(
+                windows.rows() == m && windows.depth() == b.k,
+                "gemm::bf16::conv_product: the windows are not [m, k]"
+            ),
+        }
         assert!(c.len() >= m * b.n, "gemm::bf16::product: c is not [m, n]");
         assert_eq!(bias.len(), b.n, "gemm::bf16::product: bias is not [n]");
         Product {
             isa,
-            c: Out(c.as_mut_ptr()),
+            c: Out(c.as_mut_ptr().cast()),
             a,
             b,
             m,
@@ -215,57 +313,108 @@ impl<'a> Product<'a> {
         if self.m == 0 || self.b.n == 0 {
             return;
         }
-        let packed_a = self.pack_a(every_thread);
+        // The calling thread's buffer, kept between products (a product per call allocated and
+        // zeroed megabytes: page faults were a sixth of the U-Net's frame). Taken out while in
+        // use: a thread waiting on the tasks may run another product's work meanwhile.
+        let mut packed_a = PACKED_A.take();
+        self.run_packed(&mut packed_a, f, every_thread);
+        PACKED_A.set(packed_a);
+    }
+
+    /// [`Self::run`] with `A` packed into `packed_a` (grown as needed).
+    fn run_packed(
+        &self,
+        packed_a: &mut Vec<u16>,
+        f: &(impl Fn(f32) -> f32 + Sync),
+        every_thread: bool,
+    ) {
+        self.pack_a(packed_a, every_thread);
+        let packed_a = &packed_a[..];
         let threads = if every_thread {
             rayon::current_num_threads()
         } else {
             1
         };
         let tasks = tasks(self.m.div_ceil(BLOCK), self.b.n.div_ceil(BLOCK), threads);
-        let run = |task: &Task| self.run_task(task, &packed_a, f);
+        let run = |task: &Task| self.run_task(task, packed_a, f);
         match every_thread {
             true => tasks.par_iter().for_each(run),
             false => tasks.iter().for_each(run),
         }
     }
 
-    /// `A`'s rows rounded to bf16 in blocks of 32 rows, each block step by step (32 rows of 32
-    /// values: one AMX tile pair, 2 kB contiguous, whatever `k`), zeros past `m` and `k`.
-    fn pack_a(&self, every_thread: bool) -> Vec<u16> {
+    /// `A`'s rows rounded to bf16 into `packed` (its first `⌈m / 32⌉ · 32 · depth` values) in
+    /// blocks of 32 rows, each block step by step (32 rows of 32 values: one AMX tile pair, 2 kB
+    /// contiguous, whatever `k`), zeros past `m` and `k`.
+    fn pack_a(&self, packed: &mut Vec<u16>, every_thread: bool) {
         let (k, depth) = (self.b.k, self.b.depth);
-        let mut packed = vec![0u16; self.m.div_ceil(BLOCK) * BLOCK * depth];
-        let mut row_values = vec![0u16; depth];
-        let pack = |(block, to): (usize, &mut [u16]), row_values: &mut Vec<u16>| {
-            for r in 0..BLOCK.min(self.m - block * BLOCK) {
+        let len = self.m.div_ceil(BLOCK) * BLOCK * depth;
+        if packed.len() < len {
+            packed.resize(len, 0);
+        }
+        // `rounded` past `k` stays zero: every row is written whole, padding included.
+        let scratch = || (vec![0u16; depth], vec![0f32; k]);
+        let pack = |(block, to): (usize, &mut [u16]),
+                    (rounded, read): &mut (Vec<u16>, Vec<f32>)| {
+            for r in 0..BLOCK {
                 let row = block * BLOCK + r;
-                round_row(&self.a[row * k..][..k], &mut row_values[..k]);
-                for (step, values) in row_values.chunks_exact(K_STEP).enumerate() {
+                if row >= self.m {
+                    for step in 0..depth / K_STEP {
+                        to[(step * BLOCK + r) * K_STEP..][..K_STEP].fill(0);
+                    }
+                    continue;
+                }
+                let values = match self.a {
+                    Lhs::Matrix(a) => &a[row * k..][..k],
+                    Lhs::Windows(windows) => {
+                        windows.read(row, 0, read.as_mut_slice());
+                        read.as_slice()
+                    }
+                };
+                round_row(values, &mut rounded[..k]);
+                for (step, values) in rounded.chunks_exact(K_STEP).enumerate() {
                     to[(step * BLOCK + r) * K_STEP..][..K_STEP].copy_from_slice(values);
                 }
             }
         };
         let blocks = BLOCK * depth;
+        let packed = &mut packed[..len];
         match every_thread {
-            true => packed
-                .par_chunks_mut(blocks)
-                .enumerate()
-                .for_each_init(|| vec![0u16; depth], |values, block| pack(block, values)),
-            false => (packed.chunks_mut(blocks).enumerate())
-                .for_each(|block| pack(block, &mut row_values)),
+            true => (packed.par_chunks_mut(blocks).enumerate())
+                .for_each_init(scratch, |scratch, block| pack(block, scratch)),
+            false => {
+                let mut scratch = scratch();
+                (packed.chunks_mut(blocks).enumerate()).for_each(|block| pack(block, &mut scratch))
+            }
         }
-        packed
     }
 
     /// One task's blocks: groups of its row blocks against its column blocks, the inner
     /// dimension in passes of [`STEPS_PER_PASS`] steps, the sums kept between passes.
-    #[allow(unsafe_code)]
     fn run_task(&self, task: &Task, packed_a: &[u16], f: &impl Fn(f32) -> f32) {
+        // Each block's sums are written by its first pass before any read (`add` is false
+        // there); the buffer is this thread's, kept between tasks.
+        let blocks = ROW_BLOCKS_PER_PASS.min(task.row_blocks.len()) * task.column_blocks.len();
+        let mut sums = SUMS.take();
+        if sums.len() < blocks {
+            sums.resize_with(blocks, || Block([0f32; BLOCK * BLOCK]));
+        }
+        self.run_task_into(task, packed_a, f, &mut sums);
+        SUMS.set(sums);
+    }
+
+    /// [`Self::run_task`] with `sums` holding at least a group's blocks.
+    #[allow(unsafe_code)]
+    fn run_task_into(
+        &self,
+        task: &Task,
+        packed_a: &[u16],
+        f: &impl Fn(f32) -> f32,
+        sums: &mut [Block],
+    ) {
         let depth = self.b.depth;
         let steps = depth / K_STEP;
         let columns = task.column_blocks.len();
-        let mut sums: Vec<Block> = (0..ROW_BLOCKS_PER_PASS * columns)
-            .map(|_| Block([0f32; BLOCK * BLOCK]))
-            .collect();
         #[cfg(target_arch = "x86_64")]
         if self.isa == Bf16Isa::Amx {
             // SAFETY: the ISA was chosen because AMX is available.
@@ -324,17 +473,22 @@ impl<'a> Product<'a> {
             // SAFETY: this row's columns of the block belong to this task alone, inside `C`.
             let c = unsafe {
                 std::slice::from_raw_parts_mut(
-                    self.c.0.add((first_row + row) * n + first_column),
+                    self.c
+                        .0
+                        .add((first_row + row) * n + first_column)
+                        .cast::<MaybeUninit<f32>>(),
                     columns,
                 )
             };
             if self.accumulate {
                 for ((c, &sum), &bias) in c.iter_mut().zip(sums).zip(bias) {
-                    *c = f(*c + sum + bias);
+                    // SAFETY: with `accumulate`, `C` came initialised (`product` takes `&mut [f32]`).
+                    let start = unsafe { c.assume_init_read() };
+                    c.write(f(start + sum + bias));
                 }
             } else {
                 for ((c, &sum), &bias) in c.iter_mut().zip(sums).zip(bias) {
-                    *c = f(sum + bias);
+                    c.write(f(sum + bias));
                 }
             }
         }
@@ -476,7 +630,16 @@ mod tests {
         let packed = Packed::new(k, &[(&left, split), (&right, n - split)]);
         let mut c = start.clone();
         let f = |v: f32| if relu { v.max(0.0) } else { v };
-        Product::new(isa, &mut c, &a, &packed, m, accumulate, &bias).run(&f, m % 2 == 0);
+        Product::new(
+            isa,
+            as_uninit(&mut c),
+            Lhs::Matrix(&a),
+            &packed,
+            m,
+            accumulate,
+            &bias,
+        )
+        .run(&f, m % 2 == 0);
         let f64_f = |v: f64| if relu { v.max(0.0) } else { v };
         let (same_operands, magnitude) =
             reference(&rounded(&a), &rounded(&b), [m, k, n], &start, &bias, f64_f);
@@ -530,6 +693,33 @@ mod tests {
                 check(isa, shape, 5, true, true);
             }
         }
+    }
+
+    /// A convolution's windows read from the image give the product of the unfolded rows, bit
+    /// for bit (the same rounding, the same sums), padding and stride included.
+    #[test]
+    fn windows_are_packed_as_their_unfolded_rows() {
+        use crate::host::conv::Window;
+        if !supported() {
+            println!("SKIPPED (no amx_bf16 or avx512_bf16)");
+            return;
+        }
+        let shape = [2, 9, 11, 5];
+        let image = values(shape.iter().product(), 11);
+        let window = Window {
+            kernel: [3, 3],
+            stride: [2, 1],
+            padding: [1, 1],
+        };
+        let windows = Windows::new(&image, shape, window);
+        let outputs = 19;
+        let kernel = values(windows.depth() * outputs, 12);
+        let bias = values(outputs, 13);
+        let packed = Packed::new(windows.depth(), &[(&kernel, outputs)]);
+        let relu = |v: f32| v.max(0.0);
+        let from_image = conv_product(&windows, &packed, &bias, relu);
+        let unfolded = new_product(&windows.unfolded(), &packed, windows.rows(), &bias, relu);
+        assert_eq!(from_image, unfolded);
     }
 
     proptest! {

@@ -6,13 +6,28 @@
 //! Measured: see the test's output and docs/PERFORMANCE.md.
 
 use burn::backend::Flex;
-use kiln_cache::{ImageCache, ImageSource, Preprocess};
+use kiln_cache::{CachedImages, ImageCache, ImageSource, Preprocess};
 use kiln_core::{Policy, Precision};
 use kiln_vision::VisionModel;
 
 use crate::support;
 
 use support::{fixtures, relative};
+
+/// Each tower fixture with the output transformers' reference holds for the images.
+const TOWERS: [(&str, &str); 3] = [
+    ("clip_vision", "images.image_embeds"),
+    ("siglip_vision", "images.pooler_output"),
+    ("dinov2", "images.pooler_output"),
+];
+
+/// The fixture images, preprocessed as the checkpoint `dir` says, through a cache in `cache`.
+fn cached_images(cache: &std::path::Path, dir: &std::path::Path) -> CachedImages {
+    let preprocess = Preprocess::from_hf_config(dir.join("preprocessor_config.json")).unwrap();
+    ImageCache::new(cache)
+        .load(&ImageSource::Folder(fixtures().join("images")), &preprocess)
+        .unwrap()
+}
 
 fn reference(name: &str, key: &str) -> Vec<f32> {
     support::Reference::open(name).get(key).0
@@ -22,16 +37,9 @@ fn reference(name: &str, key: &str) -> Vec<f32> {
 fn cached_images_through_each_tower_match_transformers() {
     let cache_dir = tempfile::tempdir().unwrap();
     let device = Default::default();
-    for (name, output) in [
-        ("clip_vision", "images.image_embeds"),
-        ("siglip_vision", "images.pooler_output"),
-        ("dinov2", "images.pooler_output"),
-    ] {
+    for (name, output) in TOWERS {
         let dir = fixtures().join(name);
-        let preprocess = Preprocess::from_hf_config(dir.join("preprocessor_config.json")).unwrap();
-        let images = ImageCache::new(cache_dir.path())
-            .load(&ImageSource::Folder(fixtures().join("images")), &preprocess)
-            .unwrap();
+        let images = cached_images(cache_dir.path(), &dir);
         assert_eq!(
             images.names().collect::<Vec<_>>(),
             ["gray.png", "photo.jpg", "wide.png"]
@@ -58,6 +66,69 @@ fn cached_images_through_each_tower_match_transformers() {
                 "{name}/{image}: pixels differ by {pixel_error}"
             );
             assert!(error <= 1e-4, "{name}/{image}: {output} {error}");
+        }
+    }
+}
+
+/// Under `mixed-bf16` (on a CPU with AMX or AVX512-BF16: every product's operands rounded to
+/// bf16, f32 sums, the rest f32, as PyTorch's CPU autocast) each tower's embedding of each image
+/// keeps its direction: cosine ≥ 0.999 to kiln's f32 embedding and to transformers' f32 one.
+#[test]
+fn mixed_bf16_embeddings_keep_their_direction() {
+    use kiln_core::PolicySpec;
+    use kiln_kernels::gemm::Bf16Isa;
+    match Bf16Isa::chosen() {
+        Some(isa) => eprintln!("bf16 products on {isa}"),
+        None => eprintln!("SKIPPED (no amx_bf16 or avx512_bf16): mixed-bf16 computes in f32 here"),
+    }
+    let cache_dir = tempfile::tempdir().unwrap();
+    let device = Default::default();
+    let mixed = "mixed-bf16".parse::<PolicySpec>().unwrap();
+    let mixed = mixed.resolve::<Flex>(&device).unwrap();
+    let cosine = |a: &[f32], b: &[f32]| {
+        let dot = |x: &[f32], y: &[f32]| -> f64 {
+            x.iter()
+                .zip(y)
+                .map(|(&p, &q)| f64::from(p) * f64::from(q))
+                .sum()
+        };
+        dot(a, b) / (dot(a, a) * dot(b, b)).sqrt()
+    };
+    for (name, output) in TOWERS {
+        let dir = fixtures().join(name);
+        let images = cached_images(cache_dir.path(), &dir);
+        let embed = |policy: &Policy| -> Vec<f32> {
+            let pixels = images
+                .upload::<Flex>(0..images.len(), &device, Precision::F32)
+                .unwrap();
+            let model = VisionModel::<Flex>::from_hf_dir(&dir, &device, policy).unwrap();
+            let embeddings = model.forward(pixels).into_data();
+            embeddings.convert::<f32>().to_vec().unwrap()
+        };
+        let (full, half) = (embed(&Policy::full()), embed(&mixed));
+        // The products really ran in bf16 where the CPU has them (not f32 under another name).
+        assert_eq!(
+            half != full,
+            Bf16Isa::chosen().is_some(),
+            "{name}: mixed-bf16 against f32"
+        );
+        let theirs = reference(name, output);
+        let width = full.len() / images.len();
+        for (i, image) in images.names().enumerate() {
+            let row = |values: &[f32]| values[i * width..][..width].to_vec();
+            let to_kiln = cosine(&row(&half), &row(&full));
+            let to_transformers = cosine(&row(&half), &row(&theirs));
+            eprintln!(
+                "{name}/{image}: cosine {to_kiln:.6} to f32, {to_transformers:.6} to transformers"
+            );
+            assert!(
+                to_kiln >= 0.999,
+                "{name}/{image}: cosine {to_kiln} to kiln's f32"
+            );
+            assert!(
+                to_transformers >= 0.999,
+                "{name}/{image}: cosine {to_transformers} to transformers' f32"
+            );
         }
     }
 }
