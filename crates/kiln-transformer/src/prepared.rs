@@ -105,12 +105,17 @@ pub enum Products {
     Bf16,
 }
 
+/// Whether `policy` keeps f32 parameters and computes in bf16 (`mixed-bf16`): what host
+/// autocast and bf16 products both start from.
+pub(crate) fn is_mixed_bf16(policy: &Policy) -> bool {
+    policy.param == Precision::F32 && policy.compute == Precision::BF16
+}
+
 impl Products {
     /// The operands host products read under `policy`: bf16 under a bf16 compute policy with
     /// f32 parameters where the CPU multiplies bf16 ([`bf16::supported`]), else f32.
     pub fn under(policy: &Policy) -> Products {
-        let mixed_bf16 = policy.param == Precision::F32 && policy.compute == Precision::BF16;
-        if mixed_bf16 && bf16::supported() {
+        if is_mixed_bf16(policy) && bf16::supported() {
             Products::Bf16
         } else {
             Products::F32

@@ -112,7 +112,10 @@ pub(super) unsafe fn block(
     let lower_a = a.wrapping_add(TILE * K_STEP);
     let right_b = b.wrapping_add(TILE * depth);
     let out_stride = BLOCK * 4;
+    // The four 16 × 16 tiles of the block, row-major: C00, C01, C10, C11.
     let out = out.as_mut_ptr();
+    let [c0, c1, c2, c3] =
+        [0, TILE, TILE * BLOCK, TILE * BLOCK + TILE].map(|at| out.wrapping_add(at));
     // SAFETY (every statement): the tiles read lie inside `a` and `b` as the caller promises;
     // `out` holds 32 × 32 f32.
     unsafe {
@@ -122,10 +125,10 @@ pub(super) unsafe fn block(
                 "tileloadd tmm1, [{c1} + {stride}*1]",
                 "tileloadd tmm2, [{c2} + {stride}*1]",
                 "tileloadd tmm3, [{c3} + {stride}*1]",
-                c0 = in(reg) out,
-                c1 = in(reg) out.add(TILE),
-                c2 = in(reg) out.add(TILE * BLOCK),
-                c3 = in(reg) out.add(TILE * BLOCK + TILE),
+                c0 = in(reg) c0,
+                c1 = in(reg) c1,
+                c2 = in(reg) c2,
+                c3 = in(reg) c3,
                 stride = in(reg) out_stride,
                 options(nostack, readonly),
             );
@@ -167,10 +170,10 @@ pub(super) unsafe fn block(
             "tilestored [{c1} + {stride}*1], tmm1",
             "tilestored [{c2} + {stride}*1], tmm2",
             "tilestored [{c3} + {stride}*1], tmm3",
-            c0 = in(reg) out,
-            c1 = in(reg) out.add(TILE),
-            c2 = in(reg) out.add(TILE * BLOCK),
-            c3 = in(reg) out.add(TILE * BLOCK + TILE),
+            c0 = in(reg) c0,
+            c1 = in(reg) c1,
+            c2 = in(reg) c2,
+            c3 = in(reg) c3,
             stride = in(reg) out_stride,
             options(nostack),
         );

@@ -25,7 +25,7 @@ use kiln_kernels::host;
 use kiln_kernels::{HashedMask, HostValues, dropout_mask};
 
 use crate::dropout::{Draw, DropoutSites, Site, apply_mask};
-use crate::prepared::{PreparedWeights, Products};
+use crate::prepared::{PreparedWeights, Products, is_mixed_bf16};
 
 /// How a model runs: its precision policy (set when its weights are loaded) and its Monte-Carlo
 /// dropout sites (used by stochastic forwards, those given a [`Draw`]; none by default).
@@ -70,10 +70,7 @@ pub fn in_compute_dtype<'a, B: Backend, M: Module<B> + Clone>(
 /// operands rounded to bf16, with f32 sums, on AMX or AVX512-BF16 ([`bf16`]); on a CPU with
 /// neither the products are f32 (said once), so the policy is never slower than `full` there.
 pub fn host_autocast<B: Backend>(policy: &Policy, device: &B::Device) -> bool {
-    policy.param == Precision::F32
-        && policy.compute == Precision::BF16
-        && is_host_backend::<B>(device)
-        && !B::ad_enabled(device)
+    is_mixed_bf16(policy) && is_host_backend::<B>(device) && !B::ad_enabled(device)
 }
 
 /// Says once per process how host autocast multiplies on this CPU.
