@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
-use kiln::bench::{Attention, Benchmark, Gemm};
+use kiln::bench::{Attention, Benchmark, Gemm, HostGemm};
 use kiln::burn::tensor::backend::Backend;
 use kiln::core::{DeviceJob, DeviceSpec, Policy};
 
@@ -72,8 +72,8 @@ impl DeviceJob for Harness<'_> {
 
 /// kiln's own CPU products at `n×n`, f32 and bf16, each row's throughput in FLOP.
 fn host_products(criterion: &mut Criterion) {
-    use kiln::kernels::gemm::{Bf16Isa, bf16};
-    use kiln::kernels::sgemm;
+    use kiln::burn::backend::Flex;
+    use kiln::kernels::gemm::{Bf16Isa, Products, bf16};
     if let Some(peak) = bf16::peak_flop_per_s() {
         eprintln!(
             "bf16 peak, all threads: {:.2} TFLOP/s (operands in registers)",
@@ -83,32 +83,26 @@ fn host_products(criterion: &mut Criterion) {
     let mut group = criterion.benchmark_group("harness/host-products");
     group.measurement_time(Duration::from_secs(3));
     for n in [512, 1024, 2048] {
-        let values = |seed: usize| -> Vec<f32> {
-            (0..n * n)
-                .map(|i| ((i * 7 + seed) % 101) as f32 / 50.0 - 1.0)
-                .collect()
-        };
-        let (a, b, bias) = (values(1), values(2), vec![0.0; n]);
-        let mut c = vec![0.0; n * n];
-        group.throughput(Throughput::Elements(2 * (n as u64).pow(3)));
-        if sgemm::supported() {
-            let packed = sgemm::Packed::new(n, &[(&b, n)]);
-            group.bench_function(format!("sgemm/n={n}"), |run| {
-                run.iter(|| sgemm::product(&mut c, &a, &packed, n, false, &bias, |v| v))
+        for products in [Products::F32, Products::Bf16] {
+            let gemm = HostGemm { n, products };
+            if !gemm.supported() {
+                eprintln!(
+                    "SKIPPED {} (not on this CPU)",
+                    Benchmark::<Flex>::name(&gemm)
+                );
+                continue;
+            }
+            // Criterion's "elem/s" is FLOP/s.
+            let flops = Benchmark::<Flex>::work(&gemm).flops.unwrap_or(0.0);
+            group.throughput(Throughput::Elements(flops as u64));
+            let input = Benchmark::<Flex>::prepare(&gemm, &Default::default(), 0);
+            group.bench_function(Benchmark::<Flex>::name(&gemm), |run| {
+                run.iter(|| black_box(Benchmark::<Flex>::run(&gemm, &input)))
             });
         }
-        match Bf16Isa::chosen() {
-            Some(isa) => {
-                let packed = bf16::Packed::new(n, &[(&b, n)]);
-                group.bench_function(format!("bf16/n={n}"), |run| {
-                    run.iter(|| bf16::product(&mut c, &a, &packed, n, false, &bias, |v| v))
-                });
-                if n == 2048 {
-                    eprintln!("bf16 products on {isa}");
-                }
-            }
-            None => eprintln!("SKIPPED bf16/n={n} (no amx_bf16 or avx512_bf16)"),
-        }
+    }
+    if let Some(isa) = Bf16Isa::chosen() {
+        eprintln!("bf16 products on {isa}");
     }
     group.finish();
 }

@@ -1,4 +1,7 @@
-//! kiln's benchmark suite: GEMM and attention on the chosen device, with a batch-scaling check.
+//! kiln's benchmark suite: GEMM and attention on the chosen device, with a batch-scaling check,
+//! and on a CPU kiln's own host products in the operands the policy asks for (`host-gemm/bf16`
+//! under `--policy mixed-bf16` where the CPU has AMX or AVX512-BF16, read against the calibrated
+//! bf16 peak).
 //!
 //! ```text
 //! cargo xtask bench --save main          # cargo run --release --bin kiln-bench -- --save main
@@ -8,8 +11,10 @@
 
 use std::process::ExitCode;
 
-use kiln::bench::{Attention, BenchError, Gemm, Runner, Suite, batch_sizes, cli};
+use kiln::bench::{Attention, BenchError, Gemm, HostGemm, Runner, Suite, batch_sizes, cli};
 use kiln::burn::tensor::backend::Backend;
+use kiln::core::is_host_backend;
+use kiln::kernels::gemm::Products;
 
 /// Test hook: `KILN_BENCH_SLOWDOWN=N` makes every GEMM run N multiplications while declaring one,
 /// so tests can check that a slower build is caught. Never set it for real measurements.
@@ -28,6 +33,17 @@ impl Suite for Harness {
                 ..Gemm::new(n, policy)
             };
             runner.bench(&gemm)?;
+        }
+        if is_host_backend::<B>(runner.device()) {
+            for n in [512, 1024, 2048] {
+                let gemm = HostGemm {
+                    n,
+                    products: Products::under(&policy),
+                };
+                if gemm.supported() {
+                    runner.bench(&gemm)?;
+                }
+            }
         }
         runner.bench(&Attention::vit_base(8, policy))?;
         runner.batch_scaling("attention/vit-base", &batch_sizes(8), |batch| {

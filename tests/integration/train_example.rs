@@ -79,6 +79,46 @@ fn the_defaults_learn_the_task_and_write_every_output() {
     assert!(out.join("images/train").is_dir() && out.join("images/eval").is_dir());
 }
 
+/// `--policy mixed-bf16` trains as PyTorch's CPU autocast does (every product of the forward and
+/// both gradients in bf16 where the CPU has AMX or AVX512-BF16) and follows the f32 loss curve
+/// within noise: each 25-step stretch's mean loss within 25% (or 0.05) of f32's, the same
+/// held-out accuracy bar. Where the CPU multiplies bf16 the curves must differ (bf16 really ran).
+#[test]
+fn mixed_bf16_follows_the_f32_loss_curve() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |policy: &str| {
+        let out = dir.path().join(policy);
+        succeeds(&out, &["--policy", policy]);
+        let summary: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap())
+                .unwrap();
+        let accuracy = summary["final_eval_accuracy"].as_f64().unwrap();
+        assert!(accuracy >= 0.95, "{policy}: held-out accuracy {accuracy}");
+        let losses: Vec<f64> = metrics(&out)
+            .iter()
+            .map(|l| l["loss"].as_f64().unwrap())
+            .collect();
+        losses
+    };
+    let (f32s, bf16s) = (run("full"), run("mixed-bf16"));
+    assert_eq!(f32s.len(), bf16s.len());
+    let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;
+    for (i, (f, b)) in f32s.chunks(25).zip(bf16s.chunks(25)).enumerate() {
+        let (f, b) = (mean(f), mean(b));
+        assert!(
+            (f - b).abs() <= (0.25 * f).max(0.05),
+            "steps {}..{}: mean loss {b} under mixed-bf16, {f} in f32",
+            25 * i + 1,
+            25 * i + 25
+        );
+    }
+    if kiln::kernels::gemm::bf16::supported() {
+        assert_ne!(f32s, bf16s, "mixed-bf16 gave f32's losses");
+    } else {
+        println!("SKIPPED the bf16 difference (no amx_bf16 or avx512_bf16)");
+    }
+}
+
 #[test]
 fn stopping_early_and_killing_then_rerunning_give_the_uninterrupted_losses() {
     let dir = tempfile::tempdir().unwrap();

@@ -19,6 +19,10 @@ pub struct Work {
     pub flops: Option<f64>,
     /// Bytes one run must move to and from memory at the least, where known.
     pub bytes: Option<f64>,
+    /// Whether the FLOPs are bf16 products on the CPU's bf16 units (AMX or AVX512-BF16), whose
+    /// peak is their roof.
+    #[serde(default)]
+    pub bf16_products: bool,
 }
 
 impl Work {
@@ -42,6 +46,14 @@ impl Work {
     pub fn with_bytes(self, bytes: f64) -> Self {
         Work {
             bytes: Some(bytes),
+            ..self
+        }
+    }
+
+    /// Declares that the FLOPs run on the CPU's bf16 units: read against their peak.
+    pub fn in_bf16_products(self) -> Self {
+        Work {
+            bf16_products: true,
             ..self
         }
     }

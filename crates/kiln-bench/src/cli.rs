@@ -90,11 +90,15 @@ pub fn run<S: Suite>(suite: S, args: Args) -> Result<bool, BenchError> {
 
     println!("{}", run_table(&run));
     if let Some(peaks) = &run.peaks {
-        println!(
+        print!(
             "calibrated peaks: {:.1} GFLOP/s (GEMM), {:.1} GB/s (copy)",
             peaks.flop_per_s / 1e9,
             peaks.bytes_per_s / 1e9
         );
+        match peaks.bf16_flop_per_s {
+            Some(bf16) => println!(", {:.1} GFLOP/s (host bf16 products)", bf16 / 1e9),
+            None => println!(),
+        }
     }
     if let Some(name) = &args.save {
         let path = store.save(name, &run)?;

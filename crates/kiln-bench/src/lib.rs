@@ -40,7 +40,9 @@ pub use memory::{host_peak, reset_host_peak};
 pub use report::{BURN_VERSION, BenchResult, Environment, Peaks, Setting, SuiteRun, Throughput};
 pub use runner::{Runner, Suite, policy_label};
 pub use scaling::{BatchScaling, batch_sizes};
-pub use suite::{Attention, CalibrationSize, Gemm, MemoryCopy, calibrate};
+pub use suite::{
+    Attention, CalibrationSize, Gemm, HostGemm, HostGemmInput, MemoryCopy, PackedWeight, calibrate,
+};
 
 /// Why a benchmark run, a baseline or a check failed.
 #[derive(Debug, thiserror::Error)]

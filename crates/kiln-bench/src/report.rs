@@ -50,18 +50,29 @@ pub struct Peaks {
     pub flop_per_s: f64,
     /// Best rate of the calibration memory copy, bytes read and written per second.
     pub bytes_per_s: f64,
+    /// The host's bf16 product peak (AMX or AVX512-BF16 multiply-adds on operands in
+    /// registers), FLOP/s, where the CPU has one: the roof of work declared
+    /// [`in_bf16_products`](Work::in_bf16_products).
+    #[serde(default)]
+    pub bf16_flop_per_s: Option<f64>,
 }
 
 impl Peaks {
     /// The best rate the roofline model allows for `work` (FLOP/s when it declares FLOPs, else
     /// bytes/s), and the rate achieved in `seconds` per run, as a fraction of it.
+    /// Work in bf16 products has no roof without a calibrated bf16 peak.
     pub fn roofline_fraction(&self, work: &Work, seconds: f64) -> Option<f64> {
+        let flop_per_s = if work.bf16_products {
+            self.bf16_flop_per_s?
+        } else {
+            self.flop_per_s
+        };
         match (work.flops, work.bytes) {
             (Some(flops), Some(bytes)) if bytes > 0.0 => {
-                let attainable = self.flop_per_s.min(self.bytes_per_s * flops / bytes);
+                let attainable = flop_per_s.min(self.bytes_per_s * flops / bytes);
                 Some(flops / seconds / attainable)
             }
-            (Some(flops), _) => Some(flops / seconds / self.flop_per_s),
+            (Some(flops), _) => Some(flops / seconds / flop_per_s),
             (None, Some(bytes)) => Some(bytes / seconds / self.bytes_per_s),
             (None, None) => None,
         }
@@ -187,6 +198,7 @@ mod tests {
         let peaks = Peaks {
             flop_per_s: 100e9,
             bytes_per_s: 10e9,
+            bf16_flop_per_s: None,
         };
         // Intensity 1 FLOP/byte: memory bound at 10 GFLOP/s; 5 GFLOP/s achieved is half of it.
         let memory_bound = Work::items(1).with_flops(5e9).with_bytes(5e9);
@@ -197,5 +209,25 @@ mod tests {
         let copy = Work::items(1).with_bytes(2e9);
         assert!((peaks.roofline_fraction(&copy, 1.0).unwrap() - 0.2).abs() < 1e-12);
         assert_eq!(peaks.roofline_fraction(&Work::items(3), 1.0), None);
+    }
+
+    #[test]
+    fn bf16_products_are_read_against_the_bf16_peak() {
+        let f32_only = Peaks {
+            flop_per_s: 100e9,
+            bytes_per_s: 1e12,
+            bf16_flop_per_s: None,
+        };
+        let work = Work::items(1).with_flops(100e9).with_bytes(1e6);
+        assert!((f32_only.roofline_fraction(&work, 2.0).unwrap() - 0.5).abs() < 1e-12);
+        let bf16 = work.in_bf16_products();
+        assert_eq!(f32_only.roofline_fraction(&bf16, 2.0), None);
+        let with_bf16 = Peaks {
+            bf16_flop_per_s: Some(400e9),
+            ..f32_only
+        };
+        assert!((with_bf16.roofline_fraction(&bf16, 2.0).unwrap() - 0.125).abs() < 1e-12);
+        // f32 work keeps the f32 roof.
+        assert!((with_bf16.roofline_fraction(&work, 2.0).unwrap() - 0.5).abs() < 1e-12);
     }
 }

@@ -1,10 +1,15 @@
-//! The harness's own benchmarks — GEMM, attention and a memory copy — and the calibration of a
-//! device's peak FLOP/s and bandwidth from the first and the last.
+//! The harness's own benchmarks — GEMM, kiln's host products, attention and a memory copy — and
+//! the calibration of a device's peak FLOP/s and bandwidth from the first and the last (and, on a
+//! CPU with bf16 units, of their peak).
+
+use std::cell::RefCell;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
 use burn::tensor::{Distribution, Tensor};
 use kiln_core::Policy;
+use kiln_kernels::gemm::{Products, bf16};
+use kiln_kernels::sgemm;
 
 use crate::BenchError;
 use crate::bench::{Benchmark, Config, Work, measure};
@@ -60,6 +65,103 @@ impl<B: Backend> Benchmark<B> for Gemm {
     fn run(&self, (a, b): &Self::Input) -> Self::Output {
         let product = || a.clone().matmul(b.clone());
         (1..self.repeat).fold(product(), |sum, _| sum + product())
+    }
+}
+
+/// kiln's own CPU product, `n×n` times an `n×n` weight packed once (as a model's weights are),
+/// with the operands `products` asks for: f32 (`sgemm`) or bf16 with f32 sums (`gemm::bf16`, on
+/// AMX or AVX512-BF16; read against the bf16 peak). 2n³ FLOPs; the operands and the f32 output
+/// are the bytes moved. It runs on the host whatever the device.
+#[derive(Debug, Clone, Copy)]
+pub struct HostGemm {
+    /// Matrix size.
+    pub n: usize,
+    /// The operands multiplied.
+    pub products: Products,
+}
+
+impl HostGemm {
+    /// Whether this CPU runs the product: f32 products need AVX2 and FMA, bf16 ones AMX or
+    /// AVX512-BF16.
+    pub fn supported(&self) -> bool {
+        match self.products {
+            Products::F32 => sgemm::supported(),
+            Products::Bf16 => bf16::supported(),
+        }
+    }
+}
+
+/// A [`HostGemm`]'s weight, packed for its kernel.
+#[derive(Debug)]
+pub enum PackedWeight {
+    /// For `sgemm`.
+    F32(sgemm::Packed),
+    /// For `gemm::bf16`.
+    Bf16(bf16::Packed),
+}
+
+/// A [`HostGemm`]'s operands, and the output it overwrites on every run (the kernel's rate,
+/// not the allocator's: a fresh 16 MiB output faults its pages in).
+#[derive(Debug)]
+pub struct HostGemmInput {
+    a: Vec<f32>,
+    weight: PackedWeight,
+    bias: Vec<f32>,
+    c: RefCell<Vec<f32>>,
+}
+
+impl<B: Backend> Benchmark<B> for HostGemm {
+    type Input = HostGemmInput;
+    /// The output's first value.
+    type Output = f32;
+
+    fn name(&self) -> String {
+        let operands = match self.products {
+            Products::F32 => "f32",
+            Products::Bf16 => "bf16",
+        };
+        format!("host-gemm/{operands}/n={}", self.n)
+    }
+
+    fn work(&self) -> Work {
+        let n = self.n as f64;
+        let work = Work::items(1).with_flops(2.0 * n * n * n);
+        match self.products {
+            Products::F32 => work.with_bytes(3.0 * n * n * 4.0),
+            Products::Bf16 => work
+                .with_bytes(n * n * (2.0 + 2.0 + 4.0))
+                .in_bf16_products(),
+        }
+    }
+
+    fn prepare(&self, _device: &B::Device, variant: usize) -> Self::Input {
+        let n = self.n;
+        let values = |seed: usize| -> Vec<f32> {
+            (0..n * n)
+                .map(|i| ((i * 7 + seed * 13 + variant) % 101) as f32 / 50.0 - 1.0)
+                .collect()
+        };
+        let b = values(2);
+        let weight = match self.products {
+            Products::F32 => PackedWeight::F32(sgemm::Packed::new(n, &[(&b, n)])),
+            Products::Bf16 => PackedWeight::Bf16(bf16::Packed::new(n, &[(&b, n)])),
+        };
+        HostGemmInput {
+            a: values(1),
+            weight,
+            bias: vec![0.0; n],
+            c: RefCell::new(vec![0.0; n * n]),
+        }
+    }
+
+    fn run(&self, input: &Self::Input) -> Self::Output {
+        let mut c = input.c.borrow_mut();
+        let (a, bias, m) = (&input.a, &input.bias, self.n);
+        match &input.weight {
+            PackedWeight::F32(b) => sgemm::product(&mut c, a, b, m, false, bias, |v| v),
+            PackedWeight::Bf16(b) => bf16::product(&mut c, a, b, m, false, bias, |v| v),
+        }
+        c[0]
     }
 }
 
@@ -167,6 +269,8 @@ pub struct CalibrationSize {
     pub gemm_sizes: &'static [usize],
     /// Elements of the memory copy.
     pub copy_elements: usize,
+    /// Whether to calibrate the host's bf16 product peak too (where the CPU has bf16 units).
+    pub host_bf16: bool,
 }
 
 impl CalibrationSize {
@@ -176,11 +280,13 @@ impl CalibrationSize {
     pub const CPU: CalibrationSize = CalibrationSize {
         gemm_sizes: &[256, 512, 1024],
         copy_elements: 6 << 20,
+        host_bf16: true,
     };
     /// For GPUs: GEMMs of 2048² to 8192² and a 256 MiB (f32) copy.
     pub const GPU: CalibrationSize = CalibrationSize {
         gemm_sizes: &[2048, 4096, 8192],
         copy_elements: 64 << 20,
+        host_bf16: false,
     };
 }
 
@@ -191,7 +297,9 @@ fn best_rate(work: Option<f64>, samples: &[f64]) -> f64 {
 }
 
 /// Measures the device's peaks: the best sample of a sweep of GEMMs and of a memory copy, in the
-/// policy's compute dtype.
+/// policy's compute dtype, and with `size.host_bf16` the CPU's bf16 product peak
+/// ([`bf16::peak_flop_per_s`]: the better of two timings of multiply-adds on operands held in
+/// registers).
 pub fn calibrate<B: Backend>(
     device: &B::Device,
     policy: Policy,
@@ -201,9 +309,15 @@ pub fn calibrate<B: Backend>(
     // The copy runs first: freeing its large buffers raises glibc's adaptive mmap threshold, the
     // steady state a long-running job reaches, so the GEMMs after it are not charged page faults
     // on every fresh output.
+    // burn's host backends widen half precision element by element: with the host's bf16 units
+    // in play, the memory's bandwidth is the f32 copy's.
     let copy = MemoryCopy {
         elements: size.copy_elements,
-        policy,
+        policy: if size.host_bf16 {
+            Policy::full()
+        } else {
+            policy
+        },
     };
     let copy_timings = measure::<B, _>(&copy, device, config, &|| None)?;
     let mut flop_per_s = 0.0_f64;
@@ -215,8 +329,16 @@ pub fn calibrate<B: Backend>(
             &timings.samples,
         ));
     }
+    let bf16_flop_per_s = if size.host_bf16 {
+        (0..2)
+            .filter_map(|_| bf16::peak_flop_per_s())
+            .reduce(f64::max)
+    } else {
+        None
+    };
     Ok(Peaks {
         flop_per_s,
         bytes_per_s: best_rate(Benchmark::<B>::work(&copy).bytes, &copy_timings.samples),
+        bf16_flop_per_s,
     })
 }

@@ -36,8 +36,23 @@ impl View {
         }
     }
 
+    /// Rows of the matrix seen.
+    pub fn row_count(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns of the matrix seen.
+    pub fn column_count(&self) -> usize {
+        self.cols
+    }
+
+    /// Where element (`row`, `col`) lies in the slice.
+    pub(crate) fn index(&self, row: usize, col: usize) -> usize {
+        self.offset + row * self.row_stride + col * self.col_stride
+    }
+
     /// Whether every element lies inside a slice of `len` elements.
-    fn fits(&self, len: usize) -> bool {
+    pub(crate) fn fits(&self, len: usize) -> bool {
         self.rows == 0
             || self.cols == 0
             || self.offset + (self.rows - 1) * self.row_stride + (self.cols - 1) * self.col_stride

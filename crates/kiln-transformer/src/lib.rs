@@ -52,7 +52,8 @@ pub mod projection;
 
 pub use activation::Activation;
 pub use dropout::{Draw, DropoutError, DropoutSites, Sample, Site};
+pub use kiln_kernels::gemm::Products;
 pub use layers::run_layers;
 pub use packed_attention::{PACKED_ATTENTION_KEYS, PackedAttention};
 pub use pass::{Pass, Settings, host_autocast, in_compute_dtype};
-pub use prepared::{PreparedWeights, Products};
+pub use prepared::PreparedWeights;

@@ -1,7 +1,9 @@
 //! `x W + b` in training on Flex as one autodiff operation: the products on kiln's gemm calls,
 //! each thread multiplying its own block of rows (so each packs its own panels), or, for a few
 //! rows, its own block of columns (so each packs only its share of the weight), the outputs
-//! written where they are kept.
+//! written where they are kept. Under host autocast (`Products::Bf16`) the forward product and
+//! both gradient products read their operands rounded to bf16, with f32 sums, as PyTorch's CPU
+//! autocast trains ([`bf16::view_product`]).
 
 use burn::nn::Linear;
 use burn::tensor::Tensor;
@@ -9,13 +11,15 @@ use burn::tensor::backend::Backend;
 use kiln_kernels::{HostOp, host_op, host_ops_serve, zeros};
 use rayon::prelude::*;
 
+use kiln_kernels::gemm::{Products, bf16};
 use kiln_kernels::matmul::{Threads, View, Write, matmul};
 
-/// `x W + b` of `x` `[rows, in]` as one autodiff operation, when `B` is `Autodiff<Flex>` and `x`
-/// is f32; `None` otherwise.
+/// `x W + b` of `x` `[rows, in]` as one autodiff operation multiplying as `products` says, when
+/// `B` is `Autodiff<Flex>` and `x` is f32; `None` otherwise.
 pub(crate) fn trained_linear<B: Backend>(
     linear: &Linear<B>,
     x: &Tensor<B, 2>,
+    products: Products,
 ) -> Option<Tensor<B, 2>> {
     if !host_ops_serve(x) {
         return None;
@@ -27,6 +31,7 @@ pub(crate) fn trained_linear<B: Backend>(
         inputs,
         outputs: weight.dims()[1],
         layout: Layout::InputsByOutputs,
+        products,
     };
     match &linear.bias {
         Some(bias) => {
@@ -41,11 +46,12 @@ pub(crate) fn trained_linear<B: Backend>(
     }
 }
 
-/// `x Eᵀ` of `x` `[rows, in]` and a table `E` `[out, in]` as one autodiff operation, when `B`
-/// is `Autodiff<Flex>` and both are f32; `None` otherwise.
+/// `x Eᵀ` of `x` `[rows, in]` and a table `E` `[out, in]` as one autodiff operation multiplying
+/// as `products` says, when `B` is `Autodiff<Flex>` and both are f32; `None` otherwise.
 pub(crate) fn trained_product_by_table<B: Backend>(
     x: &Tensor<B, 2>,
     table: &Tensor<B, 2>,
+    products: Products,
 ) -> Option<Tensor<B, 2>> {
     let ([rows, inputs], [outputs, _]) = (x.dims(), table.dims());
     let product = Product {
@@ -53,6 +59,7 @@ pub(crate) fn trained_product_by_table<B: Backend>(
         inputs,
         outputs,
         layout: Layout::OutputsByInputs,
+        products,
     };
     host_op(product, [x, table], [rows, outputs])
 }
@@ -73,6 +80,7 @@ struct Product {
     inputs: usize,
     outputs: usize,
     layout: Layout,
+    products: Products,
 }
 
 /// `[x, W, b]` (`b` `[1, outputs]`) → `x W + b`.
@@ -132,6 +140,16 @@ impl Product {
     /// `x W (+ b)`: each row starts as `b` (or 0) and gets its product added.
     fn forward_with(&self, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
         let (inputs, outputs) = (self.inputs, self.outputs);
+        if self.products == Products::Bf16 {
+            let mut y = zeros(self.rows * outputs);
+            if let Some(bias) = bias {
+                y.chunks_exact_mut(outputs.max(1))
+                    .for_each(|row| row.copy_from_slice(bias));
+            }
+            let x_rows = View::rows(0, self.rows, inputs, inputs);
+            bf16::view_product(&mut y, x, x_rows, weight, self.weight(), bias.is_some());
+            return y;
+        }
         split_product(self.rows, outputs, |first, y, rows, threads| {
             if let Some(bias) = bias {
                 for row in y.chunks_exact_mut(outputs) {
@@ -163,6 +181,9 @@ impl Product {
         [want_dx, want_dw]: [bool; 2],
     ) -> [Vec<f32>; 2] {
         let (rows, inputs, outputs) = (self.rows, self.inputs, self.outputs);
+        if self.products == Products::Bf16 {
+            return self.bf16_grads(dy, x, weight, [want_dx, want_dw]);
+        }
         let dx = want_dx.then(|| {
             split_product(rows, inputs, |first, dx, n, threads| {
                 let dy_rows = View::rows(first * outputs, n, outputs, outputs);
@@ -180,12 +201,7 @@ impl Product {
                 );
             })
         });
-        // dW's rows follow the weight's first axis, each block `aᵀ b` over all the rows: `xᵀ dy`
-        // per block of inputs (`[inputs, outputs]`), `dyᵀ x` per block of outputs.
-        let (a, a_width, b, b_width) = match self.layout {
-            Layout::InputsByOutputs => (x, inputs, dy, outputs),
-            Layout::OutputsByInputs => (dy, outputs, x, inputs),
-        };
+        let (a, a_width, b, b_width) = self.weight_grad_operands(x, dy);
         let dw = want_dw.then(|| {
             split_product(a_width, b_width, |first, dw, n, threads| {
                 let a_t = View::rows(first, rows, n, a_width).transposed();
@@ -193,6 +209,46 @@ impl Product {
                 let dw_rows = View::rows(0, n, b_width, b_width);
                 matmul(dw, dw_rows, a, a_t, b, b_all, Write::Overwrite, threads);
             })
+        });
+        [dx.unwrap_or_default(), dw.unwrap_or_default()]
+    }
+
+    /// `dW`'s operands `(a, a width, b, b width)`, `dW = aᵀ b` over all the rows, its rows
+    /// following the weight's first axis: `xᵀ dy` (`[inputs, outputs]`), or `dyᵀ x` for a table.
+    fn weight_grad_operands<'a>(
+        &self,
+        x: &'a [f32],
+        dy: &'a [f32],
+    ) -> (&'a [f32], usize, &'a [f32], usize) {
+        match self.layout {
+            Layout::InputsByOutputs => (x, self.inputs, dy, self.outputs),
+            Layout::OutputsByInputs => (dy, self.outputs, x, self.inputs),
+        }
+    }
+
+    /// [`Self::input_and_weight_grads`] with bf16 operands: `dx = dy Wᵀ` and `dW` each one
+    /// product on all threads, transposes read as views.
+    fn bf16_grads(
+        &self,
+        dy: &[f32],
+        x: &[f32],
+        weight: &[f32],
+        [want_dx, want_dw]: [bool; 2],
+    ) -> [Vec<f32>; 2] {
+        let (rows, inputs, outputs) = (self.rows, self.inputs, self.outputs);
+        let all_rows = |width| View::rows(0, rows, width, width);
+        let dx = want_dx.then(|| {
+            let mut dx = zeros(rows * inputs);
+            let w_t = self.weight().transposed();
+            bf16::view_product(&mut dx, dy, all_rows(outputs), weight, w_t, false);
+            dx
+        });
+        let dw = want_dw.then(|| {
+            let (a, a_width, b, b_width) = self.weight_grad_operands(x, dy);
+            let mut dw = zeros(a_width * b_width);
+            let a_t = all_rows(a_width).transposed();
+            bf16::view_product(&mut dw, a, a_t, b, all_rows(b_width), false);
+            dw
         });
         [dx.unwrap_or_default(), dw.unwrap_or_default()]
     }
@@ -282,7 +338,8 @@ mod tests {
                     let x = x.clone().detach().require_grad();
                     let y = if ours {
                         two_threads.as_ref().expect("a pool").install(|| {
-                            trained_linear(&linear, &x).expect("served on Autodiff<Flex>")
+                            trained_linear(&linear, &x, Products::F32)
+                                .expect("served on Autodiff<Flex>")
                         })
                     } else {
                         linear.forward(x.clone())
@@ -321,7 +378,7 @@ mod tests {
         let x = Tensor::<Trained, 2>::random([19, 37], normal, &device).require_grad();
         let weights = Tensor::<Trained, 2>::random([19, 53], normal, &device);
         let linear = LinearConfig::new(37, 53).init::<Trained>(&device).no_grad();
-        let ours = trained_linear(&linear, &x).expect("served on Autodiff<Flex>");
+        let ours = trained_linear(&linear, &x, Products::F32).expect("served on Autodiff<Flex>");
         let grads = (ours * weights.clone()).sum().backward();
         assert!(linear.weight.val().grad(&grads).is_none());
         assert!(linear.bias.as_ref().unwrap().val().grad(&grads).is_none());
@@ -343,7 +400,8 @@ mod tests {
         let run = |ours: bool| {
             let (x, table) = (x.clone().require_grad(), table.clone().require_grad());
             let y = if ours {
-                trained_product_by_table(&x, &table).expect("served on Autodiff<Flex>")
+                trained_product_by_table(&x, &table, Products::F32)
+                    .expect("served on Autodiff<Flex>")
             } else {
                 x.clone().matmul(table.clone().transpose())
             };
@@ -359,5 +417,76 @@ mod tests {
         assert!(gap(y, want_y) < 1e-4);
         assert!(gap(dx, want_dx) < 1e-4);
         assert!(gap(dtable, want_dtable) < 1e-4);
+    }
+
+    /// Each element of `ours` within two bf16 roundings (2 · 2⁻⁸ relative, with f32 sums) of
+    /// `Σ|a b|` (`magnitude`) from burn's f32 `want`, and `ours` not f32's (bf16 really ran).
+    fn within_bf16(ours: Tensor<Flex, 2>, want: Tensor<Flex, 2>, magnitude: Tensor<Flex, 2>) {
+        let [ours, want, magnitude] =
+            [ours, want, magnitude].map(|t| t.into_data().to_vec::<f32>().unwrap());
+        let mut differs = false;
+        for ((o, w), m) in ours.iter().zip(&want).zip(&magnitude) {
+            assert!(
+                (o - w).abs() <= (2.0 / 256.0 + 1e-4) * m + 1e-6,
+                "{o} against {w}"
+            );
+            differs |= o != w;
+        }
+        assert!(differs, "bf16 products gave f32's values");
+    }
+
+    /// Under host autocast the projection's value and its three gradients (`dx = dy Wᵀ`,
+    /// `dW = xᵀ dy`, `db`), and the product by a table's value and both gradients, are burn's f32
+    /// ones within bf16 rounding of each value's Σ|ab|, on every row count and layout.
+    #[test]
+    fn bf16_products_differentiate_as_burns_within_rounding() {
+        if !bf16::supported() {
+            println!("SKIPPED (no amx_bf16 or avx512_bf16)");
+            return;
+        }
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let abs = |t: &Tensor<Trained, 2>| t.clone().inner().abs();
+        for (rows, inputs, outputs) in [(13, 37, 53), (2 * FEW_ROWS + 3, 70, 45)] {
+            let x = Tensor::<Trained, 2>::random([rows, inputs], normal, &device);
+            let dy = Tensor::<Trained, 2>::random([rows, outputs], normal, &device);
+            let linear = LinearConfig::new(inputs, outputs).init::<Trained>(&device);
+            let run = |products: Option<Products>| {
+                let x = x.clone().detach().require_grad();
+                let y = match products {
+                    Some(products) => trained_linear(&linear, &x, products).expect("served"),
+                    None => linear.forward(x.clone()),
+                };
+                let grads = (y.clone() * dy.clone()).sum().backward();
+                let db = linear.bias.as_ref().unwrap().val().grad(&grads).unwrap();
+                let dw = linear.weight.val().grad(&grads).unwrap();
+                (y.inner(), x.grad(&grads).unwrap(), dw, db)
+            };
+            let (y, dx, dw, db) = run(Some(Products::Bf16));
+            let (want_y, want_dx, want_dw, want_db) = run(None);
+            let w = linear.weight.val();
+            within_bf16(y, want_y, abs(&x).matmul(abs(&w)));
+            within_bf16(dx, want_dx, abs(&dy).matmul(abs(&w).transpose()));
+            within_bf16(dw, want_dw, abs(&x).transpose().matmul(abs(&dy)));
+            // The bias's gradient is a sum of dy, no product: f32's.
+            assert!(gap(db.unsqueeze(), want_db.unsqueeze()) < 1e-3);
+
+            let table = Tensor::<Trained, 2>::random([outputs, inputs], normal, &device);
+            let by_table = |products: Option<Products>| {
+                let (x, table) = (x.clone().require_grad(), table.clone().require_grad());
+                let y = match products {
+                    Some(products) => trained_product_by_table(&x, &table, products).unwrap(),
+                    None => x.clone().matmul(table.clone().transpose()),
+                };
+                let grads = (y.clone() * dy.clone()).sum().backward();
+                let (dx, dt) = (x.grad(&grads).unwrap(), table.grad(&grads).unwrap());
+                (y.inner(), dx, dt)
+            };
+            let (y, dx, dtable) = by_table(Some(Products::Bf16));
+            let (want_y, want_dx, want_dtable) = by_table(None);
+            within_bf16(y, want_y, abs(&x).matmul(abs(&table).transpose()));
+            within_bf16(dx, want_dx, abs(&dy).matmul(abs(&table)));
+            within_bf16(dtable, want_dtable, abs(&dy).transpose().matmul(abs(&x)));
+        }
     }
 }

@@ -19,10 +19,9 @@ use burn::nn::Linear;
 use burn::nn::conv::{Conv2d, ConvTranspose2d};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_core::{Policy, Precision};
 use kiln_kernels::HostValues;
 
-use kiln_kernels::gemm::bf16;
+use kiln_kernels::gemm::{Products, bf16};
 use kiln_kernels::host;
 use kiln_kernels::host::winograd::{F2X2, F2X3, Minimal, Phase};
 use kiln_kernels::sgemm;
@@ -91,35 +90,6 @@ impl HostWeight {
     /// The output columns.
     pub fn columns(&self) -> usize {
         self.bias.len()
-    }
-}
-
-/// The operands host products read: f32, or rounded to bf16 with f32 sums (PyTorch's CPU
-/// autocast).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum Products {
-    /// f32 operands.
-    #[default]
-    F32,
-    /// bf16 operands, f32 sums ([`bf16`]).
-    Bf16,
-}
-
-/// Whether `policy` keeps f32 parameters and computes in bf16 (`mixed-bf16`): what host
-/// autocast and bf16 products both start from.
-pub(crate) fn is_mixed_bf16(policy: &Policy) -> bool {
-    policy.param == Precision::F32 && policy.compute == Precision::BF16
-}
-
-impl Products {
-    /// The operands host products read under `policy`: bf16 under a bf16 compute policy with
-    /// f32 parameters where the CPU multiplies bf16 ([`bf16::supported`]), else f32.
-    pub fn under(policy: &Policy) -> Products {
-        if is_mixed_bf16(policy) && bf16::supported() {
-            Products::Bf16
-        } else {
-            Products::F32
-        }
     }
 }
 

@@ -60,7 +60,8 @@ pub fn project<B: Backend, const D: usize>(
     let mut dims = x.dims();
     let rows = dims[..D - 1].iter().product();
     let x = x.reshape([rows, dims[D - 1]]);
-    let y = trained_linear(linear, &x).unwrap_or_else(|| linear.forward(x));
+    let y =
+        trained_linear(linear, &x, pass.prepared().products()).unwrap_or_else(|| linear.forward(x));
     dims[D - 1] = y.dims()[1];
     finish(y.reshape(dims), then)
 }
@@ -93,7 +94,7 @@ pub fn project_by_table<B: Backend>(
     {
         return y.reshape([batch, tokens, table.dims()[0]]);
     }
-    match trained_product_by_table(&rows, &table) {
+    match trained_product_by_table(&rows, &table, pass.prepared().products()) {
         Some(y) => y.reshape([batch, tokens, table.dims()[0]]),
         // Unsqueezed before the transpose: the other order makes burn copy the whole transposed
         // table (docs/FOVEATED.md).

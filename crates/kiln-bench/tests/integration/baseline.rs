@@ -24,6 +24,7 @@ fn result(name: &str, median: f64, spread: f64) -> BenchResult {
     let peaks = Peaks {
         flop_per_s: 1e11,
         bytes_per_s: 1e10,
+        bf16_flop_per_s: None,
     };
     BenchResult::new(
         name.into(),

@@ -22,6 +22,7 @@ use rayon::prelude::*;
 use super::Bf16Isa;
 use crate::host::as_uninit;
 use crate::host::conv::Windows;
+use crate::matmul::View;
 
 /// Rows and columns of one block of `C`: 2 × 2 AMX tiles.
 pub(super) const BLOCK: usize = 32;
@@ -130,12 +131,37 @@ impl Packed {
             blocks.iter().all(|(b, columns)| b.len() == k * columns),
             "gemm::bf16::Packed::new: a block is not [k, columns]"
         );
-        let n: usize = blocks.iter().map(|(_, columns)| columns).sum();
         // The block and its column holding each column of the concatenation.
         let sources: Vec<(&[f32], usize, usize)> = blocks
             .iter()
             .flat_map(|&(block, columns)| (0..columns).map(move |j| (block, columns, j)))
             .collect();
+        Packed::from_columns(k, sources.len(), |j| {
+            let (block, columns, column) = sources[j];
+            move |row| block[row * columns + column]
+        })
+    }
+
+    /// The matrix `values` holds as `view` says (`[k, n]`, any strides), rounded to bf16: for
+    /// a right operand that is new on every product, such as a gradient.
+    ///
+    /// Panics when the view reaches past `values`.
+    pub fn of_view(values: &[f32], view: View) -> Packed {
+        assert!(
+            view.fits(values.len()),
+            "gemm::bf16::Packed::of_view: the view reaches past its values"
+        );
+        Packed::from_columns(view.row_count(), view.column_count(), |j| {
+            move |row| values[view.index(row, j)]
+        })
+    }
+
+    /// The `[k, n]` matrix whose column `j` is read by `column(j)`, row by row.
+    fn from_columns<C: Fn(usize) -> f32>(
+        k: usize,
+        n: usize,
+        column: impl Fn(usize) -> C + Sync,
+    ) -> Packed {
         let depth = k.next_multiple_of(K_STEP);
         let panel_len = depth * TILE;
         let mut panels = vec![0u16; n.div_ceil(BLOCK) * 2 * panel_len];
@@ -143,13 +169,10 @@ impl Packed {
             .par_chunks_mut(panel_len.max(1))
             .enumerate()
             .for_each(|(panel, packed)| {
-                for (j, &(block, columns, column)) in
-                    sources.iter().enumerate().skip(panel * TILE).take(TILE)
-                {
-                    let lane = j - panel * TILE;
+                for j in (panel * TILE..n).take(TILE) {
+                    let (lane, value) = (j - panel * TILE, column(j));
                     for row in 0..k {
-                        packed[(row / 2) * 2 * TILE + 2 * lane + row % 2] =
-                            round(block[row * columns + column]);
+                        packed[(row / 2) * 2 * TILE + 2 * lane + row % 2] = round(value(row));
                     }
                 }
             });
@@ -223,6 +246,32 @@ pub fn new_product(
     })
 }
 
+/// `c = a · b`, or `c += a · b` with `accumulate`, for `c` row-major `[m, n]` and `a` `[m, k]`
+/// and `b` `[k, n]` read through strided views (a transposed operand is a view), both rounded to
+/// bf16 here, on all of rayon's threads: for products whose operands are both new on every call,
+/// as training's forward and gradient products are.
+///
+/// Panics when the shapes disagree, a view reaches past its slice, `c` is shorter than `[m, n]`
+/// or no bf16 instruction set is [`supported`].
+pub fn view_product(
+    c: &mut [f32],
+    a: &[f32],
+    a_view: View,
+    b: &[f32],
+    b_view: View,
+    accumulate: bool,
+) {
+    let isa = Bf16Isa::chosen().expect("gemm::bf16::view_product: no bf16 products on this CPU");
+    assert!(
+        a_view.column_count() == b_view.row_count() && a_view.fits(a.len()),
+        "gemm::bf16::view_product: a is not [m, k] inside its values"
+    );
+    let (m, packed) = (a_view.row_count(), Packed::of_view(b, b_view));
+    let bias = vec![0.0; packed.n];
+    let a = Lhs::View(a, a_view);
+    Product::new(isa, as_uninit(c), a, &packed, m, accumulate, &bias).run(&|v| v, true);
+}
+
 /// A new vector of `len` values that `write` fills through a product without `accumulate`
 /// (which stores every value of its `C`), never zeroed first.
 #[allow(unsafe_code)]
@@ -237,6 +286,8 @@ fn written(len: usize, write: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> 
 enum Lhs<'a> {
     /// Row-major `[m, k]`.
     Matrix(&'a [f32]),
+    /// `[m, k]` as the view says.
+    View(&'a [f32], View),
     /// The windows' rows, `[m, k]`.
     Windows(&'a Windows<'a>),
 }
@@ -293,6 +344,10 @@ impl<'a> Product<'a> {
     ) -> Self {
         match a {
             Lhs::Matrix(a) => assert!(a.len() >= m * b.k, "gemm::bf16::product: a is not [m, k]"),
+            Lhs::View(_, view) => assert!(
+                view.row_count() == m && view.column_count() == b.k,
+                "gemm::bf16::view_product: a is not [m, k]"
+            ),
             Lhs::Windows(windows) => assert!(
                 windows.rows() == m && windows.depth() == b.k,
                 "gemm::bf16::conv_product: the windows are not [m, k]"
@@ -369,6 +424,12 @@ impl<'a> Product<'a> {
                 }
                 let values = match self.a {
                     Lhs::Matrix(a) => &a[row * k..][..k],
+                    Lhs::View(a, view) => {
+                        for (col, to) in read.iter_mut().enumerate() {
+                            *to = a[view.index(row, col)];
+                        }
+                        read.as_slice()
+                    }
                     Lhs::Windows(windows) => {
                         windows.read(row, 0, read.as_mut_slice());
                         read.as_slice()
@@ -723,6 +784,43 @@ mod tests {
         let from_image = conv_product(&windows, &packed, &bias, relu);
         let unfolded = new_product(&windows.unfolded(), &packed, windows.rows(), &bias, relu);
         assert_eq!(from_image, unfolded);
+    }
+
+    /// Operands read through transposed views give the product of the matrices they show, bit
+    /// for bit (the same rounding, the same sums), overwritten or added to.
+    #[test]
+    fn views_are_packed_as_the_matrices_they_show() {
+        if !supported() {
+            println!("SKIPPED (no amx_bf16 or avx512_bf16)");
+            return;
+        }
+        let [m, k, n] = [67, 45, 70];
+        let (a, b) = (values(m * k, 21), values(k * n, 22));
+        let transpose = |x: &[f32], rows: usize, cols: usize| -> Vec<f32> {
+            (0..cols)
+                .flat_map(|j| (0..rows).map(move |i| x[i * cols + j]))
+                .collect()
+        };
+        // aᵀ and bᵀ stored row-major, read back through transposed views.
+        let (a_t, b_t) = (transpose(&a, m, k), transpose(&b, k, n));
+        let a_view = View::rows(0, k, m, m).transposed();
+        let b_view = View::rows(0, n, k, k).transposed();
+        let want = new_product(&a, &Packed::new(k, &[(&b, n)]), m, &vec![0.0; n], |v| v);
+        let mut c = vec![f32::NAN; m * n];
+        view_product(&mut c, &a_t, a_view, &b_t, b_view, false);
+        assert_eq!(c, want);
+        let start = values(m * n, 23);
+        let mut c = start.clone();
+        view_product(
+            &mut c,
+            &a,
+            View::rows(0, m, k, k),
+            &b,
+            View::rows(0, k, n, n),
+            true,
+        );
+        let added: Vec<f32> = start.iter().zip(&want).map(|(s, w)| s + w).collect();
+        assert_eq!(c, added);
     }
 
     proptest! {

@@ -7,6 +7,8 @@
 //!   Intel's AMX tiles (`tdpbf16ps`, Sapphire Rapids and later) or AVX512-BF16's `vdpbf16ps`
 //!   (Cooper Lake, AMD Zen 4 and Zen 5), chosen by [`Bf16Isa::chosen`].
 //!
+//! A precision policy picks its products in one place, [`Products::under`].
+//!
 //! ```
 //! use kiln_kernels::gemm::bf16;
 //!
@@ -26,5 +28,7 @@ mod amx;
 mod avx512_bf16;
 pub mod bf16;
 mod isa;
+mod products;
 
 pub use isa::Bf16Isa;
+pub use products::{Products, is_mixed_bf16};

@@ -20,12 +20,12 @@ use burn::nn::{LayerNorm, RmsNorm};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use kiln_core::{Policy, Precision, cast_module, is_host_backend};
-use kiln_kernels::gemm::Bf16Isa;
+use kiln_kernels::gemm::{Bf16Isa, Products, is_mixed_bf16};
 use kiln_kernels::host;
 use kiln_kernels::{HashedMask, HostValues, dropout_mask};
 
 use crate::dropout::{Draw, DropoutSites, Site, apply_mask};
-use crate::prepared::{PreparedWeights, Products, is_mixed_bf16};
+use crate::prepared::PreparedWeights;
 
 /// How a model runs: its precision policy (set when its weights are loaded) and its Monte-Carlo
 /// dropout sites (used by stochastic forwards, those given a [`Draw`]; none by default).
@@ -65,12 +65,13 @@ pub fn in_compute_dtype<'a, B: Backend, M: Module<B> + Clone>(
 }
 
 /// Whether `policy` runs as PyTorch's CPU autocast does on `device`: a mixed bf16 policy
-/// (f32 parameters, bf16 compute) on a host backend outside autodiff. Its tensors then stay f32
-/// (norms, softmax, GELU and sums in f32 by construction) and every host product reads its
-/// operands rounded to bf16, with f32 sums, on AMX or AVX512-BF16 ([`bf16`]); on a CPU with
-/// neither the products are f32 (said once), so the policy is never slower than `full` there.
+/// (f32 parameters, bf16 compute) on a host backend, in inference or training. Its tensors then
+/// stay f32 (norms, softmax, GELU, losses and sums in f32 by construction) and every host
+/// product reads its operands rounded to bf16, with f32 sums, on AMX or AVX512-BF16 ([`bf16`]):
+/// in training the forward product and both gradient products; on a CPU with neither the
+/// products are f32 (said once), so the policy is never slower than `full` there.
 pub fn host_autocast<B: Backend>(policy: &Policy, device: &B::Device) -> bool {
-    is_mixed_bf16(policy) && is_host_backend::<B>(device) && !B::ad_enabled(device)
+    is_mixed_bf16(policy) && is_host_backend::<B>(device)
 }
 
 /// Says once per process how host autocast multiplies on this CPU.
