@@ -41,10 +41,18 @@ impl HostValues {
         #[cfg(feature = "flex")]
         if x.dtype() == burn::tensor::DType::F32 {
             let primitive: Box<dyn std::any::Any> = Box::new(x.clone().into_primitive().tensor());
-            if let Ok(flex) = primitive.downcast::<burn::backend::flex::FlexTensor>()
+            // A Flex tensor, or a tracked one of Autodiff<Flex> (a parameter in training).
+            use burn::backend::flex::FlexTensor;
+            type Tracked =
+                burn::tensor::ops::FloatTensor<burn::backend::Autodiff<burn::backend::Flex>>;
+            let flex = match primitive.downcast::<FlexTensor>() {
+                Ok(flex) => Some(*flex),
+                Err(other) => other.downcast::<Tracked>().ok().map(|t| t.primitive),
+            };
+            if let Some(flex) = flex
                 && flex.as_slice::<f32>().is_some()
             {
-                return HostValues(Read::InPlace(*flex));
+                return HostValues(Read::InPlace(flex));
             }
         }
         let values = x.clone().into_data().convert::<f32>().into_vec::<f32>();

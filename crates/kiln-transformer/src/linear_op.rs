@@ -5,33 +5,41 @@
 //! both gradient products read their operands rounded to bf16, with f32 sums, as PyTorch's CPU
 //! autocast trains ([`bf16::view_product`]).
 
+use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use kiln_kernels::{HostOp, host_op, host_ops_serve, zeros};
 use rayon::prelude::*;
 
+use std::sync::Arc;
+
 use kiln_kernels::gemm::{Products, bf16};
 use kiln_kernels::matmul::{Threads, View, Write, matmul};
 
-/// `x W + b` of `x` `[rows, in]` as one autodiff operation multiplying as `products` says, when
-/// `B` is `Autodiff<Flex>` and `x` is f32; `None` otherwise.
+use crate::prepared::{PreparedWeights, TrainedWeight};
+
+/// `x W + b` of `x` `[rows, in]` as one autodiff operation multiplying as `prepared` says (bf16
+/// products read the weight packed there), when `B` is `Autodiff<Flex>` and `x` is f32; `None`
+/// otherwise.
 pub(crate) fn trained_linear<B: Backend>(
     linear: &Linear<B>,
     x: &Tensor<B, 2>,
-    products: Products,
+    prepared: &PreparedWeights,
 ) -> Option<Tensor<B, 2>> {
     if !host_ops_serve(x) {
         return None;
     }
     let [rows, inputs] = x.dims();
     let weight = linear.weight.val();
+    let outputs = weight.dims()[1];
+    let layout = Layout::InputsByOutputs;
     let product = Product {
         rows,
         inputs,
-        outputs: weight.dims()[1],
-        layout: Layout::InputsByOutputs,
-        products,
+        outputs,
+        layout,
+        bf16: packed(prepared, &linear.weight, layout.reads(inputs, outputs)),
     };
     match &linear.bias {
         Some(bias) => {
@@ -47,21 +55,34 @@ pub(crate) fn trained_linear<B: Backend>(
 }
 
 /// `x Eᵀ` of `x` `[rows, in]` and a table `E` `[out, in]` as one autodiff operation multiplying
-/// as `products` says, when `B` is `Autodiff<Flex>` and both are f32; `None` otherwise.
+/// as `prepared` says, when `B` is `Autodiff<Flex>` and both are f32; `None` otherwise.
 pub(crate) fn trained_product_by_table<B: Backend>(
     x: &Tensor<B, 2>,
-    table: &Tensor<B, 2>,
-    products: Products,
+    table: &Param<Tensor<B, 2>>,
+    prepared: &PreparedWeights,
 ) -> Option<Tensor<B, 2>> {
-    let ([rows, inputs], [outputs, _]) = (x.dims(), table.dims());
+    if !host_ops_serve(x) {
+        return None;
+    }
+    let (values, layout) = (table.val(), Layout::OutputsByInputs);
+    let ([rows, inputs], [outputs, _]) = (x.dims(), values.dims());
     let product = Product {
         rows,
         inputs,
         outputs,
-        layout: Layout::OutputsByInputs,
-        products,
+        layout,
+        bf16: packed(prepared, table, layout.reads(inputs, outputs)),
     };
-    host_op(product, [x, table], [rows, outputs])
+    host_op(product, [x, &values], [rows, outputs])
+}
+
+/// The weight packed for bf16 products where `prepared` multiplies bf16 operands.
+fn packed<B: Backend>(
+    prepared: &PreparedWeights,
+    weight: &Param<Tensor<B, 2>>,
+    reads: View,
+) -> Option<Arc<TrainedWeight>> {
+    (prepared.products() == Products::Bf16).then(|| prepared.trained(weight, reads))
 }
 
 /// How a weight holds its values.
@@ -73,6 +94,16 @@ enum Layout {
     OutputsByInputs,
 }
 
+impl Layout {
+    /// The weight's values seen as `[inputs, outputs]`.
+    fn reads(self, inputs: usize, outputs: usize) -> View {
+        match self {
+            Layout::InputsByOutputs => View::rows(0, inputs, outputs, outputs),
+            Layout::OutputsByInputs => View::rows(0, outputs, inputs, inputs).transposed(),
+        }
+    }
+}
+
 /// `[x, W]` (`[rows, inputs]` and the weight) → `x W`.
 #[derive(Debug, Clone)]
 struct Product {
@@ -80,7 +111,8 @@ struct Product {
     inputs: usize,
     outputs: usize,
     layout: Layout,
-    products: Products,
+    /// The weight packed for bf16 products (forward and `dx`), under host autocast.
+    bf16: Option<Arc<TrainedWeight>>,
 }
 
 /// `[x, W, b]` (`b` `[1, outputs]`) → `x W + b`.
@@ -130,24 +162,20 @@ fn split_product(
 impl Product {
     /// The weight seen as `[inputs, outputs]`.
     fn weight(&self) -> View {
-        let (inputs, outputs) = (self.inputs, self.outputs);
-        match self.layout {
-            Layout::InputsByOutputs => View::rows(0, inputs, outputs, outputs),
-            Layout::OutputsByInputs => View::rows(0, outputs, inputs, inputs).transposed(),
-        }
+        self.layout.reads(self.inputs, self.outputs)
     }
 
     /// `x W (+ b)`: each row starts as `b` (or 0) and gets its product added.
     fn forward_with(&self, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
         let (inputs, outputs) = (self.inputs, self.outputs);
-        if self.products == Products::Bf16 {
+        if let Some(packed) = &self.bf16 {
             let mut y = zeros(self.rows * outputs);
             if let Some(bias) = bias {
                 y.chunks_exact_mut(outputs.max(1))
                     .for_each(|row| row.copy_from_slice(bias));
             }
             let x_rows = View::rows(0, self.rows, inputs, inputs);
-            bf16::view_product(&mut y, x, x_rows, weight, self.weight(), bias.is_some());
+            bf16::view_product(&mut y, x, x_rows, &packed.forward, bias.is_some());
             return y;
         }
         split_product(self.rows, outputs, |first, y, rows, threads| {
@@ -181,8 +209,8 @@ impl Product {
         [want_dx, want_dw]: [bool; 2],
     ) -> [Vec<f32>; 2] {
         let (rows, inputs, outputs) = (self.rows, self.inputs, self.outputs);
-        if self.products == Products::Bf16 {
-            return self.bf16_grads(dy, x, weight, [want_dx, want_dw]);
+        if let Some(packed) = &self.bf16 {
+            return self.bf16_grads(dy, x, packed, [want_dx, want_dw]);
         }
         let dx = want_dx.then(|| {
             split_product(rows, inputs, |first, dx, n, threads| {
@@ -226,28 +254,27 @@ impl Product {
         }
     }
 
-    /// [`Self::input_and_weight_grads`] with bf16 operands: `dx = dy Wᵀ` and `dW` each one
-    /// product on all threads, transposes read as views.
+    /// [`Self::input_and_weight_grads`] with bf16 operands: `dx = dy Wᵀ` (`Wᵀ` packed once with
+    /// `W`) and `dW` each one product on all threads, transposes read as views.
     fn bf16_grads(
         &self,
         dy: &[f32],
         x: &[f32],
-        weight: &[f32],
+        weight: &TrainedWeight,
         [want_dx, want_dw]: [bool; 2],
     ) -> [Vec<f32>; 2] {
         let (rows, inputs, outputs) = (self.rows, self.inputs, self.outputs);
         let all_rows = |width| View::rows(0, rows, width, width);
         let dx = want_dx.then(|| {
             let mut dx = zeros(rows * inputs);
-            let w_t = self.weight().transposed();
-            bf16::view_product(&mut dx, dy, all_rows(outputs), weight, w_t, false);
+            bf16::view_product(&mut dx, dy, all_rows(outputs), &weight.transposed, false);
             dx
         });
         let dw = want_dw.then(|| {
             let (a, a_width, b, b_width) = self.weight_grad_operands(x, dy);
             let mut dw = zeros(a_width * b_width);
-            let a_t = all_rows(a_width).transposed();
-            bf16::view_product(&mut dw, a, a_t, b, all_rows(b_width), false);
+            let b = bf16::Packed::of_view(b, all_rows(b_width));
+            bf16::view_product(&mut dw, a, all_rows(a_width).transposed(), &b, false);
             dw
         });
         [dx.unwrap_or_default(), dw.unwrap_or_default()]
@@ -338,7 +365,7 @@ mod tests {
                     let x = x.clone().detach().require_grad();
                     let y = if ours {
                         two_threads.as_ref().expect("a pool").install(|| {
-                            trained_linear(&linear, &x, Products::F32)
+                            trained_linear(&linear, &x, &PreparedWeights::default())
                                 .expect("served on Autodiff<Flex>")
                         })
                     } else {
@@ -378,7 +405,8 @@ mod tests {
         let x = Tensor::<Trained, 2>::random([19, 37], normal, &device).require_grad();
         let weights = Tensor::<Trained, 2>::random([19, 53], normal, &device);
         let linear = LinearConfig::new(37, 53).init::<Trained>(&device).no_grad();
-        let ours = trained_linear(&linear, &x, Products::F32).expect("served on Autodiff<Flex>");
+        let ours = trained_linear(&linear, &x, &PreparedWeights::default())
+            .expect("served on Autodiff<Flex>");
         let grads = (ours * weights.clone()).sum().backward();
         assert!(linear.weight.val().grad(&grads).is_none());
         assert!(linear.bias.as_ref().unwrap().val().grad(&grads).is_none());
@@ -398,18 +426,18 @@ mod tests {
         let table = Tensor::<Trained, 2>::random([211, 37], normal, &device);
         let weights = Tensor::<Trained, 2>::random([13, 211], normal, &device);
         let run = |ours: bool| {
-            let (x, table) = (x.clone().require_grad(), table.clone().require_grad());
+            let (x, table) = (x.clone().require_grad(), Param::from_tensor(table.clone()));
             let y = if ours {
-                trained_product_by_table(&x, &table, Products::F32)
+                trained_product_by_table(&x, &table, &PreparedWeights::default())
                     .expect("served on Autodiff<Flex>")
             } else {
-                x.clone().matmul(table.clone().transpose())
+                x.clone().matmul(table.val().transpose())
             };
             let grads = (y.clone() * weights.clone()).sum().backward();
             (
                 y.inner(),
                 x.grad(&grads).unwrap(),
-                table.grad(&grads).unwrap(),
+                table.val().grad(&grads).unwrap(),
             )
         };
         let (y, dx, dtable) = run(true);
@@ -451,10 +479,10 @@ mod tests {
             let x = Tensor::<Trained, 2>::random([rows, inputs], normal, &device);
             let dy = Tensor::<Trained, 2>::random([rows, outputs], normal, &device);
             let linear = LinearConfig::new(inputs, outputs).init::<Trained>(&device);
-            let run = |products: Option<Products>| {
+            let run = |prepared: Option<&PreparedWeights>| {
                 let x = x.clone().detach().require_grad();
-                let y = match products {
-                    Some(products) => trained_linear(&linear, &x, products).expect("served"),
+                let y = match prepared {
+                    Some(prepared) => trained_linear(&linear, &x, prepared).expect("served"),
                     None => linear.forward(x.clone()),
                 };
                 let grads = (y.clone() * dy.clone()).sum().backward();
@@ -462,7 +490,8 @@ mod tests {
                 let dw = linear.weight.val().grad(&grads).unwrap();
                 (y.inner(), x.grad(&grads).unwrap(), dw, db)
             };
-            let (y, dx, dw, db) = run(Some(Products::Bf16));
+            let bf16 = PreparedWeights::default().for_products(Products::Bf16);
+            let (y, dx, dw, db) = run(Some(&bf16));
             let (want_y, want_dx, want_dw, want_db) = run(None);
             let w = linear.weight.val();
             within_bf16(y, want_y, abs(&x).matmul(abs(&w)));
@@ -472,17 +501,17 @@ mod tests {
             assert!(gap(db.unsqueeze(), want_db.unsqueeze()) < 1e-3);
 
             let table = Tensor::<Trained, 2>::random([outputs, inputs], normal, &device);
-            let by_table = |products: Option<Products>| {
-                let (x, table) = (x.clone().require_grad(), table.clone().require_grad());
-                let y = match products {
-                    Some(products) => trained_product_by_table(&x, &table, products).unwrap(),
-                    None => x.clone().matmul(table.clone().transpose()),
+            let by_table = |prepared: Option<&PreparedWeights>| {
+                let (x, table) = (x.clone().require_grad(), Param::from_tensor(table.clone()));
+                let y = match prepared {
+                    Some(prepared) => trained_product_by_table(&x, &table, prepared).unwrap(),
+                    None => x.clone().matmul(table.val().transpose()),
                 };
                 let grads = (y.clone() * dy.clone()).sum().backward();
-                let (dx, dt) = (x.grad(&grads).unwrap(), table.grad(&grads).unwrap());
+                let (dx, dt) = (x.grad(&grads).unwrap(), table.val().grad(&grads).unwrap());
                 (y.inner(), dx, dt)
             };
-            let (y, dx, dtable) = by_table(Some(Products::Bf16));
+            let (y, dx, dtable) = by_table(Some(&bf16));
             let (want_y, want_dx, want_dtable) = by_table(None);
             within_bf16(y, want_y, abs(&x).matmul(abs(&table).transpose()));
             within_bf16(dx, want_dx, abs(&dy).matmul(abs(&table)));

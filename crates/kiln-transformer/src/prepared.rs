@@ -9,7 +9,7 @@
 //! the parameter and checked against the storage it was read from: a weight that changes (an
 //! optimiser step, a load, a cast) is prepared anew, never served stale.
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,6 +24,7 @@ use kiln_kernels::HostValues;
 use kiln_kernels::gemm::{Products, bf16};
 use kiln_kernels::host;
 use kiln_kernels::host::winograd::{F2X2, F2X3, Minimal, Phase};
+use kiln_kernels::matmul::View;
 use kiln_kernels::sgemm;
 
 /// A projection's weight `[in, out]` and bias `[out]` as the host product reads them.
@@ -93,6 +94,16 @@ impl HostWeight {
     }
 }
 
+/// A trained product's weight rounded to bf16 and packed both ways: `[in, out]` as the forward
+/// product `x W` reads it, and `[out, in]` as the input's gradient `dy Wᵀ` reads it.
+#[derive(Debug)]
+pub struct TrainedWeight {
+    /// `W` `[in, out]`.
+    pub forward: bf16::Packed,
+    /// `Wᵀ` `[out, in]`.
+    pub transposed: bf16::Packed,
+}
+
 /// A kernel transformed for Winograd's minimal filtering ([`host::winograd`]): one product weight
 /// `[in, out]` per point ξ of the tile, without bias, and the bias added to the outputs.
 #[derive(Debug)]
@@ -139,7 +150,7 @@ pub struct TapKernel {
 /// place (NdArray) prepare every forward.
 #[derive(Clone, Default)]
 pub struct PreparedWeights {
-    kept: Arc<Mutex<HashMap<(ParamId, Products), Prepared>>>,
+    kept: Arc<Mutex<HashMap<Key, Prepared>>>,
     /// Weights are read where the parameters hold them ([`Self::in_place`]).
     in_place: bool,
     /// The operands the products read (weights kept apart per kind).
@@ -147,6 +158,10 @@ pub struct PreparedWeights {
 }
 
 /// One prepared weight and what it was made from.
+/// What a preparation is kept under: the parameter, the operands and the kind of preparation
+/// (a trained weight's packing beside its inference weight, neither replacing the other).
+type Key = (ParamId, Products, TypeId);
+
 struct Prepared {
     sources: Vec<HostValues>,
     /// A [`HostWeight`], or what else a layer prepared (a transposed convolution's phases).
@@ -247,6 +262,25 @@ impl PreparedWeights {
                 bias.extend(bias_of(own_bias, columns));
             }
             self.weight(inputs, &blocks, bias)
+        })
+    }
+
+    /// A trained product's weight `matrix` packed for bf16 products both ways ([`TrainedWeight`]),
+    /// `reads` saying how the forward product reads it as `[in, out]`: kept while the parameter
+    /// holds the same storage (a frozen weight is packed once; a trained one once a step,
+    /// however many forwards read it).
+    pub fn trained<B: Backend>(
+        &self,
+        matrix: &Param<Tensor<B, 2>>,
+        reads: View,
+    ) -> Arc<TrainedWeight> {
+        let sources = vec![HostValues::of(&matrix.val())];
+        self.get(matrix.id, sources, |sources| {
+            let values = sources[0].values();
+            TrainedWeight {
+                forward: bf16::Packed::of_view(values, reads),
+                transposed: bf16::Packed::of_view(values, reads.transposed()),
+            }
         })
     }
 
@@ -383,7 +417,7 @@ impl PreparedWeights {
         prepare: impl FnOnce(&[HostValues]) -> T,
     ) -> Arc<T> {
         let lock = || self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (id, self.products);
+        let key = (id, self.products, TypeId::of::<T>());
         if let Some(kept) = lock().get(&key)
             && kept.sources.len() == sources.len()
             && kept
@@ -450,6 +484,27 @@ mod tests {
 
     /// A weight is prepared once while its parameters keep their storage, and anew when one of
     /// them changes, with the new values.
+    /// A parameter in training (`Autodiff<Flex>`) is read in place, so its bf16 packing is kept
+    /// while it holds the same storage and made anew once the optimiser's step replaces it; the
+    /// inference preparation of the same parameter is kept beside it, not in its place.
+    #[test]
+    fn trained_weights_are_kept_until_the_parameter_changes() {
+        use burn::backend::Autodiff;
+        type Trained = Autodiff<Flex>;
+        let device = Default::default();
+        let linear = LinearConfig::new(3, 5).init::<Trained>(&device);
+        let prepared = PreparedWeights::default().for_products(Products::Bf16);
+        let reads = View::rows(0, 3, 5, 5);
+        let first = prepared.trained(&linear.weight, reads);
+        assert!(Arc::ptr_eq(&first, &prepared.trained(&linear.weight, reads)));
+        let for_inference = prepared.linear(&linear, None);
+        assert!(Arc::ptr_eq(&first, &prepared.trained(&linear.weight, reads)));
+        assert_eq!(for_inference.columns(), 5);
+        let stepped = linear.weight.clone().map(|w| w.add_scalar(1.0));
+        assert_eq!(stepped.id, linear.weight.id);
+        assert!(!Arc::ptr_eq(&first, &prepared.trained(&stepped, reads)));
+    }
+
     #[test]
     fn kept_while_the_weight_is_unchanged() {
         let device = Default::default();

@@ -60,8 +60,7 @@ pub fn project<B: Backend, const D: usize>(
     let mut dims = x.dims();
     let rows = dims[..D - 1].iter().product();
     let x = x.reshape([rows, dims[D - 1]]);
-    let y =
-        trained_linear(linear, &x, pass.prepared().products()).unwrap_or_else(|| linear.forward(x));
+    let y = trained_linear(linear, &x, pass.prepared()).unwrap_or_else(|| linear.forward(x));
     dims[D - 1] = y.dims()[1];
     finish(y.reshape(dims), then)
 }
@@ -87,19 +86,19 @@ pub fn project_by_table<B: Backend>(
         let shape = [batch, tokens, weight.columns()];
         return Tensor::from_data(TensorData::new(y, shape), &device);
     }
-    let table = table.val();
     let rows = x.clone().reshape([batch * tokens, inputs]);
+    if let Some(y) = trained_product_by_table(&rows, table, pass.prepared()) {
+        return y.reshape([batch, tokens, table.dims()[0]]);
+    }
+    let table = table.val();
     #[cfg(feature = "cuda")]
     if let Some(y) = kiln_kernels::cublaslt::product(&rows, false, &table, true, None, false, None)
     {
         return y.reshape([batch, tokens, table.dims()[0]]);
     }
-    match trained_product_by_table(&rows, &table, pass.prepared().products()) {
-        Some(y) => y.reshape([batch, tokens, table.dims()[0]]),
-        // Unsqueezed before the transpose: the other order makes burn copy the whole transposed
-        // table (docs/FOVEATED.md).
-        None => x.matmul(table.unsqueeze::<3>().transpose()),
-    }
+    // Unsqueezed before the transpose: the other order makes burn copy the whole transposed
+    // table (docs/FOVEATED.md).
+    x.matmul(table.unsqueeze::<3>().transpose())
 }
 
 /// `then(drop(site, x W + b))`: when the pass drops activations at `site`, the dropout comes

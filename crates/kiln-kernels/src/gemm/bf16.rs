@@ -246,30 +246,22 @@ pub fn new_product(
     })
 }
 
-/// `c = a · b`, or `c += a · b` with `accumulate`, for `c` row-major `[m, n]` and `a` `[m, k]`
-/// and `b` `[k, n]` read through strided views (a transposed operand is a view), both rounded to
-/// bf16 here, on all of rayon's threads: for products whose operands are both new on every call,
-/// as training's forward and gradient products are.
+/// `c = a · b`, or `c += a · b` with `accumulate`, for `c` row-major `[m, n]`, `a` `[m, k]` read
+/// through a strided view (a transposed operand is a view) and rounded to bf16 here, and `b`
+/// packed (a weight packed once, or an operand new on every call through [`Packed::of_view`]),
+/// on all of rayon's threads: training's forward and gradient products.
 ///
-/// Panics when the shapes disagree, a view reaches past its slice, `c` is shorter than `[m, n]`
-/// or no bf16 instruction set is [`supported`].
-pub fn view_product(
-    c: &mut [f32],
-    a: &[f32],
-    a_view: View,
-    b: &[f32],
-    b_view: View,
-    accumulate: bool,
-) {
+/// Panics when the shapes disagree, `a`'s view reaches past its slice, `c` is shorter than
+/// `[m, n]` or no bf16 instruction set is [`supported`].
+pub fn view_product(c: &mut [f32], a: &[f32], a_view: View, b: &Packed, accumulate: bool) {
     let isa = Bf16Isa::chosen().expect("gemm::bf16::view_product: no bf16 products on this CPU");
     assert!(
-        a_view.column_count() == b_view.row_count() && a_view.fits(a.len()),
-        "gemm::bf16::view_product: a is not [m, k] inside its values"
+        a_view.fits(a.len()),
+        "gemm::bf16::view_product: a's view reaches past its values"
     );
-    let (m, packed) = (a_view.row_count(), Packed::of_view(b, b_view));
-    let bias = vec![0.0; packed.n];
-    let a = Lhs::View(a, a_view);
-    Product::new(isa, as_uninit(c), a, &packed, m, accumulate, &bias).run(&|v| v, true);
+    let bias = vec![0.0; b.n];
+    let (m, a) = (a_view.row_count(), Lhs::View(a, a_view));
+    Product::new(isa, as_uninit(c), a, b, m, accumulate, &bias).run(&|v| v, true);
 }
 
 /// A new vector of `len` values that `write` fills through a product without `accumulate`
@@ -807,18 +799,12 @@ mod tests {
         let b_view = View::rows(0, n, k, k).transposed();
         let want = new_product(&a, &Packed::new(k, &[(&b, n)]), m, &vec![0.0; n], |v| v);
         let mut c = vec![f32::NAN; m * n];
-        view_product(&mut c, &a_t, a_view, &b_t, b_view, false);
+        view_product(&mut c, &a_t, a_view, &Packed::of_view(&b_t, b_view), false);
         assert_eq!(c, want);
         let start = values(m * n, 23);
         let mut c = start.clone();
-        view_product(
-            &mut c,
-            &a,
-            View::rows(0, m, k, k),
-            &b,
-            View::rows(0, k, n, n),
-            true,
-        );
+        let b_packed = Packed::of_view(&b, View::rows(0, k, n, n));
+        view_product(&mut c, &a, View::rows(0, m, k, k), &b_packed, true);
         let added: Vec<f32> = start.iter().zip(&want).map(|(s, w)| s + w).collect();
         assert_eq!(c, added);
     }
