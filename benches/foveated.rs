@@ -42,7 +42,7 @@ use kiln::foveated::{
 };
 use kiln::text::TextConfig;
 use kiln::train::{GroupedAdamW, Optimization, TrainConfig, parameters};
-use kiln::vision::{Dinov2Config, Dinov2Model};
+use kiln::vision::{Dinov2Config, Dinov2Model, Tower};
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
 #[path = "../examples/shared/allocator.rs"]
@@ -306,14 +306,18 @@ impl Suite for Foveated {
                 &synthetic, workload, model, &config, &device,
             ))?;
         }
+        // Both backbones under the run's policy (`--policy mixed-bf16`: CPU autocast, bf16
+        // products in the forward and both gradients).
+        let policy = runner.policy();
         let fvlm_model = |config: FoveatedConfig| {
             <Autodiff<B> as Backend>::seed(&device, 0);
             FoveatedModel::new(
-                dinov2_s().init(&device),
+                dinov2_s().init(&device).with_policy(&policy),
                 TextConfig::smollm2_135m().init(&device),
                 config,
                 &device,
             )
+            .map(|model| model.with_lm_policy(&policy))
             .map_err(BenchError::workload)
         };
         let fvlm_config = research_recipe(1000, 1e-3, 1e-5);

@@ -43,7 +43,7 @@ step's `.item()` waits for the device, so the clock covers the work on a GPU too
     /work/venvs/hf/bin/python scripts/bench/foveated_torch.py --threads 2 --workload fvlm \
         --optimizer-only --warmup 2 --rounds 5 --steps-per-round 2
     /work/venvs/fvlm/bin/python scripts/bench/foveated_torch.py --threads 2 --workload release \
-        --fvlm-dir /path/to/nanoSmol/fVLM --warmup 1 --rounds 3 --steps-per-round 1
+        --fvlm-dir /path/to/nanoSmol/fVLM --warmup 1 --rounds 3 --steps-per-round 1 [--bf16]
     python3 scripts/bench/foveated_torch.py --device cuda --tf32 --workload fvlm   # on a GPU
 
 Requirements: scripts/fixtures/requirements-hf.txt (torch, transformers); for `release`,
@@ -87,8 +87,9 @@ WORKLOADS = {
 }
 
 
-def release_step(fvlm_dir: Path, device, params_out):
-    """fVLM's own model on the `fvlm` shapes and its training step (see the module's doc)."""
+def release_step(fvlm_dir: Path, device, params_out, bf16=False):
+    """fVLM's own model on the `fvlm` shapes and its training step (see the module's doc), the
+    forward under `torch.autocast(bfloat16)` with `bf16` (fp32 weights, bf16 products)."""
     sys.path.insert(0, str(fvlm_dir))
     from model import FoveatedVLM
 
@@ -118,7 +119,8 @@ def release_step(fvlm_dir: Path, device, params_out):
     attention = torch.ones(clips, text, dtype=torch.long, device=device)
 
     def step():
-        loss = model.forward_coarse_fine(pixels, ids, attention)["loss"]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = model.forward_coarse_fine(pixels, ids, attention)["loss"]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         adamw.step()
@@ -200,6 +202,9 @@ def main():
     parser.add_argument("--json", type=Path)
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--tf32", action="store_true", help="TF32 products on a GPU")
+    parser.add_argument("--bf16", action="store_true",
+                        help="the release step's forward under torch.autocast(bfloat16), as a "
+                             "careful user runs it where the CPU has bf16 units")
     parser.add_argument("--optimizer-only", action="store_true",
                         help="time AdamW.step() alone, with fixed gradients")
     args = parser.parse_args()
@@ -213,8 +218,10 @@ def main():
         if args.fvlm_dir is None or not (args.fvlm_dir / "model.py").is_file():
             sys.exit("the release workload needs --fvlm-dir (or KILN_FVLM_DIR): fVLM/ of a checkout")
         params = []
-        step, adamw = release_step(args.fvlm_dir, device, params)
+        step, adamw = release_step(args.fvlm_dir, device, params, args.bf16)
     else:
+        if args.bf16:
+            sys.exit("--bf16 is for the release workload")
         step, adamw, params = two_pass_step(args.workload, device)
 
     if args.optimizer_only:
@@ -241,6 +248,7 @@ def main():
         "device": args.device,
         "tf32": args.tf32,
         "optimizer_only": args.optimizer_only,
+        "bf16": args.bf16,
         "torch": torch.__version__,
         "ms_per_step_rounds": rounds,
         "median_ms_per_step": statistics.median(rounds),

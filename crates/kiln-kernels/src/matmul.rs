@@ -46,6 +46,16 @@ impl View {
         self.cols
     }
 
+    /// Whether each row's elements are consecutive.
+    pub(crate) fn is_row_major(&self) -> bool {
+        self.col_stride == 1
+    }
+
+    /// Whether each column's elements are consecutive (a row-major matrix transposed).
+    pub(crate) fn is_column_major(&self) -> bool {
+        self.row_stride == 1
+    }
+
     /// Where element (`row`, `col`) lies in the slice.
     pub(crate) fn index(&self, row: usize, col: usize) -> usize {
         self.offset + row * self.row_stride + col * self.col_stride

@@ -496,9 +496,15 @@ mod tests {
         let prepared = PreparedWeights::default().for_products(Products::Bf16);
         let reads = View::rows(0, 3, 5, 5);
         let first = prepared.trained(&linear.weight, reads);
-        assert!(Arc::ptr_eq(&first, &prepared.trained(&linear.weight, reads)));
+        assert!(Arc::ptr_eq(
+            &first,
+            &prepared.trained(&linear.weight, reads)
+        ));
         let for_inference = prepared.linear(&linear, None);
-        assert!(Arc::ptr_eq(&first, &prepared.trained(&linear.weight, reads)));
+        assert!(Arc::ptr_eq(
+            &first,
+            &prepared.trained(&linear.weight, reads)
+        ));
         assert_eq!(for_inference.columns(), 5);
         let stepped = linear.weight.clone().map(|w| w.add_scalar(1.0));
         assert_eq!(stepped.id, linear.weight.id);

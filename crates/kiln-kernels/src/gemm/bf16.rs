@@ -151,8 +151,26 @@ impl Packed {
             view.fits(values.len()),
             "gemm::bf16::Packed::of_view: the view reaches past its values"
         );
-        Packed::from_columns(view.row_count(), view.column_count(), |j| {
-            move |row| values[view.index(row, j)]
+        let (k, n) = (view.row_count(), view.column_count());
+        Packed::with_panels(k, n, |first, lanes, packed| {
+            if view.is_row_major() {
+                // A panel row's values lie side by side: one cache line a row.
+                for row in 0..k {
+                    let from = &values[view.index(row, first)..][..lanes];
+                    let pair_row = &mut packed[(row / 2) * 2 * TILE..][..2 * TILE];
+                    for (lane, &value) in from.iter().enumerate() {
+                        pair_row[2 * lane + row % 2] = round(value);
+                    }
+                }
+            } else {
+                // A transposed matrix: each column's values lie side by side.
+                for lane in 0..lanes {
+                    for row in 0..k {
+                        let value = values[view.index(row, first + lane)];
+                        packed[(row / 2) * 2 * TILE + 2 * lane + row % 2] = round(value);
+                    }
+                }
+            }
         })
     }
 
@@ -162,6 +180,21 @@ impl Packed {
         n: usize,
         column: impl Fn(usize) -> C + Sync,
     ) -> Packed {
+        Packed::with_panels(k, n, |first, lanes, packed| {
+            let columns: Vec<C> = (first..first + lanes).map(&column).collect();
+            // Row by row: a row-major matrix's panel row is one cache line.
+            for row in 0..k {
+                let pair_row = &mut packed[(row / 2) * 2 * TILE..][..2 * TILE];
+                for (lane, value) in columns.iter().enumerate() {
+                    pair_row[2 * lane + row % 2] = round(value(row));
+                }
+            }
+        })
+    }
+
+    /// A `[k, n]` matrix whose 16-column panels `fill(first column, columns, panel)` writes
+    /// (zeros past `k` and past `n` already there), in parallel.
+    fn with_panels(k: usize, n: usize, fill: impl Fn(usize, usize, &mut [u16]) + Sync) -> Packed {
         let depth = k.next_multiple_of(K_STEP);
         let panel_len = depth * TILE;
         let mut panels = vec![0u16; n.div_ceil(BLOCK) * 2 * panel_len];
@@ -169,11 +202,10 @@ impl Packed {
             .par_chunks_mut(panel_len.max(1))
             .enumerate()
             .for_each(|(panel, packed)| {
-                for j in (panel * TILE..n).take(TILE) {
-                    let (lane, value) = (j - panel * TILE, column(j));
-                    for row in 0..k {
-                        packed[(row / 2) * 2 * TILE + 2 * lane + row % 2] = round(value(row));
-                    }
+                let first = panel * TILE;
+                let lanes = TILE.min(n.saturating_sub(first));
+                if lanes > 0 {
+                    fill(first, lanes, packed);
                 }
             });
         Packed {
@@ -406,6 +438,12 @@ impl<'a> Product<'a> {
         let scratch = || (vec![0u16; depth], vec![0f32; k]);
         let pack = |(block, to): (usize, &mut [u16]),
                     (rounded, read): &mut (Vec<u16>, Vec<f32>)| {
+            // A row-major view's rows are read in place below.
+            if let Lhs::View(a, view) = self.a
+                && !view.is_row_major()
+            {
+                return self.pack_columns(a, view, block, to);
+            }
             for r in 0..BLOCK {
                 let row = block * BLOCK + r;
                 if row >= self.m {
@@ -416,12 +454,7 @@ impl<'a> Product<'a> {
                 }
                 let values = match self.a {
                     Lhs::Matrix(a) => &a[row * k..][..k],
-                    Lhs::View(a, view) => {
-                        for (col, to) in read.iter_mut().enumerate() {
-                            *to = a[view.index(row, col)];
-                        }
-                        read.as_slice()
-                    }
+                    Lhs::View(a, view) => &a[view.index(row, 0)..][..k],
                     Lhs::Windows(windows) => {
                         windows.read(row, 0, read.as_mut_slice());
                         read.as_slice()
@@ -441,6 +474,43 @@ impl<'a> Product<'a> {
             false => {
                 let mut scratch = scratch();
                 (packed.chunks_mut(blocks).enumerate()).for_each(|block| pack(block, &mut scratch))
+            }
+        }
+    }
+
+    /// Block `block` of `A`'s rows packed as [`Self::pack_a`] packs it, from a view whose rows
+    /// are strided (a transposed matrix: training's `xᵀ dy`): a step's 32 × 32 values are read
+    /// along the inner dimension (the block's 32 rows side by side in memory), rounded 32 at a
+    /// time, and transposed in place, rather than read row by row, a cache line per value.
+    fn pack_columns(&self, a: &[f32], view: View, block: usize, to: &mut [u16]) {
+        let (k, depth) = (self.b.k, self.b.depth);
+        let first = block * BLOCK;
+        let rows = BLOCK.min(self.m - first);
+        let mut read = [0f32; BLOCK];
+        let mut rounded = [[0u16; BLOCK]; K_STEP];
+        for step in 0..depth / K_STEP {
+            for (within, rounded) in rounded.iter_mut().enumerate() {
+                let l = step * K_STEP + within;
+                if l >= k {
+                    rounded.fill(0);
+                    continue;
+                }
+                let values = if view.is_column_major() {
+                    &a[view.index(first, l)..][..rows]
+                } else {
+                    for (r, value) in read[..rows].iter_mut().enumerate() {
+                        *value = a[view.index(first + r, l)];
+                    }
+                    &read[..rows]
+                };
+                round_row(values, &mut rounded[..rows]);
+                rounded[rows..].fill(0);
+            }
+            let tile = &mut to[step * BLOCK * K_STEP..][..BLOCK * K_STEP];
+            for (r, row) in tile.chunks_exact_mut(K_STEP).enumerate() {
+                for (value, rounded) in row.iter_mut().zip(&rounded) {
+                    *value = rounded[r];
+                }
             }
         }
     }
