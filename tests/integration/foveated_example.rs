@@ -180,7 +180,7 @@ fn bad_flags_are_refused_before_any_work() {
 
 /// `count` captioned clips of `frames` 20×20 frames each (frame folders): a colour per clip that
 /// its caption names.
-fn captioned_clips(dir: &Path, count: usize, frames: usize) -> (PathBuf, PathBuf) {
+pub(crate) fn captioned_clips(dir: &Path, count: usize, frames: usize) -> (PathBuf, PathBuf) {
     let clips = dir.join("clips");
     let colours = [
         ("red", [220, 30, 30]),
@@ -212,7 +212,13 @@ fn root() -> &'static Path {
 
 /// Runs foveated_train on `clips`/`captions` with the tiny checkpoints, then `extra` flags
 /// (later flags of the same name are refused by clap, so `extra` only adds).
-fn train(out: &Path, clips: &Path, captions: &Path, dino: &Path, extra: &[&str]) -> Output {
+pub(crate) fn train(
+    out: &Path,
+    clips: &Path,
+    captions: &Path,
+    dino: &Path,
+    extra: &[&str],
+) -> Output {
     Command::new(common::example("foveated_train"))
         .arg("--clips")
         .arg(clips)
@@ -250,7 +256,7 @@ fn held_out<'a>(clips: &'a Path, captions: &'a Path) -> [&'a str; 4] {
     ]
 }
 
-fn tiny_dino() -> PathBuf {
+pub(crate) fn tiny_dino() -> PathBuf {
     root().join("crates/kiln-foveated/tests/fixtures/dino")
 }
 

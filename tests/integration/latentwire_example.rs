@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::common;
 
 /// A short run: 4 steps of 4 items, evaluated every 2, a one-layer encoder.
-const SHORT: [&str; 14] = [
+pub(crate) const SHORT: [&str; 14] = [
     "--steps",
     "4",
     "--eval-every",
@@ -130,7 +130,7 @@ fn a_stopped_run_rerun_ends_as_the_uninterrupted_one() {
     assert_eq!(results(&stopped), results(&whole));
 }
 
-fn text_fixture(name: &str) -> PathBuf {
+pub(crate) fn text_fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("crates/kiln-text/tests/fixtures")
         .join(name)

@@ -24,6 +24,7 @@ mod hostile;
 mod latentwire_example;
 mod mc_backends;
 mod parsers;
+mod policies;
 mod realtime_example;
 mod text_backends;
 mod train_example;
