@@ -169,14 +169,8 @@ impl Product {
     fn forward_with(&self, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
         let (inputs, outputs) = (self.inputs, self.outputs);
         if let Some(packed) = &self.bf16 {
-            let mut y = zeros(self.rows * outputs);
-            if let Some(bias) = bias {
-                y.chunks_exact_mut(outputs.max(1))
-                    .for_each(|row| row.copy_from_slice(bias));
-            }
             let x_rows = View::rows(0, self.rows, inputs, inputs);
-            bf16::view_product(&mut y, x, x_rows, &packed.forward, bias.is_some());
-            return y;
+            return bf16::view_product(x, x_rows, &packed.forward, bias);
         }
         split_product(self.rows, outputs, |first, y, rows, threads| {
             if let Some(bias) = bias {
@@ -255,7 +249,8 @@ impl Product {
     }
 
     /// [`Self::input_and_weight_grads`] with bf16 operands: `dx = dy Wᵀ` (`Wᵀ` packed once with
-    /// `W`) and `dW` each one product on all threads, transposes read as views.
+    /// `W`) and `dW` each one product on all threads, transposes read as views, the outputs
+    /// written once (never zeroed first).
     fn bf16_grads(
         &self,
         dy: &[f32],
@@ -263,19 +258,14 @@ impl Product {
         weight: &TrainedWeight,
         [want_dx, want_dw]: [bool; 2],
     ) -> [Vec<f32>; 2] {
-        let (rows, inputs, outputs) = (self.rows, self.inputs, self.outputs);
+        let (rows, outputs) = (self.rows, self.outputs);
         let all_rows = |width| View::rows(0, rows, width, width);
-        let dx = want_dx.then(|| {
-            let mut dx = zeros(rows * inputs);
-            bf16::view_product(&mut dx, dy, all_rows(outputs), &weight.transposed, false);
-            dx
-        });
+        let dx =
+            want_dx.then(|| bf16::view_product(dy, all_rows(outputs), &weight.transposed, None));
         let dw = want_dw.then(|| {
             let (a, a_width, b, b_width) = self.weight_grad_operands(x, dy);
-            let mut dw = zeros(a_width * b_width);
             let b = bf16::Packed::of_view(b, all_rows(b_width));
-            bf16::view_product(&mut dw, a, all_rows(a_width).transposed(), &b, false);
-            dw
+            bf16::view_product(a, all_rows(a_width).transposed(), &b, None)
         });
         [dx.unwrap_or_default(), dw.unwrap_or_default()]
     }

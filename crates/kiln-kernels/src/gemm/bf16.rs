@@ -278,22 +278,31 @@ pub fn new_product(
     })
 }
 
-/// `c = a · b`, or `c += a · b` with `accumulate`, for `c` row-major `[m, n]`, `a` `[m, k]` read
-/// through a strided view (a transposed operand is a view) and rounded to bf16 here, and `b`
-/// packed (a weight packed once, or an operand new on every call through [`Packed::of_view`]),
-/// on all of rayon's threads: training's forward and gradient products.
+/// `a · b + bias` (no bias: zeros) into a new row-major `[m, n]`, never zeroed first, for `a`
+/// `[m, k]` read through a strided view (a transposed operand is a view) and rounded to bf16
+/// here, and `b` packed (a weight packed once, or an operand new on every call through
+/// [`Packed::of_view`]), on all of rayon's threads: training's forward and gradient products.
 ///
-/// Panics when the shapes disagree, `a`'s view reaches past its slice, `c` is shorter than
-/// `[m, n]` or no bf16 instruction set is [`supported`].
-pub fn view_product(c: &mut [f32], a: &[f32], a_view: View, b: &Packed, accumulate: bool) {
+/// Panics when the shapes disagree, `a`'s view reaches past its slice, `bias` is not `[n]` or
+/// no bf16 instruction set is [`supported`].
+pub fn view_product(a: &[f32], a_view: View, b: &Packed, bias: Option<&[f32]>) -> Vec<f32> {
     let isa = Bf16Isa::chosen().expect("gemm::bf16::view_product: no bf16 products on this CPU");
     assert!(
         a_view.fits(a.len()),
         "gemm::bf16::view_product: a's view reaches past its values"
     );
-    let bias = vec![0.0; b.n];
-    let (m, a) = (a_view.row_count(), Lhs::View(a, a_view));
-    Product::new(isa, as_uninit(c), a, b, m, accumulate, &bias).run(&|v| v, true);
+    let zeros;
+    let bias = match bias {
+        Some(bias) => bias,
+        None => {
+            zeros = vec![0.0; b.n];
+            &zeros
+        }
+    };
+    let m = a_view.row_count();
+    written(m * b.n, |c| {
+        Product::new(isa, c, Lhs::View(a, a_view), b, m, false, bias).run(&|v| v, true)
+    })
 }
 
 /// A new vector of `len` values that `write` fills through a product without `accumulate`
@@ -849,7 +858,7 @@ mod tests {
     }
 
     /// Operands read through transposed views give the product of the matrices they show, bit
-    /// for bit (the same rounding, the same sums), overwritten or added to.
+    /// for bit (the same rounding, the same sums), with and without a bias.
     #[test]
     fn views_are_packed_as_the_matrices_they_show() {
         if !supported() {
@@ -867,16 +876,14 @@ mod tests {
         let (a_t, b_t) = (transpose(&a, m, k), transpose(&b, k, n));
         let a_view = View::rows(0, k, m, m).transposed();
         let b_view = View::rows(0, n, k, k).transposed();
-        let want = new_product(&a, &Packed::new(k, &[(&b, n)]), m, &vec![0.0; n], |v| v);
-        let mut c = vec![f32::NAN; m * n];
-        view_product(&mut c, &a_t, a_view, &Packed::of_view(&b_t, b_view), false);
+        let packed = Packed::new(k, &[(&b, n)]);
+        let want = new_product(&a, &packed, m, &vec![0.0; n], |v| v);
+        let c = view_product(&a_t, a_view, &Packed::of_view(&b_t, b_view), None);
         assert_eq!(c, want);
-        let start = values(m * n, 23);
-        let mut c = start.clone();
+        let bias = values(n, 23);
         let b_packed = Packed::of_view(&b, View::rows(0, k, n, n));
-        view_product(&mut c, &a, View::rows(0, m, k, k), &b_packed, true);
-        let added: Vec<f32> = start.iter().zip(&want).map(|(s, w)| s + w).collect();
-        assert_eq!(c, added);
+        let c = view_product(&a, View::rows(0, m, k, k), &b_packed, Some(&bias));
+        assert_eq!(c, new_product(&a, &packed, m, &bias, |v| v));
     }
 
     proptest! {
