@@ -157,11 +157,11 @@ pub struct PreparedWeights {
     products: Products,
 }
 
-/// One prepared weight and what it was made from.
 /// What a preparation is kept under: the parameter, the operands and the kind of preparation
 /// (a trained weight's packing beside its inference weight, neither replacing the other).
 type Key = (ParamId, Products, TypeId);
 
+/// One prepared weight and what it was made from.
 struct Prepared {
     sources: Vec<HostValues>,
     /// A [`HostWeight`], or what else a layer prepared (a transposed convolution's phases).
