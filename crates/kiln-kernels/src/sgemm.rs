@@ -22,6 +22,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::gemm::lines::Lines;
 use crate::host::conv::Windows;
 use crate::host::{as_uninit, written_once};
 
@@ -60,7 +61,7 @@ pub fn supported() -> bool {
 pub struct Packed {
     k: usize,
     n: usize,
-    panels: Vec<f32>,
+    panels: Lines<f32>,
 }
 
 impl Packed {
@@ -91,7 +92,7 @@ impl Packed {
                 Some(start)
             })
             .collect();
-        let mut panels = vec![0f32; n.div_ceil(NR) * k * NR];
+        let mut panels = Lines::zeros(n.div_ceil(NR) * k * NR);
         panels
             .par_chunks_mut((k * NR).max(1))
             .enumerate()
@@ -333,7 +334,7 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
 
     /// [`Self::run`], its blocks of `A` packed into `packed_a` (grown as needed).
     #[allow(unsafe_code)]
-    fn run_packing_into(&self, Task { rows, panels }: Task, packed_a: &mut Vec<f32>) {
+    fn run_packing_into(&self, Task { rows, panels }: Task, packed_a: &mut Lines<f32>) {
         let (k, n) = (self.b.k, self.b.n);
         // A convolution's windows go one kernel row a step where a kernel row is deep enough:
         // then a whole tile of neighbouring output pixels reads that kernel row in place.
@@ -353,7 +354,7 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
         let packed_rows = rows.start + in_place * MR..rows.end;
         let needed = (tiles - in_place) * MR * depth;
         if packed_a.len() < needed {
-            packed_a.resize(needed, 0.0);
+            packed_a.resize(needed);
         }
         for step in 0..steps {
             let first = step * depth;
@@ -470,7 +471,7 @@ impl<'a, F: Fn(f32) -> f32 + Sync> Product<'a, F> {
 thread_local! {
     /// Each thread's packed blocks of `A`, kept from task to task (a block of 144 rows by 256
     /// is 147 kB, which each task allocated and zeroed afresh).
-    static PACKED_A: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static PACKED_A: RefCell<Lines<f32>> = const { RefCell::new(Lines::new()) };
 }
 
 /// The start of `C`, shared by the tasks, each of which writes only its own block.

@@ -20,6 +20,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::Bf16Isa;
+use super::lines::Lines;
 use crate::host::as_uninit;
 use crate::host::conv::Windows;
 use crate::matmul::View;
@@ -44,7 +45,7 @@ const ROW_BLOCKS_PER_PASS: usize = 4;
 
 thread_local! {
     /// Each calling thread's packed `A`, reused by its products.
-    static PACKED_A: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+    static PACKED_A: RefCell<Lines<u16>> = const { RefCell::new(Lines::new()) };
     /// Each task thread's sums between passes, reused by its tasks.
     static SUMS: RefCell<Vec<Block>> = const { RefCell::new(Vec::new()) };
 }
@@ -118,7 +119,7 @@ pub struct Packed {
     n: usize,
     /// `k` rounded up to [`K_STEP`].
     depth: usize,
-    panels: Vec<u16>,
+    panels: Lines<u16>,
 }
 
 impl Packed {
@@ -197,7 +198,7 @@ impl Packed {
     fn with_panels(k: usize, n: usize, fill: impl Fn(usize, usize, &mut [u16]) + Sync) -> Packed {
         let depth = k.next_multiple_of(K_STEP);
         let panel_len = depth * TILE;
-        let mut panels = vec![0u16; n.div_ceil(BLOCK) * 2 * panel_len];
+        let mut panels = Lines::zeros(n.div_ceil(BLOCK) * 2 * panel_len);
         panels
             .par_chunks_mut(panel_len.max(1))
             .enumerate()
@@ -415,7 +416,7 @@ impl<'a> Product<'a> {
     /// [`Self::run`] with `A` packed into `packed_a` (grown as needed).
     fn run_packed(
         &self,
-        packed_a: &mut Vec<u16>,
+        packed_a: &mut Lines<u16>,
         f: &(impl Fn(f32) -> f32 + Sync),
         every_thread: bool,
     ) {
@@ -437,16 +438,15 @@ impl<'a> Product<'a> {
     /// `A`'s rows rounded to bf16 into `packed` (its first `⌈m / 32⌉ · 32 · depth` values) in
     /// blocks of 32 rows, each block step by step (32 rows of 32 values: one AMX tile pair, 2 kB
     /// contiguous, whatever `k`), zeros past `m` and `k`.
-    fn pack_a(&self, packed: &mut Vec<u16>, every_thread: bool) {
+    fn pack_a(&self, packed: &mut Lines<u16>, every_thread: bool) {
         let (k, depth) = (self.b.k, self.b.depth);
         let len = self.m.div_ceil(BLOCK) * BLOCK * depth;
         if packed.len() < len {
-            packed.resize(len, 0);
+            packed.resize(len);
         }
-        // `rounded` past `k` stays zero: every row is written whole, padding included.
-        let scratch = || (vec![0u16; depth], vec![0f32; k]);
-        let pack = |(block, to): (usize, &mut [u16]),
-                    (rounded, read): &mut (Vec<u16>, Vec<f32>)| {
+        // A window row is read into the scratch row first.
+        let scratch = || vec![0f32; k];
+        let pack = |(block, to): (usize, &mut [u16]), read: &mut Vec<f32>| {
             // A row-major view's rows are read in place below.
             if let Lhs::View(a, view) = self.a
                 && !view.is_row_major()
@@ -469,9 +469,14 @@ impl<'a> Product<'a> {
                         read.as_slice()
                     }
                 };
-                round_row(values, &mut rounded[..k]);
-                for (step, values) in rounded.chunks_exact(K_STEP).enumerate() {
-                    to[(step * BLOCK + r) * K_STEP..][..K_STEP].copy_from_slice(values);
+                // Rounded straight into place, a step's 32 values at a time.
+                for (step, values) in values.chunks(K_STEP).enumerate() {
+                    let to = &mut to[(step * BLOCK + r) * K_STEP..][..K_STEP];
+                    round_row(values, &mut to[..values.len()]);
+                    to[values.len()..].fill(0);
+                }
+                for step in k.div_ceil(K_STEP)..depth / K_STEP {
+                    to[(step * BLOCK + r) * K_STEP..][..K_STEP].fill(0);
                 }
             }
         };

@@ -28,6 +28,7 @@ mod amx;
 mod avx512_bf16;
 pub mod bf16;
 mod isa;
+pub(crate) mod lines;
 mod products;
 
 pub use isa::Bf16Isa;
