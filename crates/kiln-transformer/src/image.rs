@@ -14,7 +14,7 @@ use burn::nn::conv::{Conv2d, ConvTranspose2d};
 use burn::nn::{GroupNorm, PaddingConfig2d};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use kiln_kernels::host::conv::{Nhwc, Window, Windows, nchw_to_nhwc, nhwc_to_nchw, unfold_phase};
+use kiln_kernels::host::conv::{Nhwc, Window, Windows, nchw_to_nhwc, nhwc_to_nchw};
 use kiln_kernels::host::winograd::{Correlation, F2X2, F2X3, Minimal, Phase, Placement};
 use kiln_kernels::{host, sgemm};
 use rayon::prelude::*;
@@ -179,11 +179,12 @@ impl HostImage {
         let mut values = vec![0f32; batch * out_height * out_width * outputs];
         for (phase, weight) in phases.iter().enumerate() {
             let phase = (phase / window.stride[1], phase % window.stride[1]);
-            let (rows, pixels) = unfold_phase(&self.values, self.shape, &window, phase);
+            let (windows, pixels) =
+                Windows::transposed_phase(&self.values, self.shape, &window, phase);
             if pixels.is_empty() {
                 continue;
             }
-            let product = product_rows(&rows, rows.len() / pixels.len(), weight, &f);
+            let product = product_windows(&windows, weight, &f);
             for (row, &pixel) in product.chunks_exact(outputs).zip(&pixels) {
                 values[pixel * outputs..][..outputs].copy_from_slice(row);
             }

@@ -346,7 +346,7 @@ impl PreparedWeights {
 
     /// A transposed convolution's kernel `[in, out, kh, kw]` as one weight per output phase
     /// (row-major over the stride), each `[taps · in, out]` with the bias, for products with
-    /// [`host::conv::unfold_phase`]'s rows.
+    /// the rows of [`host::conv::Windows::transposed_phase`].
     pub fn transposed_conv_phases<B: Backend>(
         &self,
         conv: &ConvTranspose2d<B>,

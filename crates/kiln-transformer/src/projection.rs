@@ -320,9 +320,7 @@ pub fn product_on_this_thread(x: &[f32], inputs: usize, weight: &HostWeight) -> 
             return sgemm::new_product_on_this_thread(x, packed, rows, &weight.bias, |v| v);
         }
         Operand::Bf16(packed) => {
-            let mut out = vec![0f32; rows * weight.columns()];
-            bf16::product_on_this_thread(&mut out, x, packed, rows, &weight.bias, |v| v);
-            return out;
+            return bf16::new_product_on_this_thread(x, packed, rows, &weight.bias, |v| v);
         }
         _ => {}
     }

@@ -103,11 +103,19 @@ pub(super) unsafe fn round_row(from: &[f32], to: &mut [u16]) {
             );
         }
     }
-    for (from, to) in from_chunks
-        .remainder()
-        .iter()
-        .zip(to_chunks.into_remainder())
-    {
+    let (mut from, mut to) = (from_chunks.remainder(), to_chunks.into_remainder());
+    if from.len() >= TILE {
+        // SAFETY: 16 values read, 16 written.
+        unsafe {
+            let rounded = _mm512_cvtneps_pbh(_mm512_loadu_ps(from.as_ptr()));
+            _mm256_storeu_si256(
+                to.as_mut_ptr().cast(),
+                std::mem::transmute::<__m256bh, __m256i>(rounded),
+            );
+        }
+        (from, to) = (&from[TILE..], &mut to[TILE..]);
+    }
+    for (from, to) in from.iter().zip(to) {
         *to = super::bf16::round(*from);
     }
 }

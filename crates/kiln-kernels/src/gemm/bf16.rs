@@ -154,17 +154,30 @@ impl Packed {
         );
         let (k, n) = (view.row_count(), view.column_count());
         Packed::with_panels(k, n, |first, lanes, packed| {
+            // Rounded a row (or a column) at a time, then interleaved into the pair rows.
             if view.is_row_major() {
                 // A panel row's values lie side by side: one cache line a row.
+                let mut rounded = [0u16; TILE];
                 for row in 0..k {
-                    let from = &values[view.index(row, first)..][..lanes];
+                    round_row(
+                        &values[view.index(row, first)..][..lanes],
+                        &mut rounded[..lanes],
+                    );
                     let pair_row = &mut packed[(row / 2) * 2 * TILE..][..2 * TILE];
-                    for (lane, &value) in from.iter().enumerate() {
-                        pair_row[2 * lane + row % 2] = round(value);
+                    for (lane, &value) in rounded[..lanes].iter().enumerate() {
+                        pair_row[2 * lane + row % 2] = value;
+                    }
+                }
+            } else if view.is_column_major() {
+                // A transposed matrix: each column's values lie side by side.
+                let mut rounded = vec![0u16; k];
+                for lane in 0..lanes {
+                    round_row(&values[view.index(0, first + lane)..][..k], &mut rounded);
+                    for (row, &value) in rounded.iter().enumerate() {
+                        packed[(row / 2) * 2 * TILE + 2 * lane + row % 2] = value;
                     }
                 }
             } else {
-                // A transposed matrix: each column's values lie side by side.
                 for lane in 0..lanes {
                     for row in 0..k {
                         let value = values[view.index(row, first + lane)];
@@ -248,21 +261,31 @@ pub fn product(
     f: impl Fn(f32) -> f32 + Sync,
 ) {
     let isa = Bf16Isa::chosen().expect("gemm::bf16::product: no bf16 products on this CPU");
-    Product::new(isa, as_uninit(c), Lhs::Matrix(a), b, m, accumulate, bias).run(&f, true);
+    Product::new(
+        isa,
+        as_uninit(c),
+        Lhs::Matrix(a),
+        b,
+        m,
+        accumulate,
+        Some(bias),
+    )
+    .run(&f, true);
 }
 
-/// [`product`] on the calling thread alone, overwriting `c`: for a caller that runs several
-/// products at once, one per thread.
-pub fn product_on_this_thread(
-    c: &mut [f32],
+/// [`new_product`] on the calling thread alone: for a caller that runs several products at
+/// once, one per thread (Winograd's per-point products).
+pub fn new_product_on_this_thread(
     a: &[f32],
     b: &Packed,
     m: usize,
     bias: &[f32],
     f: impl Fn(f32) -> f32 + Sync,
-) {
+) -> Vec<f32> {
     let isa = Bf16Isa::chosen().expect("gemm::bf16::product: no bf16 products on this CPU");
-    Product::new(isa, as_uninit(c), Lhs::Matrix(a), b, m, false, bias).run(&f, false);
+    written(m * b.n, |c| {
+        Product::new(isa, c, Lhs::Matrix(a), b, m, false, Some(bias)).run(&f, false)
+    })
 }
 
 /// [`product`] into a new vector `[m, n]`.
@@ -275,7 +298,7 @@ pub fn new_product(
 ) -> Vec<f32> {
     let isa = Bf16Isa::chosen().expect("gemm::bf16::product: no bf16 products on this CPU");
     written(m * b.n, |c| {
-        Product::new(isa, c, Lhs::Matrix(a), b, m, false, bias).run(&f, true)
+        Product::new(isa, c, Lhs::Matrix(a), b, m, false, Some(bias)).run(&f, true)
     })
 }
 
@@ -292,18 +315,30 @@ pub fn view_product(a: &[f32], a_view: View, b: &Packed, bias: Option<&[f32]>) -
         a_view.fits(a.len()),
         "gemm::bf16::view_product: a's view reaches past its values"
     );
-    let zeros;
-    let bias = match bias {
-        Some(bias) => bias,
-        None => {
-            zeros = vec![0.0; b.n];
-            &zeros
-        }
-    };
     let m = a_view.row_count();
     written(m * b.n, |c| {
         Product::new(isa, c, Lhs::View(a, a_view), b, m, false, bias).run(&|v| v, true)
     })
+}
+
+/// `a · b` written over `c` `[m, n]` on the calling thread, for `a` `[m, k]` read through a
+/// strided view and rounded to bf16 here: a product inside one task of the caller's own
+/// parallel loop (attention's per-head products).
+///
+/// Panics as [`view_product`] does, and when `c` is not `[m, n]`.
+pub fn view_product_on_this_thread(c: &mut [f32], a: &[f32], a_view: View, b: &Packed) {
+    let isa = Bf16Isa::chosen().expect("gemm::bf16::view_product: no bf16 products on this CPU");
+    assert!(
+        a_view.fits(a.len()),
+        "gemm::bf16::view_product: a's view reaches past its values"
+    );
+    let m = a_view.row_count();
+    assert_eq!(
+        c.len(),
+        m * b.n,
+        "gemm::bf16::view_product: c is not [m, n]"
+    );
+    Product::new(isa, as_uninit(c), Lhs::View(a, a_view), b, m, false, None).run(&|v| v, false);
 }
 
 /// A new vector of `len` values that `write` fills through a product without `accumulate`
@@ -340,7 +375,7 @@ pub fn conv_product(
     let isa = Bf16Isa::chosen().expect("gemm::bf16::conv_product: no bf16 products on this CPU");
     let m = windows.rows();
     written(m * b.n, |c| {
-        Product::new(isa, c, Lhs::Windows(windows), b, m, false, bias).run(&f, true)
+        Product::new(isa, c, Lhs::Windows(windows), b, m, false, Some(bias)).run(&f, true)
     })
 }
 
@@ -352,7 +387,8 @@ struct Product<'a> {
     b: &'a Packed,
     m: usize,
     accumulate: bool,
-    bias: &'a [f32],
+    /// `[n]`, or none.
+    bias: Option<&'a [f32]>,
 }
 
 /// `C`'s values, written by tasks whose blocks never overlap.
@@ -374,7 +410,7 @@ impl<'a> Product<'a> {
         b: &'a Packed,
         m: usize,
         accumulate: bool,
-        bias: &'a [f32],
+        bias: Option<&'a [f32]>,
     ) -> Self {
         match a {
             Lhs::Matrix(a) => assert!(a.len() >= m * b.k, "gemm::bf16::product: a is not [m, k]"),
@@ -388,7 +424,10 @@ impl<'a> Product<'a> {
             ),
         }
         assert!(c.len() >= m * b.n, "gemm::bf16::product: c is not [m, n]");
-        assert_eq!(bias.len(), b.n, "gemm::bf16::product: bias is not [n]");
+        assert!(
+            bias.is_none_or(|bias| bias.len() == b.n),
+            "gemm::bf16::product: bias is not [n]"
+        );
         Product {
             isa,
             c: Out(c.as_mut_ptr().cast()),
@@ -601,26 +640,61 @@ impl<'a> Product<'a> {
         }
     }
 
-    /// `C`'s block at (`first_row`, `first_column`) from the sums `out`, inside `C`'s bounds.
-    #[allow(unsafe_code)]
+    /// `C`'s block at (`first_row`, `first_column`) from the sums `out`, inside `C`'s bounds,
+    /// compiled for the CPU's widest SIMD instructions (the activation too: SiLU on 16 lanes).
     fn store(&self, first_row: usize, first_column: usize, out: &[f32], f: &impl Fn(f32) -> f32) {
-        let n = self.b.n;
-        let rows = BLOCK.min(self.m - first_row);
+        pulp::Arch::new().dispatch(Store {
+            product: self,
+            first_row,
+            first_column,
+            out,
+            f,
+        });
+    }
+}
+
+/// One block of [`Product::store`], compiled (through pulp's dispatch, which compiles what is
+/// inlined into `with_simd`) for the best SIMD instruction set the CPU has.
+struct Store<'a, F> {
+    product: &'a Product<'a>,
+    first_row: usize,
+    first_column: usize,
+    out: &'a [f32],
+    f: &'a F,
+}
+
+impl<F: Fn(f32) -> f32> pulp::WithSimd for Store<'_, F> {
+    type Output = ();
+
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let Store {
+            product,
+            first_row,
+            first_column,
+            out,
+            f,
+        } = self;
+        let n = product.b.n;
+        let rows = BLOCK.min(product.m - first_row);
         let columns = BLOCK.min(n - first_column);
-        let bias = &self.bias[first_column..][..columns];
+        let zeros = [0f32; BLOCK];
+        let bias = product
+            .bias
+            .map_or(&zeros[..columns], |bias| &bias[first_column..][..columns]);
         for row in 0..rows {
             let sums = &out[row * BLOCK..][..columns];
             // SAFETY: this row's columns of the block belong to this task alone, inside `C`.
             let c = unsafe {
                 std::slice::from_raw_parts_mut(
-                    self.c
-                        .0
+                    (product.c.0)
                         .add((first_row + row) * n + first_column)
                         .cast::<MaybeUninit<f32>>(),
                     columns,
                 )
             };
-            if self.accumulate {
+            if product.accumulate {
                 for ((c, &sum), &bias) in c.iter_mut().zip(sums).zip(bias) {
                     // SAFETY: with `accumulate`, `C` came initialised (`product` takes `&mut [f32]`).
                     let start = unsafe { c.assume_init_read() };
@@ -777,7 +851,7 @@ mod tests {
             &packed,
             m,
             accumulate,
-            &bias,
+            Some(&bias),
         )
         .run(&f, m % 2 == 0);
         let f64_f = |v: f64| if relu { v.max(0.0) } else { v };
@@ -810,11 +884,14 @@ mod tests {
         assert!(widen(round(f32::NAN)).is_nan());
         assert_eq!(widen(round(f32::INFINITY)), f32::INFINITY);
         assert_eq!(widen(round(f32::MAX)), f32::INFINITY);
-        let many = values(1000, 7);
-        let mut vector = vec![0u16; many.len()];
-        round_row(&many, &mut vector);
-        let scalar: Vec<u16> = many.iter().map(|&v| round(v)).collect();
-        assert_eq!(vector, scalar);
+        // Whole vectors of 32 and of 16, and the values left over.
+        for len in [1000, 63, 48, 17, 16, 15] {
+            let many = values(len, 7);
+            let mut vector = vec![0u16; many.len()];
+            round_row(&many, &mut vector);
+            let scalar: Vec<u16> = many.iter().map(|&v| round(v)).collect();
+            assert_eq!(vector, scalar, "{len} values");
+        }
     }
 
     #[test]

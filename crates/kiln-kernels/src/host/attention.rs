@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use super::f32s;
 use super::softmax::SoftmaxRows;
+use crate::gemm::{Products, bf16};
 use crate::mask::HashedMask;
 use crate::matmul::{Threads, View, Write, matmul};
 use crate::{HostOp, rotary, zeros};
@@ -60,6 +61,19 @@ impl<'a> Rows<'a> {
 /// Query rows per attention task: a `ROWS × kv_tokens` score tile stays in the L2 cache between
 /// its two products (96 × 325 f32 for DINOv2 at 256 px: 125 kB).
 pub(super) const ATTENTION_ROWS: usize = 96;
+
+/// Query rows per tile of [`attention`]: at most [`ATTENTION_ROWS`], fewer where the images'
+/// tiles are few and would not divide evenly among the threads (one image of 256 tokens on two
+/// threads: four tiles of 64 rows, not three of up to 96, one thread waiting a third of the time).
+fn rows_per_tile(batch: usize, q_tokens: usize, threads: usize) -> usize {
+    let mut tiles = q_tokens.div_ceil(ATTENTION_ROWS).max(1);
+    if batch * tiles < 4 * threads {
+        while !(batch * tiles).is_multiple_of(threads) && tiles < q_tokens {
+            tiles += 1;
+        }
+    }
+    q_tokens.div_ceil(tiles).max(1)
+}
 
 /// Dropout on the attention probabilities.
 #[derive(Clone, Copy)]
@@ -114,6 +128,12 @@ impl Heads<'_> {
 /// are in cache and multiplies them into `v` straight into the output rows. The head split and
 /// merge are strides of the products, never copies. burn 0.21's batched products ran these
 /// shapes at about a quarter of PyTorch's fused attention.
+///
+/// With [`Products::Bf16`] both products read bf16 operands with f32 sums (PyTorch's CPU
+/// autocast), the softmax staying f32: each image's `kᵀ` and `v` are rounded and packed once per
+/// key/value head, `q` and the probabilities as each tile multiplies them. Causal attention keeps
+/// f32 products (its tiles see fewer keys than the image holds).
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     query: Rows,
     key: Rows,
@@ -122,9 +142,12 @@ pub fn attention(
     shape: Heads<'_>,
     scale: f32,
     mask: Option<ProbsDropout<'_>>,
+    products: Products,
 ) -> Vec<f32> {
     let mut out = zeros(batch * query.tokens * shape.heads * shape.head_dim);
-    attention_into(&mut out, query, key, value, batch, shape, scale, mask);
+    attention_into(
+        &mut out, query, key, value, batch, shape, scale, mask, products,
+    );
     out
 }
 
@@ -140,6 +163,7 @@ pub fn attention_into(
     shape: Heads<'_>,
     scale: f32,
     mask: Option<ProbsDropout<'_>>,
+    products: Products,
 ) {
     let (q_tokens, kv_tokens) = (query.tokens, key.tokens);
     let Heads {
@@ -182,33 +206,67 @@ pub fn attention_into(
         out.fill(0.0);
         return;
     }
+    let tile_rows = rows_per_tile(batch, q_tokens, rayon::current_num_threads());
+    // Causal tiles see fewer keys than the image has: their products stay f32.
+    let in_bf16 = products == Products::Bf16 && causal_past.is_none();
     out.par_chunks_mut((q_tokens * width).max(1))
         .enumerate()
         .for_each(|(image, out)| {
-            out.par_chunks_mut(ATTENTION_ROWS * width)
+            // In bf16, each key/value head's `kᵀ` and `v` rounded and packed once for every tile.
+            let packed: Option<Vec<[bf16::Packed; 2]>> = in_bf16.then(|| {
+                (0..kv_heads)
+                    .into_par_iter()
+                    .map(|head| {
+                        let column = head * head_dim;
+                        [
+                            (
+                                key.data,
+                                key.view(image, 0, kv_tokens, column, head_dim).transposed(),
+                            ),
+                            (
+                                value.data,
+                                value.view(image, 0, kv_tokens, column, head_dim),
+                            ),
+                        ]
+                        .map(|(data, view)| bf16::Packed::of_view(data, view))
+                    })
+                    .collect()
+            });
+            out.par_chunks_mut(tile_rows * width)
                 .enumerate()
                 .for_each(|(tile, out)| {
-                    let first = tile * ATTENTION_ROWS;
+                    let first = tile * tile_rows;
                     let rows = out.len() / width;
                     // The keys the tile's last row sees.
                     let seen =
                         causal_past.map_or(kv_tokens, |past| (past + first + rows).min(kv_tokens));
                     let real = real_keys.map(|real| &real[image * kv_tokens..][..seen]);
                     let mut scores = vec![0f32; rows * seen];
+                    // A head's output rows in bf16, before they go into the merged rows.
+                    let mut head_out = vec![0f32; if in_bf16 { rows * head_dim } else { 0 }];
                     for head in 0..heads {
                         let column = head * head_dim;
                         let kv_column = head / group * head_dim;
+                        let query_view = query.view(image, first, rows, column, head_dim);
                         // scores = q[rows] · kᵀ
-                        matmul(
-                            &mut scores,
-                            View::rows(0, rows, seen, seen),
-                            query.data,
-                            query.view(image, first, rows, column, head_dim),
-                            key.data,
-                            key.view(image, 0, seen, kv_column, head_dim).transposed(),
-                            Write::Overwrite,
-                            Threads::One,
-                        );
+                        match &packed {
+                            Some(packed) => bf16::view_product_on_this_thread(
+                                &mut scores,
+                                query.data,
+                                query_view,
+                                &packed[head / group][0],
+                            ),
+                            None => matmul(
+                                &mut scores,
+                                View::rows(0, rows, seen, seen),
+                                query.data,
+                                query_view,
+                                key.data,
+                                key.view(image, 0, seen, kv_column, head_dim).transposed(),
+                                Write::Overwrite,
+                                Threads::One,
+                            ),
+                        }
                         // This tile's first element in the image's `[heads, q, kv]` mask.
                         let start = (head * q_tokens + first) * kv_tokens;
                         let hashed = match mask {
@@ -233,16 +291,33 @@ pub fn attention_into(
                                 .for_each(|(p, m)| *p *= m);
                         }
                         // out[rows, head] = probabilities · v
-                        matmul(
-                            out,
-                            View::rows(column, rows, head_dim, width),
-                            &scores,
-                            View::rows(0, rows, seen, seen),
-                            value.data,
-                            value.view(image, 0, seen, kv_column, head_dim),
-                            Write::Overwrite,
-                            Threads::One,
-                        );
+                        let probabilities = View::rows(0, rows, seen, seen);
+                        match &packed {
+                            Some(packed) => {
+                                bf16::view_product_on_this_thread(
+                                    &mut head_out,
+                                    &scores,
+                                    probabilities,
+                                    &packed[head / group][1],
+                                );
+                                for (out, head_out) in out
+                                    .chunks_exact_mut(width)
+                                    .zip(head_out.chunks_exact(head_dim))
+                                {
+                                    out[column..][..head_dim].copy_from_slice(head_out);
+                                }
+                            }
+                            None => matmul(
+                                out,
+                                View::rows(column, rows, head_dim, width),
+                                &scores,
+                                probabilities,
+                                value.data,
+                                value.view(image, 0, seen, kv_column, head_dim),
+                                Write::Overwrite,
+                                Threads::One,
+                            ),
+                        }
                     }
                 });
         });
@@ -391,6 +466,7 @@ impl HostOp<3> for AttentionOp {
             self.shape(),
             self.scale,
             self.mask.as_deref().map(ProbsDropout::Multipliers),
+            Products::F32,
         )
     }
 

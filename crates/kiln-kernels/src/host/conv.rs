@@ -4,9 +4,10 @@
 //! per output phase (the sub-pixel decomposition): the output pixels whose position modulo the
 //! stride is the same read the same taps, so no zero is ever inserted or multiplied.
 //!
-//! The kernels' layouts ([`conv_kernel`], [`transposed_conv_kernels`]) and the unfolding
-//! ([`unfold`], [`unfold_phase`]) agree on the order of a row: taps in row-major order of the
-//! kernel window, then channels.
+//! The kernels' layouts ([`conv_kernel`], [`transposed_conv_kernels`]) and the windows
+//! ([`unfold`], [`Windows`]) agree on the order of a row: taps in row-major order of the
+//! kernel window (a transposed phase's in the order of the input pixels they read), then
+//! channels.
 
 use std::ops::Range;
 
@@ -156,7 +157,10 @@ pub fn unfold(x: &[f32], shape: Nhwc, window: &Window) -> Vec<f32> {
 pub struct Windows<'a> {
     x: &'a [f32],
     shape: Nhwc,
-    window: Window,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    /// The input position (may be outside the image) of output `(0, 0)`'s first tap.
+    origin: [isize; 2],
     out: [usize; 2],
 }
 
@@ -165,13 +169,59 @@ impl<'a> Windows<'a> {
     pub fn new(x: &'a [f32], shape: Nhwc, window: Window) -> Self {
         let [batch, height, width, channels] = shape;
         assert_eq!(x.len(), batch * height * width * channels, "Windows: shape");
-        let out = window.conv_output([height, width]);
         Windows {
             x,
             shape,
-            window,
-            out,
+            kernel: window.kernel,
+            stride: window.stride,
+            origin: window.padding.map(|p| -(p as isize)),
+            out: window.conv_output([height, width]),
         }
+    }
+
+    /// The windows of output phase `(py, px)` of a transposed convolution by `window` over `x`
+    /// (NHWC `shape`), and each row's output pixel (its offset in the NHWC output, in pixels).
+    /// The outputs `o` with `(o + padding) % stride == phase` (the sub-pixel decomposition) read
+    /// one tap in every `stride` of the kernel, input pixels side by side: a stride-1
+    /// convolution, its taps in the order [`transposed_conv_kernels`] lays the phase's kernel
+    /// out (the kernel's taps from last to first).
+    pub fn transposed_phase(
+        x: &'a [f32],
+        shape: Nhwc,
+        window: &Window,
+        (py, px): (usize, usize),
+    ) -> (Self, Vec<usize>) {
+        let [batch, height, width, channels] = shape;
+        assert_eq!(x.len(), batch * height * width * channels, "Windows: shape");
+        let [oh, ow] = window.transposed_output([height, width]);
+        // Per axis: the phase's first output, its outputs, its taps and the input pixel its
+        // first output's first (last in the kernel) tap reads.
+        let axis = |size: usize, a: usize, phase: usize| {
+            let (kernel, stride, padding) = (window.kernel[a], window.stride[a], window.padding[a]);
+            let first = (phase + stride - padding % stride) % stride;
+            let outputs = size.saturating_sub(first).div_ceil(stride);
+            let taps = phase_taps(kernel, stride, phase).len();
+            // Output `first` reads input `(first + padding − phase) / stride − j` with tap `j`.
+            let origin = ((first + padding - phase) / stride) as isize - taps as isize + 1;
+            (first, outputs, taps, origin)
+        };
+        let (first_y, rows, taps_y, origin_y) = axis(oh, 0, py);
+        let (first_x, columns, taps_x, origin_x) = axis(ow, 1, px);
+        let pixels = (0..batch)
+            .flat_map(|b| (0..rows).map(move |m| (b, first_y + m * window.stride[0])))
+            .flat_map(|(b, oy)| {
+                (0..columns).map(move |n| (b * oh + oy) * ow + first_x + n * window.stride[1])
+            })
+            .collect();
+        let windows = Windows {
+            x,
+            shape,
+            kernel: [taps_y, taps_x],
+            stride: [1, 1],
+            origin: [origin_y, origin_x],
+            out: [rows, columns],
+        };
+        (windows, pixels)
     }
 
     /// Rows: the output pixels, `batch · oh · ow`.
@@ -181,7 +231,7 @@ impl<'a> Windows<'a> {
 
     /// Values per row: `kh · kw · channels`.
     pub fn depth(&self) -> usize {
-        self.window.kernel[0] * self.window.kernel[1] * self.shape[3]
+        self.kernel[0] * self.kernel[1] * self.shape[3]
     }
 
     /// Every row written out, row-major `[rows, depth]` ([`unfold`]).
@@ -196,7 +246,14 @@ impl<'a> Windows<'a> {
     /// Values of one kernel row of a window, `kw · channels`: in the image, its taps' pixels
     /// lie side by side.
     pub fn kernel_row(&self) -> usize {
-        self.window.kernel[1] * self.shape[3]
+        self.kernel[1] * self.shape[3]
+    }
+
+    /// The input position of output `o`'s tap `k` along axis `a`, if inside the image.
+    fn input(&self, a: usize, o: usize, k: usize) -> Option<usize> {
+        let at = self.origin[a] + (o * self.stride[a] + k) as isize;
+        let size = self.shape[1 + a];
+        usize::try_from(at).ok().filter(|&at| at < size)
     }
 
     /// Where rows `rows` lie in the image over the columns of kernel row `ky` (`ky ·
@@ -212,13 +269,13 @@ impl<'a> Windows<'a> {
             rows.start % ow,
         );
         let last_ox = ox + rows.len().checked_sub(1)?;
-        let ([sy, sx], [py, px]) = (self.window.stride, self.window.padding);
-        let iy = (oy * sy + ky).checked_sub(py).filter(|&iy| iy < height)?;
-        let ix = (ox * sx).checked_sub(px)?;
-        let last_ix = last_ox * sx + self.window.kernel[1] - 1 - px;
-        if last_ox >= ow || last_ix >= width {
+        if last_ox >= ow {
             return None;
         }
+        let iy = self.input(0, oy, ky)?;
+        let ix = self.input(1, ox, 0)?;
+        self.input(1, last_ox, self.kernel[1] - 1)?;
+        let sx = self.stride[1];
         let from = ((b * height + iy) * width + ix) * channels;
         Some((&self.x[from..], sx * channels))
     }
@@ -229,14 +286,13 @@ impl<'a> Windows<'a> {
         let [oh, ow] = self.out;
         let (b, oy, ox) = (row / (oh * ow), row / ow % oh, row % ow);
         let (mut column, mut filled) = (first, 0);
-        let kw = self.window.kernel[1];
+        let kw = self.kernel[1];
         while filled < segment.len() {
             let (tap, channel) = (column / channels, column % channels);
             let (ky, kx) = (tap / kw, tap % kw);
-            let iy = (oy * self.window.stride[0] + ky).checked_sub(self.window.padding[0]);
-            let ix = (ox * self.window.stride[1] + kx).checked_sub(self.window.padding[1]);
+            let (iy, ix) = (self.input(0, oy, ky), self.input(1, ox, kx));
             let left = segment.len() - filled;
-            let run = match (iy.filter(|&y| y < height), ix.filter(|&x| x < width)) {
+            let run = match (iy, ix) {
                 (Some(iy), Some(ix)) => {
                     // The taps `kx..` of this kernel row read neighbouring pixels, contiguous
                     // in NHWC: one run across all of them that lie inside the image.
@@ -268,7 +324,7 @@ fn phase_taps(kernel: usize, stride: usize, phase: usize) -> Vec<usize> {
 
 /// A transposed convolution's kernel `[in, out, kh, kw]` (PyTorch's and burn's layout) as one
 /// row-major weight per output phase `(py, px)` (row-major over the stride), `[taps · in, out]`,
-/// for [`unfold_phase`]'s rows.
+/// for the rows of [`Windows::transposed_phase`].
 pub fn transposed_conv_kernels(
     weight: &[f32],
     [inputs, outputs, kh, kw]: [usize; 4],
@@ -282,7 +338,10 @@ pub fn transposed_conv_kernels(
     let mut phases = Vec::new();
     for py in 0..stride[0] {
         for px in 0..stride[1] {
-            let (ty, tx) = (phase_taps(kh, stride[0], py), phase_taps(kw, stride[1], px));
+            // From last to first: the order of the input pixels they read.
+            let reversed = |taps: Vec<usize>| -> Vec<usize> { taps.into_iter().rev().collect() };
+            let ty = reversed(phase_taps(kh, stride[0], py));
+            let tx = reversed(phase_taps(kw, stride[1], px));
             let mut out = vec![0f32; ty.len() * tx.len() * inputs * outputs];
             for (jy, &y) in ty.iter().enumerate() {
                 for (jx, &x) in tx.iter().enumerate() {
@@ -298,68 +357,6 @@ pub fn transposed_conv_kernels(
         }
     }
     phases
-}
-
-/// The output pixels `(b, oy, ox)` of phase `(py, px)` of a transposed convolution of `x`
-/// (NHWC `shape`) in row-major order, and each one's row: its phase's taps over `x`, zeros
-/// outside the image. Returns the rows and the pixels' offsets in the NHWC output (in pixels).
-pub fn unfold_phase(
-    x: &[f32],
-    shape: Nhwc,
-    window: &Window,
-    (py, px): (usize, usize),
-) -> (Vec<f32>, Vec<usize>) {
-    let [batch, height, width, channels] = shape;
-    let [oh, ow] = window.transposed_output([height, width]);
-    let [sy, sx] = window.stride;
-    let (ty, tx) = (
-        phase_taps(window.kernel[0], sy, py),
-        phase_taps(window.kernel[1], sx, px),
-    );
-    // Outputs of this phase along each axis: o with (o + padding) % stride == phase.
-    let along = |size: usize, stride: usize, padding: usize, phase: usize| -> Vec<usize> {
-        (0..size)
-            .filter(|o| (o + padding) % stride == phase)
-            .collect()
-    };
-    let (ys, xs) = (
-        along(oh, sy, window.padding[0], py),
-        along(ow, sx, window.padding[1], px),
-    );
-    let row_len = ty.len() * tx.len() * channels;
-    let mut rows = vec![0f32; batch * ys.len() * xs.len() * row_len];
-    let mut pixels = Vec::with_capacity(batch * ys.len() * xs.len());
-    for b in 0..batch {
-        for &oy in &ys {
-            for &ox in &xs {
-                pixels.push((b * oh + oy) * ow + ox);
-            }
-        }
-    }
-    rows.par_chunks_mut(xs.len() * row_len)
-        .enumerate()
-        .for_each(|(line, out)| {
-            let (b, oy) = (line / ys.len(), ys[line % ys.len()]);
-            for (j, &ox) in xs.iter().enumerate() {
-                let row = &mut out[j * row_len..][..row_len];
-                for (jy, &y) in ty.iter().enumerate() {
-                    let iy = (oy + window.padding[0]).checked_sub(y).map(|v| v / sy);
-                    let Some(iy) = iy.filter(|&iy| iy < height) else {
-                        continue;
-                    };
-                    for (jx, &x_tap) in tx.iter().enumerate() {
-                        let ix = (ox + window.padding[1]).checked_sub(x_tap).map(|v| v / sx);
-                        let Some(ix) = ix.filter(|&ix| ix < width) else {
-                            continue;
-                        };
-                        let from = ((b * height + iy) * width + ix) * channels;
-                        row[(jy * tx.len() + jx) * channels..][..channels]
-                            .copy_from_slice(&x[from..from + channels]);
-                    }
-                }
-            }
-        });
-    (rows, pixels)
 }
 
 /// NCHW `[b, c, h, w]` values as NHWC.
@@ -562,8 +559,11 @@ mod tests {
             let mut got = vec![0f32; b * oh * ow * o];
             for (phase, kernel) in kernels.iter().enumerate() {
                 let (py, px) = (phase / window.stride[1], phase % window.stride[1]);
-                let (rows, pixels) = unfold_phase(&nhwc, [b, h, w, c], &window, (py, px));
+                let (windows, pixels) =
+                    Windows::transposed_phase(&nhwc, [b, h, w, c], &window, (py, px));
+                let rows = windows.unfolded();
                 let depth = kernel.len() / o;
+                assert_eq!(depth, windows.depth());
                 let out = product(&rows, kernel, depth, o);
                 for (i, &pixel) in pixels.iter().enumerate() {
                     got[pixel * o..][..o].copy_from_slice(&out[i * o..][..o]);
