@@ -72,7 +72,8 @@ fn cached_images_through_each_tower_match_transformers() {
 
 /// Under `mixed-bf16` (on a CPU with AMX or AVX512-BF16: every product's operands rounded to
 /// bf16, f32 sums, the rest f32, as PyTorch's CPU autocast) each tower's embedding of each image
-/// keeps its direction: cosine ≥ 0.999 to kiln's f32 embedding and to transformers' f32 one.
+/// keeps its direction: cosine ≥ 0.999 to kiln's f32 embedding, to transformers' f32 one and to
+/// transformers' under PyTorch's autocast (`torch.autocast("cpu", dtype=torch.bfloat16)`).
 #[test]
 fn mixed_bf16_embeddings_keep_their_direction() {
     use kiln_core::PolicySpec;
@@ -113,13 +114,20 @@ fn mixed_bf16_embeddings_keep_their_direction() {
             "{name}: mixed-bf16 against f32"
         );
         let theirs = reference(name, output);
+        let autocast = reference(name, &format!("{output}_autocast_bf16"));
         let width = full.len() / images.len();
         for (i, image) in images.names().enumerate() {
             let row = |values: &[f32]| values[i * width..][..width].to_vec();
             let to_kiln = cosine(&row(&half), &row(&full));
             let to_transformers = cosine(&row(&half), &row(&theirs));
+            let to_autocast = cosine(&row(&half), &row(&autocast));
             eprintln!(
-                "{name}/{image}: cosine {to_kiln:.6} to f32, {to_transformers:.6} to transformers"
+                "{name}/{image}: cosine {to_kiln:.6} to f32, {to_transformers:.6} to transformers, \
+                 {to_autocast:.6} to transformers under autocast"
+            );
+            assert!(
+                to_autocast >= 0.999,
+                "{name}/{image}: cosine {to_autocast} to transformers under PyTorch's autocast"
             );
             assert!(
                 to_kiln >= 0.999,
