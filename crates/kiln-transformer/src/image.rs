@@ -14,6 +14,8 @@ use burn::nn::conv::{Conv2d, ConvTranspose2d};
 use burn::nn::{GroupNorm, PaddingConfig2d};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use kiln_kernels::gemm::Products;
+use kiln_kernels::gemm::bf16::PaddedImage;
 use kiln_kernels::host::conv::{Nhwc, Window, Windows, nchw_to_nhwc, nhwc_to_nchw};
 use kiln_kernels::host::winograd::{Correlation, F2X2, F2X3, Minimal, Phase, Placement};
 use kiln_kernels::{host, sgemm};
@@ -116,7 +118,13 @@ impl HostImage {
         };
         let [out_height, out_width] = window.conv_output([height, width]);
         let outputs = conv.weight.dims()[0];
-        if window.kernel == [3, 3] && window.stride == [1, 1] && self.wide_enough(outputs) {
+        let windows = Windows::new(&self.values, self.shape, window);
+        let padded = self.in_place(prepared, &[&windows]);
+        if padded.is_none()
+            && window.kernel == [3, 3]
+            && window.stride == [1, 1]
+            && self.wide_enough(outputs)
+        {
             let correlation = Correlation {
                 origin: padding.map(|p| -(p as isize)),
                 out: [out_height, out_width],
@@ -127,7 +135,7 @@ impl HostImage {
             return Some(self.winograd(&F2X3, &jobs, std::slice::from_ref(&*kernel), size, f));
         }
         let taps = window.kernel[0] * window.kernel[1];
-        if window.stride == [1, 1] && by_taps(taps, outputs) {
+        if padded.is_none() && window.stride == [1, 1] && by_taps(taps, outputs) {
             let kernel = prepared.conv_taps(conv);
             let products = product_rows(&self.values, channels, &kernel.taps, |v| v);
             return Some(HostImage {
@@ -140,7 +148,7 @@ impl HostImage {
         let values = if depth == channels && window.stride == [1, 1] && padding == [0, 0] {
             product_rows(&self.values, depth, &weight, f) // a 1 × 1 convolution: rows as they are
         } else {
-            product_windows(&Windows::new(&self.values, self.shape, window), &weight, f)
+            product_windows(&windows, &weight, padded.as_ref(), f)
         };
         Some(HostImage {
             values,
@@ -166,8 +174,18 @@ impl HostImage {
             padding: conv.padding,
         };
         let [out_height, out_width] = window.transposed_output([height, width]);
+        let windows: Vec<_> = (0..window.stride[0] * window.stride[1])
+            .map(|phase| {
+                let phase = (phase / window.stride[1], phase % window.stride[1]);
+                Windows::transposed_phase(&self.values, self.shape, &window, phase)
+            })
+            .collect();
+        let every: Vec<&Windows> = windows.iter().map(|(windows, _)| windows).collect();
+        let padded = self.in_place(prepared, &every);
         let winograd_phases = Phase::of_transposed(&window, [height, width]);
-        if let Some(phases) = winograd_phases.filter(|_| self.wide_enough(conv.weight.dims()[1])) {
+        if let Some(phases) =
+            winograd_phases.filter(|_| padded.is_none() && self.wide_enough(conv.weight.dims()[1]))
+        {
             let kernels = prepared.transposed_conv_winograd(conv, &phases);
             let jobs: Vec<_> = (phases.iter())
                 .map(|phase| (phase.correlation, phase.placement()))
@@ -177,15 +195,12 @@ impl HostImage {
         let phases = prepared.transposed_conv_phases(conv);
         let outputs = phases[0].columns();
         let mut values = vec![0f32; batch * out_height * out_width * outputs];
-        for (phase, weight) in phases.iter().enumerate() {
-            let phase = (phase / window.stride[1], phase % window.stride[1]);
-            let (windows, pixels) =
-                Windows::transposed_phase(&self.values, self.shape, &window, phase);
+        for (weight, (windows, pixels)) in phases.iter().zip(&windows) {
             if pixels.is_empty() {
                 continue;
             }
-            let product = product_windows(&windows, weight, &f);
-            for (row, &pixel) in product.chunks_exact(outputs).zip(&pixels) {
+            let product = product_windows(windows, weight, padded.as_ref(), &f);
+            for (row, &pixel) in product.chunks_exact(outputs).zip(pixels) {
                 values[pixel * outputs..][..outputs].copy_from_slice(row);
             }
         }
@@ -193,6 +208,19 @@ impl HostImage {
             values,
             shape: [batch, out_height, out_width, outputs],
         })
+    }
+
+    /// This image rounded to bf16 once with a zero border, for products in bf16 on AMX that read
+    /// all of `windows` in place ([`PaddedImage::for_windows`]); `None` elsewhere. Where it
+    /// serves, a convolution goes that way rather than through Winograd's minimal filtering:
+    /// in bf16 on AMX, its transforms and small products cost more than the multiplications it
+    /// saves (mirage's U-Net frame 65.2–67.8 ms with Winograd, 52.3–56.3 ms without, on a
+    /// Sapphire Rapids VM: docs/PERFORMANCE.md).
+    fn in_place(&self, prepared: &PreparedWeights, windows: &[&Windows]) -> Option<PaddedImage> {
+        match prepared.products() {
+            Products::Bf16 => PaddedImage::for_windows(windows),
+            Products::F32 => None,
+        }
     }
 
     /// Whether a convolution of this image to `outputs` channels has the channels for Winograd's
@@ -397,5 +425,78 @@ impl HostImage {
                 pixel.iter_mut().zip(v).for_each(|(a, b)| *a += b);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+    use burn::nn::conv::{Conv2dConfig, ConvTranspose2dConfig};
+    use burn::tensor::Distribution;
+    use kiln_kernels::gemm::Bf16Isa;
+
+    use super::*;
+
+    /// Under bf16 products on AMX, convolutions whose windows a padded bf16 image serves (32
+    /// channels, output rows of 16 pixels) read it in place rather than going through Winograd:
+    /// a stride-1 and a stride-2 3 × 3 convolution and a 4 × 4 / 2 transposed one (its four
+    /// phases put back in place) give what the f32 path gives, within the bf16 rounding of
+    /// their operands (2⁻⁸ of the sum of the products' magnitudes, bounded here by the values').
+    #[test]
+    fn bf16_convolutions_read_in_place_are_the_f32_ones() {
+        if Bf16Isa::chosen() != Some(Bf16Isa::Amx) {
+            println!("SKIPPED (no amx_bf16)");
+            return;
+        }
+        let device = Default::default();
+        let x = Tensor::<Flex, 4>::random([2, 32, 16, 32], Distribution::Normal(0.0, 1.0), &device);
+        let image = HostImage::from_nchw(x);
+        let f32s = PreparedWeights::default();
+        let bf16s = PreparedWeights::default().for_products(Products::Bf16);
+        // The bound: 2⁻⁸ Σ|ab| ≤ 2⁻⁸ · depth · max|a| · max|b|, with an allowance for f32 sums.
+        let close = |got: &HostImage, want: &HostImage, depth: usize, weight: f32, what: &str| {
+            assert_eq!(got.shape, want.shape, "{what}");
+            let largest = image.values.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let bound = 2.0 * depth as f32 * largest * weight / 256.0;
+            let worst = (got.values.iter().zip(&want.values))
+                .map(|(g, w)| (g - w).abs())
+                .fold(0f32, f32::max);
+            assert!(worst <= bound, "{what}: {worst} against {bound}");
+            assert!(worst > 0.0, "{what}: bf16 products ran in f32");
+        };
+        let largest =
+            |weight: &Tensor<Flex, 4>| -> f32 { weight.clone().abs().max().into_scalar() };
+        for stride in [1, 2] {
+            let conv = Conv2dConfig::new([32, 48], [3, 3])
+                .with_stride([stride, stride])
+                .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+                .init::<Flex>(&device);
+            let windows = Windows::new(
+                &image.values,
+                image.shape,
+                Window {
+                    kernel: [3, 3],
+                    stride: [stride, stride],
+                    padding: [1, 1],
+                },
+            );
+            assert!(PaddedImage::for_windows(&[&windows]).is_some());
+            let got = image.conv(&conv, &bf16s, |v| v).unwrap();
+            let want = image.conv(&conv, &f32s, |v| v).unwrap();
+            close(&got, &want, 9 * 32, largest(&conv.weight.val()), "conv");
+        }
+        let up = ConvTranspose2dConfig::new([32, 40], [4, 4])
+            .with_stride([2, 2])
+            .with_padding([1, 1])
+            .init::<Flex>(&device);
+        let got = image.conv_transposed(&up, &bf16s, |v| v).unwrap();
+        let want = image.conv_transposed(&up, &f32s, |v| v).unwrap();
+        close(
+            &got,
+            &want,
+            4 * 32,
+            largest(&up.weight.val()),
+            "transposed conv",
+        );
     }
 }

@@ -14,7 +14,7 @@ use crate::Activation;
 use crate::linear_op::{trained_linear, trained_product_by_table};
 use crate::prepared::{HostWeight, Operand};
 use crate::{Pass, Site};
-use kiln_kernels::gemm::bf16;
+use kiln_kernels::gemm::bf16::{self, PaddedImage};
 use kiln_kernels::host;
 use kiln_kernels::host::conv::Windows;
 use kiln_kernels::matmul::{Threads, View, Write, matmul};
@@ -296,16 +296,21 @@ pub fn product_rows_into(
 }
 
 /// `f(windows W + b)` for a convolution's windows over an NHWC image (`[rows, out]`): on
-/// sgemm or in bf16, packed straight from the image (the unfolded rows never written out); else
-/// through the unfolded rows.
+/// sgemm or in bf16, packed straight from the image (the unfolded rows never written out), or
+/// read in place from `padded` ([`PaddedImage::for_windows`]) where it serves them; else through the
+/// unfolded rows.
 pub fn product_windows(
     windows: &Windows,
     weight: &HostWeight,
+    padded: Option<&PaddedImage>,
     f: impl Fn(f32) -> f32 + Sync,
 ) -> Vec<f32> {
-    match &weight.operand {
-        Operand::Packed(packed) => sgemm::conv_product(windows, packed, &weight.bias, f),
-        Operand::Bf16(packed) => bf16::conv_product(windows, packed, &weight.bias, f),
+    match (&weight.operand, padded) {
+        (Operand::Packed(packed), _) => sgemm::conv_product(windows, packed, &weight.bias, f),
+        (Operand::Bf16(packed), Some(image)) if image.serves(windows) => {
+            bf16::image_product(image, windows, packed, &weight.bias, f)
+        }
+        (Operand::Bf16(packed), _) => bf16::conv_product(windows, packed, &weight.bias, f),
         _ => product_rows(&windows.unfolded(), windows.depth(), weight, f),
     }
 }

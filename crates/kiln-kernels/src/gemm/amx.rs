@@ -107,17 +107,37 @@ pub(super) unsafe fn block(
     out: &mut [f32],
     add: bool,
 ) {
+    // A step's two tiles: 32 rows of 32 values, 1 kB each, side by side.
+    let a_tiles = |step: usize| {
+        let upper = a.wrapping_add(step * BLOCK * K_STEP);
+        [upper, upper.wrapping_add(TILE * K_STEP)]
+    };
+    // SAFETY: the packed tiles are those the caller promises.
+    unsafe { block_in_place(a_tiles, K_STEP * 2, b, depth, steps, out, add) }
+}
+
+/// [`block`] with `A`'s tiles read where they lie rather than packed: `a_tiles(step)` gives the
+/// first row of the block's upper and lower 16-row tiles at step `step`, rows `a_stride` bytes
+/// apart (a padded bf16 image's pixels, 32 channels a tile row).
+///
+/// # Safety
+/// As [`block`]; each tile `a_tiles` gives holds 16 rows of 64 readable bytes, `a_stride` apart.
+pub(super) unsafe fn block_in_place(
+    a_tiles: impl Fn(usize) -> [*const u16; 2],
+    a_stride: usize,
+    b: *const u16,
+    depth: usize,
+    steps: Range<usize>,
+    out: &mut [f32],
+    add: bool,
+) {
     debug_assert!(out.len() >= BLOCK * BLOCK && depth.is_multiple_of(K_STEP));
-    let a_stride = K_STEP * 2;
-    let lower_a = a.wrapping_add(TILE * K_STEP);
     let right_b = b.wrapping_add(TILE * depth);
     let out_stride = BLOCK * 4;
-    // The four 16 × 16 tiles of the block, row-major: C00, C01, C10, C11.
     let out = out.as_mut_ptr();
     let [c0, c1, c2, c3] =
         [0, TILE, TILE * BLOCK, TILE * BLOCK + TILE].map(|at| out.wrapping_add(at));
-    // SAFETY (every statement): the tiles read lie inside `a` and `b` as the caller promises;
-    // `out` holds 32 × 32 f32.
+    // SAFETY (every statement): as in `block`, the tiles of `A` as the caller promises.
     unsafe {
         if add {
             asm!(
@@ -142,12 +162,9 @@ pub(super) unsafe fn block(
             );
         }
         for step in steps {
-            // A: 16 rows × 32 values of step `step`; B: 16 pair rows × 16 columns.
-            let a_offset = step * BLOCK * K_STEP;
+            let [upper, lower] = a_tiles(step);
             let b_offset = step * K_STEP * TILE;
             asm!(
-                // Each load as late as its first product allows: tiles are not renamed, so
-                // the next step's loads wait for the products reading the same registers.
                 "tileloadd tmm4, [{upper} + {stride}*1]",
                 "tileloadd tmm6, [{left} + {sixty_four}*1]",
                 "tdpbf16ps tmm0, tmm4, tmm6",
@@ -156,8 +173,8 @@ pub(super) unsafe fn block(
                 "tileloadd tmm5, [{lower} + {stride}*1]",
                 "tdpbf16ps tmm2, tmm5, tmm6",
                 "tdpbf16ps tmm3, tmm5, tmm7",
-                upper = in(reg) a.add(a_offset),
-                lower = in(reg) lower_a.add(a_offset),
+                upper = in(reg) upper,
+                lower = in(reg) lower,
                 left = in(reg) b.add(b_offset),
                 right = in(reg) right_b.add(b_offset),
                 stride = in(reg) a_stride,

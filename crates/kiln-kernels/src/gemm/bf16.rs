@@ -21,6 +21,7 @@ use rayon::prelude::*;
 
 use super::Bf16Isa;
 use super::lines::Lines;
+pub use super::padded::PaddedImage;
 use crate::host::as_uninit;
 use crate::host::conv::Windows;
 use crate::matmul::View;
@@ -42,6 +43,9 @@ const STEPS_PER_PASS: usize = 32;
 /// Row blocks whose sums a task keeps between passes (4 × 8 blocks of 4 kB; at 2 048², 8 ran
 /// 1.42 TFLOP/s, 4 ran 1.47–1.54).
 const ROW_BLOCKS_PER_PASS: usize = 4;
+
+/// Packed values from which [`Packed`]'s panels are filled in parallel.
+const PARALLEL_PACKING: usize = 1 << 16;
 
 thread_local! {
     /// Each calling thread's packed `A`, reused by its products.
@@ -212,16 +216,24 @@ impl Packed {
         let depth = k.next_multiple_of(K_STEP);
         let panel_len = depth * TILE;
         let mut panels = Lines::zeros(n.div_ceil(BLOCK) * 2 * panel_len);
-        panels
-            .par_chunks_mut(panel_len.max(1))
-            .enumerate()
-            .for_each(|(panel, packed)| {
-                let first = panel * TILE;
-                let lanes = TILE.min(n.saturating_sub(first));
-                if lanes > 0 {
-                    fill(first, lanes, packed);
-                }
-            });
+        let fill_panel = |(panel, packed): (usize, &mut [u16])| {
+            let first = panel * TILE;
+            let lanes = TILE.min(n.saturating_sub(first));
+            if lanes > 0 {
+                fill(first, lanes, packed);
+            }
+        };
+        // A small operand on the calling thread: attention packs each head's keys and values,
+        // the heads in parallel, and splitting a head's 16 kB across the threads cost more than
+        // packing it.
+        if panels.len() < PARALLEL_PACKING {
+            panels
+                .chunks_mut(panel_len.max(1))
+                .enumerate()
+                .for_each(fill_panel);
+        } else {
+            (panels.par_chunks_mut(panel_len.max(1)).enumerate()).for_each(fill_panel);
+        }
         Packed {
             k,
             n,
@@ -359,6 +371,8 @@ enum Lhs<'a> {
     View(&'a [f32], View),
     /// The windows' rows, `[m, k]`.
     Windows(&'a Windows<'a>),
+    /// The windows' rows read where they lie in a padded bf16 image (AMX only).
+    Image(&'a PaddedImage, &'a Windows<'a>),
 }
 
 /// `f(windows · b + bias)` `[rows, n]` on all of rayon's threads, for the windows of a
@@ -376,6 +390,43 @@ pub fn conv_product(
     let m = windows.rows();
     written(m * b.n, |c| {
         Product::new(isa, c, Lhs::Windows(windows), b, m, false, Some(bias)).run(&f, true)
+    })
+}
+
+/// [`conv_product`] with the windows' tiles read where they lie in `image` (the windows'
+/// image, rounded to bf16 once with a zero border: [`PaddedImage`]) rather than packed row by
+/// row; AMX tiles only. The same sums as [`conv_product`], bit for bit.
+///
+/// Panics unless AMX is the chosen instruction set and `image` [serves](PaddedImage::serves)
+/// `windows`, or when `windows` and `b` disagree.
+pub fn image_product(
+    image: &PaddedImage,
+    windows: &Windows,
+    b: &Packed,
+    bias: &[f32],
+    f: impl Fn(f32) -> f32 + Sync,
+) -> Vec<f32> {
+    assert_eq!(
+        Bf16Isa::chosen(),
+        Some(Bf16Isa::Amx),
+        "gemm::bf16::image_product: AMX tiles only"
+    );
+    assert!(
+        image.serves(windows),
+        "gemm::bf16::image_product: the image does not serve these windows"
+    );
+    let m = windows.rows();
+    written(m * b.n, |c| {
+        Product::new(
+            Bf16Isa::Amx,
+            c,
+            Lhs::Image(image, windows),
+            b,
+            m,
+            false,
+            Some(bias),
+        )
+        .run(&f, true)
     })
 }
 
@@ -418,7 +469,7 @@ impl<'a> Product<'a> {
                 view.row_count() == m && view.column_count() == b.k,
                 "gemm::bf16::view_product: a is not [m, k]"
             ),
-            Lhs::Windows(windows) => assert!(
+            Lhs::Windows(windows) | Lhs::Image(_, windows) => assert!(
                 windows.rows() == m && windows.depth() == b.k,
                 "gemm::bf16::conv_product: the windows are not [m, k]"
             ),
@@ -478,6 +529,9 @@ impl<'a> Product<'a> {
     /// blocks of 32 rows, each block step by step (32 rows of 32 values: one AMX tile pair, 2 kB
     /// contiguous, whatever `k`), zeros past `m` and `k`.
     fn pack_a(&self, packed: &mut Lines<u16>, every_thread: bool) {
+        if let Lhs::Image(..) = self.a {
+            return; // read in place
+        }
         let (k, depth) = (self.b.k, self.b.depth);
         let len = self.m.div_ceil(BLOCK) * BLOCK * depth;
         if packed.len() < len {
@@ -507,6 +561,7 @@ impl<'a> Product<'a> {
                         windows.read(row, 0, read.as_mut_slice());
                         read.as_slice()
                     }
+                    Lhs::Image(..) => unreachable!("an image is read in place"),
                 };
                 // Rounded straight into place, a step's 32 values at a time.
                 for (step, values) in values.chunks(K_STEP).enumerate() {
@@ -604,23 +659,54 @@ impl<'a> Product<'a> {
             for first_step in (0..steps).step_by(STEPS_PER_PASS) {
                 let pass = first_step..(first_step + STEPS_PER_PASS).min(steps);
                 for (i, &row_block) in group.iter().enumerate() {
-                    let a = packed_a[row_block * BLOCK * depth..].as_ptr();
+                    let a = packed_a
+                        .get(row_block * BLOCK * depth..)
+                        .map(<[u16]>::as_ptr);
                     for (j, column_block) in task.column_blocks.clone().enumerate() {
                         let b = self.b.block(column_block);
                         let out = &mut sums[i * columns + j].0;
                         let add = first_step > 0;
-                        // SAFETY: `a` points at a whole packed block of 32 rows, `b` at two
-                        // whole panels, `pass` inside the depth; the chosen ISA is available
-                        // (and AMX configured above).
+                        // SAFETY: `a` points at a whole packed block of 32 rows (or the image
+                        // holds the block's windows: `image_product` checked it serves them),
+                        // `b` at two whole panels, `pass` inside the depth; the chosen ISA is
+                        // available (and AMX configured above).
                         #[cfg(target_arch = "x86_64")]
                         unsafe {
-                            match self.isa {
-                                Bf16Isa::Amx => {
-                                    super::amx::block(a, b, depth, pass.clone(), out, add)
+                            match (self.isa, self.a) {
+                                (Bf16Isa::Amx, Lhs::Image(image, windows)) => {
+                                    let rows = image.tile_rows(windows);
+                                    // The lower tile past the last row repeats the upper one.
+                                    let first = row_block * BLOCK;
+                                    let second = first + TILE;
+                                    let second = if second < self.m { second } else { first };
+                                    let tiles = |step| [rows(first, step), rows(second, step)];
+                                    let stride = image.row_stride(windows);
+                                    super::amx::block_in_place(
+                                        tiles,
+                                        stride,
+                                        b,
+                                        depth,
+                                        pass.clone(),
+                                        out,
+                                        add,
+                                    )
                                 }
-                                Bf16Isa::Avx512Bf16 => {
-                                    super::avx512_bf16::block(a, b, depth, pass.clone(), out, add)
-                                }
+                                (Bf16Isa::Amx, _) => super::amx::block(
+                                    a.expect("packed"),
+                                    b,
+                                    depth,
+                                    pass.clone(),
+                                    out,
+                                    add,
+                                ),
+                                (Bf16Isa::Avx512Bf16, _) => super::avx512_bf16::block(
+                                    a.expect("packed"),
+                                    b,
+                                    depth,
+                                    pass.clone(),
+                                    out,
+                                    add,
+                                ),
                             }
                         }
                     }
@@ -743,7 +829,7 @@ fn tasks(row_blocks: usize, column_blocks: usize, threads: usize) -> Vec<Task> {
 }
 
 /// `to[i] = bf16(from[i])`: 32 at a time where the CPU has AVX512-BF16.
-fn round_row(from: &[f32], to: &mut [u16]) {
+pub(super) fn round_row(from: &[f32], to: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
     if super::avx512_bf16::available() {
         // SAFETY: the CPU has AVX512-BF16.
@@ -937,6 +1023,52 @@ mod tests {
         let from_image = conv_product(&windows, &packed, &bias, relu);
         let unfolded = new_product(&windows.unfolded(), &packed, windows.rows(), &bias, relu);
         assert_eq!(from_image, unfolded);
+    }
+
+    /// Windows read where they lie in a padded bf16 image give the products of the same windows
+    /// packed row by row, bit for bit: stride 1 and 2, a transposed convolution's phases (taps
+    /// reaching before and past the image), two images, a last row block of one tile.
+    #[test]
+    fn windows_read_in_place_are_the_packed_windows() {
+        use crate::host::conv::Window;
+        if Bf16Isa::chosen() != Some(Bf16Isa::Amx) {
+            println!("SKIPPED (no amx_bf16)");
+            return;
+        }
+        let conv = |kernel, stride| Window {
+            kernel: [kernel, kernel],
+            stride: [stride, stride],
+            padding: [1, 1],
+        };
+        // [batch, height, width, channels], each window over it and the outputs.
+        for (shape, outputs) in [
+            ([2, 6, 16, 64], 40),
+            ([1, 8, 32, 32], 33),
+            ([1, 3, 16, 32], 70),
+        ] {
+            let image = values(shape.iter().product(), 31);
+            let mut windows = vec![
+                Windows::new(&image, shape, conv(3, 1)),
+                Windows::new(&image, shape, conv(3, 2)),
+            ];
+            for phase in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                windows.push(Windows::transposed_phase(&image, shape, &conv(4, 2), phase).0);
+            }
+            for windows in windows.iter().filter(|w| w.out[1] % TILE == 0) {
+                let padded = PaddedImage::new(&image, shape, PaddedImage::border_for(windows));
+                assert!(padded.serves(windows));
+                let kernel = values(windows.depth() * outputs, 32);
+                let bias = values(outputs, 33);
+                let packed = Packed::new(windows.depth(), &[(&kernel, outputs)]);
+                let silu = crate::math::silu;
+                assert_eq!(
+                    image_product(&padded, windows, &packed, &bias, silu),
+                    conv_product(windows, &packed, &bias, silu),
+                    "{shape:?} -> {:?}",
+                    windows.out
+                );
+            }
+        }
     }
 
     /// Operands read through transposed views give the product of the matrices they show, bit

@@ -29,6 +29,7 @@ mod avx512_bf16;
 pub mod bf16;
 mod isa;
 pub(crate) mod lines;
+mod padded;
 mod products;
 
 pub use isa::Bf16Isa;

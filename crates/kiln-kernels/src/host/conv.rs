@@ -155,13 +155,14 @@ pub fn unfold(x: &[f32], shape: Nhwc, window: &Window) -> Vec<f32> {
 /// tap's channels, zeros outside the image), without writing it out.
 #[derive(Debug, Clone, Copy)]
 pub struct Windows<'a> {
-    x: &'a [f32],
-    shape: Nhwc,
-    kernel: [usize; 2],
-    stride: [usize; 2],
+    pub(crate) x: &'a [f32],
+    pub(crate) shape: Nhwc,
+    pub(crate) kernel: [usize; 2],
+    pub(crate) stride: [usize; 2],
     /// The input position (may be outside the image) of output `(0, 0)`'s first tap.
-    origin: [isize; 2],
-    out: [usize; 2],
+    pub(crate) origin: [isize; 2],
+    /// Output `[height, width]`.
+    pub(crate) out: [usize; 2],
 }
 
 impl<'a> Windows<'a> {
