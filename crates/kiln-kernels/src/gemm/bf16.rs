@@ -333,26 +333,6 @@ pub fn view_product(a: &[f32], a_view: View, b: &Packed, bias: Option<&[f32]>) -
     })
 }
 
-/// `a · b` written over `c` `[m, n]` on the calling thread, for `a` `[m, k]` read through a
-/// strided view and rounded to bf16 here: a product inside one task of the caller's own
-/// parallel loop (attention's per-head products).
-///
-/// Panics as [`view_product`] does, and when `c` is not `[m, n]`.
-pub fn view_product_on_this_thread(c: &mut [f32], a: &[f32], a_view: View, b: &Packed) {
-    let isa = Bf16Isa::chosen().expect("gemm::bf16::view_product: no bf16 products on this CPU");
-    assert!(
-        a_view.fits(a.len()),
-        "gemm::bf16::view_product: a's view reaches past its values"
-    );
-    let m = a_view.row_count();
-    assert_eq!(
-        c.len(),
-        m * b.n,
-        "gemm::bf16::view_product: c is not [m, n]"
-    );
-    Product::new(isa, as_uninit(c), Lhs::View(a, a_view), b, m, false, None).run(&|v| v, false);
-}
-
 /// A new vector of `len` values that `write` fills through a product without `accumulate`
 /// (which stores every value of its `C`), never zeroed first.
 #[allow(unsafe_code)]

@@ -8,7 +8,6 @@ use rayon::prelude::*;
 
 use super::f32s;
 use super::softmax::SoftmaxRows;
-use crate::gemm::{Products, bf16};
 use crate::mask::HashedMask;
 use crate::matmul::{Threads, View, Write, matmul};
 use crate::{HostOp, rotary, zeros};
@@ -128,12 +127,6 @@ impl Heads<'_> {
 /// are in cache and multiplies them into `v` straight into the output rows. The head split and
 /// merge are strides of the products, never copies. burn 0.21's batched products ran these
 /// shapes at about a quarter of PyTorch's fused attention.
-///
-/// With [`Products::Bf16`] both products read bf16 operands with f32 sums (PyTorch's CPU
-/// autocast), the softmax staying f32: each image's `kᵀ` and `v` are rounded and packed once per
-/// key/value head, `q` and the probabilities as each tile multiplies them. Causal attention keeps
-/// f32 products (its tiles see fewer keys than the image holds).
-#[allow(clippy::too_many_arguments)]
 pub fn attention(
     query: Rows,
     key: Rows,
@@ -142,12 +135,9 @@ pub fn attention(
     shape: Heads<'_>,
     scale: f32,
     mask: Option<ProbsDropout<'_>>,
-    products: Products,
 ) -> Vec<f32> {
     let mut out = zeros(batch * query.tokens * shape.heads * shape.head_dim);
-    attention_into(
-        &mut out, query, key, value, batch, shape, scale, mask, products,
-    );
+    attention_into(&mut out, query, key, value, batch, shape, scale, mask);
     out
 }
 
@@ -163,7 +153,6 @@ pub fn attention_into(
     shape: Heads<'_>,
     scale: f32,
     mask: Option<ProbsDropout<'_>>,
-    products: Products,
 ) {
     let (q_tokens, kv_tokens) = (query.tokens, key.tokens);
     let Heads {
@@ -207,31 +196,9 @@ pub fn attention_into(
         return;
     }
     let tile_rows = rows_per_tile(batch, q_tokens, rayon::current_num_threads());
-    // Causal tiles see fewer keys than the image has: their products stay f32.
-    let in_bf16 = products == Products::Bf16 && causal_past.is_none();
     out.par_chunks_mut((q_tokens * width).max(1))
         .enumerate()
         .for_each(|(image, out)| {
-            // In bf16, each key/value head's `kᵀ` and `v` rounded and packed once for every tile.
-            let packed: Option<Vec<[bf16::Packed; 2]>> = in_bf16.then(|| {
-                (0..kv_heads)
-                    .into_par_iter()
-                    .map(|head| {
-                        let column = head * head_dim;
-                        [
-                            (
-                                key.data,
-                                key.view(image, 0, kv_tokens, column, head_dim).transposed(),
-                            ),
-                            (
-                                value.data,
-                                value.view(image, 0, kv_tokens, column, head_dim),
-                            ),
-                        ]
-                        .map(|(data, view)| bf16::Packed::of_view(data, view))
-                    })
-                    .collect()
-            });
             out.par_chunks_mut(tile_rows * width)
                 .enumerate()
                 .for_each(|(tile, out)| {
@@ -242,31 +209,20 @@ pub fn attention_into(
                         causal_past.map_or(kv_tokens, |past| (past + first + rows).min(kv_tokens));
                     let real = real_keys.map(|real| &real[image * kv_tokens..][..seen]);
                     let mut scores = vec![0f32; rows * seen];
-                    // A head's output rows in bf16, before they go into the merged rows.
-                    let mut head_out = vec![0f32; if in_bf16 { rows * head_dim } else { 0 }];
                     for head in 0..heads {
                         let column = head * head_dim;
                         let kv_column = head / group * head_dim;
-                        let query_view = query.view(image, first, rows, column, head_dim);
                         // scores = q[rows] · kᵀ
-                        match &packed {
-                            Some(packed) => bf16::view_product_on_this_thread(
-                                &mut scores,
-                                query.data,
-                                query_view,
-                                &packed[head / group][0],
-                            ),
-                            None => matmul(
-                                &mut scores,
-                                View::rows(0, rows, seen, seen),
-                                query.data,
-                                query_view,
-                                key.data,
-                                key.view(image, 0, seen, kv_column, head_dim).transposed(),
-                                Write::Overwrite,
-                                Threads::One,
-                            ),
-                        }
+                        matmul(
+                            &mut scores,
+                            View::rows(0, rows, seen, seen),
+                            query.data,
+                            query.view(image, first, rows, column, head_dim),
+                            key.data,
+                            key.view(image, 0, seen, kv_column, head_dim).transposed(),
+                            Write::Overwrite,
+                            Threads::One,
+                        );
                         // This tile's first element in the image's `[heads, q, kv]` mask.
                         let start = (head * q_tokens + first) * kv_tokens;
                         let hashed = match mask {
@@ -291,33 +247,16 @@ pub fn attention_into(
                                 .for_each(|(p, m)| *p *= m);
                         }
                         // out[rows, head] = probabilities · v
-                        let probabilities = View::rows(0, rows, seen, seen);
-                        match &packed {
-                            Some(packed) => {
-                                bf16::view_product_on_this_thread(
-                                    &mut head_out,
-                                    &scores,
-                                    probabilities,
-                                    &packed[head / group][1],
-                                );
-                                for (out, head_out) in out
-                                    .chunks_exact_mut(width)
-                                    .zip(head_out.chunks_exact(head_dim))
-                                {
-                                    out[column..][..head_dim].copy_from_slice(head_out);
-                                }
-                            }
-                            None => matmul(
-                                out,
-                                View::rows(column, rows, head_dim, width),
-                                &scores,
-                                probabilities,
-                                value.data,
-                                value.view(image, 0, seen, kv_column, head_dim),
-                                Write::Overwrite,
-                                Threads::One,
-                            ),
-                        }
+                        matmul(
+                            out,
+                            View::rows(column, rows, head_dim, width),
+                            &scores,
+                            View::rows(0, rows, seen, seen),
+                            value.data,
+                            value.view(image, 0, seen, kv_column, head_dim),
+                            Write::Overwrite,
+                            Threads::One,
+                        );
                     }
                 });
         });
@@ -466,7 +405,6 @@ impl HostOp<3> for AttentionOp {
             self.shape(),
             self.scale,
             self.mask.as_deref().map(ProbsDropout::Multipliers),
-            Products::F32,
         )
     }
 

@@ -131,7 +131,6 @@ fn row_sum(row: &[f32]) -> f32 {
 mod tests {
     use super::attention::ATTENTION_ROWS;
     use super::*;
-    use crate::gemm::{Products, bf16};
 
     /// The largest error of `ours` against `reference` (computed in f64) on a dense grid over
     /// |x| ≤ 20, relative to max(1, |reference|) (`relative`: to |reference|).
@@ -456,18 +455,6 @@ mod tests {
 
     #[test]
     fn attention_matches_the_definition() {
-        let f32s = attention_against_the_definition(Products::F32);
-        if !crate::gemm::bf16::supported() {
-            println!("SKIPPED (no amx_bf16 or avx512_bf16)");
-            return;
-        }
-        let bf16s = attention_against_the_definition(Products::Bf16);
-        assert_ne!(f32s, bf16s, "bf16 products ran in f32");
-    }
-
-    /// [`attention`] with `products` against the definition in f64 (in bf16: of the operands
-    /// rounded to bf16, within the rounding of each probability: 2⁻⁸ of each term); its output.
-    fn attention_against_the_definition(products: Products) -> Vec<f32> {
         // Two tiles of query rows (the second partial), keys of another length, a mask; k and v
         // side by side in the rows of one buffer, as one product leaves them.
         let (batch, heads, head_dim, q_tokens, kv_tokens) = (2, 3, 4, ATTENTION_ROWS + 5, 37);
@@ -505,18 +492,13 @@ mod tests {
             Heads::all(heads, head_dim),
             scale,
             Some(ProbsDropout::Multipliers(&mask)),
-            products,
         );
-        let operand = |x: f32| match products {
-            Products::F32 => f64::from(x),
-            Products::Bf16 => f64::from(bf16::widen(bf16::round(x))),
-        };
         for (b, h, t) in (0..batch)
             .flat_map(|b| (0..heads).map(move |h| (b, h)))
             .flat_map(|(b, h)| (0..q_tokens).map(move |t| (b, h, t)))
         {
             let at = |x: &[f32], tokens: usize, j: usize, c: usize| {
-                operand(x[(b * tokens + j) * width + h * head_dim + c])
+                x[(b * tokens + j) * width + h * head_dim + c] as f64
             };
             let scores: Vec<f64> = (0..kv_tokens)
                 .map(|j| {
@@ -529,23 +511,19 @@ mod tests {
             let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
             for c in 0..head_dim {
-                let terms = (0..kv_tokens).map(|j| {
-                    let m = mask[((b * heads + h) * q_tokens + t) * kv_tokens + j] as f64;
-                    (scores[j] - max).exp() / total * m * at(&v, kv_tokens, j, c)
-                });
-                let want: f64 = terms.clone().sum();
-                let rounding = match products {
-                    Products::F32 => 0.0,
-                    Products::Bf16 => terms.map(f64::abs).sum::<f64>() / 256.0,
-                };
+                let want: f64 = (0..kv_tokens)
+                    .map(|j| {
+                        let m = mask[((b * heads + h) * q_tokens + t) * kv_tokens + j] as f64;
+                        (scores[j] - max).exp() / total * m * at(&v, kv_tokens, j, c)
+                    })
+                    .sum();
                 let got = got[(b * q_tokens + t) * width + h * head_dim + c] as f64;
                 assert!(
-                    (got - want).abs() < 1e-5 * want.abs().max(1.0) + rounding,
-                    "{products:?}: {got} {want}"
+                    (got - want).abs() < 1e-5 * want.abs().max(1.0),
+                    "{got} {want}"
                 );
             }
         }
-        got
     }
 
     /// Causal grouped-query attention over left-padded keys, after a cache of `past` keys,
@@ -608,7 +586,6 @@ mod tests {
             shape,
             scale,
             None,
-            Products::F32,
         );
         for (b, h, t) in (0..batch)
             .flat_map(|b| (0..heads).map(move |h| (b, h)))

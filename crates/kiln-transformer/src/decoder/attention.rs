@@ -220,7 +220,6 @@ impl<B: Backend> GroupedQueryAttention<B> {
             shape,
             scale,
             None,
-            pass.prepared().products(),
         );
         add_product(
             residual,
