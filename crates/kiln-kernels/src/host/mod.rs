@@ -100,31 +100,42 @@ const LANES: usize = 8;
 /// The largest element of `row` (vectorisable: per-lane maxima, then across lanes).
 #[inline(always)]
 fn row_max(row: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let chunks = row.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for chunk in chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane = if v > *lane { v } else { *lane };
-        }
-    }
-    rest.iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+    reduce(row, f32::NEG_INFINITY, |m, v| if v > m { v } else { m })
 }
 
 /// The sum of `row` (vectorisable: per-lane sums, then across lanes).
 #[inline(always)]
 fn row_sum(row: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; LANES];
-    let chunks = row.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for chunk in chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane += v;
+    reduce(row, 0.0, |sum, v| sum + v)
+}
+
+/// `row` folded by `step` from `start`, vectorisable: first in four vectors of [`LANES`]
+/// accumulators (two AVX-512 registers, four AVX2 ones), so that neighbouring chunks' steps do
+/// not wait on each other (one vector of eight made a softmax row's max and sum wait on the add
+/// latency: 40 µs for 256 rows of 256 on a Sapphire Rapids core), then in one vector, then one
+/// value at a time.
+#[inline(always)]
+fn reduce(row: &[f32], start: f32, step: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut wide = [start; 4 * LANES];
+    let mut chunks = row.chunks_exact(4 * LANES);
+    for chunk in &mut chunks {
+        for (lane, &v) in wide.iter_mut().zip(chunk) {
+            *lane = step(*lane, v);
         }
     }
-    lanes.iter().sum::<f32>() + rest.iter().sum::<f32>()
+    let mut lanes = [start; LANES];
+    for vector in wide.chunks_exact(LANES) {
+        for (lane, &v) in lanes.iter_mut().zip(vector) {
+            *lane = step(*lane, v);
+        }
+    }
+    let mut rest = chunks.remainder().chunks_exact(LANES);
+    for chunk in &mut rest {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane = step(*lane, v);
+        }
+    }
+    (rest.remainder().iter().chain(&lanes)).fold(start, |folded, &v| step(folded, v))
 }
 
 #[cfg(test)]
