@@ -23,7 +23,9 @@ use rayon::prelude::*;
 
 use crate::PreparedWeights;
 use crate::prepared::WinogradKernel;
-use crate::projection::{product_on_this_thread, product_rows, product_windows};
+use crate::projection::{
+    product_on_this_thread, product_rows, product_windows, product_windows_into_rows,
+};
 
 /// Input and output channels from which a convolution goes through Winograd's minimal
 /// filtering: with fewer, its products are too thin for the saved multiplications to pay for
@@ -196,12 +198,9 @@ impl HostImage {
         let outputs = phases[0].columns();
         let mut values = vec![0f32; batch * out_height * out_width * outputs];
         for (weight, (windows, pixels)) in phases.iter().zip(&windows) {
-            if pixels.is_empty() {
-                continue;
-            }
-            let product = product_windows(windows, weight, padded.as_ref(), &f);
-            for (row, &pixel) in product.chunks_exact(outputs).zip(pixels) {
-                values[pixel * outputs..][..outputs].copy_from_slice(row);
+            if !pixels.is_empty() {
+                let padded = padded.as_ref();
+                product_windows_into_rows(&mut values, pixels, windows, weight, padded, &f);
             }
         }
         Some(HostImage {

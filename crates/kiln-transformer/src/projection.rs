@@ -315,6 +315,29 @@ pub fn product_windows(
     }
 }
 
+/// [`product_windows`] written into rows `rows` of `out` (`weight`'s columns wide): row `r` of
+/// the product into row `rows[r]`, in increasing order (a transposed convolution's phase put
+/// where its pixels lie): in place from `padded` where it serves, else gathered and copied.
+pub fn product_windows_into_rows(
+    out: &mut [f32],
+    rows: &[usize],
+    windows: &Windows,
+    weight: &HostWeight,
+    padded: Option<&PaddedImage>,
+    f: impl Fn(f32) -> f32 + Sync,
+) {
+    if let (Operand::Bf16(packed), Some(image)) = (&weight.operand, padded)
+        && image.serves(windows)
+    {
+        return bf16::image_product_into_rows(out, rows, image, windows, packed, &weight.bias, f);
+    }
+    let outputs = weight.columns();
+    let product = product_windows(windows, weight, padded, f);
+    for (values, &row) in product.chunks_exact(outputs).zip(rows) {
+        out[row * outputs..][..outputs].copy_from_slice(values);
+    }
+}
+
 /// `x W + bias` for the rows `x` (of `inputs` values each) on the calling thread, into a new
 /// vector: for a caller that runs several products at once, one per thread (Winograd's per-point
 /// products), where splitting each across the threads would leave slivers.

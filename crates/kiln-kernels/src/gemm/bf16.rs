@@ -410,10 +410,46 @@ pub fn image_product(
     })
 }
 
+/// [`image_product`] written into rows `rows` of `c` (row `r` of the product into `c`'s row
+/// `rows[r]`, `b`'s columns wide), overwriting them: a transposed convolution's phase put where
+/// its pixels lie in the output, not gathered and copied there.
+///
+/// Panics as [`image_product`] does, and unless `rows` has a row per window, in increasing
+/// order, inside `c`.
+pub fn image_product_into_rows(
+    c: &mut [f32],
+    rows: &[usize],
+    image: &PaddedImage,
+    windows: &Windows,
+    b: &Packed,
+    bias: &[f32],
+    f: impl Fn(f32) -> f32 + Sync,
+) {
+    assert_eq!(
+        Bf16Isa::chosen(),
+        Some(Bf16Isa::Amx),
+        "gemm::bf16::image_product: AMX tiles only"
+    );
+    assert!(
+        image.serves(windows),
+        "gemm::bf16::image_product: the image does not serve these windows"
+    );
+    assert!(
+        rows.len() == windows.rows()
+            && rows.windows(2).all(|pair| pair[0] < pair[1])
+            && rows.last().is_none_or(|&last| (last + 1) * b.n <= c.len()),
+        "gemm::bf16::image_product_into_rows: rows not one per window, increasing, inside c"
+    );
+    // The rows checked above: distinct, each inside `c`.
+    let c = Out(c.as_mut_ptr(), Some(rows));
+    let a = Lhs::Image(image, windows);
+    Product::writing(c, Bf16Isa::Amx, a, b, windows.rows(), false, Some(bias)).run(&f, true);
+}
+
 /// One product's operands and where it writes.
 struct Product<'a> {
     isa: Bf16Isa,
-    c: Out,
+    c: Out<'a>,
     a: Lhs<'a>,
     b: &'a Packed,
     m: usize,
@@ -422,21 +458,37 @@ struct Product<'a> {
     bias: Option<&'a [f32]>,
 }
 
-/// `C`'s values, written by tasks whose blocks never overlap.
+/// `C`'s values, written by tasks whose blocks never overlap, and where each of its rows lies
+/// (`n` values apart, or at the rows given: distinct).
 #[derive(Clone, Copy)]
-struct Out(*mut f32);
+struct Out<'a>(*mut f32, Option<&'a [usize]>);
 
 // SAFETY: tasks write disjoint blocks of `C` (distinct rows × columns) while the product
 // borrows it mutably.
 #[allow(unsafe_code)]
-unsafe impl Send for Out {}
+unsafe impl Send for Out<'_> {}
 #[allow(unsafe_code)]
-unsafe impl Sync for Out {}
+unsafe impl Sync for Out<'_> {}
 
 impl<'a> Product<'a> {
     fn new(
         isa: Bf16Isa,
         c: &'a mut [MaybeUninit<f32>],
+        a: Lhs<'a>,
+        b: &'a Packed,
+        m: usize,
+        accumulate: bool,
+        bias: Option<&'a [f32]>,
+    ) -> Self {
+        assert!(c.len() >= m * b.n, "gemm::bf16::product: c is not [m, n]");
+        let c = Out(c.as_mut_ptr().cast(), None);
+        Product::writing(c, isa, a, b, m, accumulate, bias)
+    }
+
+    /// [`Self::new`] writing where `c` says (its caller checked that it holds `m` rows of `n`).
+    fn writing(
+        c: Out<'a>,
+        isa: Bf16Isa,
         a: Lhs<'a>,
         b: &'a Packed,
         m: usize,
@@ -454,14 +506,13 @@ impl<'a> Product<'a> {
                 "gemm::bf16::conv_product: the windows are not [m, k]"
             ),
         }
-        assert!(c.len() >= m * b.n, "gemm::bf16::product: c is not [m, n]");
         assert!(
             bias.is_none_or(|bias| bias.len() == b.n),
             "gemm::bf16::product: bias is not [n]"
         );
         Product {
             isa,
-            c: Out(c.as_mut_ptr().cast()),
+            c,
             a,
             b,
             m,
@@ -751,11 +802,12 @@ impl<F: Fn(f32) -> f32> pulp::WithSimd for Store<'_, F> {
             .map_or(&zeros[..columns], |bias| &bias[first_column..][..columns]);
         for row in 0..rows {
             let sums = &out[row * BLOCK..][..columns];
+            let at = (product.c.1).map_or(first_row + row, |rows| rows[first_row + row]);
             // SAFETY: this row's columns of the block belong to this task alone, inside `C`.
             let c = unsafe {
                 std::slice::from_raw_parts_mut(
                     (product.c.0)
-                        .add((first_row + row) * n + first_column)
+                        .add(at * n + first_column)
                         .cast::<MaybeUninit<f32>>(),
                     columns,
                 )
@@ -1007,7 +1059,8 @@ mod tests {
 
     /// Windows read where they lie in a padded bf16 image give the products of the same windows
     /// packed row by row, bit for bit: stride 1 and 2, a transposed convolution's phases (taps
-    /// reaching before and past the image), two images, a last row block of one tile.
+    /// reaching before and past the image), two images, a last row block of one tile; and the
+    /// same written into the given rows of a larger output.
     #[test]
     fn windows_read_in_place_are_the_packed_windows() {
         use crate::host::conv::Window;
@@ -1041,12 +1094,23 @@ mod tests {
                 let bias = values(outputs, 33);
                 let packed = Packed::new(windows.depth(), &[(&kernel, outputs)]);
                 let silu = crate::math::silu;
+                let want = conv_product(windows, &packed, &bias, silu);
                 assert_eq!(
                     image_product(&padded, windows, &packed, &bias, silu),
-                    conv_product(windows, &packed, &bias, silu),
+                    want,
                     "{shape:?} -> {:?}",
                     windows.out
                 );
+                // Into every other row of a larger output, the others untouched.
+                let rows: Vec<usize> = (0..windows.rows()).map(|r| 2 * r + 1).collect();
+                let mut out = vec![f32::NAN; 2 * windows.rows() * outputs];
+                image_product_into_rows(&mut out, &rows, &padded, windows, &packed, &bias, silu);
+                for (r, row) in out.chunks_exact(outputs).enumerate() {
+                    match r % 2 {
+                        1 => assert_eq!(row, &want[r / 2 * outputs..][..outputs], "row {r}"),
+                        _ => assert!(row.iter().all(|v| v.is_nan()), "row {r} written"),
+                    }
+                }
             }
         }
     }
