@@ -15,9 +15,12 @@ pub enum Bf16Isa {
 
 impl Bf16Isa {
     /// The instruction set bf16 products run on in this process: AMX where the CPU has it and
-    /// the kernel grants the tile state, else AVX512-BF16, else none. `KILN_BF16=amx`,
-    /// `KILN_BF16=avx512-bf16` or `KILN_BF16=off` narrows the choice (a set the CPU lacks is
-    /// never chosen).
+    /// the kernel grants the tile state, else AVX512-BF16 on AMD's CPUs (Zen 4 and 5), else
+    /// none. `KILN_BF16=amx`, `KILN_BF16=avx512-bf16` or `KILN_BF16=off` narrows the choice (a
+    /// set the CPU lacks is never chosen); `KILN_BF16=avx512-bf16` also takes AVX512-BF16 on
+    /// Intel's CPUs, where it is not the default: on a Sapphire Rapids core one `vdpbf16ps` a
+    /// cycle multiplies no faster than f32's two FMA ports, and the main job ran 0.7× its f32
+    /// speed that way (docs/PERFORMANCE.md).
     pub fn chosen() -> Option<Bf16Isa> {
         static CHOSEN: OnceLock<Option<Bf16Isa>> = OnceLock::new();
         *CHOSEN.get_or_init(|| {
@@ -26,7 +29,7 @@ impl Bf16Isa {
                 "off" | "none" | "f32" => false,
                 "amx" => isa == Bf16Isa::Amx,
                 "avx512-bf16" | "avx512bf16" => isa == Bf16Isa::Avx512Bf16,
-                _ => true,
+                _ => isa == Bf16Isa::Amx || is_amd(),
             };
             [Bf16Isa::Amx, Bf16Isa::Avx512Bf16]
                 .into_iter()
@@ -55,6 +58,25 @@ impl Bf16Isa {
             Bf16Isa::Amx => "amx_bf16",
             Bf16Isa::Avx512Bf16 => "avx512_bf16",
         }
+    }
+}
+
+/// Whether the CPU is AMD's (CPUID vendor `AuthenticAMD`).
+fn is_amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: CPUID exists on every x86-64 CPU.
+        #[allow(unsafe_code, unused_unsafe)]
+        let vendor = unsafe { std::arch::x86_64::__cpuid(0) };
+        let bytes: Vec<u8> = [vendor.ebx, vendor.edx, vendor.ecx]
+            .iter()
+            .flat_map(|word| word.to_le_bytes())
+            .collect();
+        bytes == b"AuthenticAMD"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 

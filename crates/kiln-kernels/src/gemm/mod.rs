@@ -5,7 +5,8 @@
 //!   ([`crate::matmul`]) for strided views;
 //! - bf16 operands with f32 accumulation, as PyTorch's CPU autocast multiplies: [`bf16`], on
 //!   Intel's AMX tiles (`tdpbf16ps`, Sapphire Rapids and later) or AVX512-BF16's `vdpbf16ps`
-//!   (Cooper Lake, AMD Zen 4 and Zen 5), chosen by [`Bf16Isa::chosen`].
+//!   (Cooper Lake, AMD Zen 4 and Zen 5; by default on AMD's only), chosen by
+//!   [`Bf16Isa::chosen`].
 //!
 //! A precision policy picks its products in one place, [`Products::under`].
 //!

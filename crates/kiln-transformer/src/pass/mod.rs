@@ -67,9 +67,9 @@ pub fn in_compute_dtype<'a, B: Backend, M: Module<B> + Clone>(
 /// Whether `policy` runs as PyTorch's CPU autocast does on `device`: a mixed bf16 policy
 /// (f32 parameters, bf16 compute) on a host backend, in inference or training. Its tensors then
 /// stay f32 (norms, softmax, GELU, losses and sums in f32 by construction) and every host
-/// product reads its operands rounded to bf16, with f32 sums, on AMX or AVX512-BF16 ([`bf16`]):
-/// in training the forward product and both gradient products; on a CPU with neither the
-/// products are f32 (said once), so the policy is never slower than `full` there.
+/// product reads its operands rounded to bf16, with f32 sums, on AMX or AVX512-BF16 ([`bf16`],
+/// as [`Bf16Isa::chosen`] picks): in training the forward product and both gradient products;
+/// elsewhere the products are f32 (said once), so the policy is never slower than `full` there.
 pub fn host_autocast<B: Backend>(policy: &Policy, device: &B::Device) -> bool {
     is_mixed_bf16(policy) && is_host_backend::<B>(device)
 }
@@ -80,8 +80,8 @@ fn announce_host_autocast() {
     SAID.call_once(|| match Bf16Isa::chosen() {
         Some(isa) => log::info!("mixed-bf16 on the CPU: products in bf16 on {isa}"),
         None => log::warn!(
-            "this CPU has neither amx_bf16 nor avx512_bf16 (or KILN_BF16=off): mixed-bf16 \
-             multiplies in f32 here"
+            "no bf16 products on this CPU (neither amx_bf16 nor, on AMD, avx512_bf16; or \
+             KILN_BF16=off): mixed-bf16 multiplies in f32 here"
         ),
     });
 }
