@@ -560,10 +560,10 @@ impl<'a> Product<'a> {
     /// blocks of 32 rows, each block step by step (32 rows of 32 values: one AMX tile pair, 2 kB
     /// contiguous, whatever `k`), zeros past `m` and `k`.
     fn pack_a(&self, packed: &mut Lines<u16>, every_thread: bool) {
-        if let Lhs::Image(..) = self.a {
-            return; // read in place
-        }
         let (k, depth) = (self.b.k, self.b.depth);
+        if matches!(self.a, Lhs::Image(..)) || depth == 0 {
+            return; // read in place, or nothing to read
+        }
         let len = self.m.div_ceil(BLOCK) * BLOCK * depth;
         if packed.len() < len {
             packed.resize(len);
@@ -686,6 +686,11 @@ impl<'a> Product<'a> {
             unsafe { super::amx::configure() };
         }
         let rows: Vec<usize> = task.row_blocks.clone().collect();
+        if steps == 0 {
+            // No inner dimension (a transposed convolution's phase that no tap reaches): the
+            // sums are zeros, the outputs the bias.
+            sums.iter_mut().for_each(|block| block.0.fill(0.0));
+        }
         for group in rows.chunks(ROW_BLOCKS_PER_PASS) {
             for first_step in (0..steps).step_by(STEPS_PER_PASS) {
                 let pass = first_step..(first_step + STEPS_PER_PASS).min(steps);
@@ -1016,13 +1021,15 @@ mod tests {
     fn large_and_ragged_products_match_f64() {
         for isa in isas_here() {
             // Odd row counts run on this thread: [1101, ..] gives tasks of more row blocks than
-            // one pass keeps; depth 768 takes two passes.
+            // one pass keeps; depth 768 takes two passes; no inner dimension at all, after
+            // products that left sums behind.
             for shape in [
                 [1, 1, 1],
                 [33, 65, 47],
                 [64, 768, 96],
                 [100, 300, 200],
                 [1101, 64, 33],
+                [5, 0, 7],
             ] {
                 check(isa, shape, shape[2] / 3, false, false);
                 check(isa, shape, 5, true, true);
