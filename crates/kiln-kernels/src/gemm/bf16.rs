@@ -386,15 +386,7 @@ pub fn image_product(
     bias: &[f32],
     f: impl Fn(f32) -> f32 + Sync,
 ) -> Vec<f32> {
-    assert_eq!(
-        Bf16Isa::chosen(),
-        Some(Bf16Isa::Amx),
-        "gemm::bf16::image_product: AMX tiles only"
-    );
-    assert!(
-        image.serves(windows),
-        "gemm::bf16::image_product: the image does not serve these windows"
-    );
+    image_served(image, windows);
     let m = windows.rows();
     written(m * b.n, |c| {
         Product::new(
@@ -408,6 +400,20 @@ pub fn image_product(
         )
         .run(&f, true)
     })
+}
+
+/// Panics unless AMX is the chosen instruction set and `image` serves `windows`: what
+/// [`image_product`] and [`image_product_into_rows`] read in place.
+fn image_served(image: &PaddedImage, windows: &Windows) {
+    assert_eq!(
+        Bf16Isa::chosen(),
+        Some(Bf16Isa::Amx),
+        "gemm::bf16::image_product: AMX tiles only"
+    );
+    assert!(
+        image.serves(windows),
+        "gemm::bf16::image_product: the image does not serve these windows"
+    );
 }
 
 /// [`image_product`] written into rows `rows` of `c` (row `r` of the product into `c`'s row
@@ -425,15 +431,7 @@ pub fn image_product_into_rows(
     bias: &[f32],
     f: impl Fn(f32) -> f32 + Sync,
 ) {
-    assert_eq!(
-        Bf16Isa::chosen(),
-        Some(Bf16Isa::Amx),
-        "gemm::bf16::image_product: AMX tiles only"
-    );
-    assert!(
-        image.serves(windows),
-        "gemm::bf16::image_product: the image does not serve these windows"
-    );
+    image_served(image, windows);
     assert!(
         rows.len() == windows.rows()
             && rows.windows(2).all(|pair| pair[0] < pair[1])
