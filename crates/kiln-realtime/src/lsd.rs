@@ -462,7 +462,8 @@ impl<B: Backend> LiveStreamDiffusion<B> {
             });
         }
         if self.runtime.on_host(&frames)
-            && let Some(out) = self.next_frame_on_host(stream, frames.clone(), timesteps)
+            && let Some(out) =
+                host::on_workers(|| self.next_frame_on_host(stream, frames.clone(), timesteps))
         {
             return Ok(out);
         }

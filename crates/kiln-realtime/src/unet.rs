@@ -16,6 +16,7 @@ use burn::tensor::Tensor;
 use burn::tensor::activation::{silu, tanh};
 use burn::tensor::backend::Backend;
 use kiln_core::{CheckpointError, Policy};
+use kiln_kernels::host;
 use kiln_kernels::host::silu as silu_host;
 use kiln_transformer::image::HostImage;
 use kiln_transformer::{PACKED_ATTENTION_KEYS, PackedAttention, Pass};
@@ -139,12 +140,13 @@ impl<B: Backend> UNet<B> {
 
     /// The U-Net's output for `x` `[batch, in_channels, H, W]` (H and W multiples of 4).
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let pass = self.runtime.pass();
         if self.runtime.on_host(&x)
-            && let Some(out) = self.forward_on_host(x.clone(), &pass)
+            && let Some(out) =
+                host::on_workers(|| self.forward_on_host(x.clone(), &self.runtime.pass()))
         {
             return out;
         }
+        let pass = self.runtime.pass();
         let x = silu(self.conv_in.forward(pass.input(x)));
         let skip1 = x.clone();
         let x = silu(self.enc1.forward(x));

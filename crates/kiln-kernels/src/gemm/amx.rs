@@ -113,12 +113,13 @@ pub(super) unsafe fn block(
         [upper, upper.wrapping_add(TILE * K_STEP)]
     };
     // SAFETY: the packed tiles are those the caller promises.
-    unsafe { block_in_place(a_tiles, K_STEP * 2, b, depth, steps, out, add) }
+    unsafe { block_in_place(a_tiles, K_STEP * 2, b, depth, steps, (out, BLOCK), add) }
 }
 
 /// [`block`] with `A`'s tiles read where they lie rather than packed: `a_tiles(step)` gives the
 /// first row of the block's upper and lower 16-row tiles at step `step`, rows `a_stride` bytes
-/// apart (a padded bf16 image's pixels, 32 channels a tile row).
+/// apart (a padded bf16 image's pixels, 32 channels a tile row); `out` is the block's first
+/// row and the f32 values from one row to the next (32 in a block of its own).
 ///
 /// # Safety
 /// As [`block`]; each tile `a_tiles` gives holds 16 rows of 64 readable bytes, `a_stride` apart.
@@ -128,15 +129,16 @@ pub(super) unsafe fn block_in_place(
     b: *const u16,
     depth: usize,
     steps: Range<usize>,
-    out: &mut [f32],
+    (out, row_stride): (&mut [f32], usize),
     add: bool,
 ) {
-    debug_assert!(out.len() >= BLOCK * BLOCK && depth.is_multiple_of(K_STEP));
+    debug_assert!(row_stride >= BLOCK && out.len() >= (BLOCK - 1) * row_stride + BLOCK);
+    debug_assert!(depth.is_multiple_of(K_STEP));
     let right_b = b.wrapping_add(TILE * depth);
-    let out_stride = BLOCK * 4;
+    let out_stride = row_stride * 4;
     let out = out.as_mut_ptr();
     let [c0, c1, c2, c3] =
-        [0, TILE, TILE * BLOCK, TILE * BLOCK + TILE].map(|at| out.wrapping_add(at));
+        [0, TILE, TILE * row_stride, TILE * row_stride + TILE].map(|at| out.wrapping_add(at));
     // SAFETY (every statement): as in `block`, the tiles of `A` as the caller promises.
     unsafe {
         if add {

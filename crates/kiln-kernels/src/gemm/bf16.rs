@@ -721,7 +721,7 @@ impl<'a> Product<'a> {
                                         b,
                                         depth,
                                         pass.clone(),
-                                        out,
+                                        (out, BLOCK),
                                         add,
                                     )
                                 }

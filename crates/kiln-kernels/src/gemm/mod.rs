@@ -28,6 +28,7 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bf16;
 pub mod bf16;
+pub(crate) mod heads;
 mod isa;
 pub(crate) mod lines;
 mod padded;

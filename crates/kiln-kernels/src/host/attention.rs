@@ -8,6 +8,8 @@ use rayon::prelude::*;
 
 use super::f32s;
 use super::softmax::SoftmaxRows;
+use crate::gemm::Products;
+use crate::gemm::heads::Bf16Heads;
 use crate::mask::HashedMask;
 use crate::matmul::{Threads, View, Write, matmul};
 use crate::{HostOp, rotary, zeros};
@@ -51,7 +53,14 @@ impl<'a> Rows<'a> {
     }
 
     /// `rows` tokens from `first` of image `image`, columns `column .. column + cols`.
-    fn view(&self, image: usize, first: usize, rows: usize, column: usize, cols: usize) -> View {
+    pub(crate) fn view(
+        &self,
+        image: usize,
+        first: usize,
+        rows: usize,
+        column: usize,
+        cols: usize,
+    ) -> View {
         let start = self.offset + image * self.image_stride + first * self.row_stride + column;
         View::rows(start, rows, cols, self.row_stride)
     }
@@ -127,6 +136,11 @@ impl Heads<'_> {
 /// are in cache and multiplies them into `v` straight into the output rows. The head split and
 /// merge are strides of the products, never copies. burn 0.21's batched products ran these
 /// shapes at about a quarter of PyTorch's fused attention.
+///
+/// With `products` [`Products::Bf16`] where AMX runs and heads are whole 32-value steps, both
+/// products read bf16 operands with f32 sums, as PyTorch's CPU autocast computes attention
+/// ([`crate::gemm`]); the scores and the softmax stay f32.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     query: Rows,
     key: Rows,
@@ -135,9 +149,12 @@ pub fn attention(
     shape: Heads<'_>,
     scale: f32,
     mask: Option<ProbsDropout<'_>>,
+    products: Products,
 ) -> Vec<f32> {
     let mut out = zeros(batch * query.tokens * shape.heads * shape.head_dim);
-    attention_into(&mut out, query, key, value, batch, shape, scale, mask);
+    attention_into(
+        &mut out, query, key, value, batch, shape, scale, mask, products,
+    );
     out
 }
 
@@ -153,6 +170,7 @@ pub fn attention_into(
     shape: Heads<'_>,
     scale: f32,
     mask: Option<ProbsDropout<'_>>,
+    products: Products,
 ) {
     let (q_tokens, kv_tokens) = (query.tokens, key.tokens);
     let Heads {
@@ -195,6 +213,10 @@ pub fn attention_into(
         out.fill(0.0);
         return;
     }
+    let bf16 = match products {
+        Products::Bf16 => Bf16Heads::new(&query, &key, &value, batch, &shape),
+        Products::F32 => None,
+    };
     let tile_rows = rows_per_tile(batch, q_tokens, rayon::current_num_threads());
     out.par_chunks_mut((q_tokens * width).max(1))
         .enumerate()
@@ -209,20 +231,26 @@ pub fn attention_into(
                         causal_past.map_or(kv_tokens, |past| (past + first + rows).min(kv_tokens));
                     let real = real_keys.map(|real| &real[image * kv_tokens..][..seen]);
                     let mut scores = vec![0f32; rows * seen];
+                    let queries = bf16.as_ref().map(|bf16| bf16.queries(image, [first, rows]));
                     for head in 0..heads {
                         let column = head * head_dim;
                         let kv_column = head / group * head_dim;
                         // scores = q[rows] · kᵀ
-                        matmul(
-                            &mut scores,
-                            View::rows(0, rows, seen, seen),
-                            query.data,
-                            query.view(image, first, rows, column, head_dim),
-                            key.data,
-                            key.view(image, 0, seen, kv_column, head_dim).transposed(),
-                            Write::Overwrite,
-                            Threads::One,
-                        );
+                        match (&bf16, &queries) {
+                            (Some(bf16), Some(queries)) => {
+                                bf16.scores(queries, image, [head, head / group], seen, &mut scores)
+                            }
+                            _ => matmul(
+                                &mut scores,
+                                View::rows(0, rows, seen, seen),
+                                query.data,
+                                query.view(image, first, rows, column, head_dim),
+                                key.data,
+                                key.view(image, 0, seen, kv_column, head_dim).transposed(),
+                                Write::Overwrite,
+                                Threads::One,
+                            ),
+                        }
                         // This tile's first element in the image's `[heads, q, kv]` mask.
                         let start = (head * q_tokens + first) * kv_tokens;
                         let hashed = match mask {
@@ -247,16 +275,26 @@ pub fn attention_into(
                                 .for_each(|(p, m)| *p *= m);
                         }
                         // out[rows, head] = probabilities · v
-                        matmul(
-                            out,
-                            View::rows(column, rows, head_dim, width),
-                            &scores,
-                            View::rows(0, rows, seen, seen),
-                            value.data,
-                            value.view(image, 0, seen, kv_column, head_dim),
-                            Write::Overwrite,
-                            Threads::One,
-                        );
+                        match &bf16 {
+                            Some(bf16) => bf16.weighted_values(
+                                &scores,
+                                [rows, seen],
+                                (queries.as_ref().expect("bf16 queries"), image),
+                                head / group,
+                                out,
+                                [column, width],
+                            ),
+                            None => matmul(
+                                out,
+                                View::rows(column, rows, head_dim, width),
+                                &scores,
+                                View::rows(0, rows, seen, seen),
+                                value.data,
+                                value.view(image, 0, seen, kv_column, head_dim),
+                                Write::Overwrite,
+                                Threads::One,
+                            ),
+                        }
                     }
                 });
         });
@@ -405,6 +443,7 @@ impl HostOp<3> for AttentionOp {
             self.shape(),
             self.scale,
             self.mask.as_deref().map(ProbsDropout::Multipliers),
+            Products::F32,
         )
     }
 

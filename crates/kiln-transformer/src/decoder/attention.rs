@@ -220,6 +220,7 @@ impl<B: Backend> GroupedQueryAttention<B> {
             shape,
             scale,
             None,
+            pass.prepared().products(),
         );
         add_product(
             residual,

@@ -118,7 +118,8 @@ impl Pass {
         let mask = mask.as_ref().map(host::ProbsDropout::Hashed);
         let scale = (head_dim as f64).powf(-0.5) as f32;
         let shape = host::Heads::all(heads, head_dim);
-        let out = host::attention(query, key, value, batch, shape, scale, mask);
+        let products = self.prepared().products();
+        let out = host::attention(query, key, value, batch, shape, scale, mask, products);
         Tensor::from_data(TensorData::new(out, [batch, query.tokens, width]), device)
     }
 }
@@ -132,6 +133,7 @@ fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
 
 #[cfg(test)]
 mod tests {
+    use kiln_kernels::gemm::Products;
     use kiln_kernels::{HashedMask, dropout_mask};
 
     use super::*;
@@ -162,6 +164,7 @@ mod tests {
                 host::Heads::all(heads, head_dim),
                 0.5,
                 mask,
+                Products::F32,
             )
         };
         let fused = attend(Some(host::ProbsDropout::Hashed(&hashed)));
