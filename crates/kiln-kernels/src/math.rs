@@ -40,6 +40,21 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
+/// tanh x: near 0 (|x| < ¼) its odd Taylor polynomial to x⁹, elsewhere `(1 − e) / (1 + e)` with
+/// `e = e^(−2|x|)`, the sign restored; both are computed and one selected, so it vectorises.
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    let a = x.abs();
+    let e = exp(-2.0 * a);
+    let far = (1.0 - e) / (1.0 + e);
+    let a2 = a * a;
+    let near = a
+        * (1.0
+            + a2 * (-1.0 / 3.0 + a2 * (2.0 / 15.0 + a2 * (-17.0 / 315.0 + a2 * (62.0 / 2835.0)))));
+    let t = if a < 0.25 { near } else { far };
+    t.copysign(x)
+}
+
 /// `x · σ(1.702 x)` (CLIP's quick GELU).
 #[inline(always)]
 pub fn quick_gelu(x: f32) -> f32 {

@@ -318,23 +318,29 @@ pub fn product_windows(
 /// [`product_windows`] written into rows `rows` of `out` (`weight`'s columns wide): row `r` of
 /// the product into row `rows[r]`, in increasing order (a transposed convolution's phase put
 /// where its pixels lie): in place from `padded` where it serves, else gathered and copied.
+/// With `add_onto` the rows' values are added to, after `f` (a skip connection), not replaced.
 pub fn product_windows_into_rows(
     out: &mut [f32],
     rows: &[usize],
     windows: &Windows,
     weight: &HostWeight,
-    padded: Option<&PaddedImage>,
+    (padded, add_onto): (Option<&PaddedImage>, bool),
     f: impl Fn(f32) -> f32 + Sync,
 ) {
     if let (Operand::Bf16(packed), Some(image)) = (&weight.operand, padded)
         && image.serves(windows)
     {
-        return bf16::image_product_into_rows(out, rows, image, windows, packed, &weight.bias, f);
+        let bias = &weight.bias;
+        return bf16::image_product_into_rows(out, rows, image, windows, packed, bias, add_onto, f);
     }
     let outputs = weight.columns();
     let product = product_windows(windows, weight, padded, f);
     for (values, &row) in product.chunks_exact(outputs).zip(rows) {
-        out[row * outputs..][..outputs].copy_from_slice(values);
+        let out = &mut out[row * outputs..][..outputs];
+        match add_onto {
+            true => out.iter_mut().zip(values).for_each(|(o, v)| *o += v),
+            false => out.copy_from_slice(values),
+        }
     }
 }
 

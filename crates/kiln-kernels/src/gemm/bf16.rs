@@ -417,8 +417,9 @@ fn image_served(image: &PaddedImage, windows: &Windows) {
 }
 
 /// [`image_product`] written into rows `rows` of `c` (row `r` of the product into `c`'s row
-/// `rows[r]`, `b`'s columns wide), overwriting them: a transposed convolution's phase put where
-/// its pixels lie in the output, not gathered and copied there.
+/// `rows[r]`, `b`'s columns wide), overwriting them, or with `add_onto` added to them after
+/// `f` (`c = c + f(…)`: a skip connection summed as the product is stored): a transposed
+/// convolution's phase put where its pixels lie in the output, not gathered and copied there.
 ///
 /// Panics as [`image_product`] does, and unless `rows` has a row per window, in increasing
 /// order, inside `c`.
@@ -429,6 +430,7 @@ pub fn image_product_into_rows(
     windows: &Windows,
     b: &Packed,
     bias: &[f32],
+    add_onto: bool,
     f: impl Fn(f32) -> f32 + Sync,
 ) {
     image_served(image, windows);
@@ -441,7 +443,11 @@ pub fn image_product_into_rows(
     // The rows checked above: distinct, each inside `c`.
     let c = Out(c.as_mut_ptr(), Some(rows));
     let a = Lhs::Image(image, windows);
-    Product::writing(c, Bf16Isa::Amx, a, b, windows.rows(), false, Some(bias)).run(&f, true);
+    let prior = match add_onto {
+        true => Prior::AddedAfter,
+        false => Prior::Overwritten,
+    };
+    Product::writing(c, Bf16Isa::Amx, a, b, windows.rows(), prior, Some(bias)).run(&f, true);
 }
 
 /// One product's operands and where it writes.
@@ -451,9 +457,31 @@ struct Product<'a> {
     a: Lhs<'a>,
     b: &'a Packed,
     m: usize,
-    accumulate: bool,
+    prior: Prior,
     /// `[n]`, or none.
     bias: Option<&'a [f32]>,
+}
+
+/// What a product does with the values `C` held before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Prior {
+    /// Overwritten: `c = f(a · b + bias)` (`C` may start uninitialised).
+    Overwritten,
+    /// Summed in before the activation: `c = f(c + a · b + bias)`.
+    SummedIn,
+    /// Added after it: `c = c + f(a · b + bias)` (a skip connection around a layer and its
+    /// activation).
+    AddedAfter,
+}
+
+impl Prior {
+    /// [`Prior::SummedIn`] with `accumulate`, else [`Prior::Overwritten`].
+    fn summed_in(accumulate: bool) -> Prior {
+        match accumulate {
+            true => Prior::SummedIn,
+            false => Prior::Overwritten,
+        }
+    }
 }
 
 /// `C`'s values, written by tasks whose blocks never overlap, and where each of its rows lies
@@ -480,7 +508,7 @@ impl<'a> Product<'a> {
     ) -> Self {
         assert!(c.len() >= m * b.n, "gemm::bf16::product: c is not [m, n]");
         let c = Out(c.as_mut_ptr().cast(), None);
-        Product::writing(c, isa, a, b, m, accumulate, bias)
+        Product::writing(c, isa, a, b, m, Prior::summed_in(accumulate), bias)
     }
 
     /// [`Self::new`] writing where `c` says (its caller checked that it holds `m` rows of `n`).
@@ -490,7 +518,7 @@ impl<'a> Product<'a> {
         a: Lhs<'a>,
         b: &'a Packed,
         m: usize,
-        accumulate: bool,
+        prior: Prior,
         bias: Option<&'a [f32]>,
     ) -> Self {
         match a {
@@ -514,7 +542,7 @@ impl<'a> Product<'a> {
             a,
             b,
             m,
-            accumulate,
+            prior,
             bias,
         }
     }
@@ -815,16 +843,21 @@ impl<F: Fn(f32) -> f32> pulp::WithSimd for Store<'_, F> {
                     columns,
                 )
             };
-            if product.accumulate {
-                for ((c, &sum), &bias) in c.iter_mut().zip(sums).zip(bias) {
-                    // SAFETY: with `accumulate`, `C` came initialised (`product` takes `&mut [f32]`).
+            let pairs = c.iter_mut().zip(sums).zip(bias);
+            match product.prior {
+                Prior::Overwritten => pairs.for_each(|((c, &sum), &bias)| {
+                    c.write(f(sum + bias));
+                }),
+                // SAFETY: `C` came initialised where its values are kept (the callers take
+                // `&mut [f32]`).
+                Prior::SummedIn => pairs.for_each(|((c, &sum), &bias)| {
                     let start = unsafe { c.assume_init_read() };
                     c.write(f(start + sum + bias));
-                }
-            } else {
-                for ((c, &sum), &bias) in c.iter_mut().zip(sums).zip(bias) {
-                    c.write(f(sum + bias));
-                }
+                }),
+                Prior::AddedAfter => pairs.for_each(|((c, &sum), &bias)| {
+                    let start = unsafe { c.assume_init_read() };
+                    c.write(start + f(sum + bias));
+                }),
             }
         }
     }
@@ -1109,11 +1142,30 @@ mod tests {
                 // Into every other row of a larger output, the others untouched.
                 let rows: Vec<usize> = (0..windows.rows()).map(|r| 2 * r + 1).collect();
                 let mut out = vec![f32::NAN; 2 * windows.rows() * outputs];
-                image_product_into_rows(&mut out, &rows, &padded, windows, &packed, &bias, silu);
+                let into = |out: &mut [f32], onto| {
+                    image_product_into_rows(
+                        out, &rows, &padded, windows, &packed, &bias, onto, silu,
+                    )
+                };
+                into(&mut out, false);
                 for (r, row) in out.chunks_exact(outputs).enumerate() {
                     match r % 2 {
                         1 => assert_eq!(row, &want[r / 2 * outputs..][..outputs], "row {r}"),
                         _ => assert!(row.iter().all(|v| v.is_nan()), "row {r} written"),
+                    }
+                }
+                // Added onto what the rows held, after the activation.
+                let before = values(out.len(), 34);
+                let mut out = before.clone();
+                into(&mut out, true);
+                for (r, (row, before)) in (out.chunks_exact(outputs))
+                    .zip(before.chunks_exact(outputs))
+                    .enumerate()
+                {
+                    let want = &want[r / 2 * outputs..][..outputs];
+                    for (c, (&got, &before)) in row.iter().zip(before).enumerate() {
+                        let want = if r % 2 == 1 { before + want[c] } else { before };
+                        assert_eq!(got, want, "row {r} added onto");
                     }
                 }
             }

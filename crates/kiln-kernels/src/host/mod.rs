@@ -30,7 +30,7 @@ pub(crate) use elementwise::zip_map;
 pub use elementwise::{add_bias_map, swiglu, swiglu_into};
 pub use norm::{group_norm_nhwc, rms_norm, rms_norm_into};
 
-pub use crate::math::{exp, gelu, gelu_tanh, quick_gelu, silu};
+pub use crate::math::{exp, gelu, gelu_tanh, quick_gelu, silu, tanh};
 
 /// Whether `x` is an f32 tensor of a host backend without autodiff, which these kernels serve
 /// (they read and write the values directly, which would cut a gradient's path).
@@ -760,10 +760,11 @@ mod tests {
             |x| 0.5 * (1.0 + erf64(x / 2f64.sqrt())) + x * pdf(x),
             false,
         );
+        let hyperbolic = worst(crate::math::tanh, f64::tanh, false);
         // f32 itself rounds to 6e-8 relative.
         assert!(
-            quick < 1e-6 && tanh < 1e-6 && exact < 1e-6 && slope < 1e-6,
-            "{quick} {tanh} {exact} {slope}"
+            quick < 1e-6 && tanh < 1e-6 && exact < 1e-6 && slope < 1e-6 && hyperbolic < 1e-6,
+            "{quick} {tanh} {exact} {slope} {hyperbolic}"
         );
     }
 }
