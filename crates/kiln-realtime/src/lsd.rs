@@ -33,7 +33,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::module::{adaptive_avg_pool2d, interpolate};
 use burn::tensor::ops::{InterpolateMode, InterpolateOptions};
 use burn::tensor::{DType, Tensor, TensorData};
-use kiln_core::{CheckpointError, Policy, Precision, cast, cast_module};
+use kiln_core::{CheckpointError, Policy, Precision, cast, cast_module, on_host_pool};
 use kiln_kernels::host;
 use kiln_kernels::host::conv::{nchw_to_nhwc, nhwc_to_nchw};
 use kiln_transformer::PreparedWeights;
@@ -462,8 +462,9 @@ impl<B: Backend> LiveStreamDiffusion<B> {
             });
         }
         if self.runtime.on_host(&frames)
-            && let Some(out) =
-                host::on_workers(|| self.next_frame_on_host(stream, frames.clone(), timesteps))
+            && let Some(out) = on_host_pool::<B, _>(&frames.device(), || {
+                self.next_frame_on_host(stream, frames.clone(), timesteps)
+            })
         {
             return Ok(out);
         }

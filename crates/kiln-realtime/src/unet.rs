@@ -15,7 +15,7 @@ use burn::nn::conv::{Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfi
 use burn::tensor::Tensor;
 use burn::tensor::activation::{silu, tanh};
 use burn::tensor::backend::Backend;
-use kiln_core::{CheckpointError, Policy};
+use kiln_core::{CheckpointError, Policy, on_host_pool};
 use kiln_kernels::host;
 use kiln_kernels::host::silu as silu_host;
 use kiln_transformer::image::HostImage;
@@ -141,8 +141,9 @@ impl<B: Backend> UNet<B> {
     /// The U-Net's output for `x` `[batch, in_channels, H, W]` (H and W multiples of 4).
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         if self.runtime.on_host(&x)
-            && let Some(out) =
-                host::on_workers(|| self.forward_on_host(x.clone(), &self.runtime.pass()))
+            && let Some(out) = on_host_pool::<B, _>(&x.device(), || {
+                self.forward_on_host(x.clone(), &self.runtime.pass())
+            })
         {
             return out;
         }
@@ -197,70 +198,5 @@ impl<B: Backend> UNet<B> {
         )
         .cast(frames.dtype());
         Ok(self.forward(Tensor::cat(vec![frames, plane], 1)))
-    }
-}
-
-#[cfg(test)]
-mod probe {
-    use super::*;
-    use burn::backend::Flex;
-    use std::time::Instant;
-
-    #[test]
-    #[ignore]
-    fn probe_layers() {
-        type B = Flex;
-        let device = Default::default();
-        let policy = "mixed-bf16".parse::<kiln_core::PolicySpec>().unwrap().resolve::<B>(&device).unwrap();
-        let unet = UNetConfig::mirage().init::<B>(&device).with_policy(policy);
-        let x = Tensor::<B, 4>::random([1, 4, 64, 64], burn::tensor::Distribution::Default, &device);
-        let n = 300;
-        let mut t = [0f64; 14];
-        let body = || { for i in 0..n + 20 {
-            let mut s = Instant::now();
-            let mut lap = |k: usize, t: &mut [f64; 14]| {
-                if i >= 20 { t[k] += s.elapsed().as_secs_f64() * 1e3; }
-                s = Instant::now();
-            };
-            let pass = unet.runtime.pass();
-            let prepared = unet.runtime.prepared();
-            let xi = HostImage::from_nchw(x.clone()); lap(0, &mut t);
-            let xi = xi.conv(&unet.conv_in, prepared, silu_host).unwrap(); lap(1, &mut t);
-            let skip2 = xi.conv(&unet.enc1, prepared, silu_host).unwrap(); lap(2, &mut t);
-            let bottom = skip2.conv(&unet.enc2, prepared, silu_host).unwrap(); lap(3, &mut t);
-            let bottom = bottom.conv(&unet.bottleneck_conv, prepared, silu_host).unwrap(); lap(4, &mut t);
-            let [_, height, width, _] = bottom.shape;
-            use kiln_transformer::projection::{project, Then};
-            let qkv = project(&unet.attention.in_proj, bottom.into_tokens(&device), Then::Nothing, &pass); lap(5, &mut t);
-            let a = pass.attention_side_by_side(qkv.into_data(), unet.attention.heads(), &device); lap(12, &mut t);
-            let attended = project(&unet.attention.out_proj, a, Then::Nothing, &pass); lap(13, &mut t);
-            let bottom = HostImage::from_tokens(attended, [height, width]); lap(6, &mut t);
-            let up = bottom.conv_transposed_onto(&unet.dec2, prepared, silu_host, skip2).unwrap(); lap(7, &mut t);
-            let up = up.conv_transposed_onto(&unet.dec1, prepared, silu_host, xi).unwrap(); lap(8, &mut t);
-            let out = up.conv(&unet.conv_out, prepared, host::tanh).unwrap(); lap(10, &mut t);
-            let _ = out.into_nchw::<B>(&device); lap(11, &mut t);
-        }
-        t };
-        if let Ok(layer) = std::env::var("PROBE_LAYER") {
-            let prepared = unet.runtime.prepared();
-            let xi = HostImage::from_nchw(x.clone());
-            let a = xi.conv(&unet.conv_in, prepared, silu_host).unwrap();
-            host::on_workers(|| {
-                let start = Instant::now();
-                for _ in 0..3000 {
-                    match layer.as_str() {
-                        "in" => { std::hint::black_box(xi.conv(&unet.conv_in, prepared, silu_host).unwrap()); }
-                        _ => { std::hint::black_box(a.conv(&unet.conv_out, prepared, host::tanh).unwrap()); }
-                    }
-                }
-                eprintln!("{layer}: {:.3} ms", start.elapsed().as_secs_f64() / 3.0);
-            });
-            return;
-        }
-        let t = host::on_workers(body);
-        let names = ["from_nchw", "conv_in", "enc1", "enc2", "bottleneck", "qkv proj", "from_tokens", "dec2+skip", "dec1+skip", "-", "conv_out", "into_nchw", "att core", "out_proj"];
-        let mut total = 0.0;
-        for (name, v) in names.iter().zip(t) { total += v / n as f64; eprintln!("{name:12} {:.3} ms", v / n as f64); }
-        eprintln!("total {total:.3} ms");
     }
 }

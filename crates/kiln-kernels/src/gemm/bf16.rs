@@ -423,6 +423,7 @@ fn image_served(image: &PaddedImage, windows: &Windows) {
 ///
 /// Panics as [`image_product`] does, and unless `rows` has a row per window, in increasing
 /// order, inside `c`.
+#[allow(clippy::too_many_arguments)]
 pub fn image_product_into_rows(
     c: &mut [f32],
     rows: &[usize],

@@ -39,15 +39,6 @@ pub fn serves<B: Backend, const D: usize>(x: &Tensor<B, D>) -> bool {
     x.dtype() == DType::F32 && is_host_backend::<B>(&device) && !B::ad_enabled(&device)
 }
 
-/// `f()` run on one of rayon's worker threads (where it is called from one, right there), so
-/// that the parallel loops inside it are shared out by work stealing. A caller outside the pool
-/// hands each parallel loop to the pool and sleeps until it is done, and a forward made of many
-/// short loops spends much of its time so: mirage's U-Net frame model ran 12% faster run so
-/// (docs/PERFORMANCE.md).
-pub fn on_workers<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    rayon::scope(|_| f())
-}
-
 /// The values of an f32 tensor's data.
 pub fn f32s(data: &TensorData) -> &[f32] {
     data.as_slice::<f32>()
