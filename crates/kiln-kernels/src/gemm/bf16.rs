@@ -713,6 +713,11 @@ impl<'a> Product<'a> {
             unsafe { super::amx::configure() };
         }
         let rows: Vec<usize> = task.row_blocks.clone().collect();
+        #[cfg(target_arch = "x86_64")]
+        let tile_rows = match self.a {
+            Lhs::Image(image, windows) => Some(image.tile_rows(windows)),
+            _ => None,
+        };
         if steps == 0 {
             // No inner dimension (a transposed convolution's phase that no tap reaches): the
             // sums are zeros, the outputs the bias.
@@ -737,12 +742,17 @@ impl<'a> Product<'a> {
                         unsafe {
                             match (self.isa, self.a) {
                                 (Bf16Isa::Amx, Lhs::Image(image, windows)) => {
-                                    let rows = image.tile_rows(windows);
+                                    let rows = tile_rows.as_ref().expect("an image's tile rows");
                                     // The lower tile past the last row repeats the upper one.
                                     let first = row_block * BLOCK;
                                     let second = first + TILE;
                                     let second = if second < self.m { second } else { first };
-                                    let tiles = |step| [rows(first, step), rows(second, step)];
+                                    let [upper, lower] = [first, second].map(|p| rows.pixel(p));
+                                    let offsets = &rows.offsets;
+                                    let tiles = |step: usize| {
+                                        let offset = offsets[step];
+                                        [upper.wrapping_add(offset), lower.wrapping_add(offset)]
+                                    };
                                     let stride = image.row_stride(windows);
                                     super::amx::block_in_place(
                                         tiles,

@@ -96,34 +96,60 @@ impl PaddedImage {
         windows.stride[1] * self.shape[3] * size_of::<u16>()
     }
 
-    /// A function giving, for output pixel `pixel` (a row of the product) and inner-dimension
-    /// step `step` (32 values of the windows' rows: a tap's channels `32 s ..`), where its
-    /// values lie.
-    pub(super) fn tile_rows<'a>(
-        &'a self,
-        windows: &'a Windows,
-    ) -> impl Fn(usize, usize) -> *const u16 + 'a {
+    /// Where `windows`' tiles lie: for output pixel `pixel` (a row of the product), where its
+    /// first value lies, and for each inner-dimension step (32 values of the windows' rows: a
+    /// tap's channels `32 s ..`), how far that step's values lie past it. The two add up, so a
+    /// block's tiles are found with one addition a step (computing each address whole took
+    /// integer divisions a tile, more time than the tile's products).
+    pub(super) fn tile_rows<'a>(&'a self, windows: &'a Windows) -> TileRows<'a> {
         let [_, height, width, channels] = self.shape;
         let [padded_height, padded_width] = [height, width].map(|size| size + 2 * self.border);
-        let [out_height, out_width] = windows.out;
         let chunks = channels / K_STEP;
         let kernel_width = windows.kernel[1];
-        let border = self.border as isize;
-        let values = self.values.as_ptr();
-        move |pixel, step| {
-            let (b, oy, ox) = (
-                pixel / (out_height * out_width),
-                pixel / out_width % out_height,
-                pixel % out_width,
-            );
-            let (tap, chunk) = (step / chunks, step % chunks);
-            let (ky, kx) = (tap / kernel_width, tap % kernel_width);
-            // Inside the padded image: `serves` checked that every tap lies in the border.
-            let y = (windows.origin[0] + (oy * windows.stride[0] + ky) as isize + border) as usize;
-            let x = (windows.origin[1] + (ox * windows.stride[1] + kx) as isize + border) as usize;
-            values.wrapping_add(
-                ((b * padded_height + y) * padded_width + x) * channels + chunk * K_STEP,
-            )
+        let steps = windows.kernel[0] * kernel_width * chunks;
+        let offsets = (0..steps)
+            .map(|step| {
+                let (tap, chunk) = (step / chunks, step % chunks);
+                let (ky, kx) = (tap / kernel_width, tap % kernel_width);
+                (ky * padded_width + kx) * channels + chunk * K_STEP
+            })
+            .collect();
+        TileRows {
+            values: self.values.as_ptr(),
+            windows,
+            padded: [padded_height, padded_width],
+            channels,
+            border: self.border as isize,
+            offsets,
         }
+    }
+}
+
+/// [`PaddedImage::tile_rows`]: each output pixel's first value, each step's offset from it.
+pub(super) struct TileRows<'a> {
+    values: *const u16,
+    windows: &'a Windows<'a>,
+    padded: [usize; 2],
+    channels: usize,
+    border: isize,
+    /// Each step's values past the pixel's first value.
+    pub(super) offsets: Vec<usize>,
+}
+
+impl TileRows<'_> {
+    /// Where output pixel `pixel`'s first value (its window's first tap, first channel) lies.
+    pub(super) fn pixel(&self, pixel: usize) -> *const u16 {
+        let windows = self.windows;
+        let [out_height, out_width] = windows.out;
+        let (b, oy, ox) = (
+            pixel / (out_height * out_width),
+            pixel / out_width % out_height,
+            pixel % out_width,
+        );
+        // Inside the padded image: `serves` checked that every tap lies in the border.
+        let y = (windows.origin[0] + (oy * windows.stride[0]) as isize + self.border) as usize;
+        let x = (windows.origin[1] + (ox * windows.stride[1]) as isize + self.border) as usize;
+        let [padded_height, padded_width] = self.padded;
+        (self.values).wrapping_add(((b * padded_height + y) * padded_width + x) * self.channels)
     }
 }
