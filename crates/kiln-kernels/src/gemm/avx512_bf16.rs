@@ -1,6 +1,7 @@
 //! AVX512-BF16: a 32 × 32 block of `C` as four 8 × 32 register tiles (sixteen 512-bit f32
 //! accumulators), `vdpbf16ps` multiplying a broadcast pair of `A` values by 16 column pairs
-//! of `B`; and the rounding of f32 rows to bf16 (`vcvtne2ps2bf16`) that packing uses.
+//! of `B`; and the rounding of f32 rows to bf16 (`vcvtne2ps2bf16`) that packing uses, with the
+//! interleaving of a packed panel's pair rows.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
@@ -79,6 +80,62 @@ pub(super) unsafe fn block(
                 _mm512_storeu_ps(out.as_mut_ptr().add(TILE), acc[1]);
             }
         }
+    }
+}
+
+/// Whether the CPU also has AVX512-BW, which [`interleave_rows`] needs (every CPU with
+/// AVX512-BF16 so far has it).
+pub(super) fn interleaves() -> bool {
+    available() && is_x86_feature_detected!("avx512bw")
+}
+
+/// One pair row of a packed 16-column panel from two rows of a row-major matrix: `to[2j]` =
+/// bf16(`even[j]`) and `to[2j + 1]` = bf16(`odd[j]`) for the 16 columns `j`.
+///
+/// # Safety
+/// [`interleaves`] returned true; `even` and `odd` hold 16 readable values, `to` 32 writable.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(super) unsafe fn interleave_rows(even: *const f32, odd: *const f32, to: *mut u16) {
+    // Lane 2j takes the even row's value j (low half), lane 2j + 1 the odd row's (high half).
+    const ORDER: [i16; 32] = {
+        let mut order = [0i16; 32];
+        let mut lane = 0;
+        while lane < 32 {
+            order[lane] = (lane / 2 + (lane % 2) * 16) as i16;
+            lane += 1;
+        }
+        order
+    };
+    // SAFETY: 16 values read from each row, 32 written, as the caller promises.
+    unsafe {
+        let rounded = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(odd), _mm512_loadu_ps(even));
+        let rounded = std::mem::transmute::<__m512bh, __m512i>(rounded);
+        let order = _mm512_loadu_si512(ORDER.as_ptr().cast());
+        _mm512_storeu_si512(to.cast(), _mm512_permutexvar_epi16(order, rounded));
+    }
+}
+
+/// One column's 32 values (`column`, contiguous: a transposed matrix's) rounded to bf16 into
+/// lane `lane` of 16 pair rows of a packed panel (`panel` its first pair row): pair row `p`
+/// takes values `2p` and `2p + 1`.
+///
+/// # Safety
+/// [`available`] returned true; `column` holds 32 readable values, `panel` 16 pair rows of 32
+/// writable values; `lane` < 16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn scatter_column(column: *const f32, panel: *mut u16, lane: usize) {
+    // SAFETY: 32 values read; each of the 16 pairs written at its pair row's lane.
+    unsafe {
+        let low = _mm512_loadu_ps(column);
+        let high = _mm512_loadu_ps(column.add(TILE));
+        let pairs = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(high, low));
+        // Pair row p's lane, in 32-bit words from the panel's start: 16 p + lane.
+        let rows = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(TILE as i32),
+        );
+        let at = _mm512_add_epi32(rows, _mm512_set1_epi32(lane as i32));
+        _mm512_i32scatter_epi32::<4>(panel.cast(), at, pairs);
     }
 }
 

@@ -159,7 +159,9 @@ impl Packed {
         let (k, n) = (view.row_count(), view.column_count());
         Packed::with_panels(k, n, |first, lanes, packed| {
             // Rounded a row (or a column) at a time, then interleaved into the pair rows.
-            if view.is_row_major() {
+            if lanes == TILE && fill_panel_fast(values, &view, first, k, packed) {
+                // Whole panels of a row-major or transposed matrix, 32 values an instruction.
+            } else if view.is_row_major() {
                 // A panel row's values lie side by side: one cache line a row.
                 let mut rounded = [0u16; TILE];
                 for row in 0..k {
@@ -905,6 +907,63 @@ fn tasks(row_blocks: usize, column_blocks: usize, threads: usize) -> Vec<Task> {
         }
     }
     tasks
+}
+
+/// A whole 16-column panel of the matrix `values` holds as `view` says (`k` rows, columns from
+/// `first`), rounded and interleaved into `packed` with AVX-512 where the CPU has AVX512-BF16:
+/// two rows of a row-major matrix a pair row, or 32 rows of a transposed matrix's column a
+/// time. Returns whether it did (else nothing is written).
+fn fill_panel_fast(
+    values: &[f32],
+    view: &View,
+    first: usize,
+    k: usize,
+    packed: &mut [u16],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::avx512_bf16::{interleave_rows, interleaves, scatter_column};
+        if view.is_row_major() && interleaves() {
+            let zeros = [0f32; TILE];
+            for (pair, to) in packed
+                .chunks_exact_mut(2 * TILE)
+                .take(k.div_ceil(2))
+                .enumerate()
+            {
+                let even = &values[view.index(2 * pair, first)..][..TILE];
+                let odd = match 2 * pair + 1 < k {
+                    true => &values[view.index(2 * pair + 1, first)..][..TILE],
+                    false => &zeros[..],
+                };
+                // SAFETY: the CPU interleaves; 16 values read from each row, 32 written.
+                #[allow(unsafe_code)]
+                unsafe {
+                    interleave_rows(even.as_ptr(), odd.as_ptr(), to.as_mut_ptr())
+                };
+            }
+            return true;
+        }
+        if view.is_column_major() && super::avx512_bf16::available() {
+            let whole = k / K_STEP * K_STEP;
+            for lane in 0..TILE {
+                let column = &values[view.index(0, first + lane)..][..k];
+                for start in (0..whole).step_by(K_STEP) {
+                    let panel = &mut packed[start * TILE..][..K_STEP * TILE];
+                    // SAFETY: AVX512-BF16 is here; 32 values read, 16 pair rows written.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        scatter_column(column[start..].as_ptr(), panel.as_mut_ptr(), lane)
+                    };
+                }
+                for (row, &value) in column.iter().enumerate().skip(whole) {
+                    packed[(row / 2) * 2 * TILE + 2 * lane + row % 2] = round(value);
+                }
+            }
+            return true;
+        }
+    }
+    let _ = (values, view, first, k, packed);
+    false
 }
 
 /// `to[i] = bf16(from[i])`: 32 at a time where the CPU has AVX512-BF16.
