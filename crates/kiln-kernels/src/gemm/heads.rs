@@ -18,8 +18,9 @@ use crate::host::{Heads, Rows};
 /// Query and key tokens per image from which attention's products run in bf16: with fewer, the
 /// rounding and packing of every key and value, and the blocks of 32 rows and keys, cost more
 /// than AMX saves (an attention layer of 12 heads of 64 on a Sapphire Rapids VM, f32 → bf16:
-/// one image of 256 tokens 1.3 → 1.0–1.2 ms, four 4.7–5.0 → 3.2–3.4 ms; sixteen of 197 tokens
-/// 13.5–14.2 → 14.4–15.4 ms; sixty-four of 50 tokens 5.5–5.7 → 8.5–15.8 ms).
+/// one image of 256 tokens 1.5–2.0 → 0.8–1.1 ms, four 4.0–4.3 → 2.3–2.7 ms; sixteen of 197
+/// tokens 12.3–12.5 → 16.1–16.4 ms, their tiles of 66 rows in blocks of 32; sixty-four of 50
+/// tokens 4.9–5.0 → 5.5–5.7 ms).
 const MIN_TOKENS: usize = 256;
 
 thread_local! {
@@ -237,6 +238,29 @@ fn pack_keys<'k>(
     packed: &mut [u16],
 ) {
     let per_head = tokens.next_multiple_of(BLOCK) * head_dim;
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512_bf16::available() {
+        // A key's 32 values of a head at a time, rounded and scattered into their pair rows.
+        for token in 0..tokens {
+            let (panel, lane) = (token / TILE * TILE * head_dim, token % TILE);
+            for (head, row) in key(token).chunks_exact(head_dim).enumerate() {
+                let panel = &mut packed[head * per_head + panel..][..TILE * head_dim];
+                for start in (0..head_dim).step_by(K_STEP) {
+                    let to = &mut panel[start * TILE..][..K_STEP * TILE];
+                    // SAFETY: AVX512-BF16 is here; 32 values read, 16 pair rows written.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        super::avx512_bf16::scatter_column(
+                            row[start..].as_ptr(),
+                            to.as_mut_ptr(),
+                            lane,
+                        )
+                    };
+                }
+            }
+        }
+        return;
+    }
     let mut row = Vec::new();
     for token in 0..tokens {
         let from = key(token);
@@ -263,6 +287,32 @@ fn pack_values<'v>(
     packed: &mut [u16],
 ) {
     let depth = tokens.next_multiple_of(BLOCK);
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512_bf16::interleaves() {
+        // Two tokens' 16 values of a head at a time, rounded and interleaved into a pair row.
+        let mut zeros = Vec::new();
+        for pair in 0..tokens.div_ceil(2) {
+            let even = value(2 * pair);
+            zeros.resize(even.len(), 0.0);
+            let odd = if 2 * pair + 1 < tokens {
+                value(2 * pair + 1)
+            } else {
+                &zeros[..]
+            };
+            for column in (0..even.len()).step_by(TILE) {
+                let (head, within) = (column / head_dim, column % head_dim);
+                let at = head * depth * head_dim + within * depth + pair * 2 * TILE;
+                let to = &mut packed[at..][..2 * TILE];
+                let [even, odd] = [even, odd].map(|row| row[column..][..TILE].as_ptr());
+                // SAFETY: the CPU interleaves; 16 values read from each row, 32 written.
+                #[allow(unsafe_code)]
+                unsafe {
+                    super::avx512_bf16::interleave_rows(even, odd, to.as_mut_ptr())
+                };
+            }
+        }
+        return;
+    }
     let (mut even, mut odd) = (Vec::new(), Vec::new());
     for pair in 0..tokens.div_ceil(2) {
         let from = value(2 * pair);
