@@ -1,8 +1,8 @@
 //! Attention's two products with bf16 operands and f32 sums on AMX, as PyTorch's CPU autocast
 //! runs `scaled_dot_product_attention`: the scores `q kᵀ` and the weighted values `p v`. Each
 //! image's keys and values are rounded and packed once per key/value head in the layout the
-//! tiles read (16-column panels of pair rows, as [`super::bf16::Packed`]); a tile's query rows
-//! are rounded per head as its scores are formed; the scores and probabilities in between stay
+//! tiles read (16-column panels of pair rows, as [`super::bf16::Packed`], with AVX-512); a tile's
+//! query rows are rounded once for all its heads; the scores and probabilities in between stay
 //! f32, as the softmax wants them, and the probabilities are rounded as they go into the second
 //! product. Blocks of 32 whole rows and keys are stored straight where they belong.
 
@@ -45,8 +45,9 @@ pub(crate) struct Bf16Heads<'a> {
 
 impl<'a> Bf16Heads<'a> {
     /// The operands of an attention call over `batch` images, or `None` where these products do
-    /// not run: AMX is not the chosen instruction set, a head is not whole 32-value steps, or the
-    /// images have fewer than [`MIN_TOKENS`] queries or keys.
+    /// not run: AMX is not the chosen instruction set (or the CPU lacks the AVX-512 that packs
+    /// for it: none so far), a head is not whole 32-value steps, or the images have fewer than
+    /// [`MIN_TOKENS`] queries or keys.
     pub(crate) fn new(
         query: &Rows<'a>,
         key: &Rows,
@@ -55,7 +56,7 @@ impl<'a> Bf16Heads<'a> {
         shape: &Heads,
     ) -> Option<Bf16Heads<'a>> {
         let head_dim = shape.head_dim;
-        let amx = Bf16Isa::chosen() == Some(Bf16Isa::Amx);
+        let amx = Bf16Isa::chosen() == Some(Bf16Isa::Amx) && packs();
         let long = query.tokens >= MIN_TOKENS && key.tokens >= MIN_TOKENS;
         if !amx || !long || shape.heads == 0 || head_dim == 0 || !head_dim.is_multiple_of(K_STEP) {
             return None;
@@ -122,39 +123,31 @@ impl<'a> Bf16Heads<'a> {
         let rounded = &queries.rounded[head * head_dim..];
         let steps = head_dim / K_STEP;
         let row_bytes = width * size_of::<u16>();
-        with_scratch(|scratch| {
-            for row_block in 0..row_blocks {
-                let upper = rounded[row_block * BLOCK * width..].as_ptr();
-                let tiles = |step: usize| {
-                    [upper, upper.wrapping_add(TILE * width)].map(|t| t.wrapping_add(step * K_STEP))
+        for row_block in 0..row_blocks {
+            let upper = rounded[row_block * BLOCK * width..].as_ptr();
+            let tiles = |step: usize| {
+                [upper, upper.wrapping_add(TILE * width)].map(|t| t.wrapping_add(step * K_STEP))
+            };
+            for key_block in 0..seen.div_ceil(BLOCK) {
+                let b = keys[key_block * BLOCK * head_dim..].as_ptr();
+                let at = row_block * BLOCK * seen + key_block * BLOCK;
+                let part = [rows - row_block * BLOCK, seen - key_block * BLOCK];
+                // SAFETY: AMX is configured on this thread (the query tile holds it); the query
+                // tiles lie inside `queries` (whole blocks of 32 rows), the key panels inside
+                // `keys` (whole blocks of 32 keys, `head_dim` deep); the block's rows and
+                // columns inside `scores` are those `part` gives, `seen` apart.
+                #[allow(unsafe_code)]
+                unsafe {
+                    store_block(
+                        tiles,
+                        row_bytes,
+                        (b, head_dim, 0..steps),
+                        (scores, at, seen),
+                        part,
+                    )
                 };
-                for key_block in 0..seen.div_ceil(BLOCK) {
-                    let b = keys[key_block * BLOCK * head_dim..].as_ptr();
-                    let at = row_block * BLOCK * seen + key_block * BLOCK;
-                    let whole = (row_block + 1) * BLOCK <= rows && (key_block + 1) * BLOCK <= seen;
-                    // SAFETY: AMX is configured on this thread; the query tiles lie inside
-                    // `queries` (whole blocks of 32 rows), the key panels inside `keys`
-                    // (whole blocks of 32 keys, `head_dim` deep); a whole block's 32 rows
-                    // of 32 sums lie inside `scores`, `seen` apart.
-                    #[allow(unsafe_code)]
-                    unsafe {
-                        let out = if whole {
-                            (&mut scores[at..], seen)
-                        } else {
-                            (&mut scratch[..], BLOCK)
-                        };
-                        block(tiles, row_bytes, b, head_dim, 0..steps, out)
-                    };
-                    if !whole {
-                        let columns = (seen - key_block * BLOCK).min(BLOCK);
-                        for r in 0..(rows - row_block * BLOCK).min(BLOCK) {
-                            scores[at + r * seen..][..columns]
-                                .copy_from_slice(&scratch[r * BLOCK..][..columns]);
-                        }
-                    }
-                }
             }
-        });
+        }
     }
 
     /// `out[r, column ..] = probabilities[r] · v` for each of the `rows` rows of `probabilities`
@@ -186,39 +179,26 @@ impl<'a> Bf16Heads<'a> {
                 past.fill(0); // Keys past `seen` would multiply values of keys not seen.
             }
             let row_bytes = depth * size_of::<u16>();
-            with_scratch(|scratch| {
-                for row_block in 0..row_blocks {
-                    let upper = rounded[row_block * BLOCK * depth..].as_ptr();
-                    let tiles = |step: usize| {
-                        [upper, upper.wrapping_add(TILE * depth)]
-                            .map(|t| t.wrapping_add(step * K_STEP))
+            for row_block in 0..row_blocks {
+                let upper = rounded[row_block * BLOCK * depth..].as_ptr();
+                let tiles = |step: usize| {
+                    [upper, upper.wrapping_add(TILE * depth)].map(|t| t.wrapping_add(step * K_STEP))
+                };
+                for column_block in 0..self.head_dim / BLOCK {
+                    let b = values[column_block * BLOCK * packed_depth..].as_ptr();
+                    let at = row_block * BLOCK * out_stride + column + column_block * BLOCK;
+                    let part = [rows - row_block * BLOCK, BLOCK];
+                    let b = (b, packed_depth, 0..depth / K_STEP);
+                    // SAFETY: AMX is configured on this thread (the query tile holds it); the
+                    // probability tiles lie inside `rounded` (whole blocks of 32 rows, `depth`
+                    // values each), the value panels inside `values` (`seen` ≤ its keys,
+                    // rounded up to 32); the block's rows of 32 values lie inside `out`.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        store_block(tiles, row_bytes, b, (out, at, out_stride), part)
                     };
-                    let whole = (row_block + 1) * BLOCK <= rows;
-                    for column_block in 0..self.head_dim / BLOCK {
-                        let b = values[column_block * BLOCK * packed_depth..].as_ptr();
-                        let at = row_block * BLOCK * out_stride + column + column_block * BLOCK;
-                        // SAFETY: AMX is configured on this thread; the probability tiles lie
-                        // inside `rounded` (whole blocks of 32 rows, `depth` values each), the
-                        // value panels inside `values` (`seen` ≤ its keys, rounded up to 32);
-                        // a whole block's 32 rows of 32 values lie inside `out`.
-                        #[allow(unsafe_code)]
-                        unsafe {
-                            let to = if whole {
-                                (&mut out[at..], out_stride)
-                            } else {
-                                (&mut scratch[..], BLOCK)
-                            };
-                            block(tiles, row_bytes, b, packed_depth, 0..depth / K_STEP, to)
-                        };
-                        if !whole {
-                            for r in 0..rows - row_block * BLOCK {
-                                out[at + r * out_stride..][..BLOCK]
-                                    .copy_from_slice(&scratch[r * BLOCK..][..BLOCK]);
-                            }
-                        }
-                    }
                 }
-            });
+            }
         });
     }
 
@@ -238,40 +218,21 @@ fn pack_keys<'k>(
     packed: &mut [u16],
 ) {
     let per_head = tokens.next_multiple_of(BLOCK) * head_dim;
-    #[cfg(target_arch = "x86_64")]
-    if super::avx512_bf16::available() {
-        // A key's 32 values of a head at a time, rounded and scattered into their pair rows.
-        for token in 0..tokens {
-            let (panel, lane) = (token / TILE * TILE * head_dim, token % TILE);
-            for (head, row) in key(token).chunks_exact(head_dim).enumerate() {
-                let panel = &mut packed[head * per_head + panel..][..TILE * head_dim];
-                for start in (0..head_dim).step_by(K_STEP) {
-                    let to = &mut panel[start * TILE..][..K_STEP * TILE];
-                    // SAFETY: AVX512-BF16 is here; 32 values read, 16 pair rows written.
-                    #[allow(unsafe_code)]
-                    unsafe {
-                        super::avx512_bf16::scatter_column(
-                            row[start..].as_ptr(),
-                            to.as_mut_ptr(),
-                            lane,
-                        )
-                    };
-                }
-            }
-        }
-        return;
-    }
-    let mut row = Vec::new();
+    // A key's 32 values of a head at a time, rounded and scattered into their pair rows.
     for token in 0..tokens {
-        let from = key(token);
-        row.resize(from.len(), 0);
-        round_row(from, &mut row);
         let (panel, lane) = (token / TILE * TILE * head_dim, token % TILE);
-        for (head, row) in row.chunks_exact(head_dim).enumerate() {
+        for (head, row) in key(token).chunks_exact(head_dim).enumerate() {
             let panel = &mut packed[head * per_head + panel..][..TILE * head_dim];
-            for (pair, values) in row.chunks_exact(2).enumerate() {
-                let at = (pair * TILE + lane) * 2;
-                panel[at..at + 2].copy_from_slice(values);
+            for start in (0..head_dim).step_by(K_STEP) {
+                let to = &mut panel[start * TILE..][..K_STEP * TILE];
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `packs` found AVX512-BF16; 32 values read, 16 pair rows written.
+                #[allow(unsafe_code)]
+                unsafe {
+                    super::avx512_bf16::scatter_column(row[start..].as_ptr(), to.as_mut_ptr(), lane)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!("keys are packed only where AMX runs: {to:?}, {lane}");
             }
         }
     }
@@ -287,49 +248,29 @@ fn pack_values<'v>(
     packed: &mut [u16],
 ) {
     let depth = tokens.next_multiple_of(BLOCK);
-    #[cfg(target_arch = "x86_64")]
-    if super::avx512_bf16::interleaves() {
-        // Two tokens' 16 values of a head at a time, rounded and interleaved into a pair row.
-        let mut zeros = Vec::new();
-        for pair in 0..tokens.div_ceil(2) {
-            let even = value(2 * pair);
-            zeros.resize(even.len(), 0.0);
-            let odd = if 2 * pair + 1 < tokens {
-                value(2 * pair + 1)
-            } else {
-                &zeros[..]
-            };
-            for column in (0..even.len()).step_by(TILE) {
-                let (head, within) = (column / head_dim, column % head_dim);
-                let at = head * depth * head_dim + within * depth + pair * 2 * TILE;
-                let to = &mut packed[at..][..2 * TILE];
-                let [even, odd] = [even, odd].map(|row| row[column..][..TILE].as_ptr());
-                // SAFETY: the CPU interleaves; 16 values read from each row, 32 written.
-                #[allow(unsafe_code)]
-                unsafe {
-                    super::avx512_bf16::interleave_rows(even, odd, to.as_mut_ptr())
-                };
-            }
-        }
-        return;
-    }
-    let (mut even, mut odd) = (Vec::new(), Vec::new());
+    // Two tokens' 16 values of a head at a time, rounded and interleaved into a pair row.
+    let mut zeros = Vec::new();
     for pair in 0..tokens.div_ceil(2) {
-        let from = value(2 * pair);
-        even.resize(from.len(), 0);
-        odd.resize(from.len(), 0);
-        round_row(from, &mut even);
-        match 2 * pair + 1 < tokens {
-            true => round_row(value(2 * pair + 1), &mut odd),
-            false => odd.fill(0),
-        }
-        for (column, (&even, &odd)) in even.iter().zip(&odd).enumerate() {
-            let (head, column) = (column / head_dim, column % head_dim);
-            let at = head * depth * head_dim
-                + (column / TILE) * TILE * depth
-                + (pair * TILE + column % TILE) * 2;
-            packed[at] = even;
-            packed[at + 1] = odd;
+        let even = value(2 * pair);
+        zeros.resize(even.len(), 0.0);
+        let odd = match 2 * pair + 1 < tokens {
+            true => value(2 * pair + 1),
+            false => &zeros[..],
+        };
+        for column in (0..even.len()).step_by(TILE) {
+            let (head, within) = (column / head_dim, column % head_dim);
+            let at = head * depth * head_dim + within * depth + pair * 2 * TILE;
+            let to = &mut packed[at..][..2 * TILE];
+            let [even, odd] = [even, odd].map(|row| row[column..][..TILE].as_ptr());
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `packs` found the AVX-512 this needs; 16 values read from each row, 32
+            // written.
+            #[allow(unsafe_code)]
+            unsafe {
+                super::avx512_bf16::interleave_rows(even, odd, to.as_mut_ptr())
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("values are packed only where AMX runs: {even:?} {odd:?} {to:?}");
         }
     }
 }
@@ -369,33 +310,56 @@ impl Drop for QueryTile {
     }
 }
 
-/// Runs `f` with a 32 × 32 block of f32 sums, for blocks that are not whole.
-fn with_scratch(f: impl FnOnce(&mut [f32])) {
-    f(&mut [0f32; BLOCK * BLOCK]);
-}
-
-/// `out = A · B` for one 32 × 32 block ([`super::amx::block_in_place`]): `A`'s tiles where
-/// `a_tiles` says, `B` the two 16-column panels at `b`, `depth` deep.
-///
-/// # Safety
-/// As [`super::amx::block_in_place`].
-#[allow(unsafe_code)]
-unsafe fn block(
-    a_tiles: impl Fn(usize) -> [*const u16; 2],
-    a_stride: usize,
-    b: *const u16,
-    depth: usize,
-    steps: std::ops::Range<usize>,
-    out: (&mut [f32], usize),
-) {
+/// Whether this CPU packs keys and values for AMX: AVX512-BF16 and AVX512-BW, which every CPU
+/// with AMX has so far.
+fn packs() -> bool {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: as the caller promises.
-    unsafe {
-        super::amx::block_in_place(a_tiles, a_stride, b, depth, steps, out, false)
-    };
+    {
+        super::avx512_bf16::interleaves()
+    }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (a_tiles, a_stride, b, depth, steps, out);
+        false
+    }
+}
+
+/// One 32 × 32 block of `A · B` ([`super::amx::block_in_place`]: `A`'s tiles where `a_tiles`
+/// says; `b` the two 16-column panels, their depth and the steps multiplied) stored into `out`
+/// from `at`, rows `stride` apart, where the first `part` rows and columns (each capped at 32)
+/// belong: straight there where the block is whole, else through a block of its own, its part
+/// copied.
+///
+/// # Safety
+/// As [`super::amx::block_in_place`]; `out` holds the part's rows and columns.
+#[allow(unsafe_code)]
+unsafe fn store_block(
+    a_tiles: impl Fn(usize) -> [*const u16; 2],
+    a_stride: usize,
+    (b, depth, steps): (*const u16, usize, std::ops::Range<usize>),
+    (out, at, stride): (&mut [f32], usize, usize),
+    part: [usize; 2],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let [rows, columns] = part.map(|n| n.min(BLOCK));
+        if rows == BLOCK && columns == BLOCK {
+            let out = (&mut out[at..], stride);
+            // SAFETY: as the caller promises; a whole block's 32 rows lie inside `out`.
+            unsafe { super::amx::block_in_place(a_tiles, a_stride, b, depth, steps, out, false) };
+            return;
+        }
+        let mut own = [0f32; BLOCK * BLOCK];
+        // SAFETY: as the caller promises, into a block of its own.
+        unsafe {
+            super::amx::block_in_place(a_tiles, a_stride, b, depth, steps, (&mut own, BLOCK), false)
+        };
+        for (r, sums) in own.chunks_exact(BLOCK).take(rows).enumerate() {
+            out[at + r * stride..][..columns].copy_from_slice(&sums[..columns]);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (a_tiles, a_stride, b, depth, steps, out, at, stride, part);
         unreachable!("bf16 attention products are made only where AMX runs");
     }
 }
