@@ -53,14 +53,7 @@ impl<'a> Rows<'a> {
     }
 
     /// `rows` tokens from `first` of image `image`, columns `column .. column + cols`.
-    pub(crate) fn view(
-        &self,
-        image: usize,
-        first: usize,
-        rows: usize,
-        column: usize,
-        cols: usize,
-    ) -> View {
+    fn view(&self, image: usize, first: usize, rows: usize, column: usize, cols: usize) -> View {
         let start = self.offset + image * self.image_stride + first * self.row_stride + column;
         View::rows(start, rows, cols, self.row_stride)
     }
@@ -137,9 +130,10 @@ impl Heads<'_> {
 /// merge are strides of the products, never copies. burn 0.21's batched products ran these
 /// shapes at about a quarter of PyTorch's fused attention.
 ///
-/// With `products` [`Products::Bf16`] where AMX runs and heads are whole 32-value steps, both
-/// products read bf16 operands with f32 sums, as PyTorch's CPU autocast computes attention
-/// ([`crate::gemm`]); the scores and the softmax stay f32.
+/// With `products` [`Products::Bf16`] where AMX runs, on images of 256 query and key tokens or
+/// more with heads of whole 32-value steps, both products read bf16 operands with f32 sums, as
+/// PyTorch's CPU autocast computes attention ([`crate::gemm`]); the scores and the softmax stay
+/// f32. Elsewhere they are f32 (bf16 was slower there, measured).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     query: Rows,
