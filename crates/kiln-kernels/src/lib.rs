@@ -72,4 +72,4 @@ pub use mask::{HashedMask, RowMask, dropout_mask, for_each_factor, row_key};
 pub use ops::scatter_add;
 pub use row_index::{RowIndex, RowIndexError};
 pub use segment::segment_sum_launches;
-pub use values::{HostValues, sum_of_squares, zeros};
+pub use values::{HostValues, StorageKey, sum_of_squares, zeros};

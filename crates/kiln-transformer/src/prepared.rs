@@ -19,7 +19,7 @@ use burn::nn::Linear;
 use burn::nn::conv::{Conv2d, ConvTranspose2d};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_kernels::HostValues;
+use kiln_kernels::{HostValues, StorageKey};
 
 use kiln_kernels::gemm::{Products, bf16};
 use kiln_kernels::host;
@@ -144,9 +144,10 @@ pub struct TapKernel {
 }
 
 /// The host weights a tower's forwards prepared, shared by its clones: each under the parameter
-/// it was made from, with the values it was read from ([`HostValues`] read in place, which keep
-/// their storage unchanged). A forward reuses a weight while its parameters read the same
-/// storage, and prepares it anew otherwise. Backends whose values are copied rather than read in
+/// it was made from, with the storage it was read from ([`StorageKey`]s, held weakly: a cache
+/// that kept the storage shared made the optimiser copy every trained weight before its in-place
+/// step). A forward reuses a weight while its parameters read the same storage, and prepares it
+/// anew otherwise. Backends whose values are copied rather than read in
 /// place (NdArray) prepare every forward.
 #[derive(Clone, Default)]
 pub struct PreparedWeights {
@@ -163,7 +164,9 @@ type Key = (ParamId, Products, TypeId);
 
 /// One prepared weight and what it was made from.
 struct Prepared {
-    sources: Vec<HostValues>,
+    /// What each source read, held weakly: the cache must not keep a trained weight's storage
+    /// shared, or the optimiser's in-place step copies it.
+    sources: Vec<StorageKey>,
     /// A [`HostWeight`], or what else a layer prepared (a transposed convolution's phases).
     weight: Arc<dyn Any + Send + Sync>,
 }
@@ -424,13 +427,13 @@ impl PreparedWeights {
                 .sources
                 .iter()
                 .zip(&sources)
-                .all(|(a, b)| a.same_storage(b))
+                .all(|(key, source)| key.reads(source))
             && let Ok(weight) = kept.weight.clone().downcast::<T>()
         {
             return weight;
         }
         let weight = Arc::new(prepare(&sources));
-        if sources.iter().all(HostValues::in_place) {
+        if let Some(sources) = sources.iter().map(HostValues::storage_key).collect() {
             let kept = Prepared {
                 sources,
                 weight: weight.clone(),
