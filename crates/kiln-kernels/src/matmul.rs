@@ -46,6 +46,11 @@ impl View {
         self.cols
     }
 
+    /// Elements from one row's start to the next's.
+    pub(crate) fn row_stride(&self) -> usize {
+        self.row_stride
+    }
+
     /// Whether each row's elements are consecutive.
     pub(crate) fn is_row_major(&self) -> bool {
         self.col_stride == 1

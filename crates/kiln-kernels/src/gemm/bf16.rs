@@ -217,8 +217,8 @@ impl Packed {
     fn with_panels(k: usize, n: usize, fill: impl Fn(usize, usize, &mut [u16]) + Sync) -> Packed {
         let depth = k.next_multiple_of(K_STEP);
         let panel_len = depth * TILE;
-        let mut panels = Lines::zeros(n.div_ceil(BLOCK) * 2 * panel_len);
-        let fill_panel = |(panel, packed): (usize, &mut [u16])| {
+        let len = n.div_ceil(BLOCK) * 2 * panel_len;
+        let fill_panel = |panel: usize, packed: &mut [u16]| {
             let first = panel * TILE;
             let lanes = TILE.min(n.saturating_sub(first));
             if lanes > 0 {
@@ -228,14 +228,7 @@ impl Packed {
         // A small operand on the calling thread: attention packs each head's keys and values,
         // the heads in parallel, and splitting a head's 16 kB across the threads cost more than
         // packing it.
-        if panels.len() < PARALLEL_PACKING {
-            panels
-                .chunks_mut(panel_len.max(1))
-                .enumerate()
-                .for_each(fill_panel);
-        } else {
-            (panels.par_chunks_mut(panel_len.max(1)).enumerate()).for_each(fill_panel);
-        }
+        let panels = Lines::filled(len, panel_len.max(1), len >= PARALLEL_PACKING, fill_panel);
         Packed {
             k,
             n,
@@ -333,6 +326,36 @@ pub fn view_product(a: &[f32], a_view: View, b: &Packed, bias: Option<&[f32]>) -
     written(m * b.n, |c| {
         Product::new(isa, c, Lhs::View(a, a_view), b, m, false, bias).run(&|v| v, true)
     })
+}
+
+/// `a · b` written into rows `rows` of `c` (row `r` of the product into `c`'s row `rows[r]`,
+/// `b`'s columns wide), overwriting them or, with `accumulate`, added to them, on the calling
+/// thread alone: products too small to share, run side by side (one attention head's gradient
+/// products, the images in parallel). `a` is `[m, k]` through a view, rounded here.
+///
+/// Panics when the shapes disagree, `a`'s view reaches past its slice, `rows` is not one row of
+/// `a` each, in increasing order, inside `c`, or no bf16 instruction set is [`supported`].
+pub fn view_product_into_rows(
+    c: &mut [f32],
+    rows: &[usize],
+    accumulate: bool,
+    (a, a_view): (&[f32], View),
+    b: &Packed,
+) {
+    let isa = Bf16Isa::chosen().expect("gemm::bf16::view_product_into_rows: no bf16 products");
+    assert!(
+        a_view.fits(a.len())
+            && rows.len() == a_view.row_count()
+            && rows.windows(2).all(|pair| pair[0] < pair[1])
+            && rows.last().is_none_or(|&last| (last + 1) * b.n <= c.len()),
+        "gemm::bf16::view_product_into_rows: a's view past its values, or rows not one per row \
+         of a, increasing, inside c"
+    );
+    // The rows checked above: distinct, each inside `c`.
+    let c = Out(c.as_mut_ptr(), Some(rows));
+    let prior = Prior::summed_in(accumulate);
+    let a = Lhs::View(a, a_view);
+    Product::writing(c, isa, a, b, rows.len(), prior, None).run(&|v| v, false);
 }
 
 /// A new vector of `len` values that `write` fills through a product without `accumulate`

@@ -56,9 +56,7 @@ impl<'a> Bf16Heads<'a> {
         shape: &Heads,
     ) -> Option<Bf16Heads<'a>> {
         let head_dim = shape.head_dim;
-        let amx = Bf16Isa::chosen() == Some(Bf16Isa::Amx) && packs();
-        let long = query.tokens >= MIN_TOKENS && key.tokens >= MIN_TOKENS;
-        if !amx || !long || shape.heads == 0 || head_dim == 0 || !head_dim.is_multiple_of(K_STEP) {
+        if shape.heads == 0 || !serves(query.tokens, key.tokens, head_dim) {
             return None;
         }
         let (kv_heads, kv_tokens) = (shape.kv_heads, key.tokens);
@@ -308,6 +306,17 @@ impl Drop for QueryTile {
             super::amx::release()
         };
     }
+}
+
+/// Whether attention over images of `q_tokens` queries and `kv_tokens` keys, in heads of
+/// `head_dim` values, multiplies bf16 operands on AMX (its forward here, its backward's products
+/// through [`super::bf16::view_product_into_rows`]): AMX is the chosen instruction set (and the
+/// CPU has the AVX-512 that packs for it), heads are whole 32-value steps, and there are at
+/// least [`MIN_TOKENS`] queries and keys.
+pub(crate) fn serves(q_tokens: usize, kv_tokens: usize, head_dim: usize) -> bool {
+    let amx = Bf16Isa::chosen() == Some(Bf16Isa::Amx) && packs();
+    let long = q_tokens >= MIN_TOKENS && kv_tokens >= MIN_TOKENS;
+    amx && long && head_dim > 0 && head_dim.is_multiple_of(K_STEP)
 }
 
 /// Whether this CPU packs keys and values for AMX: AVX512-BF16 and AVX512-BW, which every CPU

@@ -52,6 +52,57 @@ impl<T: Plain> Lines<T> {
         lines
     }
 
+    /// `len` values written chunk by chunk: `fill(index, chunk)` for each `chunk_len` values
+    /// (the last chunk may be shorter), each chunk zeroed just before (so where `fill` writes
+    /// nothing it holds zeros), on every rayon thread when `parallel`. The whole buffer is never
+    /// zeroed first on one thread: a chunk is zeroed while it is about to be in this core's
+    /// cache anyway (a serial memset of each packed weight was 2–3% of a bf16 training step).
+    ///
+    /// Panics when `chunk_len` is 0 and `len` is not.
+    pub(crate) fn filled(
+        len: usize,
+        chunk_len: usize,
+        parallel: bool,
+        fill: impl Fn(usize, &mut [T]) + Sync,
+    ) -> Self {
+        use rayon::prelude::*;
+        assert!(chunk_len > 0 || len == 0, "Lines::filled: empty chunks");
+        let count = (len * size_of::<T>()).div_ceil(LINE);
+        let mut lines: Vec<Line> = Vec::with_capacity(count);
+        let start = Start(lines.as_mut_ptr().cast::<T>());
+        let chunks = len.div_ceil(chunk_len.max(1));
+        let fill_chunk = |index: usize| {
+            let first = index * chunk_len;
+            let values = chunk_len.min(len - first);
+            // SAFETY: the chunks are disjoint and inside the capacity of `count` lines, which
+            // hold `len` values of `T` (`Plain`: zero bits are a value, so the slice is
+            // initialised once its bytes are zeroed).
+            let chunk = unsafe {
+                let at = start.at(first);
+                std::ptr::write_bytes(at, 0, values);
+                std::slice::from_raw_parts_mut(at, values)
+            };
+            fill(index, chunk);
+        };
+        match parallel {
+            true => (0..chunks).into_par_iter().for_each(fill_chunk),
+            false => (0..chunks).for_each(fill_chunk),
+        }
+        // SAFETY: the bytes after the last value, to the end of its line, zeroed as `resize`
+        // keeps them; every line is then initialised.
+        unsafe {
+            let written = len * size_of::<T>();
+            let bytes = lines.as_mut_ptr().cast::<u8>();
+            std::ptr::write_bytes(bytes.add(written), 0, count * LINE - written);
+            lines.set_len(count);
+        }
+        Lines {
+            lines,
+            len,
+            _values: std::marker::PhantomData,
+        }
+    }
+
     /// `len` values: those held before keep their values (also past a shorter length set
     /// since), the others are zero.
     pub(crate) fn resize(&mut self, len: usize) {
@@ -60,6 +111,25 @@ impl<T: Plain> Lines<T> {
             self.lines.resize(lines, Line([0; LINE]));
         }
         self.len = len;
+    }
+}
+
+/// Where a buffer being filled starts, shared by the threads that fill its disjoint chunks.
+#[derive(Clone, Copy)]
+struct Start<T>(*mut T);
+
+// SAFETY: each thread writes only its own chunks of the buffer (`Lines::filled`).
+unsafe impl<T> Send for Start<T> {}
+unsafe impl<T> Sync for Start<T> {}
+
+impl<T> Start<T> {
+    /// The value `offset` values from the start.
+    ///
+    /// # Safety
+    /// `offset` lies inside the buffer's allocation.
+    unsafe fn at(self, offset: usize) -> *mut T {
+        // SAFETY: as the caller promised.
+        unsafe { self.0.add(offset) }
     }
 }
 
@@ -112,5 +182,24 @@ mod tests {
         assert_eq!(values.len(), 3);
         let floats = Lines::<f32>::zeros(33);
         assert_eq!(floats.as_ptr() as usize % LINE, 0);
+    }
+
+    /// Each chunk holds what its fill wrote and zeros elsewhere, on one thread or all; growing
+    /// the buffer afterwards finds zeros past its values.
+    #[test]
+    fn filled_chunks_hold_their_writes_and_zeros() {
+        for parallel in [false, true] {
+            let mut values = Lines::<u16>::filled(45, 10, parallel, |index, chunk| {
+                chunk[0] = index as u16 + 1;
+            });
+            assert_eq!(values.as_ptr() as usize % LINE, 0);
+            let want: Vec<u16> = (0..45)
+                .map(|i| if i % 10 == 0 { i / 10 + 1 } else { 0 })
+                .collect();
+            assert_eq!(&values[..], &want[..]);
+            values.resize(64);
+            assert_eq!(&values[45..], &[0; 19]);
+        }
+        assert!(Lines::<f32>::filled(0, 0, true, |_, _| unreachable!()).is_empty());
     }
 }

@@ -9,7 +9,8 @@ use rayon::prelude::*;
 use super::f32s;
 use super::softmax::SoftmaxRows;
 use crate::gemm::Products;
-use crate::gemm::heads::Bf16Heads;
+use crate::gemm::bf16;
+use crate::gemm::heads::{Bf16Heads, serves};
 use crate::mask::HashedMask;
 use crate::matmul::{Threads, View, Write, matmul};
 use crate::{HostOp, rotary, zeros};
@@ -333,6 +334,10 @@ pub struct AttentionOp {
     /// Dropout's multipliers of the probabilities, `[batch, heads, q_tokens, kv_tokens]` (not
     /// with causal attention).
     pub mask: Option<Arc<[f32]>>,
+    /// The operands of the forward's and the backward's products: with [`Products::Bf16`],
+    /// bf16 with f32 sums where [`attention`] runs them so (AMX, long images, heads of whole
+    /// 32-value steps), as PyTorch's autocast runs attention in training; f32 elsewhere.
+    pub products: Products,
 }
 
 /// The cosines and sines of [`AttentionOp::rotary`]'s angles ([`rotary::Angles`], kept).
@@ -367,6 +372,7 @@ impl AttentionOp {
             real_keys: None,
             rotary: None,
             mask: None,
+            products: Products::F32,
         }
     }
 
@@ -437,7 +443,7 @@ impl HostOp<3> for AttentionOp {
             self.shape(),
             self.scale,
             self.mask.as_deref().map(ProbsDropout::Multipliers),
-            Products::F32,
+            self.products,
         )
     }
 
@@ -467,6 +473,8 @@ impl HostOp<3> for AttentionOp {
         let mut dk = zeros(self.batch * kv_tokens * kv_width);
         let mut dv = zeros(self.batch * kv_tokens * kv_width);
         let scores = View::rows(0, q_tokens, kv_tokens, kv_tokens);
+        let bf16 = self.products == Products::Bf16 && serves(q_tokens, kv_tokens, head_dim);
+        let rhs = |values, view| Rhs::new(bf16, values, view);
         dq.par_chunks_mut((q_tokens * q_width).max(1))
             .zip(dk.par_chunks_mut((kv_tokens * kv_width).max(1)))
             .zip(dv.par_chunks_mut((kv_tokens * kv_width).max(1)))
@@ -477,6 +485,7 @@ impl HostOp<3> for AttentionOp {
                 let mut probs = vec![0f32; q_tokens * kv_tokens];
                 let mut dprobs = vec![0f32; q_tokens * kv_tokens];
                 let mut kept = vec![0f32; if self.mask.is_some() { probs.len() } else { 0 }];
+                let mut kv_operands = None;
                 for head in 0..heads {
                     let (column, kv_column) = (head * head_dim, head / group * head_dim);
                     // The first query head of a group writes its key/value head's gradients,
@@ -490,17 +499,20 @@ impl HostOp<3> for AttentionOp {
                     let kv_at = |rows: &Rows| rows.view(image, 0, kv_tokens, kv_column, head_dim);
                     let q_into = View::rows(column, q_tokens, head_dim, q_width);
                     let kv_into = View::rows(kv_column, kv_tokens, head_dim, kv_width);
+                    // kᵀ, k and vᵀ as right operands, once per key/value head.
+                    if head % group == 0 {
+                        kv_operands = Some([
+                            rhs(key.data, kv_at(&key).transposed()),
+                            rhs(key.data, kv_at(&key)),
+                            rhs(value.data, kv_at(&value).transposed()),
+                        ]);
+                    }
+                    let [keys_t, keys, values_t] = kv_operands.as_ref().expect("made at head 0");
+                    let queries = rhs(query.data, q_at(&query));
+                    let grads = rhs(grad.data, q_at(&grad));
                     // P = softmax(scale · q kᵀ) over the keys each query sees, recomputed.
-                    matmul(
-                        &mut probs,
-                        scores,
-                        query.data,
-                        q_at(&query),
-                        key.data,
-                        kv_at(&key).transposed(),
-                        Write::Overwrite,
-                        Threads::One,
-                    );
+                    let overwrite = Write::Overwrite;
+                    keys_t.multiply((&mut probs, scores), (query.data, q_at(&query)), overwrite);
                     pulp::Arch::new().dispatch(SoftmaxRows {
                         rows: &mut probs,
                         width: kv_tokens,
@@ -523,27 +535,9 @@ impl HostOp<3> for AttentionOp {
                         None => &probs,
                     };
                     // dV = Pᵀ dO (P as dropout left it).
-                    matmul(
-                        dv,
-                        kv_into,
-                        used,
-                        scores.transposed(),
-                        grad.data,
-                        q_at(&grad),
-                        kv_write,
-                        Threads::One,
-                    );
+                    grads.multiply((dv, kv_into), (used, scores.transposed()), kv_write);
                     // dP = dO vᵀ (through dropout's multipliers).
-                    matmul(
-                        &mut dprobs,
-                        scores,
-                        grad.data,
-                        q_at(&grad),
-                        value.data,
-                        kv_at(&value).transposed(),
-                        Write::Overwrite,
-                        Threads::One,
-                    );
+                    values_t.multiply((&mut dprobs, scores), (grad.data, q_at(&grad)), overwrite);
                     if let Some(mask) = mask {
                         dprobs.iter_mut().zip(mask).for_each(|(d, m)| *d *= m);
                     }
@@ -558,31 +552,50 @@ impl HostOp<3> for AttentionOp {
                             .for_each(|(d, p)| *d = self.scale * p * (*d - dot));
                     }
                     // dQ = dS k, dK = dSᵀ q.
-                    matmul(
-                        dq,
-                        q_into,
-                        &dprobs,
-                        scores,
-                        key.data,
-                        kv_at(&key),
-                        Write::Overwrite,
-                        Threads::One,
-                    );
-                    matmul(
-                        dk,
-                        kv_into,
-                        &dprobs,
-                        scores.transposed(),
-                        query.data,
-                        q_at(&query),
-                        kv_write,
-                        Threads::One,
-                    );
+                    keys.multiply((dq, q_into), (&dprobs, scores), overwrite);
+                    queries.multiply((dk, kv_into), (&dprobs, scores.transposed()), kv_write);
                 }
             });
         // Carried back through the rotation (its transpose).
         self.turn(&mut dq, heads, rotary::Turn::Back);
         self.turn_keys(&mut dk, rotary::Turn::Back);
         [dq, dk, dv]
+    }
+}
+
+/// The right operand of one of [`AttentionOp`]'s backward products: f32 values read through a
+/// view by the `gemm` crate, or rounded and packed for bf16 products.
+enum Rhs<'a> {
+    F32(&'a [f32], View),
+    Bf16(bf16::Packed),
+}
+
+impl<'a> Rhs<'a> {
+    /// `values` as `view` shows them, packed when `bf16`.
+    fn new(bf16: bool, values: &'a [f32], view: View) -> Self {
+        match bf16 {
+            true => Rhs::Bf16(bf16::Packed::of_view(values, view)),
+            false => Rhs::F32(values, view),
+        }
+    }
+
+    /// `c = a · self` (or `+=`, as `write` says) on the calling thread; `c`'s view is
+    /// row-major, its rows whole multiples of the product's width apart.
+    fn multiply(&self, (c, c_view): (&mut [f32], View), (a, a_view): (&[f32], View), write: Write) {
+        match self {
+            Rhs::F32(b, b_view) => matmul(c, c_view, a, a_view, b, *b_view, write, Threads::One),
+            Rhs::Bf16(b) => {
+                // Row r of the view is row (start + r · stride) / n of a matrix n wide.
+                let (n, start, stride) = (b.columns(), c_view.index(0, 0), c_view.row_stride());
+                assert!(
+                    n > 0 && start.is_multiple_of(n) && stride.is_multiple_of(n),
+                    "attention's gradient rows lie whole widths apart"
+                );
+                let rows: Vec<usize> = (0..c_view.row_count())
+                    .map(|r| (start + r * stride) / n)
+                    .collect();
+                bf16::view_product_into_rows(c, &rows, write == Write::Add, (a, a_view), b);
+            }
+        }
     }
 }

@@ -465,6 +465,95 @@ mod tests {
         }
     }
 
+    /// The operation with bf16 products against the same operation in f32, on images long
+    /// enough for them (260 queries against 290 keys, partial blocks of 32): the values and the
+    /// q, k and v gradients within bf16's rounding of the f32 ones (‖Δ‖ ≤ 2⁻⁶ ‖f32‖, each value
+    /// within 2⁻⁵ of the largest), and not the f32 ones (bf16 ran); with dropout's
+    /// multipliers, and causal grouped-query attention over padded keys with rotary angles.
+    #[test]
+    fn bf16_attention_differentiates_as_f32_within_rounding() {
+        for_bf16_attention(|| {
+            use burn::tensor::Distribution;
+            let device = Default::default();
+            let (batch, head_dim, q_tokens, kv_tokens) = (2, 32, 260, 290);
+            let normal = |tokens: usize, heads: usize| {
+                let shape = [batch, tokens, heads * head_dim];
+                Tensor::<Trained, 3>::random(shape, Distribution::Normal(0.0, 1.0), &device)
+                    .require_grad()
+            };
+            let drops: Vec<f32> = (0..batch * 2 * q_tokens * kv_tokens)
+                .map(|i| if i % 7 == 3 { 0.0 } else { 1.1 })
+                .collect();
+            let dropped = AttentionOp {
+                mask: Some(drops.into()),
+                ..AttentionOp::new(batch, 2, head_dim, q_tokens, kv_tokens)
+            };
+            let inputs = [
+                normal(q_tokens, 2),
+                normal(kv_tokens, 2),
+                normal(kv_tokens, 2),
+            ];
+            bf16_close_to_f32(dropped, &inputs);
+
+            let real: Vec<bool> = (0..batch * q_tokens).map(|i| i % q_tokens >= 5).collect();
+            let angles: Vec<f32> = (0..batch * q_tokens * head_dim)
+                .map(|i| (i as f32 * 0.37).sin())
+                .collect();
+            let (cos, sin): (Vec<f32>, Vec<f32>) =
+                angles.iter().map(|a| (a.cos(), a.sin())).unzip();
+            let plain = AttentionOp::new(batch, 4, head_dim, q_tokens, q_tokens);
+            let causal = self_attention(plain, 2, &real, (&cos, &sin));
+            let inputs = [
+                normal(q_tokens, 4),
+                normal(q_tokens, 2),
+                normal(q_tokens, 2),
+            ];
+            bf16_close_to_f32(causal, &inputs);
+        });
+    }
+
+    /// `op`'s values and gradients with bf16 products against its own with f32 ones.
+    fn bf16_close_to_f32(op: AttentionOp, inputs: &[Tensor<Trained, 3>; 3]) {
+        use burn::backend::Flex;
+        use burn::tensor::Distribution;
+        let [batch, tokens, _] = inputs[0].dims();
+        let shape = [batch, tokens, op.heads * op.head_dim];
+        let weights =
+            Tensor::<Trained, 3>::random(shape, Distribution::Default, &inputs[0].device());
+        let run = |products| {
+            let op = AttentionOp {
+                products,
+                ..op.clone()
+            };
+            let y = crate::host_op(op, [&inputs[0], &inputs[1], &inputs[2]], shape)
+                .expect("served on Autodiff<Flex>");
+            let grads = (y.clone() * weights.clone()).sum().backward();
+            let [q, k, v] = [0, 1, 2].map(|i| inputs[i].grad(&grads).expect("a gradient"));
+            [y.inner(), q, k, v]
+        };
+        let values = |t: Tensor<Flex, 3>| t.into_data().to_vec::<f32>().expect("f32");
+        for ((bf16, f32), what) in run(Products::Bf16)
+            .into_iter()
+            .zip(run(Products::F32))
+            .zip(["values", "q", "k", "v"])
+        {
+            let (bf16, f32) = (values(bf16), values(f32));
+            let norm = |x: &mut dyn Iterator<Item = f32>| x.map(|v| v * v).sum::<f32>().sqrt();
+            let largest = f32.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let diff = norm(&mut bf16.iter().zip(&f32).map(|(a, b)| a - b));
+            let worst = bf16
+                .iter()
+                .zip(&f32)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                diff <= norm(&mut f32.iter().copied()) / 64.0,
+                "{what}: ‖Δ‖ {diff}"
+            );
+            assert!(worst <= largest / 32.0, "{what}: {worst} of {largest}");
+            assert!(diff > 0.0, "{what}: bf16 products ran");
+        }
+    }
+
     #[test]
     fn attention_matches_the_definition() {
         attention_definition(4, Products::F32);

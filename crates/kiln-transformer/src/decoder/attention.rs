@@ -98,6 +98,7 @@ impl<B: Backend> GroupedQueryAttention<B> {
             past,
             real_keys: real_keys.clone(),
             rotary: Some(rotary.clone()),
+            products: pass.prepared().products(),
             ..AttentionOp::new(batch, self.heads, head_dim, tokens, past + tokens)
         };
         let attended = host_op(op, [&query, &key, &value], [batch, tokens, width])

@@ -40,6 +40,7 @@ impl Pass {
             let mask = self.mask(Site::AttentionProbs, [batch, heads, tokens, kv_tokens]);
             let op = host::AttentionOp {
                 mask: mask.map(|m| m.to_vec::<f32>().expect("dropout masks are f32").into()),
+                products: self.prepared().products(),
                 ..host::AttentionOp::new(batch, heads, width / heads, tokens, kv_tokens)
             };
             return host_op(op, [&query, &key, &value], [batch, tokens, width])
