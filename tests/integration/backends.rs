@@ -117,7 +117,7 @@ mod cublaslt {
     use burn::tensor::backend::Backend;
     use burn::tensor::{Tensor, TensorData};
     use kiln::core::{DeviceJob, Precision};
-    use kiln::kernels::cublaslt::{cublaslt_launches, product, set_cublaslt};
+    use kiln::kernels::gemm::cublaslt::{cublaslt_launches, product, set_cublaslt};
 
     use crate::common;
 

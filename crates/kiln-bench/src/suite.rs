@@ -8,8 +8,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
 use burn::tensor::{Distribution, Tensor};
 use kiln_core::Policy;
+use kiln_kernels::gemm::sgemm;
 use kiln_kernels::gemm::{Products, bf16};
-use kiln_kernels::sgemm;
 
 use crate::BenchError;
 use crate::bench::{Benchmark, Config, Work, measure};

@@ -27,7 +27,7 @@ use kiln_core::is_host_backend;
 use num_traits::Float;
 use rayon::prelude::*;
 
-use kiln_kernels::sgemm;
+use kiln_kernels::gemm::sgemm;
 
 use crate::ForceFieldError;
 use crate::config::{PainnConfig, RadialBasisKind};

@@ -2,18 +2,17 @@
 //!
 //! The compute kernels kiln's model crates share, kept below them so that none holds a copy:
 //!
-//! - [`sgemm`]: packed-panel f32 products with fused epilogues (kiln-vision's projections,
-//!   kiln-forcefield's host potential);
-//! - [`gemm`]: where products are chosen by element type; [`gemm::bf16`]: bf16 products with
-//!   f32 sums on AMX tiles or AVX512-BF16 (the mixed-bf16 policy's host products);
+//! - [`gemm`]: every matrix product, chosen by element type in one place: [`gemm::sgemm`]
+//!   (packed-panel f32 products with fused epilogues: the vision encoders' projections, the
+//!   force field's host potential), [`gemm::bf16`] (bf16 products with f32 sums on AMX tiles or
+//!   AVX512-BF16: the mixed-bf16 policy's host products), [`gemm::strided`] (products of
+//!   strided views on host slices through the `gemm` crate) and [`gemm::cublaslt`] (burn's
+//!   CUDA backend through NVIDIA's cuBLASLt, the bias, the tanh GELU and a residual in the
+//!   kernel; feature `cuda`, the product's description everywhere);
 //! - [`math`] and [`gelu`]: vectorised host math and the GELU as a differentiable host kernel;
 //! - [`host`]: f32 kernels for the host backends — bias + activation, softmax, RMSNorm, SwiGLU,
 //!   attention and its backward ([`host::AttentionOp`]);
-//! - [`cublaslt`]: matrix products on burn's CUDA backend through NVIDIA's cuBLASLt, with the
-//!   bias, the tanh GELU and a residual in the kernel (feature `cuda`; the product's
-//!   description everywhere);
-//! - [`matmul`]: strided products on host slices through the `gemm` crate; [`rotary`]: rotary
-//!   position embeddings' rotation of rows and its transpose;
+//! - [`rotary`]: rotary position embeddings' rotation of rows and its transpose;
 //! - [`HashedMask`]: counter-based Monte-Carlo dropout masks, the same bits on every backend; on
 //!   burn's CUDA and wgpu backends one kernel makes each mask on the device, and attention with
 //!   dropout on its probabilities is one kernel (features `cuda`, `wgpu`);
@@ -28,7 +27,7 @@
 //!   features `cuda` and `wgpu`).
 //!
 //! ```
-//! use kiln_kernels::sgemm;
+//! use kiln_kernels::gemm::sgemm;
 //!
 //! if sgemm::supported() {
 //!     // W [3, 2] packed once, then y = x W + b for x [2, 3].
@@ -45,7 +44,6 @@ mod activation;
 mod adamw;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub mod cube;
-pub mod cublaslt;
 pub mod device_attention;
 pub mod device_mask;
 pub mod gemm;
@@ -54,12 +52,10 @@ mod host_op;
 mod loss;
 mod mask;
 pub mod math;
-pub mod matmul;
 mod ops;
 pub mod rotary;
 mod row_index;
 mod segment;
-pub mod sgemm;
 mod values;
 
 pub use activation::gelu;

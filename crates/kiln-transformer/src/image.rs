@@ -16,9 +16,10 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use kiln_kernels::gemm::Products;
 use kiln_kernels::gemm::bf16::PaddedImage;
+use kiln_kernels::gemm::sgemm;
+use kiln_kernels::host;
 use kiln_kernels::host::conv::{Nhwc, Window, Windows, nchw_to_nhwc, nhwc_to_nchw};
 use kiln_kernels::host::winograd::{Correlation, F2X2, F2X3, Minimal, Phase, Placement};
-use kiln_kernels::{host, sgemm};
 use rayon::prelude::*;
 
 use crate::PreparedWeights;

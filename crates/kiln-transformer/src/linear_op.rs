@@ -14,8 +14,8 @@ use rayon::prelude::*;
 
 use std::sync::Arc;
 
+use kiln_kernels::gemm::strided::{Threads, View, Write, matmul};
 use kiln_kernels::gemm::{Products, bf16};
-use kiln_kernels::matmul::{Threads, View, Write, matmul};
 
 use crate::prepared::{PreparedWeights, TrainedWeight};
 

@@ -21,11 +21,11 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use kiln_kernels::{HostValues, StorageKey};
 
+use kiln_kernels::gemm::sgemm;
+use kiln_kernels::gemm::strided::View;
 use kiln_kernels::gemm::{Products, bf16};
 use kiln_kernels::host;
 use kiln_kernels::host::winograd::{F2X2, F2X3, Minimal, Phase};
-use kiln_kernels::matmul::View;
-use kiln_kernels::sgemm;
 
 /// A projection's weight `[in, out]` and bias `[out]` as the host product reads them.
 #[derive(Debug)]

@@ -15,10 +15,10 @@ use crate::linear_op::{trained_linear, trained_product_by_table};
 use crate::prepared::{HostWeight, Operand};
 use crate::{Pass, Site};
 use kiln_kernels::gemm::bf16::{self, PaddedImage};
+use kiln_kernels::gemm::sgemm;
+use kiln_kernels::gemm::strided::{Threads, View, Write, matmul};
 use kiln_kernels::host;
 use kiln_kernels::host::conv::Windows;
-use kiln_kernels::matmul::{Threads, View, Write, matmul};
-use kiln_kernels::sgemm;
 
 /// What follows a projection `x W + b`.
 pub enum Then<B: Backend, const D: usize> {
@@ -92,7 +92,8 @@ pub fn project_by_table<B: Backend>(
     }
     let table = table.val();
     #[cfg(feature = "cuda")]
-    if let Some(y) = kiln_kernels::cublaslt::product(&rows, false, &table, true, None, false, None)
+    if let Some(y) =
+        kiln_kernels::gemm::cublaslt::product(&rows, false, &table, true, None, false, None)
     {
         return y.reshape([batch, tokens, table.dims()[0]]);
     }
@@ -123,7 +124,7 @@ pub fn project_dropped<B: Backend, const D: usize>(
 #[cfg(feature = "cuda")]
 mod cublaslt {
     use super::*;
-    use kiln_kernels::cublaslt::product;
+    use kiln_kernels::gemm::cublaslt::product;
 
     /// `then(x W + b)` with the bias, the tanh GELU and a residual without LayerScale inside
     /// cuBLASLt's kernel (`β = 1` adds the residual), any other activation or a scale after it

@@ -3,7 +3,7 @@
 
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
-use kiln_kernels::sgemm;
+use kiln_kernels::gemm::sgemm;
 
 use super::rows::add;
 use super::{Real, values};

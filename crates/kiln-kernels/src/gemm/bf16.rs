@@ -22,9 +22,9 @@ use rayon::prelude::*;
 use super::Bf16Isa;
 use super::lines::Lines;
 pub use super::padded::PaddedImage;
+use crate::gemm::strided::View;
 use crate::host::as_uninit;
 use crate::host::conv::Windows;
-use crate::matmul::View;
 
 /// Rows and columns of one block of `C`: 2 × 2 AMX tiles.
 pub(super) const BLOCK: usize = 32;

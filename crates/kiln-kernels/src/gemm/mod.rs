@@ -1,12 +1,13 @@
-//! Products on the CPU, by element type: where each instruction set is chosen once and the
-//! callers ask for a product, not for an instruction set.
+//! Matrix products, by element type and device: where each instruction set is chosen once and
+//! the callers ask for a product, not for an instruction set.
 //!
-//! - f32: [`crate::sgemm`] (6 × 16 AVX2 / 6 × 64 AVX-512 register tiles), the `gemm` crate
-//!   ([`crate::matmul`]) for strided views;
+//! - f32: [`sgemm`] (packed panels, 6 × 16 AVX2 / 6 × 64 AVX-512 register tiles), [`strided`]
+//!   (the `gemm` crate, for strided views);
 //! - bf16 operands with f32 accumulation, as PyTorch's CPU autocast multiplies: [`bf16`], on
 //!   Intel's AMX tiles (`tdpbf16ps`, Sapphire Rapids and later) or AVX512-BF16's `vdpbf16ps`
 //!   (Cooper Lake, AMD Zen 4 and Zen 5; by default on AMD's only), chosen by
-//!   [`Bf16Isa::chosen`].
+//!   [`Bf16Isa::chosen`];
+//! - on burn's CUDA backend: [`cublaslt`] (NVIDIA's cuBLASLt, epilogues in the kernel).
 //!
 //! A precision policy picks its products in one place, [`Products::under`].
 //!
@@ -28,11 +29,14 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bf16;
 pub mod bf16;
+pub mod cublaslt;
 pub(crate) mod heads;
 mod isa;
 pub(crate) mod lines;
 mod padded;
 mod products;
+pub mod sgemm;
+pub mod strided;
 
 pub use isa::Bf16Isa;
 pub use products::{Products, is_mixed_bf16};

@@ -11,8 +11,8 @@ use super::softmax::SoftmaxRows;
 use crate::gemm::Products;
 use crate::gemm::bf16;
 use crate::gemm::heads::{Bf16Heads, serves};
+use crate::gemm::strided::{Threads, View, Write, matmul};
 use crate::mask::HashedMask;
-use crate::matmul::{Threads, View, Write, matmul};
 use crate::{HostOp, rotary, zeros};
 
 /// One input of [`attention`] inside a buffer: token `t` of image `b` is the `heads · head_dim`

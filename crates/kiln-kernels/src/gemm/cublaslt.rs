@@ -12,7 +12,7 @@
 //! burn's product.
 //!
 //! ```
-//! use kiln_kernels::cublaslt::{Element, Epilogue, Gemm, Operand};
+//! use kiln_kernels::gemm::cublaslt::{Element, Epilogue, Gemm, Operand};
 //!
 //! // y [8, 96] = x [8, 64] · W [64, 96] + b, as burn's `Linear` stores W.
 //! let gemm = Gemm {
