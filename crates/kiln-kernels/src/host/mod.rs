@@ -28,7 +28,7 @@ pub use attention::{
 };
 pub(crate) use elementwise::zip_map;
 pub use elementwise::{add_bias_map, swiglu, swiglu_into};
-pub use norm::{group_norm_nhwc, rms_norm, rms_norm_into};
+pub use norm::{RowNorm, group_norm_nhwc, rms_norm, rms_norm_into};
 
 pub use crate::math::{exp, gelu, gelu_tanh, quick_gelu, silu, tanh};
 

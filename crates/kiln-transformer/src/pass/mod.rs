@@ -11,6 +11,7 @@
 //! batch it is in, and any element can be computed on its own (no stream to consume in order).
 
 mod attention;
+mod norm;
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -191,6 +192,9 @@ impl Pass {
             let out = host::rms_norm(values.values(), weight.values(), norm.epsilon as f32);
             return Tensor::from_data(TensorData::new(out, x.dims()), &x.device());
         }
+        if let Some(y) = norm::trained_rms_norm(norm, &x) {
+            return y;
+        }
         let policy = self.policy_on::<B>(&x.device());
         if policy.compute.is_half() {
             let wide = cast_module(norm.clone(), Precision::F32);
@@ -200,12 +204,16 @@ impl Pass {
         }
     }
 
-    /// `norm(x)` with its statistics in f32 whatever the compute dtype.
+    /// `norm(x)` with its statistics in f32 whatever the compute dtype (in training on
+    /// `Autodiff<Flex>`, one host operation).
     pub fn norm<B: Backend, const D: usize>(
         &self,
         norm: &LayerNorm<B>,
         x: Tensor<B, D>,
     ) -> Tensor<B, D> {
+        if let Some(y) = norm::trained_layer_norm(norm, &x) {
+            return y;
+        }
         let policy = self.policy_on::<B>(&x.device());
         if policy.compute.is_half() {
             let wide = cast_module(norm.clone(), Precision::F32);
