@@ -12,6 +12,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, FloatDType, Tensor, TensorData};
 use kiln_core::{Policy, PolicySpec};
+use kiln_kernels::gemm::Products;
 use kiln_text::{CausalLm, GenerationConfig, KvCache, TextInput, generate, generate_after};
 
 /// burn's tensor operations under autodiff (what the GPU backends run): kiln's host
@@ -219,7 +220,8 @@ fn gradients<B: AutodiffBackend>(name: &str) -> BTreeMap<String, Vec<f32>> {
 /// Half-precision compute (f32 norms and softmax) stays as near the f32 reference as
 /// transformers' own half-precision model does on this fixture: its logits are 6.1e-2 (bf16)
 /// and 4.9e-3 (f16) from the f32 ones (max |Δ| / max |ref|, real tokens); the perturbed tiny
-/// model's activations are large, so bf16's 8-bit mantissa shows.
+/// model's activations are large, so bf16's 8-bit mantissa shows. On a CPU without bf16
+/// products (AVX2 only) mixed-bf16 multiplies in f32, and so stays within f32's rounding.
 #[test]
 fn half_precision_compute_stays_near_the_reference() {
     for (name, tolerance) in [("mixed-bf16", 1e-1), ("mixed-f16", 1e-2)] {
@@ -229,8 +231,13 @@ fn half_precision_compute_stays_near_the_reference() {
             .resolve::<Flex>(&Default::default())
             .unwrap();
         let worst = check_forward_on::<Flex>("llama", &policy, tolerance);
-        // Far above f32 rounding: the model did compute in 16 bits.
-        assert!(worst > 1e-5, "{name}: {worst}");
+        if Products::under(&policy) == Products::F32 && name == "mixed-bf16" {
+            println!("{name} multiplies in f32 on this CPU (no bf16 products): {worst}");
+            assert!(worst <= 1e-5, "{name}: {worst}");
+        } else {
+            // Far above f32 rounding: the model did compute in 16 bits.
+            assert!(worst > 1e-5, "{name}: {worst}");
+        }
     }
 }
 
