@@ -165,7 +165,13 @@ pub fn zeros(len: usize) -> Vec<f32> {
 /// ```
 pub fn sum_of_squares(values: &[f32]) -> f64 {
     use rayon::prelude::*;
-    values.par_chunks(1 << 14).map(chunk_sum_of_squares).sum()
+    // The chunks' sums added in the chunks' order: the same sum whatever the threads, so that
+    // clipping by it is reproducible.
+    let sums: Vec<f64> = values
+        .par_chunks(1 << 14)
+        .map(chunk_sum_of_squares)
+        .collect();
+    sums.iter().sum()
 }
 
 /// `Σ x²` of one chunk in [`LANES`] independent f64 sums, which the compiler keeps in vector

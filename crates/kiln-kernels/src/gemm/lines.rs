@@ -21,7 +21,7 @@ const LINE: usize = 64;
 ///
 /// # Safety
 /// Every bit pattern of the type's size is a value, and its alignment divides 64.
-pub(crate) unsafe trait Plain: Copy {}
+pub(crate) unsafe trait Plain: Copy + Send + Sync {}
 
 // SAFETY: integers and floats: every bit pattern is a value; alignment 2 and 4.
 unsafe impl Plain for u16 {}
@@ -66,27 +66,26 @@ impl<T: Plain> Lines<T> {
         fill: impl Fn(usize, &mut [T]) + Sync,
     ) -> Self {
         use rayon::prelude::*;
+        use std::mem::MaybeUninit;
         assert!(chunk_len > 0 || len == 0, "Lines::filled: empty chunks");
         let count = (len * size_of::<T>()).div_ceil(LINE);
         let mut lines: Vec<Line> = Vec::with_capacity(count);
-        let start = Start(lines.as_mut_ptr().cast::<T>());
-        let chunks = len.div_ceil(chunk_len.max(1));
-        let fill_chunk = |index: usize| {
-            let first = index * chunk_len;
-            let values = chunk_len.min(len - first);
-            // SAFETY: the chunks are disjoint and inside the capacity of `count` lines, which
-            // hold `len` values of `T` (`Plain`: zero bits are a value, so the slice is
-            // initialised once its bytes are zeroed).
+        // SAFETY: the capacity of `count` lines holds `len` values of `T`, whose alignment
+        // divides a line's (`Plain`).
+        let values: &mut [MaybeUninit<T>] =
+            unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), len) };
+        let fill_chunk = |(index, chunk): (usize, &mut [MaybeUninit<T>])| {
+            // SAFETY: zero bytes are a value of `T` (`Plain`), so the zeroed chunk is
+            // initialised.
             let chunk = unsafe {
-                let at = start.at(first);
-                std::ptr::write_bytes(at, 0, values);
-                std::slice::from_raw_parts_mut(at, values)
+                std::ptr::write_bytes(chunk.as_mut_ptr(), 0, chunk.len());
+                &mut *(std::ptr::from_mut(chunk) as *mut [T])
             };
             fill(index, chunk);
         };
         match parallel {
-            true => (0..chunks).into_par_iter().for_each(fill_chunk),
-            false => (0..chunks).for_each(fill_chunk),
+            true => (values.par_chunks_mut(chunk_len.max(1)).enumerate()).for_each(fill_chunk),
+            false => (values.chunks_mut(chunk_len.max(1)).enumerate()).for_each(fill_chunk),
         }
         // SAFETY: the bytes after the last value, to the end of its line, zeroed as `resize`
         // keeps them; every line is then initialised.
@@ -111,25 +110,6 @@ impl<T: Plain> Lines<T> {
             self.lines.resize(lines, Line([0; LINE]));
         }
         self.len = len;
-    }
-}
-
-/// Where a buffer being filled starts, shared by the threads that fill its disjoint chunks.
-#[derive(Clone, Copy)]
-struct Start<T>(*mut T);
-
-// SAFETY: each thread writes only its own chunks of the buffer (`Lines::filled`).
-unsafe impl<T> Send for Start<T> {}
-unsafe impl<T> Sync for Start<T> {}
-
-impl<T> Start<T> {
-    /// The value `offset` values from the start.
-    ///
-    /// # Safety
-    /// `offset` lies inside the buffer's allocation.
-    unsafe fn at(self, offset: usize) -> *mut T {
-        // SAFETY: as the caller promised.
-        unsafe { self.0.add(offset) }
     }
 }
 
