@@ -8,7 +8,7 @@ use burn::tensor::backend::Backend;
 use rayon::prelude::*;
 
 use super::{CHUNK, LANES, as_uninit, written_once};
-use crate::host_op::{HostOp, host_op};
+use crate::host_op::{HostOp, host_op, host_ops_serve};
 
 /// `x / √(mean(x²) + eps) · weight` for each `weight.len()`-long row of `x` (RMSNorm, the
 /// statistics in f32 as transformers' `LlamaRMSNorm` computes them); rows split across rayon's
@@ -73,7 +73,10 @@ impl RowNorm {
         beta: Option<&Tensor<B, 1>>,
     ) -> Option<Tensor<B, D>> {
         let width = x.dims()[D - 1];
-        if gamma.dims() != [width] || beta.is_some_and(|b| b.dims() != [width]) {
+        if !host_ops_serve(x)
+            || gamma.dims() != [width]
+            || beta.is_some_and(|b| b.dims() != [width])
+        {
             return None;
         }
         let row = |t: &Tensor<B, 1>| t.clone().unsqueeze::<D>();
