@@ -70,6 +70,23 @@ pub fn count(text: &str) -> Result<usize, OutOfDomain> {
     }
 }
 
+/// A whole number from 1 to `MOST`: a size flag's stated domain (streams, pixels, layers), so
+/// that a typo such as `--size 100000` is refused as it is parsed, not by running out of memory
+/// or by a cast that wraps.
+///
+/// ```
+/// let streams = kiln::cli::count_up_to::<256>;
+/// assert_eq!(streams("8"), Ok(8));
+/// assert_eq!(streams("1000000").unwrap_err().to_string(), "must be a whole number from 1 to 256");
+/// assert!(streams("0").is_err());
+/// ```
+pub fn count_up_to<const MOST: usize>(text: &str) -> Result<usize, OutOfDomain> {
+    count(text)
+        .ok()
+        .filter(|&value| value <= MOST)
+        .ok_or_else(|| outside(format!("a whole number from 1 to {MOST}")))
+}
+
 /// `value`, read by one of the parsers above, when it is at most `most` (in `unit`): a stated
 /// limit beyond which a setting means nothing, such as an MD time step of a microsecond.
 ///

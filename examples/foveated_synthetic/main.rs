@@ -76,12 +76,12 @@ struct Args {
     #[arg(long, default_value = "cue", value_parser = ["cue", "none"])]
     caption: String,
     /// Cells per side of the board (the task the controls are scored on).
-    #[arg(long, default_value_t = 4, value_parser = kiln::cli::count)]
+    #[arg(long, default_value_t = 4, value_parser = kiln::cli::count_up_to::<64>)]
     grid: usize,
     /// Cells per side of the boards each control starts on (a curriculum: from scratch, no
     /// readout learns to point on 4×4 boards; on 2×2 ones it does within a few hundred steps,
     /// and keeps pointing when the board grows: docs/FOVEATED.md).
-    #[arg(long, default_value_t = 2, value_parser = kiln::cli::count)]
+    #[arg(long, default_value_t = 2, value_parser = kiln::cli::count_up_to::<64>)]
     start_grid: usize,
     /// Optimizer steps on the starting boards (0: start on the final boards; longer, a token
     /// learns to pack the small board, and the passes that cannot look creep up later; shorter,
@@ -92,18 +92,18 @@ struct Args {
     #[arg(long, default_value_t = 6, value_parser = kiln::cli::count)]
     cell: usize,
     /// Frames per clip, the cue frame included.
-    #[arg(long, default_value_t = 4, value_parser = kiln::cli::count)]
+    #[arg(long, default_value_t = 4, value_parser = kiln::cli::count_up_to::<256>)]
     frames: usize,
     /// Glyph classes (chance is 1/classes; with more classes than cells, a board's classes are
     /// all different, so no class is likelier than another; with 16, a token that cannot look
     /// packs enough of the board to pass the ceiling on some seeds: docs/FOVEATED.md).
-    #[arg(long, default_value_t = 24, value_parser = kiln::cli::count)]
+    #[arg(long, default_value_t = 24, value_parser = kiln::cli::count_up_to::<4096>)]
     classes: usize,
     /// Width of DINOv2, so of each visual token (the bottleneck; 2 heads).
-    #[arg(long, default_value_t = 8, value_parser = kiln::cli::count)]
+    #[arg(long, default_value_t = 8, value_parser = kiln::cli::count_up_to::<4096>)]
     token_width: usize,
     /// Clips per batch.
-    #[arg(long, default_value_t = 16, value_parser = kiln::cli::count)]
+    #[arg(long, default_value_t = 16, value_parser = kiln::cli::count_up_to::<4096>)]
     batch: usize,
     /// Peak learning rate of the controls with a readout.
     #[arg(long, default_value_t = 2e-3, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
@@ -111,7 +111,7 @@ struct Args {
     /// Peak learning rate of `all_patches` (its LM attends over every patch of every frame, 17×
     /// the tokens; at 1e-3 or more its lookup into the later frames stalls on some seeds:
     /// docs/FOVEATED.md).
-    #[arg(long, default_value_t = 5e-4)]
+    #[arg(long, default_value_t = 5e-4, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
     all_patches_lr: f64,
     /// Of the same `--start-steps` + `--steps` in all, how many `all_patches` spends on the
     /// starting boards (at most half; its lookup on the final boards is learned late, so from
@@ -119,7 +119,7 @@ struct Args {
     #[arg(long, default_value_t = 1000)]
     all_patches_start_steps: u64,
     /// Held-out clips.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = kiln::cli::count_up_to::<1_000_000>)]
     eval_clips: usize,
     /// Evaluate every this many steps (and at the end).
     #[arg(long, default_value_t = 250)]
@@ -296,6 +296,36 @@ impl Args {
             .map_err(|e| e.to_string())
     }
 
+    /// What makes the run's results what they are: `summary.json` reports them, and the same
+    /// settings rerun in the same `--out` resume there while others are refused
+    /// (`kiln::train::claim`).
+    fn settings(&self) -> Value {
+        json!({
+            "steps": self.steps,
+            "readout": format!("{:?}", self.readout).to_lowercase(),
+            "variant": format!("{:?}", self.variant).to_lowercase(),
+            "lambda": self.connectors().lambda_coarse,
+            "caption": self.caption,
+            "grid": self.grid,
+            "start_grid": self.start_grid,
+            "start_steps": self.start_steps,
+            "cell": self.cell,
+            "frames": self.frames,
+            "classes": self.classes,
+            "token_width": self.token_width,
+            "chance": 1.0 / self.classes as f64,
+            "batch": self.batch,
+            "lr": self.lr,
+            "all_patches_lr": self.all_patches_lr,
+            "all_patches_start_steps": self.curriculum("all_patches").start_steps,
+            "eval_clips": self.eval_clips,
+            "eval_every": self.eval_every,
+            "seed": self.seed,
+            "controls": self.controls,
+            "device": self.device.to_string(),
+        })
+    }
+
     /// A control's peak learning rate and the factor its cosine ends at: the readout controls
     /// end at 0 (ending at 0.1× left the fine pass swinging by up to ±5% between evaluations
     /// on some seeds), the every-patch bound at 0.1× (ending at 0 stalled its lookup on seed 0:
@@ -330,6 +360,12 @@ impl DeviceJob for Args {
         for control in ["both", "all_patches"] {
             self.train_config(self.steps, self.rate(control))?;
         }
+        let outputs = ["summary.json", "curves.png"]
+            .into_iter()
+            .chain(CONTROLS.map(|(name, _)| name))
+            .map(String::from)
+            .collect::<Vec<_>>();
+        kiln::train::claim(&self.out, &self.settings(), &outputs).map_err(|e| e.to_string())?;
         let mut summary = serde_json::Map::new();
         if let Some(unknown) = self
             .controls
@@ -376,31 +412,9 @@ impl DeviceJob for Args {
                 json!({"coarse_accuracy": coarse, "fine_accuracy": fine, "held_out": held_out}),
             );
         }
-        summary.insert(
-            "settings".into(),
-            json!({
-                "steps": self.steps,
-                "readout": format!("{:?}", self.readout).to_lowercase(),
-                "variant": format!("{:?}", self.variant).to_lowercase(),
-                "lambda": self.connectors().lambda_coarse,
-                "caption": self.caption,
-                "grid": self.grid,
-                "start_grid": self.start_grid,
-                "start_steps": self.start_steps,
-                "cell": self.cell,
-                "frames": self.frames,
-                "classes": self.classes,
-                "token_width": self.token_width,
-                "chance": 1.0 / self.classes as f64,
-                "batch": self.batch,
-                "lr": self.lr,
-                "all_patches_lr": self.all_patches_lr,
-                "all_patches_start_steps": self.curriculum("all_patches").start_steps,
-                "eval_clips": self.eval_clips,
-                "device": self.device.to_string(),
-                "wall_seconds": started.elapsed().as_secs_f64(),
-            }),
-        );
+        let mut settings = self.settings();
+        settings["wall_seconds"] = json!(started.elapsed().as_secs_f64());
+        summary.insert("settings".into(), settings);
         kiln::io::write_json(&self.out.join("summary.json"), &summary)
             .map_err(|e| e.to_string())?;
         plot(&self.out, &self.controls, 1.0 / self.classes as f64)?;

@@ -55,7 +55,7 @@ struct Args {
     #[arg(long)]
     out: PathBuf,
     /// Latent vectors per text, M.
-    #[arg(long, default_value_t = 16, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 16, value_parser = kiln::cli::count_up_to::<4096>, allow_negative_numbers = true)]
     latents: usize,
     /// Optimizer steps.
     #[arg(long, default_value_t = 1000, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
@@ -64,7 +64,7 @@ struct Args {
     #[arg(long, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
     max_steps_now: Option<u64>,
     /// Items per step.
-    #[arg(long, default_value_t = 8, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 8, value_parser = kiln::cli::count_up_to::<4096>, allow_negative_numbers = true)]
     batch: usize,
     /// Precision policy of the frozen language models' forwards: full, mixed-bf16, or
     /// p=..,c=... (the encoder and adapters train in f32).
@@ -77,10 +77,10 @@ struct Args {
     #[arg(long, default_value_t = 1e-4, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
     lr: f64,
     /// Training items generated.
-    #[arg(long, default_value_t = 4000, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 4000, value_parser = kiln::cli::count_up_to::<10_000_000>, allow_negative_numbers = true)]
     train_items: usize,
     /// Held-out items generated (the test split's people, places and phrasings).
-    #[arg(long, default_value_t = 100, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 100, value_parser = kiln::cli::count_up_to::<1_000_000>, allow_negative_numbers = true)]
     eval_items: usize,
     /// Evaluate (and checkpoint) every this many steps.
     #[arg(long, default_value_t = 100, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
@@ -90,7 +90,7 @@ struct Args {
     #[arg(long, default_value = "bytes", value_parser = parse_encoder)]
     encoder: EncoderKind,
     /// Transformer layers of the byte encoder (LatentWire's: 6).
-    #[arg(long, default_value_t = 6, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 6, value_parser = kiln::cli::count_up_to::<64>, allow_negative_numbers = true)]
     encoder_layers: usize,
     /// Seeds the data, the initial weights and the order of the items.
     #[arg(long, default_value_t = 0)]
@@ -231,14 +231,19 @@ impl DeviceJob for Args {
         <Autodiff<B> as Backend>::seed(device, self.seed);
         let readers: Vec<Reader<B>> = (self.readers::<B>(device)?.into_iter())
             .map(|reader| reader.with_policy(&policy))
-            .collect();
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("--policy {}: {e}", self.policy))?;
         let names: Vec<String> = readers.iter().map(|r| r.name().to_string()).collect();
         let encoder = EncoderConfig::new(self.latents).with_layers(self.encoder_layers);
-        let (train, held_out, eval_items) = self.splits(&readers)?;
         let options = RunOptions {
             max_steps_now: self.max_steps_now,
             model_settings: json!({
                 "lm": self.lm,
+                // What the frozen models are, not only where: weights replaced at the same
+                // path are another run's models, refused at resume.
+                "lm_fingerprints": (self.lm.iter())
+                    .map(|dir| kiln::io::fingerprint(dir).map_err(|e| e.to_string()))
+                    .collect::<Result<Vec<_>, _>>()?,
                 "readers": names,
                 "latents": self.latents,
                 "encoder": {"reads": format!("{:?}", self.encoder), "width": encoder.width,
@@ -247,12 +252,16 @@ impl DeviceJob for Args {
                 "policy": policy.to_string(),
             }),
             data: json!({"train_items": self.train_items, "eval_items": self.eval_items, "seed": self.seed}),
-            // The tokenized splits, written before `fit` claims the directory, are keyed by
-            // what made them, whoever reads them (as foveated_train's clip cache).
-            outputs: ["summary.json", "curves.png"].map(String::from).into(),
+            // The tokenized splits are this run's too: the directory is claimed before they
+            // are written, and they are keyed by what made them, whoever reads them back.
+            outputs: ["summary.json", "curves.png", "tokens"]
+                .map(String::from)
+                .into(),
             ..RunOptions::new(&self.out)
         };
         let trainer = Trainer::<Autodiff<B>>::new(config, options, device.clone());
+        trainer.claim().map_err(|e| e.to_string())?;
+        let (train, held_out, eval_items) = self.splits(&readers)?;
         let widths: Vec<usize> = readers.iter().map(Reader::model_width).collect();
         let model = LatentWire::<Autodiff<B>>::init(&encoder, self.encoder, &widths, device);
         let max_bytes = encoder.max_bytes;

@@ -57,20 +57,20 @@ struct Args {
     #[arg(long, default_value = "unet", value_parser = ["unet", "lsd"])]
     model: String,
     /// Frames per stream.
-    #[arg(long, default_value_t = 128, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 128, value_parser = kiln::cli::count_up_to::<1_000_000>, allow_negative_numbers = true)]
     frames: usize,
     /// A folder of frame images or a clip (GIF, or MP4 with the `video` feature) [default: a
     /// generated moving pattern].
     #[arg(long)]
     input: Option<PathBuf>,
     /// Denoising forwards per frame [default: 6 for unet, 1 for lsd, as the system runs them].
-    #[arg(long, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    #[arg(long, value_parser = kiln::cli::count_up_to::<1000>, allow_negative_numbers = true)]
     steps: Option<usize>,
     /// The frame budget in milliseconds (40: 25 FPS; 16: 62.5 FPS).
     #[arg(long, default_value_t = 40.0, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
     budget_ms: f64,
     /// Independent streams batched through one forward.
-    #[arg(long, default_value_t = 1, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 1, value_parser = kiln::cli::count_up_to::<256>, allow_negative_numbers = true)]
     streams: usize,
     /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
     #[arg(long, default_value = "cpu")]
@@ -83,12 +83,19 @@ struct Args {
     #[arg(long)]
     weights: Option<PathBuf>,
     /// Frame side in pixels (the system's: 64; the U-Net needs a multiple of 4).
-    #[arg(long, default_value_t = 64, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 64, value_parser = kiln::cli::count_up_to::<4096>, allow_negative_numbers = true)]
     size: usize,
     /// Seeds the random weights and the generated frames.
     #[arg(long, default_value_t = 0)]
     seed: u64,
 }
+
+/// What a run writes in `--out`.
+const OUTPUTS: [&str; 4] = ["frames", "preview.gif", "latency.png", "summary.json"];
+
+/// The memory a frame's pixel takes while the models run, an upper estimate: the U-Net's widest
+/// full-resolution activations are 64 channels of f32, a few of them alive at once.
+const ACTIVATION_BYTES_PER_PIXEL: u64 = 2048;
 
 /// Frames of warm-up excluded from the statistics (the system's benchmark warms up 5), timed
 /// and reported apart.
@@ -156,6 +163,25 @@ impl Args {
         files.output_dir("--out", &self.out)
     }
 
+    /// What makes the run's outputs what they are: the same settings rerun in the same `--out`
+    /// redo the same run; other settings are refused there (`kiln::train::claim`), so a run
+    /// never leaves another's frames beside its own.
+    fn settings(&self) -> serde_json::Value {
+        serde_json::json!({
+            "model": self.model,
+            "frames": self.frames,
+            "input": self.input,
+            "steps": self.steps(),
+            "budget_ms": self.budget_ms,
+            "streams": self.streams,
+            "device": self.device.to_string(),
+            "policy": self.policy.to_string(),
+            "weights": self.weights,
+            "size": self.size,
+            "seed": self.seed,
+        })
+    }
+
     /// The model `--model` names, with `--weights` loaded, under `policy`.
     fn model<B: Backend>(
         &self,
@@ -186,6 +212,9 @@ impl Args {
             width: self.size,
             ..LsdConfig::mirage()
         };
+        config
+            .validate()
+            .map_err(|e| format!("--size {}: {e}", self.size))?;
         let mut model = config.init::<B>(device);
         if let Some(dir) = &self.weights {
             model = model
@@ -210,8 +239,18 @@ impl DeviceJob for Args {
             .policy
             .resolve::<B>(device)
             .map_err(|e| e.to_string())?;
+        let pixels = (self.streams * self.size * self.size) as u64;
+        let what = format!(
+            "--streams {} of --size {} frames (about {ACTIVATION_BYTES_PER_PIXEL} bytes of \
+             activations a pixel)",
+            self.streams, self.size
+        );
+        kiln::core::check_memory::<B>(device, pixels * ACTIVATION_BYTES_PER_PIXEL, &what)
+            .map_err(|e| e.to_string())?;
         let source = FrameSource::open(&self)?;
         let mut model = self.model::<B>(policy, device)?;
+        kiln::train::claim(&self.out, &self.settings(), &OUTPUTS.map(String::from))
+            .map_err(|e| e.to_string())?;
         let mut writer = OutputWriter::new(&self.out, self.streams)?;
         let mut latencies = Latencies::default();
         let progress = report::progress(self.frames as u64);

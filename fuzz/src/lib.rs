@@ -112,26 +112,33 @@ pub fn config(data: &[u8]) {
     let _ = text.parse::<kiln::cache::Residency>();
 }
 
-/// A GGUF file: parsed, every metadata value looked at, every tensor dequantized (its bytes lie
-/// inside the input, so the floats are bounded by it), and a language model's configuration and
-/// tokenizer read from its metadata.
+/// A GGUF file: parsed, every metadata value looked at (arrays are held as compactly as the
+/// input, so they are bounded by it), every tensor dequantized (its bytes lie inside the input
+/// and no two overlap, so the floats are bounded by it), a language model's configuration and
+/// tokenizer read from its metadata, and its chat template rendered (within its budget).
 pub fn gguf(data: &[u8]) {
     let Ok(file) = kiln::core::gguf::GgufFile::from_bytes("fuzz.gguf", data.to_vec()) else {
         return;
     };
     for (_, value) in file.metadata() {
-        let _ = (
-            value.as_u64(),
-            value.as_f64(),
-            value.as_str(),
-            value.as_array(),
-        );
+        let _ = (value.as_u64(), value.as_f64(), value.as_str());
+        if let Some(array) = value.as_array() {
+            let _ = (
+                array.len(),
+                array.integers(),
+                array.arrays().map(<[_]>::len),
+            );
+            let _ = array.strings().map(|strings| strings.iter().count());
+        }
     }
     for tensor in file.tensors() {
         let _ = file.dequantize(tensor);
     }
     let _ = kiln::text::TextConfig::from_gguf(&file);
-    let _ = kiln::text::TextTokenizer::from_gguf(&file);
+    if let Ok(tokenizer) = kiln::text::TextTokenizer::from_gguf(&file) {
+        let chat = [kiln::text::Message::new("user", "Hi!")];
+        let _ = tokenizer.apply_chat_template(&chat, true);
+    }
 }
 
 /// A harness: arbitrary bytes in, any outcome but a panic.

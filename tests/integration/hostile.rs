@@ -943,6 +943,18 @@ const NUMERIC_FLAGS: &[NumericFlag] = &[
     ("foveated_synthetic", "--lr", |v| {
         kiln::cli::positive(v).is_ok()
     }),
+    ("foveated_synthetic", "--all-patches-lr", |v| {
+        kiln::cli::positive(v).is_ok()
+    }),
+    ("realtime", "--streams", |v| {
+        kiln::cli::count_up_to::<256>(v).is_ok()
+    }),
+    ("realtime", "--size", |v| {
+        kiln::cli::count_up_to::<4096>(v).is_ok()
+    }),
+    ("latentwire", "--encoder-layers", |v| {
+        kiln::cli::count_up_to::<64>(v).is_ok()
+    }),
 ];
 
 /// Numbers a hand or a script might pass: zero, negatives, NaN, infinities, overflows, words,

@@ -149,6 +149,26 @@ fn bad_inputs_are_refused_with_clear_errors() {
     assert!(error.contains("`bytes` or `states`"), "{error}");
     let error = fails(&out, &["--train-items", "0"]);
     assert!(error.contains("--train-items"), "{error}");
+    // Policies LatentWire cannot run (pure half, f64) are refused before any work; they
+    // panicked on a dtype mismatch.
+    for policy in ["pure-f16", "bf16", "p=f64,c=f64"] {
+        let error = fails(&out, &["--policy", policy]);
+        assert!(
+            error.contains("use full, mixed-bf16 or mixed-f16"),
+            "{error}"
+        );
+    }
+    // OUT is claimed before the tokenized splits are written: a directory holding tokens/ that
+    // no run recorded is refused and left as it was.
+    let users = dir.path().join("users");
+    std::fs::create_dir_all(users.join("tokens")).unwrap();
+    std::fs::write(users.join("tokens/train.json"), "mine").unwrap();
+    let error = fails(&users, &SHORT);
+    assert!(error.contains("tokens"), "{error}");
+    assert_eq!(
+        std::fs::read(users.join("tokens/train.json")).unwrap(),
+        b"mine"
+    );
     // kiln-text's tiny checkpoint has 64 positions: not even the chat template fits.
     let lm = text_fixture("llama");
     let error = fails(&out, &["--lm", lm.to_str().unwrap(), "--train-items", "4"]);

@@ -114,6 +114,31 @@ fn bad_inputs_are_clear_errors() {
     let out = dir.path().join("run");
     let error = fails(&out, &["--steps", "0"]);
     assert!(error.contains("--steps"), "{error}");
+    // Sizes have stated domains (a million streams made a million directories, then aborted;
+    // 4294967360 pixels wrapped to 64 through a cast) and what they describe must fit memory.
+    let sized = |args: &[&str]| common::failed(common::run_example("realtime", &out, args), args);
+    let error = sized(&["--streams", "1000000"]);
+    assert!(
+        error.contains("must be a whole number from 1 to 256"),
+        "{error}"
+    );
+    let error = sized(&["--size", "4294967360"]);
+    assert!(
+        error.contains("'--size <SIZE>': must be a whole number from 1 to 4096"),
+        "{error}"
+    );
+    let error = sized(&["--size", "4096", "--streams", "256"]);
+    assert!(
+        error.contains("--streams 256 of --size 4096 frames"),
+        "{error}"
+    );
+    assert!(error.contains("need at least"), "{error}");
+    let error = sized(&["--model", "lsd", "--size", "33"]);
+    assert!(
+        error.contains("--size 33: the live-stream model: height = 33: a positive even number"),
+        "{error}"
+    );
+    assert!(!out.exists(), "a refused run left {}", out.display());
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     let error = fails(&out, &["--input", empty.to_str().unwrap(), "--frames", "2"]);
@@ -127,4 +152,27 @@ fn bad_inputs_are_clear_errors() {
         &["--model", "lsd", "--weights", weights, "--frames", "2"],
     );
     assert!(error.contains("frame_memory"), "{error}");
+}
+
+/// `--out` is claimed as the training examples claim theirs: a directory holding another run's
+/// frames (a `--frames 3` run left 9 stale frames of a `--frames 12` one) or files no run
+/// recorded (someone's `summary.json`) is refused and left as it was.
+#[test]
+fn another_runs_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    succeeds(&out, &["--frames", "2", "--steps", "1"]);
+    succeeds(&out, &["--frames", "2", "--steps", "1"]);
+    let error = fails(&out, &["--frames", "3", "--steps", "1"]);
+    assert!(
+        error.contains("frames: earlier run 2, this run 3"),
+        "{error}"
+    );
+    assert!(!out.join("frames/stream-1/00003.png").exists());
+    let users = dir.path().join("users");
+    std::fs::create_dir(&users).unwrap();
+    std::fs::write(users.join("summary.json"), "mine").unwrap();
+    let error = fails(&users, &["--frames", "2", "--steps", "1"]);
+    assert!(error.contains("summary.json"), "{error}");
+    assert_eq!(std::fs::read(users.join("summary.json")).unwrap(), b"mine");
 }

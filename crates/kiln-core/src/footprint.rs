@@ -114,6 +114,22 @@ pub fn parameter_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<ParameterSh
     shapes.found
 }
 
+/// The device `module`'s first floating-point parameter is (or will be) on, read without
+/// initialising it (burn's `Module::devices` initialises every parameter).
+pub(crate) fn parameter_device<B: Backend, M: Module<B>>(module: &M) -> Option<B::Device> {
+    struct First<B: Backend>(Option<B::Device>);
+    impl<B: Backend> ModuleVisitor<B> for First<B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if self.0.is_none() {
+                self.0 = Some(param.lazy_device());
+            }
+        }
+    }
+    let mut first = First(None);
+    module.visit(&mut first);
+    first.0
+}
+
 /// The values `module`'s floating-point parameters hold, without initialising them.
 pub fn parameter_count<B: Backend, M: Module<B>>(module: &M) -> u64 {
     parameter_shapes(module)

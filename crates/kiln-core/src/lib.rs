@@ -14,8 +14,8 @@
 //!   `config.json`, its safetensors weights checked against the model before loading (every
 //!   problem a [`TensorProblem`] in the checkpoint's own names and dimension order), and kiln's
 //!   own saved models; every failure a [`CheckpointError`].
-//! - [`gguf::GgufFile`]: llama.cpp's GGUF files — metadata, tensor infos and tensors,
-//!   memory-mapped, every offset checked, dequantized to f32 as the `gguf` package does.
+//! - [`gguf::GgufFile`]: llama.cpp's GGUF files — metadata, tensor infos and tensors, read by
+//!   position, every offset checked, dequantized to f32 as the `gguf` package does.
 //! - [`parameter_shapes`] / [`check_memory`]: a model's parameters read without initialising
 //!   them, and the memory they need refused before it is taken when the machine lacks it.
 //! - [`on_host_pool`]: host computation driven from one of rayon's threads.
@@ -35,7 +35,6 @@ mod footprint;
 pub mod gguf;
 mod kernel_cache;
 mod loss_scale;
-mod mapped;
 mod order;
 mod policy;
 mod prefetch;

@@ -276,7 +276,8 @@ fn path_can_be_made(path: &Path) -> Result<(), FileError> {
     Ok(())
 }
 
-fn describe(file_type: &fs::FileType) -> &'static str {
+/// What `file_type` is, in words: "a file", "a directory", "a FIFO".
+pub(crate) fn describe(file_type: &fs::FileType) -> &'static str {
     if file_type.is_file() {
         return "a file";
     }

@@ -13,6 +13,9 @@
 //!   directory, an input that lies inside an output directory, and an output that is not what
 //!   kiln writes there.
 //! - [`read_text`]: a text file the user gave, UTF-8, a byte-order mark taken off and said so.
+//! - [`InputFile`]: a file the user gave (a model's weights), refused unless it is a regular
+//!   file and read by position, so that one cut short while it is read is an error, not a
+//!   `SIGBUS`.
 //! - [`remove_stale_temporaries`]: what a killed run left beside a target is removed by the next
 //!   one (done before every staged write).
 //!
@@ -35,6 +38,7 @@
 
 mod atomic;
 mod checksum;
+mod input;
 mod run_files;
 mod text;
 
@@ -45,6 +49,7 @@ pub use atomic::{
     write_atomic_with, write_json,
 };
 pub use checksum::{checksum, fingerprint};
+pub use input::{InputFile, check_regular};
 pub use run_files::RunFiles;
 pub use text::read_text;
 
@@ -134,6 +139,30 @@ pub enum FileError {
         /// The output directory.
         output: PathBuf,
     },
+    /// An input that is not a regular file: a directory, a FIFO (which would block the read
+    /// forever), a socket or a device.
+    #[error("{}: is {found}, where a file is read", path.display())]
+    NotAFile {
+        /// The input.
+        path: PathBuf,
+        /// What is there ("a directory", "a FIFO").
+        found: &'static str,
+    },
+    /// An input that ends before the bytes its reader needs, although it was long enough when
+    /// it was opened: cut short or replaced while kiln read it.
+    #[error(
+        "{}: ended at byte {ended} while kiln read it up to byte {wanted}: it was cut short or \
+         replaced during the run (run again once it is complete)",
+        path.display()
+    )]
+    Changed {
+        /// The input.
+        path: PathBuf,
+        /// Where it ended.
+        ended: u64,
+        /// Where the read was to end.
+        wanted: u64,
+    },
     /// An output refused for the reason inside, named by its role (the flag).
     #[error("{role} {source}")]
     Output {
@@ -168,13 +197,28 @@ impl FileError {
     }
 }
 
-/// What the system said, in the user's terms where the system's own words are terse.
+/// What the system said, in the user's terms where the system's own words are terse or
+/// internal (`No such device (os error 19)`, `File exists (os error 17)`).
 fn said(error: &std::io::Error) -> String {
+    use std::io::ErrorKind;
     match error.kind() {
-        std::io::ErrorKind::StorageFull => format!(
+        ErrorKind::StorageFull => format!(
             "no space left on the device while writing it ({error}): free some space and run \
              the same command again"
         ),
-        _ => error.to_string(),
+        ErrorKind::NotFound => "does not exist".into(),
+        ErrorKind::PermissionDenied => "permission denied".into(),
+        ErrorKind::AlreadyExists => "already exists".into(),
+        ErrorKind::IsADirectory => "is a directory, where a file is read or written".into(),
+        ErrorKind::NotADirectory => "a part of this path is a file, not a directory".into(),
+        ErrorKind::ReadOnlyFilesystem => "lies on a read-only file system".into(),
+        _ => match error.raw_os_error() {
+            Some(code) => {
+                let words = error.to_string();
+                let suffix = format!(" (os error {code})");
+                words.strip_suffix(&suffix).unwrap_or(&words).to_lowercase()
+            }
+            None => error.to_string(),
+        },
     }
 }

@@ -35,7 +35,16 @@ use crate::atomic::{Kind, expect_kind};
 #[derive(Debug, Clone, Default)]
 pub struct RunFiles {
     inputs: Vec<Input>,
-    outputs: Vec<(String, PathBuf, Kind)>,
+    outputs: Vec<Output>,
+}
+
+#[derive(Debug, Clone)]
+struct Output {
+    role: String,
+    path: PathBuf,
+    kind: Kind,
+    /// A cache: it only adds entries of its own, so inputs may lie inside it.
+    may_hold_inputs: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -69,27 +78,50 @@ impl RunFiles {
     }
 
     /// Adds `path`, a file the run writes as `role`.
-    pub fn output(mut self, role: &str, path: impl AsRef<Path>) -> Self {
-        self.outputs
-            .push((role.to_string(), path.as_ref().to_path_buf(), Kind::File));
-        self
+    pub fn output(self, role: &str, path: impl AsRef<Path>) -> Self {
+        self.with_output(role, path.as_ref(), Kind::File, false)
     }
 
     /// Adds `path`, a directory the run writes into as `role`.
-    pub fn output_dir(mut self, role: &str, path: impl AsRef<Path>) -> Self {
-        self.outputs
-            .push((role.to_string(), path.as_ref().to_path_buf(), Kind::Dir));
+    pub fn output_dir(self, role: &str, path: impl AsRef<Path>) -> Self {
+        self.with_output(role, path.as_ref(), Kind::Dir, false)
+    }
+
+    /// Adds `path`, a cache directory the run adds entries of its own to as `role`: it may not
+    /// be an input or lie inside one (its entries would join the inputs), but inputs may lie
+    /// inside it, since it never writes over what it did not make.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let images = dir.path().join("images");
+    /// std::fs::create_dir(&images).unwrap();
+    /// let files = |cache| kiln_io::RunFiles::new().input("the images", &images).cache_dir("cache_dir", cache);
+    /// let err = files(images.join("cache")).check().unwrap_err().to_string();
+    /// assert!(err.contains("is inside the images"), "{err}");
+    /// files(dir.path().to_path_buf()).check().unwrap();
+    /// ```
+    pub fn cache_dir(self, role: &str, path: impl AsRef<Path>) -> Self {
+        self.with_output(role, path.as_ref(), Kind::Dir, true)
+    }
+
+    fn with_output(mut self, role: &str, path: &Path, kind: Kind, may_hold_inputs: bool) -> Self {
+        self.outputs.push(Output {
+            role: role.to_string(),
+            path: path.to_path_buf(),
+            kind,
+            may_hold_inputs,
+        });
         self
     }
 
     /// Refuses the first output that may not be written (see the type's docs).
     pub fn check(&self) -> Result<(), FileError> {
-        for (role, output, kind) in &self.outputs {
-            let named = |e: FileError| e.for_role(role);
-            expect_kind(output, *kind).map_err(named)?;
-            self.output_against_inputs(output).map_err(named)?;
-            if *kind == Kind::Dir {
-                self.inputs_against_output_dir(role, output)?;
+        for output in &self.outputs {
+            let named = |e: FileError| e.for_role(&output.role);
+            expect_kind(&output.path, output.kind).map_err(named)?;
+            self.output_against_inputs(&output.path).map_err(named)?;
+            if output.kind == Kind::Dir && !output.may_hold_inputs {
+                self.inputs_against_output_dir(&output.role, &output.path)?;
             }
         }
         Ok(())

@@ -11,7 +11,8 @@ const BOM: &str = "\u{feff}";
 
 /// The text of the file at `path`. A UTF-8 byte-order mark at its start (which JSON parsers
 /// refuse as an unexpected character) is removed with a warning naming it; bytes that are not
-/// UTF-8 are an error naming the 1-based line and column of the first.
+/// UTF-8 are an error naming the 1-based line and column of the first. A directory, FIFO or
+/// device is refused before it is opened ([`FileError::NotAFile`]).
 ///
 /// ```
 /// let dir = tempfile::tempdir().unwrap();
@@ -23,6 +24,7 @@ const BOM: &str = "\u{feff}";
 /// assert!(err.ends_with("line 2, column 5: not UTF-8 text (byte 0xff)"), "{err}");
 /// ```
 pub fn read_text(path: &Path) -> Result<String, FileError> {
+    crate::check_regular(path)?;
     let bytes = std::fs::read(path).map_err(|e| FileError::io(path, e))?;
     let text = String::from_utf8(bytes).map_err(|e| {
         let valid = e.utf8_error().valid_up_to();

@@ -19,7 +19,7 @@ use std::path::Path;
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor, TensorData};
-use kiln_core::Policy;
+use kiln_core::{Policy, Precision};
 use kiln_text::{
     CausalLm, CausalLmOutput, GenerationConfig, KvCache, Message, SharedPrefix, TextInput,
     TextTokenizer, generate_after,
@@ -248,15 +248,29 @@ impl<B: Backend> Reader<B> {
     /// The language model under `policy` (kiln-text's `CausalLm::with_policy`: its parameters
     /// stored and its forwards computed in the policy's dtypes); the soft prompt joins it in
     /// its own dtype and is cast as the model computes.
-    pub fn with_policy(self, policy: &Policy) -> Self {
+    ///
+    /// # Errors
+    /// A policy other than f32 parameters and outputs computing in f32, f16 or bf16 (`full`,
+    /// `mixed-bf16`, `mixed-f16`): the trained soft prompt and adapters are f32 and meet the
+    /// frozen model's embeddings and outputs in f32, so pure half or f64 policies are refused
+    /// before any work; and a policy the language model cannot compute its chat template's
+    /// opening under (computed again, in the policy's dtypes).
+    pub fn with_policy(self, policy: &Policy) -> Result<Self, LatentWireError> {
+        let f32_edges = policy.param == Precision::F32 && policy.output == Precision::F32;
+        if !f32_edges || policy.compute == Precision::F64 {
+            return Err(LatentWireError::Input(format!(
+                "policy {policy}: LatentWire keeps the frozen models' parameters and outputs in \
+                 f32 (the trained soft prompt meets them there) and computes in f32, f16 or \
+                 bf16: use full, mixed-bf16 or mixed-f16"
+            )));
+        }
         let lm = self.lm.with_policy(policy);
-        let opening = opening(&lm, &self.template)
-            .expect("the template's ids were checked when the reader was made");
-        Reader {
+        let opening = opening(&lm, &self.template)?;
+        Ok(Reader {
             lm,
             opening,
             ..self
-        }
+        })
     }
 
     /// The name its results carry.

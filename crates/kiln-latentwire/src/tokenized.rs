@@ -89,7 +89,13 @@ impl TokenizedSplit {
             .ok()
             .and_then(|bytes| serde_json::from_slice::<TokenizedSplit>(&bytes).ok());
         if let Some(split) = kept.filter(|split| split.key == key) {
-            return Ok(split);
+            match split.reads_as(items, readers) {
+                Ok(()) => return Ok(split),
+                Err(problem) => log::warn!(
+                    "{}: {problem} (edited or damaged); tokenized again",
+                    path.display()
+                ),
+            }
         }
         let split = Self::new(items, readers, key)?;
         let failed = |e: &dyn std::fmt::Display| LatentWireError::Input(e.to_string());
@@ -100,6 +106,50 @@ impl TokenizedSplit {
         let bytes = serde_json::to_vec(&split).map_err(|e| failed(&e))?;
         kiln_io::write_atomic(path, &bytes).map_err(|e| failed(&e))?;
         Ok(split)
+    }
+
+    /// Refuses a split read back that is not what `items` tokenized for `readers` make: other
+    /// texts, other models, rows missing, an id outside a model's vocabulary or a sequence
+    /// longer than its positions (a file edited with its key intact).
+    fn reads_as<B: Backend>(&self, items: &[QaItem], readers: &[Reader<B>]) -> Result<(), String> {
+        let sources = items.iter().map(QaItem::source);
+        if self.sources.len() != items.len() || !sources.eq(self.sources.iter().cloned()) {
+            return Err("its texts are not the split's".into());
+        }
+        if self.readers.len() != readers.len() {
+            return Err(format!(
+                "{} models, not {}",
+                self.readers.len(),
+                readers.len()
+            ));
+        }
+        for (ids, reader) in self.readers.iter().zip(readers) {
+            let vocab = reader.lm().config().vocab_size;
+            let room = reader.lm().config().max_position_embeddings;
+            let template = reader.template();
+            let fixed = template.before.len() + template.after.len() + 1;
+            if ids.name != reader.name() || ids.texts.len() != items.len() {
+                return Err(format!("no rows for {} of every item", reader.name()));
+            }
+            if ids.answers.len() != items.len() {
+                return Err(format!("no answer for {} of every item", reader.name()));
+            }
+            for (number, (text, answer)) in (1..).zip(ids.texts.iter().zip(&ids.answers)) {
+                if let Some(&id) = text.iter().chain(answer).find(|&&id| id as usize >= vocab) {
+                    return Err(format!(
+                        "item {number}: id {id} for {}, whose vocabulary has {vocab} tokens",
+                        reader.name()
+                    ));
+                }
+                if answer.is_empty() || fixed + text.len() + answer.len() > room {
+                    return Err(format!(
+                        "item {number}: a sequence {} cannot read",
+                        reader.name()
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Items in the split.
@@ -152,7 +202,19 @@ mod tests {
         assert_eq!(made.len(), 5);
         // The byte-level tokenizer: one id per byte.
         assert_eq!(made.readers[0].texts[2].len(), items[2].source().len());
-        let read = TokenizedSplit::cached(&path, &[], &readers, "seed 1").unwrap();
+        let read = TokenizedSplit::cached(&path, &items, &readers, "seed 1").unwrap();
+        assert_eq!(read, made);
+        // A file edited with its key intact is made again, not trusted: an id past a
+        // vocabulary panicked in the embedding.
+        let mut edited = made.clone();
+        edited.readers[0].texts[1][0] = 888_888;
+        std::fs::write(&path, serde_json::to_vec(&edited).unwrap()).unwrap();
+        let read = TokenizedSplit::cached(&path, &items, &readers, "seed 1").unwrap();
+        assert_eq!(read, made);
+        let mut fewer = made.clone();
+        fewer.readers[1].answers.pop();
+        std::fs::write(&path, serde_json::to_vec(&fewer).unwrap()).unwrap();
+        let read = TokenizedSplit::cached(&path, &items, &readers, "seed 1").unwrap();
         assert_eq!(read, made);
         let batch = made.batch(&[4, 0], 512);
         assert_eq!(batch.bytes.dims()[0], 2);

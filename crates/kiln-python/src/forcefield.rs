@@ -88,7 +88,7 @@ impl Potential {
             dir: model_dir,
             precision,
         };
-        let (model, max_z, cutoff) = py.detach(|| crate::on_device(device, job))??;
+        let (model, max_z, cutoff) = crate::released(py, || crate::on_device(device, job))???;
         Ok(Potential {
             model: Mutex::new(model),
             max_z,
@@ -120,10 +120,10 @@ impl Potential {
             .enumerate()
             .map(|(index, arrays)| self.structure(index, arrays))
             .collect::<PyResult<Vec<_>>>()?;
-        let predictions = py.detach(|| {
+        let predictions = crate::released(py, || {
             let model = self.model.lock().map_err(|_| crate::poisoned())?;
             model.predict(&structures).map_err(|e| error(&e))
-        })?;
+        })??;
         results(py, &structures, &predictions)
     }
 }

@@ -13,7 +13,8 @@
 //! - [`text`]: generation with a Llama or Qwen2 checkpoint.
 //!
 //! Errors reach Python as exceptions carrying kiln's messages: `FileNotFoundError` for missing
-//! files, `ValueError` for inputs kiln refuses, `RuntimeError` for what fails while computing.
+//! files, `ValueError` for inputs kiln refuses, `RuntimeError` for what fails while computing,
+//! a panic inside kiln included (never pyo3's `PanicException`, which `except Exception` misses).
 //! kiln's warnings (`log` records) reach Python's `logging` through `pyo3-log`.
 
 use burn::tensor::backend::Backend;
@@ -70,6 +71,27 @@ fn checkpoint_error(error: &CheckpointError) -> PyErr {
     } else {
         PyValueError::new_err(error.to_string())
     }
+}
+
+/// Runs `work` with the interpreter's lock released. A panic inside it (a bug in kiln) comes
+/// back as a `RuntimeError` carrying its message, which `except Exception` catches, rather than
+/// as pyo3's `PanicException`, which it does not; a model whose lock the panic held is refused
+/// after ([`poisoned`]).
+fn released<T: Send>(py: Python<'_>, work: impl FnOnce() -> T + Send) -> PyResult<T> {
+    py.detach(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)))
+        .map_err(|payload| panicked(payload.as_ref()))
+}
+
+/// The `RuntimeError` a panic with `payload` becomes.
+fn panicked(payload: &(dyn std::any::Any + Send)) -> PyErr {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into());
+    PyRuntimeError::new_err(format!(
+        "kiln failed inside (a bug: please report it with this message): {message}"
+    ))
 }
 
 /// A model that an earlier call panicked inside: its state cannot be trusted.

@@ -136,11 +136,19 @@ pub fn run<'py>(
     let name = model_dir
         .file_name()
         .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+    let cache = cache_dir.unwrap_or_else(ImageCache::default_dir);
+    // The cache is written; the images and the model are read: never one inside the other.
+    kiln_io::RunFiles::new()
+        .input("the images", &images)
+        .input("the model (model_dir)", &model_dir)
+        .cache_dir("cache_dir", &cache)
+        .check()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let job = Job {
         dir: model_dir,
         name,
         images,
-        cache: cache_dir.unwrap_or_else(ImageCache::default_dir),
+        cache,
         passes: passes.clone(),
         trials,
         dropout,
@@ -148,7 +156,7 @@ pub fn run<'py>(
         batch,
         policy: crate::policy(policy)?,
     };
-    let outcome = py.detach(|| crate::on_device(device, job))??;
+    let outcome = crate::released(py, || crate::on_device(device, job))???;
     let column =
         |f: fn(&NestedStats) -> f64| Array1::from_iter(outcome.rows.iter().map(f)).into_pyarray(py);
     let pooled = &outcome.pooled;

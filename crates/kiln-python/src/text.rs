@@ -75,7 +75,7 @@ impl LanguageModel {
             dir: model_dir,
             policy: crate::policy(policy)?,
         };
-        let model = py.detach(|| crate::on_device(device, job))??;
+        let model = crate::released(py, || crate::on_device(device, job))???;
         Ok(LanguageModel {
             model: Mutex::new(model),
             tokenizer,
@@ -87,9 +87,18 @@ impl LanguageModel {
         self.tokenizer.encode(text).map_err(|e| error(&e))
     }
 
-    /// The text of `ids`.
+    /// The text of `ids`; an id outside the vocabulary is a `ValueError` naming it (the
+    /// tokenizer would drop it silently).
     #[pyo3(signature = (ids, skip_special_tokens = true))]
     fn decode(&self, ids: Vec<u32>, skip_special_tokens: bool) -> PyResult<String> {
+        let size = self.tokenizer.vocab_size();
+        if let Some(at) = ids.iter().position(|&id| id as usize >= size) {
+            return Err(PyValueError::new_err(format!(
+                "ids[{at}] = {}: not a token id (the vocabulary has ids 0 to {})",
+                ids[at],
+                size.saturating_sub(1)
+            )));
+        }
         self.tokenizer
             .decode(&ids, skip_special_tokens)
             .map_err(|e| error(&e))
@@ -178,10 +187,10 @@ impl LanguageModel {
         prompts: &[Vec<u32>],
         config: &GenerationConfig,
     ) -> PyResult<Vec<Vec<u32>>> {
-        py.detach(|| {
+        crate::released(py, || {
             let model = self.model.lock().map_err(|_| crate::poisoned())?;
             model.generate(prompts, config).map_err(|e| error(&e))
-        })
+        })?
     }
 }
 

@@ -93,7 +93,7 @@ impl Encoder {
             dir: model_dir,
             policy: crate::policy(policy)?,
         };
-        let model = py.detach(|| crate::on_device(device, job))??;
+        let model = crate::released(py, || crate::on_device(device, job))???;
         Ok(Encoder {
             model: Mutex::new(model),
             preprocess,
@@ -117,7 +117,7 @@ impl Encoder {
             .enumerate()
             .map(|(index, image)| source(index, image))
             .collect::<PyResult<Vec<_>>>()?;
-        let (values, dims) = py.detach(|| self.embed_all(&sources, batch))?;
+        let (values, dims) = crate::released(py, || self.embed_all(&sources, batch))??;
         let rows = sources.len();
         Ok(Array2::from_shape_vec((rows, dims), values)
             .expect("one embedding per image")

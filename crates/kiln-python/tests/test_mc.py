@@ -57,3 +57,14 @@ def test_bad_models_are_errors_as_in_embed(tmp_path):
     (empty / "config.json").write_text("{")
     with pytest.raises(ValueError, match="config.json"):
         run(empty, IMAGES, cache_dir=tmp_path)
+
+
+def test_the_cache_is_never_written_among_the_images(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    for item in IMAGES.iterdir():
+        (images / item.name).write_bytes(item.read_bytes())
+    for cache in (images, images / "cache"):
+        with pytest.raises(ValueError, match="the images"):
+            run(MODEL, images, passes=[2], trials=2, dropout=0, cache_dir=cache)
+    assert sorted(p.name for p in images.iterdir()) == sorted(p.name for p in IMAGES.iterdir())

@@ -1,6 +1,8 @@
 """kiln.text against transformers' greedy generate on the same tiny Llama
 (crates/kiln-text/tests/fixtures, written by scripts/fixtures/text.py)."""
 
+import json
+
 import pytest
 from conftest import TEXT, read_safetensors
 
@@ -40,3 +42,20 @@ def test_bad_arguments_are_errors(tmp_path):
         generate(model, "")
     with pytest.raises(FileNotFoundError):
         generate(tmp_path / "absent", "hello")
+
+
+def test_unknown_ids_and_broken_configs_are_exceptions(tmp_path):
+    model = load(TEXT / "llama")
+    with pytest.raises(ValueError, match=r"ids\[1\] = 999999: not a token id"):
+        model.decode([1, 999999])
+    # A config that passed validation and then divided by zero (head_dim 0) reached Python as
+    # pyo3's PanicException, which `except Exception` does not catch: now refused by name.
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for item in (TEXT / "llama").iterdir():
+        (broken / item.name).symlink_to(item)
+    config = json.loads((TEXT / "llama" / "config.json").read_text())
+    (broken / "config.json").unlink()
+    (broken / "config.json").write_text(json.dumps({**config, "head_dim": 0}))
+    with pytest.raises(Exception, match="head_dim = 0"):
+        load(broken)

@@ -51,6 +51,18 @@ pub enum FrameError {
     /// A frame asked for with no denoising step.
     #[error("a frame needs at least one denoising step")]
     NoSteps,
+    /// A model's setting it cannot be built with, named as the config names it.
+    #[error("the {model}: {setting} = {value}: {needs}")]
+    Config {
+        /// The model.
+        model: &'static str,
+        /// The setting.
+        setting: &'static str,
+        /// Its value.
+        value: usize,
+        /// What the model needs of it.
+        needs: &'static str,
+    },
     /// A stream's state used with frames of another batch.
     #[error("the stream holds {streams} streams; these frames are a batch of {batch}")]
     Streams {

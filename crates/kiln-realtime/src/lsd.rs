@@ -91,8 +91,64 @@ impl LsdConfig {
         LsdConfig::new(3, 128, 8, 64, 64)
     }
 
+    /// Refuses sizes the model cannot be built or run with, naming the first: a frame side
+    /// that is odd (the diffusion block halves the frame with a stride-2 convolution and
+    /// doubles it back, which an odd side does not survive) or 0, no channels, no bank, or
+    /// block widths the GroupNorms of 8 groups cannot split (`hidden_dim` a multiple of 16).
+    ///
+    /// ```
+    /// use kiln_realtime::LsdConfig;
+    /// assert!(LsdConfig::mirage().validate().is_ok());
+    /// let err = LsdConfig { height: 65, ..LsdConfig::mirage() }.validate().unwrap_err();
+    /// assert_eq!(err.to_string(), "the live-stream model: height = 65: a positive even number");
+    /// ```
+    pub fn validate(&self) -> Result<(), FrameError> {
+        let even = |side: usize| side > 0 && side.is_multiple_of(2);
+        let checks = [
+            (
+                "height",
+                self.height,
+                even(self.height),
+                "a positive even number",
+            ),
+            (
+                "width",
+                self.width,
+                even(self.width),
+                "a positive even number",
+            ),
+            (
+                "input_channels",
+                self.input_channels,
+                self.input_channels > 0,
+                "at least 1",
+            ),
+            (
+                "context_length",
+                self.context_length,
+                self.context_length > 0,
+                "at least 1",
+            ),
+            (
+                "hidden_dim",
+                self.hidden_dim,
+                self.hidden_dim > 0 && self.hidden_dim.is_multiple_of(2 * GROUPS),
+                "a positive multiple of 16",
+            ),
+        ];
+        match checks.into_iter().find(|check| !check.2) {
+            Some((setting, value, _, needs)) => Err(FrameError::Config {
+                model: "live-stream model",
+                setting,
+                value,
+                needs,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// A model with burn's initialisers at these sizes, its bank empty, to load a state dict
-    /// into or to time.
+    /// into or to time ([`LsdConfig::validate`] first: sizes it refuses fail later).
     pub fn init<B: Backend>(&self, device: &B::Device) -> LiveStreamDiffusion<B> {
         let (c, hidden) = (self.input_channels, self.hidden_dim);
         let conv = |from: usize, to: usize, kernel: usize, stride: usize| {

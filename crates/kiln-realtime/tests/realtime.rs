@@ -289,3 +289,35 @@ fn frames_the_models_cannot_read_are_errors() {
         Err(FrameError::Shape { .. })
     ));
 }
+
+/// The sizes the live-stream model's config accepts are the sizes it runs at: an odd side
+/// cannot be halved by the block's stride-2 convolution and doubled back, and panicked inside
+/// the model before `LsdConfig::validate` refused it.
+#[test]
+fn the_live_stream_models_config_accepts_the_sizes_it_runs_at() {
+    let device = Default::default();
+    for (height, width) in [
+        (1, 2),
+        (2, 2),
+        (3, 4),
+        (4, 6),
+        (7, 8),
+        (8, 10),
+        (10, 9),
+        (12, 12),
+    ] {
+        let config = LsdConfig::new(3, 32, 2, height, width);
+        let runs = std::panic::catch_unwind(|| {
+            let model = config.init::<B>(&device);
+            let mut stream = model.stream(1);
+            let frame = Tensor::<B, 4>::zeros([1, 3, height, width], &device);
+            for _ in 0..3 {
+                model
+                    .next_frame(&mut stream, frame.clone(), &[1.0])
+                    .unwrap();
+            }
+        })
+        .is_ok();
+        assert_eq!(config.validate().is_ok(), runs, "{height} × {width}");
+    }
+}

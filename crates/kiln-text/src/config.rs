@@ -237,6 +237,8 @@ impl TextConfig {
                 "hidden_size = {} is not a multiple of num_attention_heads = {} (and no head_dim)",
                 self.hidden_size, self.num_attention_heads
             ))
+        } else if self.head_dim() == 0 {
+            Some("head_dim = 0: each head needs at least one pair of dimensions".to_string())
         } else if !self.head_dim().is_multiple_of(2) {
             Some(format!(
                 "head_dim = {} is odd: RoPE rotates pairs",
@@ -480,6 +482,8 @@ mod tests {
         let heads =
             r#"{"model_type": "llama", "num_attention_heads": 6, "num_key_value_heads": 4}"#;
         assert!(err(heads).contains("multiple of num_key_value_heads"));
+        let empty_heads = r#"{"model_type": "llama", "head_dim": 0}"#;
+        assert!(err(empty_heads).contains("head_dim = 0: each head needs"));
         let act = r#"{"model_type": "llama", "hidden_act": "gelu"}"#;
         assert!(err(act).contains("silu"));
     }

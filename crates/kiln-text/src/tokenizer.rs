@@ -171,6 +171,11 @@ impl TextTokenizer {
 
     /// `messages` rendered by the checkpoint's chat template, with the assistant's turn opened
     /// when `add_generation_prompt`.
+    ///
+    /// A template comes with the model, so it is not trusted: its rendering is given a budget
+    /// of [`CHAT_TEMPLATE_FUEL`] steps (a template that loops without end is refused) and an
+    /// output of at most [`CHAT_TEMPLATE_OUTPUT`] bytes beyond four times the messages' own
+    /// (one that doubles a string until memory runs out is refused).
     pub fn apply_chat_template(
         &self,
         messages: &[Message],
@@ -178,8 +183,8 @@ impl TextTokenizer {
     ) -> Result<String, TextError> {
         let template = self.chat_template.as_deref().ok_or_else(|| {
             TextError::Tokenizer(
-                "the checkpoint has no chat_template in tokenizer_config.json: give the prompt \
-                 as plain text"
+                "the model has no chat template (neither tokenizer_config.json's chat_template \
+                 nor a GGUF file's tokenizer.chat_template): give the prompt as plain text"
                     .into(),
             )
         })?;
@@ -187,25 +192,77 @@ impl TextTokenizer {
         minijinja_contrib::add_to_environment(&mut environment);
         environment
             .set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        environment.set_fuel(Some(CHAT_TEMPLATE_FUEL));
         environment.add_function(
             "raise_exception",
             |message: String| -> Result<String, JinjaError> {
                 Err(JinjaError::new(ErrorKind::InvalidOperation, message))
             },
         );
-        let jinja = |e: JinjaError| TextError::Tokenizer(format!("chat template: {e}"));
+        let text: usize = messages.iter().map(|m| m.content.len()).sum();
+        let most = CHAT_TEMPLATE_OUTPUT.saturating_add(text.saturating_mul(4));
+        let mut output = Bounded {
+            text: Vec::new(),
+            most,
+        };
+        let jinja = |e: JinjaError| {
+            let said = match e.kind() {
+                ErrorKind::OutOfFuel => format!(
+                    "took more than {CHAT_TEMPLATE_FUEL} steps, which no chat template needs: \
+                     it loops without end, or nearly"
+                ),
+                ErrorKind::WriteFailure => format!(
+                    "wrote more than {most} bytes for {} messages of {text} bytes, which no \
+                     chat template needs",
+                    messages.len()
+                ),
+                _ => e.to_string(),
+            };
+            TextError::Tokenizer(format!("the model's chat template: {said}"))
+        };
         environment.add_template("chat", template).map_err(jinja)?;
         let special = |name: &str| self.special(name).unwrap_or_default().to_string();
-        environment
-            .get_template("chat")
-            .map_err(jinja)?
-            .render(context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => special("bos_token"),
-                eos_token => special("eos_token"),
-            })
-            .map_err(jinja)
+        let chat = environment.get_template("chat").map_err(jinja)?;
+        let context = context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => special("bos_token"),
+            eos_token => special("eos_token"),
+        };
+        chat.render_captured_to(context, &mut output)
+            .map_err(jinja)?;
+        String::from_utf8(output.text).map_err(|e| {
+            TextError::Tokenizer(format!(
+                "the model's chat template wrote no UTF-8 text: {e}"
+            ))
+        })
+    }
+}
+
+/// The steps a chat template may take to render (minijinja's fuel): real templates take a few
+/// thousand for a conversation.
+pub const CHAT_TEMPLATE_FUEL: u64 = 10_000_000;
+
+/// The bytes a chat template may write beyond four times its messages' text.
+pub const CHAT_TEMPLATE_OUTPUT: usize = 1 << 20;
+
+/// A writer that refuses to hold more than `most` bytes.
+struct Bounded {
+    text: Vec<u8>,
+    most: usize,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + bytes.len() > self.most {
+            return Err(std::io::Error::other("a chat template's output limit"));
+        }
+        self.text.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -282,5 +339,52 @@ impl TokenCache {
     /// The tokenizer.
     pub fn tokenizer(&self) -> &TextTokenizer {
         &self.tokenizer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_template(template: &str) -> TextTokenizer {
+        let tokenizer = tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default());
+        TextTokenizer::from_parts(tokenizer, Some(template.into()), HashMap::new())
+    }
+
+    fn rendered(template: &str) -> Result<String, String> {
+        let chat = [Message::new("user", "Hi!")];
+        (with_template(template).apply_chat_template(&chat, true)).map_err(|e| e.to_string())
+    }
+
+    /// A template read from a model file is untrusted: one that loops without end or doubles a
+    /// string until memory runs out is refused, in the template's terms; real ones render.
+    #[test]
+    fn a_chat_template_renders_within_its_budget() {
+        let plain = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}";
+        assert_eq!(rendered(plain).unwrap(), "<user>Hi!");
+        let nested = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}\
+                      {% endfor %}";
+        let err = rendered(nested).unwrap_err();
+        assert!(
+            err.contains("the model's chat template: took more than 10000000 steps"),
+            "{err}"
+        );
+        let doubling = "{% set ns = namespace(s='ab') %}{% for i in range(40) %}\
+                        {% set ns.s = ns.s ~ ns.s %}{{ ns.s }}{% endfor %}";
+        let err = rendered(doubling).unwrap_err();
+        assert!(
+            err.contains("wrote more than 1048588 bytes for 1 messages of 3 bytes"),
+            "{err}"
+        );
+        let none = TextTokenizer::from_parts(
+            tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default()),
+            None,
+            HashMap::new(),
+        );
+        let err = none.apply_chat_template(&[], true).unwrap_err().to_string();
+        assert!(
+            err.contains("a GGUF file's tokenizer.chat_template"),
+            "{err}"
+        );
     }
 }

@@ -15,8 +15,11 @@ use burn_store::{KeyRemapper, ModuleSnapshot, TensorSnapshot, TensorSnapshotErro
 use serde_json::Value;
 
 use super::check::non_finite_values;
-use super::{CheckpointError, TensorProblem, TorchLayout, check_snapshots};
-use crate::mapped;
+use super::{CheckpointError, Problem, TensorProblem, TorchLayout, check_snapshots};
+use kiln_io::InputFile;
+
+use crate::check_memory;
+use crate::footprint::parameter_device;
 
 #[cfg(doc)]
 use super::check_checkpoint;
@@ -89,9 +92,9 @@ pub fn shards(index: &Path) -> Result<Vec<String>, CheckpointError> {
 /// floating-point, or of another shape is an error listing each in the checkpoint's names and
 /// order, with the `config.json` settings behind the model's sizes ([`check_checkpoint`] makes
 /// the same check without loading); tensors the model does not use are a warning, except those
-/// under the prefixes `unused_on_purpose`. Each tensor is then read from the mapped file only as
-/// it is loaded, checked finite, and its pages handed back: loading holds the model once, not
-/// the model and the file.
+/// under the prefixes `unused_on_purpose`. The memory the model's tensors take is checked
+/// against what the device has; each tensor is then read from the file only as it is loaded
+/// and checked finite: loading holds the model once, not the model and the file.
 pub fn load_checkpoint<B: Backend, M: Module<B>>(
     model: M,
     dir: &Path,
@@ -130,14 +133,14 @@ pub fn load_checkpoint<B: Backend, M: Module<B>>(
 }
 
 /// The tensors of the safetensors file `file` as snapshots under their stored names, in the
-/// file's order: its header read now, each tensor's bytes copied from the mapped file only when
-/// it is loaded and their pages released after.
+/// file's order: its header read now, each tensor's bytes read from the file by position only
+/// when it is loaded (no memory map: a file cut short meanwhile is an error naming it, not a
+/// `SIGBUS`; a directory or FIFO is refused before it is opened).
 pub(super) fn safetensors_snapshots(file: &Path) -> Result<Vec<TensorSnapshot>, CheckpointError> {
-    let map = Rc::new(mapped::map(file).map_err(|e| CheckpointError::unreadable(file, e))?);
-    let (header, metadata) = safetensors::SafeTensors::read_metadata(&map[..])
-        .map_err(|e| CheckpointError::unreadable(file, format!("not a safetensors file: {e}")))?;
-    let data_start = 8 + header;
-    let mut tensors: Vec<_> = metadata.tensors().into_iter().collect();
+    let reader = Rc::new(InputFile::open(file).map_err(|e| CheckpointError::read(file, e))?);
+    let metadata = safetensors_header(&reader)?;
+    let data_start = 8 + metadata.header;
+    let mut tensors: Vec<_> = metadata.tensors.tensors().into_iter().collect();
     tensors.sort_by_key(|(_, info)| info.data_offsets.0);
     tensors
         .into_iter()
@@ -147,11 +150,12 @@ pub(super) fn safetensors_snapshots(file: &Path) -> Result<Vec<TensorSnapshot>, 
                 CheckpointError::unreadable(file, format!("{name}: kiln reads no {dtype:?} values"))
             })?;
             let (first, last) = info.data_offsets;
-            let range = data_start + first..data_start + last;
-            let (map, shape) = (map.clone(), info.shape.clone());
+            let range = data_start + first as u64..data_start + last as u64;
+            let (reader, shape) = (reader.clone(), info.shape.clone());
             let read = Rc::new(move || {
-                let bytes = map[range.clone()].to_vec();
-                mapped::release(&map, range.clone());
+                let bytes = reader
+                    .read(range.clone())
+                    .map_err(|e| TensorSnapshotError::IoError(e.to_string()))?;
                 Ok(TensorData::from_bytes_vec(bytes, shape.clone(), dtype))
             });
             Ok(TensorSnapshot::from_closure(
@@ -164,6 +168,53 @@ pub(super) fn safetensors_snapshots(file: &Path) -> Result<Vec<TensorSnapshot>, 
             ))
         })
         .collect()
+}
+
+/// A safetensors file's header: its length and the tensors it describes.
+struct SafetensorsHeader {
+    header: u64,
+    tensors: safetensors::tensor::Metadata,
+}
+
+/// The header of the safetensors file `reader`, checked as the `safetensors` crate checks a
+/// whole file (tensors contiguous, in order, ending where the file ends) without reading the
+/// tensors' bytes.
+fn safetensors_header(reader: &InputFile) -> Result<SafetensorsHeader, CheckpointError> {
+    /// The `safetensors` crate's own limit on a header.
+    const MOST: u64 = 100_000_000;
+    let file = reader.path();
+    let not_safetensors = |reason: String| {
+        CheckpointError::unreadable(file, format!("not a safetensors file: {reason}"))
+    };
+    if reader.len() < 8 {
+        return Err(not_safetensors(format!(
+            "{} bytes, shorter than a header",
+            reader.len()
+        )));
+    }
+    let length = reader
+        .read(0..8)
+        .map_err(|e| CheckpointError::read(file, e))?;
+    let header = u64::from_le_bytes(length.try_into().expect("8 bytes read"));
+    if header > MOST || 8 + header > reader.len() {
+        return Err(not_safetensors(format!(
+            "its header says it is {header} bytes long, in a file of {} bytes",
+            reader.len()
+        )));
+    }
+    let text = reader
+        .read(8..8 + header)
+        .map_err(|e| CheckpointError::read(file, e))?;
+    let tensors: safetensors::tensor::Metadata =
+        serde_json::from_slice(&text).map_err(|e| not_safetensors(e.to_string()))?;
+    let data = 8 + header + tensors.data_len() as u64;
+    if data != reader.len() {
+        return Err(not_safetensors(format!(
+            "its tensors end at byte {data}, but the file has {} bytes",
+            reader.len()
+        )));
+    }
+    Ok(SafetensorsHeader { header, tensors })
 }
 
 /// burn's dtype of a safetensors dtype, as burn-store reads it.
@@ -219,6 +270,18 @@ fn load_checked<B: Backend, M: Module<B>>(
             source.display()
         );
     }
+    if let Some(device) = parameter_device(&model) {
+        let unused: BTreeSet<&str> = fit.unused.iter().map(String::as_str).collect();
+        let needed = snapshots
+            .iter()
+            .filter(|(name, _)| !unused.contains(name.as_str()))
+            .map(|(_, snapshot)| {
+                snapshot.shape.num_elements() as u64 * snapshot.dtype.size() as u64
+            })
+            .fold(0, u64::saturating_add);
+        let what = format!("the weights of {}", source.display());
+        check_memory::<B>(&device, needed, &what)?;
+    }
     let problems = Rc::new(RefCell::new(Vec::new()));
     let checked = snapshots
         .into_iter()
@@ -238,8 +301,8 @@ fn load_checked<B: Backend, M: Module<B>>(
     }
 }
 
-/// `snapshot`, whose values, when read, are refused if one is NaN or infinite, the problem
-/// recorded in `problems` under `name`.
+/// `snapshot`, whose values, when read, are refused if one is NaN or infinite or they cannot be
+/// read (the file was cut short meanwhile), the problem recorded in `problems` under `name`.
 fn checked_finite(
     snapshot: TensorSnapshot,
     name: String,
@@ -247,7 +310,17 @@ fn checked_finite(
 ) -> TensorSnapshot {
     let read = snapshot.clone_data_fn();
     let checked = Rc::new(move || {
-        let data = read()?;
+        let data = read().inspect_err(|error| {
+            let (TensorSnapshotError::IoError(reason)
+            | TensorSnapshotError::DataError(reason)
+            | TensorSnapshotError::PanicError(reason)) = error;
+            problems.borrow_mut().push(TensorProblem {
+                tensor: name.clone(),
+                problem: Problem::Unreadable {
+                    reason: reason.clone(),
+                },
+            });
+        })?;
         let Some(problem) = non_finite_values(&data) else {
             return Ok(data);
         };
@@ -272,6 +345,48 @@ fn checked_finite(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A checkpoint whose tensors match a model too large for any machine is refused by its
+    /// memory before a tensor is read (the reads here would fail).
+    #[cfg(feature = "flex")]
+    #[test]
+    fn weights_that_cannot_fit_are_refused_before_any_is_read() {
+        use burn::backend::Flex;
+        use burn::nn::{Linear, LinearConfig};
+
+        #[derive(Module, Debug)]
+        struct Wide<B: Backend> {
+            proj: Linear<B>,
+        }
+        let device = Default::default();
+        let model: Wide<Flex> = Wide {
+            proj: LinearConfig::new(1_000_000, 1_000_000).init(&device),
+        };
+        let snapshot = |name: &str, shape: Vec<usize>| {
+            let unread = Rc::new(|| Err(TensorSnapshotError::IoError("read".into())));
+            let path = name.split('.').map(str::to_string).collect();
+            let snapshot = TensorSnapshot::from_closure(
+                unread,
+                DType::F32,
+                shape.into(),
+                path,
+                vec![],
+                ParamId::new(),
+            );
+            (name.to_string(), snapshot)
+        };
+        let snapshots = vec![
+            snapshot("proj.weight", vec![1_000_000, 1_000_000]),
+            snapshot("proj.bias", vec![1_000_000]),
+        ];
+        let err = load_snapshots(model, Path::new("wide.gguf"), snapshots, &[]).unwrap_err();
+        assert!(matches!(err, CheckpointError::Memory(_)), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("the weights of wide.gguf need at least 4.0 TB"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn the_weights_identity_follows_the_weight_file() {

@@ -91,6 +91,10 @@ pub enum CheckpointError {
     /// A loader's key renaming that is not a valid regular expression (a bug in the loader).
     #[error("a key remapping of the loader's: {0}")]
     Remapping(String),
+    /// A model whose weights the machine or device has no memory for, refused before any is
+    /// loaded.
+    #[error(transparent)]
+    Memory(#[from] crate::MemoryError),
     /// A file that could not be written (the disk is full, the directory is not writable).
     #[error(transparent)]
     Write(#[from] kiln_io::FileError),

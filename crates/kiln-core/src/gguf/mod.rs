@@ -1,8 +1,11 @@
 //! llama.cpp's GGUF files (versions 2 and 3): the header, the metadata of every value type, the
-//! tensor infos and the tensors themselves, memory-mapped. Every count, offset and size is
-//! checked against the file before it is used, so a damaged or hostile file is an error naming
-//! the byte where it went wrong, never a panic or an allocation the file cannot back. Tensors
-//! dequantize to f32 as the `gguf` Python package does, bit for bit ([`GgmlType`]).
+//! tensor infos and the tensors themselves, each read by position when it is wanted. Every
+//! count, offset and size is checked against the file before it is used, so a damaged or
+//! hostile file is an error naming the byte where it went wrong, never a panic or an allocation
+//! the file cannot back: metadata arrays are held as compactly as the file holds them
+//! ([`Array`]), tensors may not share bytes (as llama.cpp requires), and a file cut short while
+//! it is read is an error naming it. Tensors dequantize to f32 as the `gguf` Python package
+//! does, bit for bit ([`GgmlType`]).
 //!
 //! ```no_run
 //! use kiln_core::gguf::GgufFile;
@@ -15,123 +18,25 @@
 //! ```
 
 mod quant;
+mod value;
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
-use std::ops::Deref;
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use kiln_io::InputFile;
 
-use crate::{CheckpointError, mapped};
+use crate::CheckpointError;
 pub use quant::{DEQUANTIZED, GgmlType};
+pub use value::{Array, Strings, Value};
 
 /// The data section's alignment when the file names none (`general.alignment`).
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 
 /// How deep arrays of arrays may nest.
 const MAX_NESTING: usize = 8;
-
-/// A metadata value.
-#[derive(Debug, Clone, PartialEq)]
-#[allow(missing_docs)]
-pub enum Value {
-    U8(u8),
-    I8(i8),
-    U16(u16),
-    I16(i16),
-    U32(u32),
-    I32(i32),
-    U64(u64),
-    I64(i64),
-    F32(f32),
-    F64(f64),
-    Bool(bool),
-    String(String),
-    /// Values of one type.
-    Array(Vec<Value>),
-}
-
-impl Value {
-    /// An integer of any width that is not negative.
-    pub fn as_u64(&self) -> Option<u64> {
-        match *self {
-            Value::U8(v) => Some(v.into()),
-            Value::U16(v) => Some(v.into()),
-            Value::U32(v) => Some(v.into()),
-            Value::U64(v) => Some(v),
-            Value::I8(v) => u64::try_from(v).ok(),
-            Value::I16(v) => u64::try_from(v).ok(),
-            Value::I32(v) => u64::try_from(v).ok(),
-            Value::I64(v) => u64::try_from(v).ok(),
-            _ => None,
-        }
-    }
-
-    /// An integer of any width that fits an i64.
-    pub fn as_i64(&self) -> Option<i64> {
-        match *self {
-            Value::U64(v) => i64::try_from(v).ok(),
-            Value::I8(v) => Some(v.into()),
-            Value::I16(v) => Some(v.into()),
-            Value::I32(v) => Some(v.into()),
-            Value::I64(v) => Some(v),
-            _ => self.as_u64().and_then(|v| i64::try_from(v).ok()),
-        }
-    }
-
-    /// A float, or an integer as a float.
-    pub fn as_f64(&self) -> Option<f64> {
-        match *self {
-            Value::F32(v) => Some(v.into()),
-            Value::F64(v) => Some(v),
-            _ => self.as_i64().map(|v| v as f64),
-        }
-    }
-
-    /// A string.
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            Value::String(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    /// A boolean.
-    pub fn as_bool(&self) -> Option<bool> {
-        match *self {
-            Value::Bool(b) => Some(b),
-            _ => None,
-        }
-    }
-
-    /// An array's values.
-    pub fn as_array(&self) -> Option<&[Value]> {
-        match self {
-            Value::Array(values) => Some(values),
-            _ => None,
-        }
-    }
-
-    /// The GGUF name of the value's type.
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            Value::U8(_) => "uint8",
-            Value::I8(_) => "int8",
-            Value::U16(_) => "uint16",
-            Value::I16(_) => "int16",
-            Value::U32(_) => "uint32",
-            Value::I32(_) => "int32",
-            Value::U64(_) => "uint64",
-            Value::I64(_) => "int64",
-            Value::F32(_) => "float32",
-            Value::F64(_) => "float64",
-            Value::Bool(_) => "bool",
-            Value::String(_) => "string",
-            Value::Array(_) => "array",
-        }
-    }
-}
 
 /// One tensor's entry: its name, shape, type and where its bytes are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,28 +60,17 @@ impl GgufTensor {
     }
 }
 
-/// The file's bytes: mapped, or held (parsed from memory).
-enum Bytes {
-    Mapped(Mmap),
+/// Where the file's bytes are: in the file, read by position, or held (parsed from memory).
+enum Source {
+    File(InputFile),
     Held(Vec<u8>),
 }
 
-impl Deref for Bytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Mapped(map) => map,
-            Bytes::Held(bytes) => bytes,
-        }
-    }
-}
-
 /// A GGUF file, opened: its metadata and tensor infos parsed and checked, its tensors read on
-/// demand from the mapped file.
+/// demand from the file.
 pub struct GgufFile {
     path: PathBuf,
-    bytes: Bytes,
+    source: Source,
     version: u32,
     metadata: Vec<(String, Value)>,
     tensors: Vec<GgufTensor>,
@@ -195,19 +89,18 @@ impl fmt::Debug for GgufFile {
 }
 
 impl GgufFile {
-    /// Maps and parses the file at `path`.
+    /// Opens and parses the file at `path`.
     ///
     /// # Errors
-    /// A file that cannot be read, or is not a GGUF file of version 2 or 3 whose every part lies
-    /// inside it ([`CheckpointError::Unreadable`], naming the byte).
+    /// A path that is not a regular file (a directory, a FIFO), a file that cannot be read, or
+    /// one that is not a GGUF file of version 2 or 3 whose every part lies inside it
+    /// ([`CheckpointError::Unreadable`], naming the byte).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, CheckpointError> {
         let path = path.as_ref();
-        let unreadable = |reason: String| CheckpointError::Unreadable {
-            file: path.to_path_buf(),
-            reason,
-        };
-        let map = mapped::map(path).map_err(|e| unreadable(e.to_string()))?;
-        Self::parse(path.to_path_buf(), Bytes::Mapped(map))
+        let file = InputFile::open(path).map_err(|e| CheckpointError::read(path, e))?;
+        let length = file.len();
+        let header = Header::read(BufReader::with_capacity(1 << 16, file.reader()), length);
+        Self::parse(path.to_path_buf(), header, Source::File(file))
     }
 
     /// Parses a GGUF file held in memory (`name` is what errors call it).
@@ -215,17 +108,22 @@ impl GgufFile {
     /// # Errors
     /// As [`GgufFile::open`].
     pub fn from_bytes(name: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Self, CheckpointError> {
-        Self::parse(name.into(), Bytes::Held(bytes))
+        let header = Header::read(&bytes[..], bytes.len() as u64);
+        Self::parse(name.into(), header, Source::Held(bytes))
     }
 
-    fn parse(path: PathBuf, bytes: Bytes) -> Result<Self, CheckpointError> {
-        let header = Header::read(&bytes).map_err(|reason| CheckpointError::Unreadable {
+    fn parse(
+        path: PathBuf,
+        header: Result<Header, String>,
+        source: Source,
+    ) -> Result<Self, CheckpointError> {
+        let header = header.map_err(|reason| CheckpointError::Unreadable {
             file: path.clone(),
             reason,
         })?;
         Ok(GgufFile {
             path,
-            bytes,
+            source,
             version: header.version,
             metadata: header.metadata,
             tensors: header.tensors,
@@ -268,18 +166,18 @@ impl GgufFile {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// The stored bytes of `tensor` (an entry of this file).
-    pub fn raw(&self, tensor: &GgufTensor) -> &[u8] {
-        &self.bytes[tensor.start..tensor.start + tensor.bytes]
-    }
-
-    /// Lets the system drop the memory-mapped pages of `tensor`'s bytes (read again from the
-    /// file should they be needed): a loader done with a tensor keeps the mapped file out of
-    /// the process's resident memory, which then holds the model once rather than the model and
-    /// the file. Nothing for a file held in memory.
-    pub fn release(&self, tensor: &GgufTensor) {
-        if let Bytes::Mapped(map) = &self.bytes {
-            mapped::release(map, tensor.start..tensor.start + tensor.bytes);
+    /// The stored bytes of `tensor` (an entry of this file), read from the file now.
+    ///
+    /// # Errors
+    /// A file cut short or unreadable since it was opened, named.
+    pub fn bytes(&self, tensor: &GgufTensor) -> Result<Cow<'_, [u8]>, CheckpointError> {
+        let range = tensor.start..tensor.start + tensor.bytes;
+        match &self.source {
+            Source::Held(bytes) => Ok(Cow::Borrowed(&bytes[range])),
+            Source::File(file) => file
+                .read(range.start as u64..range.end as u64)
+                .map(Cow::Owned)
+                .map_err(|e| CheckpointError::read(&self.path, e)),
         }
     }
 
@@ -287,9 +185,10 @@ impl GgufFile {
     ///
     /// # Errors
     /// A type kiln does not dequantize ([`DEQUANTIZED`] lists those it does), named with the
-    /// tensor.
+    /// tensor; a file that can no longer be read ([`GgufFile::bytes`]).
     pub fn dequantize(&self, tensor: &GgufTensor) -> Result<Vec<f32>, CheckpointError> {
-        quant::dequantize(tensor.kind, self.raw(tensor)).ok_or_else(|| {
+        let bytes = self.bytes(tensor)?;
+        quant::dequantize(tensor.kind, &bytes).ok_or_else(|| {
             let known: Vec<&str> = DEQUANTIZED.iter().map(|t| t.name()).collect();
             CheckpointError::Unreadable {
                 file: self.path.clone(),
@@ -313,10 +212,15 @@ struct Header {
 }
 
 impl Header {
-    fn read(bytes: &[u8]) -> Result<Self, String> {
-        let mut at = Reader { bytes, at: 0 };
-        let magic = at.take(4, "the magic")?;
-        if magic != b"GGUF" {
+    /// The header of the `length` bytes `source` reads.
+    fn read(source: impl Read, length: u64) -> Result<Self, String> {
+        let mut at = Reader {
+            source,
+            at: 0,
+            length,
+        };
+        let magic = at.array::<4>("the magic")?;
+        if &magic != b"GGUF" {
             return Err(format!(
                 "not a GGUF file (it starts with {magic:02x?}, not \"GGUF\")"
             ));
@@ -373,9 +277,8 @@ impl Header {
             }
             infos.push(info);
         }
-        let end_of_infos = at.at as u64;
+        let end_of_infos = at.at;
         let data_start = end_of_infos.div_ceil(alignment) * alignment;
-        let length = bytes.len() as u64;
         let tensors = infos
             .into_iter()
             .map(|(name, shape, kind, offset)| {
@@ -416,6 +319,7 @@ impl Header {
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
+        refuse_overlaps(&tensors)?;
         Ok(Header {
             version,
             metadata,
@@ -425,33 +329,75 @@ impl Header {
     }
 }
 
-/// Reads little-endian values from `bytes`, each read checked against the end.
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
+/// Refuses tensors whose bytes overlap (llama.cpp refuses them too): each tensor's data must be
+/// its own, or a small file could describe a model of any size by pointing every layer at the
+/// same bytes.
+fn refuse_overlaps(tensors: &[GgufTensor]) -> Result<(), String> {
+    let mut spans: Vec<&GgufTensor> = tensors.iter().filter(|t| t.bytes > 0).collect();
+    spans.sort_by_key(|t| t.start);
+    for pair in spans.windows(2) {
+        let (first, second) = (pair[0], pair[1]);
+        if second.start < first.start + first.bytes {
+            return Err(format!(
+                "tensor `{}` (bytes {}..{}) overlaps tensor `{}` (bytes {}..{}): each tensor's \
+                 data must be its own",
+                second.name,
+                second.start,
+                second.start + second.bytes,
+                first.name,
+                first.start,
+                first.start + first.bytes
+            ));
+        }
+    }
+    Ok(())
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&end| end <= self.bytes.len());
-        let Some(end) = end else {
-            return Err(format!(
+/// Reads little-endian values from `source`, the first `length` bytes of the file, each read
+/// checked against the end before anything is allocated for it.
+struct Reader<R> {
+    source: R,
+    at: u64,
+    length: u64,
+}
+
+impl<R: Read> Reader<R> {
+    /// Refuses `n` bytes of `what` that the file does not hold from here.
+    fn check_room(&self, n: u64, what: &str) -> Result<(), String> {
+        match self.at.checked_add(n) {
+            Some(end) if end <= self.length => Ok(()),
+            _ => Err(format!(
                 "byte {}: {what} ({n} bytes) runs past the file's end ({} bytes)",
-                self.at,
-                self.bytes.len()
-            ));
-        };
-        let taken = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(taken)
+                self.at, self.length
+            )),
+        }
+    }
+
+    /// Reads `bytes.len()` bytes of `what`, checked against the end first.
+    fn fill(&mut self, bytes: &mut [u8], what: &str) -> Result<(), String> {
+        self.check_room(bytes.len() as u64, what)?;
+        self.source.read_exact(bytes).map_err(|e| {
+            format!(
+                "byte {}: {what} cannot be read ({e}): the file was cut short or replaced \
+                 while kiln read it",
+                self.at
+            )
+        })?;
+        self.at += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn take(&mut self, n: u64, what: &str) -> Result<Vec<u8>, String> {
+        self.check_room(n, what)?;
+        let mut bytes = vec![0; n as usize];
+        self.fill(&mut bytes, what)?;
+        Ok(bytes)
     }
 
     fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], String> {
-        let bytes = self.take(N, what)?;
-        Ok(bytes.try_into().expect("N bytes taken"))
+        let mut bytes = [0; N];
+        self.fill(&mut bytes, what)?;
+        Ok(bytes)
     }
 
     fn u32(&mut self, what: &str) -> Result<u32, String> {
@@ -465,7 +411,7 @@ impl<'a> Reader<'a> {
     /// Refuses `count` items of at least `least` bytes each that the rest of the file cannot
     /// hold, before anything is allocated for them.
     fn check_count(&self, count: u64, least: u64, what: &str) -> Result<(), String> {
-        let left = (self.bytes.len() - self.at) as u64;
+        let left = self.length - self.at;
         match count.checked_mul(least) {
             Some(bytes) if bytes <= left => Ok(()),
             _ => Err(format!(
@@ -478,11 +424,94 @@ impl<'a> Reader<'a> {
     fn string(&mut self, what: &str) -> Result<String, String> {
         let start = self.at;
         let length = self.u64(what)?;
-        let length = usize::try_from(length)
-            .map_err(|_| format!("byte {start}: {what} of {length} bytes"))?;
         let bytes = self.take(length, what)?;
-        String::from_utf8(bytes.to_vec())
-            .map_err(|e| format!("byte {start}: {what} is not UTF-8 ({e})"))
+        String::from_utf8(bytes).map_err(|e| format!("byte {start}: {what} is not UTF-8 ({e})"))
+    }
+
+    /// An array (`depth` deep in others) of metadata key `key`: its type, length and values.
+    fn whole_array(&mut self, depth: usize, key: &str) -> Result<Array, String> {
+        let start = self.at;
+        if depth == MAX_NESTING {
+            return Err(format!(
+                "byte {start}: `{key}`: arrays nested more than {MAX_NESTING} deep"
+            ));
+        }
+        let element = self.u32("an array's type")?;
+        let count = self.u64("an array's length")?;
+        let least = match element {
+            0 | 1 | 7 => 1,
+            2 | 3 => 2,
+            4..=6 => 4,
+            8 | 10..=12 => 8,
+            9 => 12,
+            other => {
+                return Err(format!("byte {start}: `{key}`: an array of type {other}"));
+            }
+        };
+        self.check_count(count, least, "array elements")?;
+        self.array_values(element, count, depth, key)
+    }
+
+    /// `count` values of `N` bytes each, as `decode` reads one.
+    fn numbers<const N: usize, T>(
+        &mut self,
+        count: u64,
+        decode: impl Fn([u8; N]) -> T,
+    ) -> Result<Vec<T>, String> {
+        let bytes = self.take(count.saturating_mul(N as u64), "an array's values")?;
+        Ok(bytes
+            .chunks_exact(N)
+            .map(|chunk| decode(chunk.try_into().expect("N bytes a chunk")))
+            .collect())
+    }
+
+    /// The `count` values of an array of GGUF type `element` (arrays `depth` deep in others),
+    /// for metadata key `key`, held by type ([`Reader::whole_array`] checks the type and that the
+    /// file holds them).
+    fn array_values(
+        &mut self,
+        element: u32,
+        count: u64,
+        depth: usize,
+        key: &str,
+    ) -> Result<Array, String> {
+        Ok(match element {
+            0 => Array::U8(self.take(count, "an array's values")?),
+            1 => Array::I8(self.numbers(count, i8::from_le_bytes)?),
+            2 => Array::U16(self.numbers(count, u16::from_le_bytes)?),
+            3 => Array::I16(self.numbers(count, i16::from_le_bytes)?),
+            4 => Array::U32(self.numbers(count, u32::from_le_bytes)?),
+            5 => Array::I32(self.numbers(count, i32::from_le_bytes)?),
+            6 => Array::F32(self.numbers(count, f32::from_le_bytes)?),
+            7 => {
+                let start = self.at;
+                let bytes = self.take(count, "an array's values")?;
+                if let Some(at) = bytes.iter().position(|&b| b > 1) {
+                    return Err(format!(
+                        "byte {}: `{key}`: a bool of {}",
+                        start + at as u64,
+                        bytes[at]
+                    ));
+                }
+                Array::Bool(bytes.into_iter().map(|b| b == 1).collect())
+            }
+            8 => {
+                let mut strings = Strings::default();
+                for _ in 0..count {
+                    strings.push(&self.string("a string")?);
+                }
+                Array::String(strings)
+            }
+            9 => Array::Array(
+                (0..count)
+                    .map(|_| self.whole_array(depth + 1, key))
+                    .collect::<Result<_, String>>()?,
+            ),
+            10 => Array::U64(self.numbers(count, u64::from_le_bytes)?),
+            11 => Array::I64(self.numbers(count, i64::from_le_bytes)?),
+            12 => Array::F64(self.numbers(count, f64::from_le_bytes)?),
+            other => return Err(format!("`{key}`: an array of type {other}")),
+        })
     }
 
     /// A value of GGUF type `kind` (arrays `depth` deep in others), for metadata key `key`.
@@ -502,31 +531,7 @@ impl<'a> Reader<'a> {
                 b => return Err(format!("byte {}: `{key}`: a bool of {b}", self.at - 1)),
             },
             8 => Value::String(self.string(what)?),
-            9 => {
-                let start = self.at;
-                if depth == MAX_NESTING {
-                    return Err(format!(
-                        "byte {start}: `{key}`: arrays nested more than {MAX_NESTING} deep"
-                    ));
-                }
-                let element = self.u32("an array's type")?;
-                let count = self.u64("an array's length")?;
-                let least = match element {
-                    0 | 1 | 7 => 1,
-                    2 | 3 => 2,
-                    4..=6 => 4,
-                    8 | 10..=12 => 8,
-                    9 => 12,
-                    other => {
-                        return Err(format!("byte {start}: `{key}`: an array of type {other}"));
-                    }
-                };
-                self.check_count(count, least, "array elements")?;
-                let values = (0..count)
-                    .map(|_| self.value(element, depth + 1, key))
-                    .collect::<Result<_, _>>()?;
-                Value::Array(values)
-            }
+            9 => Value::Array(self.whole_array(depth, key)?),
             10 => Value::U64(u64::from_le_bytes(self.array(what)?)),
             11 => Value::I64(i64::from_le_bytes(self.array(what)?)),
             12 => Value::F64(f64::from_le_bytes(self.array(what)?)),

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use kiln_core::gguf::{DEQUANTIZED, GgmlType, GgufFile, Value};
+use kiln_core::gguf::{Array, DEQUANTIZED, GgmlType, GgufFile, Value};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf")
@@ -54,17 +54,17 @@ fn metadata_of_every_value_type_is_read() {
     assert_eq!(get("test.f64"), &Value::F64(1e300));
     assert_eq!(get("test.bool"), &Value::Bool(true));
     assert_eq!(get("test.string").as_str(), Some("Grüße, 世界 "));
-    let ints: Vec<i64> = (get("test.array.i32").as_array().unwrap().iter())
-        .map(|v| v.as_i64().unwrap())
-        .collect();
-    assert_eq!(ints, [1, -2, 3]);
-    let strings: Vec<&str> = (get("test.array.string").as_array().unwrap().iter())
-        .map(|v| v.as_str().unwrap())
-        .collect();
-    assert_eq!(strings, ["a", "", "Ġb"]);
-    let nested = get("test.array.nested").as_array().unwrap();
+    let ints = get("test.array.i32").as_array().unwrap().integers();
+    assert_eq!(ints.unwrap(), [1, -2, 3]);
+    let strings = get("test.array.string").as_array().unwrap().strings();
+    assert_eq!(strings.unwrap().iter().collect::<Vec<_>>(), ["a", "", "Ġb"]);
+    let nested = get("test.array.nested")
+        .as_array()
+        .unwrap()
+        .arrays()
+        .unwrap();
     assert_eq!(nested.len(), 2);
-    assert_eq!(nested[1].as_array().unwrap(), [Value::I32(3)]);
+    assert_eq!(nested[1], Array::I32(vec![3]));
     assert_eq!(get("test.u64").as_i64(), None);
     assert_eq!(get("test.i8").as_u64(), None);
 }
@@ -177,6 +177,11 @@ fn hostile_files_are_refused_naming_what_is_wrong() {
         &|b| b.metadata.push(b.metadata[0].clone()),
         "a second metadata key",
     );
+    // A second layer pointing at the first one's bytes: a small file describing a large model.
+    refused(
+        &|b| b.tensors.push(("v".into(), vec![4, 2], 0, 0)),
+        "tensor `v` (bytes 160..192) overlaps tensor `w` (bytes 160..192)",
+    );
     refused(&|b| b.metadata[0].1 = 13, "value type 13");
     refused(
         &|b| b.metadata[0].2 = u64::MAX.to_le_bytes().to_vec(),
@@ -231,4 +236,76 @@ fn an_unsupported_type_is_named_when_read() {
         error.contains("tensor `iq` is IQ4_NL, which kiln does not dequantize"),
         "{error}"
     );
+}
+
+/// Metadata arrays take the memory their file takes: a uint8 array a byte an element, a string
+/// array its text and an offset a string (as generic values, a 160 MB file of bytes became 4 GB).
+#[test]
+fn metadata_arrays_are_held_as_compactly_as_the_file_holds_them() {
+    let mut builder = Builder::valid();
+    let bytes: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+    let array = |kind: u32, count: usize, values: &[u8]| {
+        [
+            &kind.to_le_bytes()[..],
+            &(count as u64).to_le_bytes(),
+            values,
+        ]
+        .concat()
+    };
+    let words: Vec<u8> = ["Ġthe", "", "é"].iter().flat_map(|w| string(w)).collect();
+    builder
+        .metadata
+        .push(("bytes".into(), 9, array(0, bytes.len(), &bytes)));
+    builder
+        .metadata
+        .push(("words".into(), 9, array(8, 3, &words)));
+    builder
+        .metadata
+        .push(("flags".into(), 9, array(7, 2, &[1, 0])));
+    let file = builder.open().unwrap();
+    let held = file.get("bytes").unwrap().as_array().unwrap();
+    assert_eq!(held, &Array::U8(bytes));
+    assert_eq!((held.len(), held.element_type()), (100_000, "uint8"));
+    let words = file
+        .get("words")
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .strings()
+        .unwrap();
+    assert_eq!(words.iter().collect::<Vec<_>>(), ["Ġthe", "", "é"]);
+    assert_eq!((words.get(2), words.get(3)), (Some("é"), None));
+    let flags = file.get("flags").unwrap().as_array().unwrap();
+    assert_eq!(flags, &Array::Bool(vec![true, false]));
+    assert_eq!(flags.integers(), None);
+}
+
+/// A directory is refused by name; a file cut short after it was opened is an error naming it
+/// when a tensor is read (it was a SIGBUS through a memory map).
+#[test]
+fn a_file_that_is_not_one_or_is_cut_short_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = GgufFile::open(dir.path()).unwrap_err().to_string();
+    assert!(
+        error.ends_with("is a directory, where a file is read"),
+        "{error}"
+    );
+    let path = dir.path().join("model.gguf");
+    std::fs::write(&path, Builder::valid().bytes()).unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    let tensor = file.tensor("w").unwrap().clone();
+    assert_eq!(file.dequantize(&tensor).unwrap()[7], 7.0);
+    let length = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(length - 8)
+        .unwrap();
+    let error = file.dequantize(&tensor).unwrap_err().to_string();
+    assert!(
+        error.starts_with(&format!("{}: ended at byte", path.display())),
+        "{error}"
+    );
+    assert!(error.contains("cut short or replaced"), "{error}");
 }

@@ -181,7 +181,6 @@ fn decoder(
         let values = file
             .dequantize(&tensor)
             .map_err(|e| TensorSnapshotError::DataError(e.to_string()))?;
-        file.release(&tensor);
         let values = match heads {
             Some(heads) => unpermute_rows(&values, tensor.shape[0], heads),
             None => values,

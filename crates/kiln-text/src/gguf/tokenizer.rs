@@ -60,11 +60,13 @@ impl TextTokenizer {
                 .get(key)
                 .and_then(Value::as_array)
                 .ok_or_else(|| error(format!("no `{key}` array in the metadata")))?;
-            values
-                .iter()
-                .map(|v| v.as_str())
-                .collect::<Option<_>>()
-                .ok_or_else(|| error(format!("`{key}` holds other values than strings")))
+            let strings = values.strings().ok_or_else(|| {
+                error(format!(
+                    "`{key}` holds {} values, not strings",
+                    values.element_type()
+                ))
+            })?;
+            Ok(strings.iter().collect())
         };
         match file.get("tokenizer.ggml.model").and_then(Value::as_str) {
             Some("gpt2") => {}
@@ -81,8 +83,11 @@ impl TextTokenizer {
         let types: Vec<u64> = match file.get("tokenizer.ggml.token_type") {
             Some(value) => value
                 .as_array()
-                .and_then(|types| types.iter().map(Value::as_u64).collect())
-                .ok_or_else(|| error("`tokenizer.ggml.token_type` is not integers".into()))?,
+                .and_then(|types| types.integers())
+                .and_then(|types| types.into_iter().map(|t| u64::try_from(t).ok()).collect())
+                .ok_or_else(|| {
+                    error("`tokenizer.ggml.token_type` is not integers of 0 or more".into())
+                })?,
             None => Vec::new(),
         };
         let pre = file.get("tokenizer.ggml.pre").and_then(Value::as_str);
@@ -95,16 +100,32 @@ impl TextTokenizer {
                     .join("; ")
             ))
         })?;
-        let id = |key: &str| -> Option<u32> {
-            let id = file.get(key)?.as_u64()?;
-            u32::try_from(id)
-                .ok()
+        let id = |key: &str| -> Result<Option<u32>, TextError> {
+            let Some(value) = file.get(key) else {
+                return Ok(None);
+            };
+            value
+                .as_u64()
+                .and_then(|id| u32::try_from(id).ok())
                 .filter(|&id| (id as usize) < tokens.len())
+                .map(Some)
+                .ok_or_else(|| {
+                    error(format!(
+                        "`{key}` is {value:?}, not the id of one of the vocabulary's {} tokens",
+                        tokens.len()
+                    ))
+                })
+        };
+        let optional_id = |key: &str| {
+            id(key).unwrap_or_else(|problem| {
+                log::warn!("{problem}; left out");
+                None
+            })
         };
         let flag = |key: &str| file.get(key).and_then(Value::as_bool).unwrap_or(false);
         let (bos, eos) = (
-            id("tokenizer.ggml.bos_token_id"),
-            id("tokenizer.ggml.eos_token_id"),
+            id("tokenizer.ggml.bos_token_id")?,
+            id("tokenizer.ggml.eos_token_id")?,
         );
         let added = [
             (flag("tokenizer.ggml.add_bos_token"), bos),
@@ -140,14 +161,17 @@ impl TextTokenizer {
             .get("tokenizer.chat_template")
             .and_then(Value::as_str)
             .map(str::to_string);
+        // A padding or unknown token outside the vocabulary changes nothing kiln generates: it
+        // is left out with a warning (llama.cpp does the same), where a wrong BOS or EOS above
+        // is refused.
         let specials: HashMap<String, String> = [
-            ("bos_token", "tokenizer.ggml.bos_token_id"),
-            ("eos_token", "tokenizer.ggml.eos_token_id"),
-            ("pad_token", "tokenizer.ggml.padding_token_id"),
-            ("unk_token", "tokenizer.ggml.unknown_token_id"),
+            ("bos_token", bos),
+            ("eos_token", eos),
+            ("pad_token", optional_id("tokenizer.ggml.padding_token_id")),
+            ("unk_token", optional_id("tokenizer.ggml.unknown_token_id")),
         ]
         .into_iter()
-        .filter_map(|(name, key)| Some((name.to_string(), tokens[id(key)? as usize].to_string())))
+        .filter_map(|(name, id)| Some((name.to_string(), tokens[id? as usize].to_string())))
         .collect();
         Ok(TextTokenizer::from_parts(
             tokenizer,
