@@ -131,7 +131,7 @@ impl DeviceJob for Args {
                     .and_then(|()| out.flush());
             }
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| format!("{input}:{}: --frame {}: {e}", start.line, self.frame))?;
         progress.finish_and_clear();
         written
             .and_then(|()| out.into_inner().map(|_| ()).map_err(|e| e.into_error()))

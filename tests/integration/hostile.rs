@@ -648,6 +648,33 @@ fn md_truncates_nothing_it_refuses() {
     refused(&md(&["--temperature", "-5"]), "must be a finite number ≥ 0");
     refused(&md(&["--every", "0"]), "--every");
     assert_eq!(snapshot(dir.path()), before, "a refused run changed files");
+    // Atoms on top of each other stop the run naming the file, its line and the frame.
+    let overlapping = dir.path().join("overlapping.extxyz");
+    fs::write(
+        &overlapping,
+        "2\nProperties=species:S:1:pos:R:3 pbc=\"F F F\"\nH 0 0 0\nH 0 0 0.00001\n",
+    )
+    .unwrap();
+    let output = run(
+        "md",
+        &[
+            Path::new("--model"),
+            &model,
+            Path::new("--input"),
+            &overlapping,
+            Path::new("--trajectory"),
+            &trajectory,
+        ],
+    );
+    refused(
+        &output,
+        &format!("{}:1: --frame 0: ", overlapping.display()),
+    );
+    refused(&output, "atoms 1 and 2 overlap");
+    assert_eq!(
+        fs::read_to_string(&trajectory).unwrap(),
+        "an earlier run's trajectory"
+    );
     succeeded(&md(&[]));
     assert!(fs::read_to_string(&trajectory).unwrap().contains("energy="));
 }

@@ -33,8 +33,8 @@ pub struct LabelledStructures {
 
 impl LabelledStructures {
     /// Every frame of an extxyz file with the labels `keys` name. An unreadable file, a frame
-    /// without a label or with a non-finite one is an error naming the file, the structure
-    /// (1-based) and its line.
+    /// with an unknown element or without a label or with a non-finite one is an error naming
+    /// the file, the structure (1-based) and its line.
     pub fn from_extxyz(path: &Path, keys: &LabelKeys) -> Result<Self, ForceFieldError> {
         let fail =
             |e: &dyn std::fmt::Display| ForceFieldError::Config(format!("{}: {e}", path.display()));
@@ -43,7 +43,20 @@ impl LabelledStructures {
         let labels = frames
             .iter()
             .enumerate()
-            .map(|(index, frame)| keys.read(frame, index))
+            .map(|(index, frame)| {
+                // An unknown symbol reads as atomic number 0: said as written, with its line.
+                if let Some((atom, symbol)) = frame.unknown_species.first_key_value() {
+                    return Err(ForceFieldError::Structure {
+                        index,
+                        reason: format!(
+                            "line {}: atom {} has unknown element `{symbol}`",
+                            frame.line,
+                            atom + 1
+                        ),
+                    });
+                }
+                keys.read(frame, index)
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| fail(&e))?;
         Ok(LabelledStructures {
@@ -291,5 +304,33 @@ impl Recipe {
             .validate()
             .map_err(|e| ForceFieldError::Config(e.to_string()))?;
         Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An unknown symbol is named as written, with its structure and line (it was reported as
+    /// "atomic number 0").
+    #[test]
+    fn an_unknown_element_is_named_with_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("train.extxyz");
+        let frame = |symbol: &str| {
+            format!(
+                "2\nProperties=species:S:1:pos:R:3:forces:R:3 energy=-1.0 pbc=\"F F F\"\n\
+                 H 0 0 0 0 0 0\n{symbol} 0 0 0.74 0 0 0\n"
+            )
+        };
+        std::fs::write(&path, frame("H") + &frame("Xx")).unwrap();
+        let err = LabelledStructures::from_extxyz(&path, &LabelKeys::default()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}: structure 2: line 5: atom 2 has unknown element `Xx`",
+                path.display()
+            )
+        );
     }
 }
