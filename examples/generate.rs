@@ -191,6 +191,21 @@ fn write_logits<B: Backend>(model: &CausalLm<B>, ids: &[u32], path: &Path) -> Re
         .cast(FloatDType::F32)
         .reshape([tokens, vocab])
         .into_data();
+    let values = logits
+        .as_slice::<f32>()
+        .map_err(|e| format!("the model's logits cannot be read: {e}"))?;
+    let bad = values.iter().filter(|v| !v.is_finite()).count();
+    if bad > 0 {
+        let first = values.iter().position(|v| !v.is_finite()).unwrap_or(0) / vocab.max(1);
+        return Err(format!(
+            "{bad} of the prompt's {} logits are NaN or infinite, from token {} on: the \
+             model's weights hold non-finite values, or its arithmetic overflowed (in 16-bit \
+             precision, try f32); {} was not written",
+            values.len(),
+            first + 1,
+            path.display()
+        ));
+    }
     let input_ids: Vec<u8> = ids
         .iter()
         .flat_map(|&id| i64::from(id).to_le_bytes())

@@ -121,8 +121,8 @@ struct Args {
     /// Held-out clips.
     #[arg(long, default_value_t = 256, value_parser = kiln::cli::count_up_to::<1_000_000>)]
     eval_clips: usize,
-    /// Evaluate every this many steps (and at the end).
-    #[arg(long, default_value_t = 250)]
+    /// Evaluate (and checkpoint) every this many steps (and at the end).
+    #[arg(long, default_value_t = 250, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
     eval_every: u64,
     /// Seeds the glyphs, the clips and the initial weights.
     #[arg(long, default_value_t = 0)]
@@ -163,6 +163,13 @@ impl Args {
             return Err(format!(
                 "--token-width {}: must be an even number ≥ 2 (DINOv2's two heads split it)",
                 self.token_width
+            ));
+        }
+        if self.eval_clips < self.batch {
+            return Err(format!(
+                "--eval-clips {} is below --batch {}: held-out clips are scored in whole \
+                 batches; give at least {} (or a smaller --batch)",
+                self.eval_clips, self.batch, self.batch
             ));
         }
         if self.start_grid > self.grid {
@@ -390,6 +397,14 @@ impl DeviceJob for Args {
                 outcome = Some(done);
             }
             let outcome = outcome.expect("a control has a final stage");
+            if let Some((_, loss)) = outcome.eval.iter().find(|(k, _)| k == "loss")
+                && !loss.is_finite()
+            {
+                return Err(format!(
+                    "{name}: the held-out loss is {loss} after training: the model diverged \
+                     (lower --lr); summary.json is not written"
+                ));
+            }
             model
                 .save(self.out.join(name).join("model"))
                 .map_err(|e| e.to_string())?;

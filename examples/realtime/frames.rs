@@ -35,7 +35,8 @@ impl FrameSource {
         };
         let size = args.size as u32;
         let note = resizing_note(input, size);
-        let cache = ImageCache::new(ImageCache::default_dir());
+        let cache =
+            ImageCache::new(ImageCache::default_dir()).max_image_pixels(args.max_image_pixels);
         let spec = ClipSpec::new(args.frames as u32, Preprocess::clip(size));
         let clip = cache
             .load_clips(&VideoSource::Videos(vec![input.clone()]), &spec)

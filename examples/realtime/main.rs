@@ -6,12 +6,13 @@
 //! ```text
 //! cargo run --release --example realtime -- --out DIR [--model unet|lsd] [--frames N]
 //!     [--input DIR|FILE] [--steps S] [--budget-ms 40] [--streams B] [--device D] [--policy P]
-//!     [--weights DIR] [--size PX] [--seed S]
+//!     [--weights DIR] [--size PX] [--seed S] [--max-image-pixels N]
 //! ```
 //!
 //! - `--input`: a folder of frame images (in name order) or a clip (GIF; MP4 with the `video`
 //!   feature), decoded once through kiln-cache, `--frames` frames sampled evenly from it; frames
-//!   of another size are resized (shorter side, centre crop) with a note. Without it, a moving
+//!   of another size are resized (shorter side, centre crop) with a note; frames declaring more
+//!   than `--max-image-pixels` are refused before decoding. Without it, a moving
 //!   pattern is generated (the system's demo's sine waves), shifted per stream.
 //! - `--steps`: denoising forwards per frame: the U-Net's at timesteps 50 … 0 (the system's
 //!   benchmark runs 6, the default), each on the previous step's output; the live-stream model's
@@ -88,6 +89,10 @@ struct Args {
     /// Seeds the random weights and the generated frames.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The most pixels an `--input` frame may declare (Pillow's limit by default); larger ones
+    /// are refused before decoding, as decompression bombs.
+    #[arg(long, default_value_t = kiln::cache::DEFAULT_MAX_PIXELS)]
+    max_image_pixels: u64,
 }
 
 /// What a run writes in `--out`.

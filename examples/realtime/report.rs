@@ -52,10 +52,12 @@ impl OutputWriter {
         let [streams, _, height, width] = out.shape[..] else {
             return Err("the model returned no frames".into());
         };
-        let values = out
-            .convert::<f32>()
-            .to_vec::<f32>()
-            .map_err(|e| format!("{e:?}"))?;
+        let values = out.convert::<f32>().to_vec::<f32>().map_err(|e| {
+            format!(
+                "frame {}: the model's output cannot be read: {e}",
+                index + 1
+            )
+        })?;
         let plane = height * width;
         for (stream, dir) in self.dirs.iter().enumerate().take(streams) {
             let frame = &values[stream * 3 * plane..(stream + 1) * 3 * plane];

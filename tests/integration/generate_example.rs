@@ -141,3 +141,55 @@ fn bad_input_is_refused_clearly() {
     let both = run(&["--model", "a.gguf", "--model-dir", model, "--prompt", "x"]);
     assert!(both.contains("cannot be used with"), "{both}");
 }
+
+/// Logits the model cannot give (a final norm so large that f32 overflows: the loader already
+/// refuses NaN weights) are refused as generation refuses them, and no file is written: a file
+/// of NaN logits passed for a result.
+#[test]
+fn non_finite_logits_are_refused_and_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("qwen2");
+    std::fs::create_dir(&model).unwrap();
+    for entry in std::fs::read_dir(text_fixtures().join("qwen2")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, model.join(path.file_name().unwrap())).unwrap();
+    }
+    let bytes = std::fs::read(model.join("model.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let huge = (f32::MAX / 2.0).to_le_bytes().repeat(64);
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            if name != "model.norm.weight" {
+                return (name, view);
+            }
+            assert_eq!(view.dtype(), safetensors::Dtype::F32);
+            let data = &huge[..view.data().len()];
+            let shape = view.shape().to_vec();
+            (
+                name,
+                safetensors::tensor::TensorView::new(view.dtype(), shape, data).unwrap(),
+            )
+        })
+        .collect();
+    std::fs::write(
+        model.join("model.safetensors"),
+        safetensors::serialize(views, None).unwrap(),
+    )
+    .unwrap();
+    let out = dir.path().join("logits.safetensors");
+    let output = Command::new(common::example("generate"))
+        .args(["--model-dir", model.to_str().unwrap(), "--prompt", "a fox"])
+        .arg("--logits")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("NaN or infinite") && stderr.contains("was not written"),
+        "{stderr}"
+    );
+    assert!(!out.exists());
+}

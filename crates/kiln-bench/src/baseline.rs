@@ -29,6 +29,33 @@ impl BaselineStore {
         self.dir.join(format!("{name}.json"))
     }
 
+    /// The copy of the executable that saved baseline `name`, kept to run it in turns with a
+    /// new build (see [`conduct`](crate::conduct)).
+    pub fn build_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.bin"))
+    }
+
+    /// The saved build of baseline `name`, where one was kept (baselines saved before
+    /// kiln-bench kept builds have none).
+    pub fn build(&self, name: &str) -> Option<PathBuf> {
+        Some(self.build_path(name)).filter(|path| path.is_file())
+    }
+
+    /// Keeps a copy of `executable` (the running suite) as baseline `name`'s build, whole or
+    /// not at all.
+    pub fn save_build(
+        &self,
+        name: &str,
+        executable: &std::path::Path,
+    ) -> Result<PathBuf, BenchError> {
+        check_name(name)?;
+        let path = self.build_path(name);
+        let partial = self.dir.join(format!(".{name}.bin.partial"));
+        std::fs::copy(executable, &partial).map_err(|e| FileError::io(executable, e))?;
+        std::fs::rename(&partial, &path).map_err(|e| FileError::io(&path, e))?;
+        Ok(path)
+    }
+
     /// Names of the saved baselines, sorted.
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(&self.dir)
@@ -106,6 +133,19 @@ pub enum Verdict {
     Missing,
 }
 
+impl Verdict {
+    /// The verdict on a relative `change` that exceeds the noise or not.
+    pub fn of(change: f64, beyond_noise: bool, threshold: f64) -> Self {
+        if !beyond_noise || change.abs() <= threshold {
+            Verdict::Unchanged
+        } else if change > 0.0 {
+            Verdict::Regressed
+        } else {
+            Verdict::Improved
+        }
+    }
+}
+
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(match self {
@@ -116,6 +156,21 @@ impl fmt::Display for Verdict {
             Verdict::Missing => "missing",
         })
     }
+}
+
+/// How a comparison read its changes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Method {
+    /// The new run against the numbers saved with the baseline: the machine's drift between
+    /// the two runs counts as change.
+    SavedNumbers,
+    /// The baseline's saved build and the new build took their samples in turns.
+    InTurns {
+        /// How much slower the baseline's build ran now than when it was saved (the geometric
+        /// mean over benchmarks of the ratio of medians, minus 1): the drift a comparison with
+        /// its saved numbers would have read as change.
+        baseline_drift: Option<f64>,
+    },
 }
 
 /// One row of a comparison.
@@ -131,6 +186,18 @@ pub struct Row {
     pub verdict: Verdict,
 }
 
+impl Row {
+    /// A row with no change to show.
+    pub(crate) fn unpaired(result: BenchResult, verdict: Verdict) -> Self {
+        Row {
+            result,
+            change: None,
+            noise: None,
+            verdict,
+        }
+    }
+}
+
 /// A new run compared with a baseline.
 #[derive(Debug, Clone)]
 pub struct Comparison {
@@ -140,6 +207,8 @@ pub struct Comparison {
     pub threshold: f64,
     /// One row per benchmark, in the new run's order, then the missing ones.
     pub rows: Vec<Row>,
+    /// How the changes were read.
+    pub method: Method,
 }
 
 impl Comparison {
@@ -151,22 +220,11 @@ impl Comparison {
             .iter()
             .map(|result| {
                 let Some(before) = old.results.iter().find(|o| o.key() == result.key()) else {
-                    return Row {
-                        result: result.clone(),
-                        change: None,
-                        noise: None,
-                        verdict: Verdict::New,
-                    };
+                    return Row::unpaired(result.clone(), Verdict::New);
                 };
                 let change = result.summary.median / before.summary.median - 1.0;
                 let noise = relative_change_noise(&before.summary, &result.summary);
-                let verdict = if change.abs() <= threshold || change.abs() <= noise {
-                    Verdict::Unchanged
-                } else if change > 0.0 {
-                    Verdict::Regressed
-                } else {
-                    Verdict::Improved
-                };
+                let verdict = Verdict::of(change, change.abs() > noise, threshold);
                 Row {
                     result: result.clone(),
                     change: Some(change),
@@ -179,17 +237,13 @@ impl Comparison {
             old.results
                 .iter()
                 .filter(|o| !new.results.iter().any(|n| n.key() == o.key()))
-                .map(|o| Row {
-                    result: o.clone(),
-                    change: None,
-                    noise: None,
-                    verdict: Verdict::Missing,
-                }),
+                .map(|o| Row::unpaired(o.clone(), Verdict::Missing)),
         );
         Comparison {
             baseline: baseline.to_string(),
             threshold,
             rows,
+            method: Method::SavedNumbers,
         }
     }
 
@@ -282,8 +336,31 @@ impl fmt::Display for Comparison {
             .filter(|r| r.verdict == Verdict::Regressed)
             .count();
         match regressions {
-            0 => writeln!(f, "no regression"),
-            n => writeln!(f, "{n} regression(s)"),
+            0 => writeln!(f, "no regression")?,
+            n => writeln!(f, "{n} regression(s)")?,
+        }
+        match self.method {
+            Method::SavedNumbers => writeln!(
+                f,
+                "read against the baseline's saved numbers: noise is each run's own (95%), and \
+                 the machine's drift between the runs counts as change"
+            ),
+            Method::InTurns { baseline_drift } => {
+                write!(
+                    f,
+                    "read from the baseline's saved build and this one taking their samples in \
+                     turns: change is the median of the turns' ratios, noise its 99% interval"
+                )?;
+                match baseline_drift {
+                    Some(drift) => writeln!(
+                        f,
+                        "; the baseline's build ran {:+.1}% against its saved numbers, drift \
+                         that this reading cancels",
+                        drift * 100.0
+                    ),
+                    None => writeln!(f),
+                }
+            }
         }
     }
 }

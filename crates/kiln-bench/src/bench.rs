@@ -132,6 +132,40 @@ pub struct Timings {
     pub device_bytes: Option<u64>,
 }
 
+/// Decides when a benchmark's warm samples are taken, once its inputs are built and it is warm.
+pub trait Pacer {
+    /// Takes the samples of benchmark `name` by calling `sample` (one timed run, its seconds).
+    fn samples(
+        &mut self,
+        name: &str,
+        config: &Config,
+        sample: &mut dyn FnMut() -> Result<f64, BenchError>,
+    ) -> Result<Vec<f64>, BenchError>;
+}
+
+/// Samples straight on, until [`Config::min_time`] was spent and [`Config::min_samples`]
+/// taken: a benchmark measured on its own.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Alone;
+
+impl Pacer for Alone {
+    fn samples(
+        &mut self,
+        _name: &str,
+        config: &Config,
+        sample: &mut dyn FnMut() -> Result<f64, BenchError>,
+    ) -> Result<Vec<f64>, BenchError> {
+        let mut samples = Vec::new();
+        let mut spent = 0.0;
+        while samples.len() < config.min_samples.max(1) || spent < config.min_time.as_secs_f64() {
+            let seconds = sample()?;
+            spent += seconds;
+            samples.push(seconds);
+        }
+        Ok(samples)
+    }
+}
+
 /// Times `bench` on `device`. `device_memory` reports the device's reserved bytes where the
 /// backend can tell (see `kiln_core::DeviceSpec::memory_reserved`).
 pub fn measure<B: Backend, X: Benchmark<B>>(
@@ -139,6 +173,17 @@ pub fn measure<B: Backend, X: Benchmark<B>>(
     device: &B::Device,
     config: &Config,
     device_memory: &dyn Fn() -> Option<u64>,
+) -> Result<Timings, BenchError> {
+    measure_paced(bench, device, config, device_memory, &mut Alone)
+}
+
+/// [`measure`], with `pacer` deciding when the warm samples are taken.
+pub fn measure_paced<B: Backend, X: Benchmark<B>>(
+    bench: &X,
+    device: &B::Device,
+    config: &Config,
+    device_memory: &dyn Fn() -> Option<u64>,
+    pacer: &mut dyn Pacer,
 ) -> Result<Timings, BenchError> {
     let variants = config.variants.max(1);
     let inputs: Vec<X::Input> = (0..variants).map(|v| bench.prepare(device, v)).collect();
@@ -170,14 +215,11 @@ pub fn measure<B: Backend, X: Benchmark<B>>(
             break;
         }
     }
-    let mut samples = Vec::new();
-    let mut spent = 0.0;
-    while samples.len() < config.min_samples.max(1) || spent < config.min_time.as_secs_f64() {
+    let samples = pacer.samples(&bench.name(), config, &mut || {
         let seconds = timed(&inputs[runs % variants])?;
         runs += 1;
-        spent += seconds;
-        samples.push(seconds);
-    }
+        Ok(seconds)
+    })?;
     Ok(Timings {
         cold,
         samples,

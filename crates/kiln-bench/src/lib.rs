@@ -23,7 +23,9 @@
 
 mod baseline;
 mod bench;
+mod builds;
 pub mod cli;
+mod lockstep;
 mod memory;
 mod report;
 mod runner;
@@ -32,10 +34,11 @@ pub mod stats;
 mod suite;
 
 pub use baseline::{
-    BaselineStore, Comparison, DEFAULT_THRESHOLD, Row, Verdict, format_rate, format_seconds,
-    run_table,
+    BaselineStore, Comparison, DEFAULT_THRESHOLD, Method, Row, Verdict, format_rate,
+    format_seconds, run_table,
 };
-pub use bench::{Benchmark, Config, Timings, Work, measure};
+pub use bench::{Alone, Benchmark, Config, Pacer, Timings, Work, measure, measure_paced};
+pub use lockstep::{DEFAULT_PAIRS, Lockstep, Paced, Pairs, conduct};
 pub use memory::{host_peak, reset_host_peak};
 pub use report::{BURN_VERSION, BenchResult, Environment, Peaks, Setting, SuiteRun, Throughput};
 pub use runner::{Runner, Suite, policy_label};
@@ -87,6 +90,28 @@ pub enum BenchError {
     /// A baseline name that cannot be a file name.
     #[error("bad baseline name `{0}`: use letters, digits, `-`, `_` and `.`")]
     BadName(String),
+    /// The two builds taken in turns stopped following the conversation (see
+    /// [`Lockstep`]): one failed, or a build saved by another kiln-bench speaks otherwise.
+    #[error(
+        "taking the two builds in turns failed: {0}; compare with the baseline's saved numbers \
+         with `--saved-numbers`, or save the baseline again"
+    )]
+    Conversation(String),
+    /// A build taken in turns failed.
+    #[error("{build} `{}` failed ({status}){said}", path.display())]
+    BuildFailed {
+        /// Which build: "the baseline's saved build" or "this build".
+        build: &'static str,
+        /// Its executable.
+        path: std::path::PathBuf,
+        /// How it ended.
+        status: String,
+        /// The end of what it printed, after a colon and a new line, or nothing.
+        said: String,
+    },
+    /// This build's run taken in turns failed one of its checks: the end of what it printed.
+    #[error("this build failed a check{0}")]
+    ChecksFailed(String),
     /// Batching made each item more expensive.
     #[error(
         "{name}: an item costs {} at batch {batch} but {} alone: batching makes it slower",

@@ -5,7 +5,7 @@ use kiln_core::Policy;
 
 use crate::BenchError;
 use crate::baseline::{DEFAULT_THRESHOLD, format_seconds};
-use crate::bench::{Benchmark, Config, measure};
+use crate::bench::{Alone, Benchmark, Config, Pacer, measure_paced};
 use crate::report::{BenchResult, Environment, Peaks, Setting, SuiteRun};
 use crate::scaling::BatchScaling;
 
@@ -25,6 +25,7 @@ pub struct Runner<'d, B: Backend> {
     filter: Option<String>,
     threshold: f64,
     device_memory: Box<dyn Fn() -> Option<u64> + 'd>,
+    pacer: Box<dyn Pacer + 'd>,
     results: Vec<BenchResult>,
     scalings: Vec<BatchScaling>,
 }
@@ -54,6 +55,7 @@ impl<'d, B: Backend> Runner<'d, B> {
             filter: None,
             threshold: DEFAULT_THRESHOLD,
             device_memory: Box::new(|| None),
+            pacer: Box::new(Alone),
             results: Vec::new(),
             scalings: Vec::new(),
         }
@@ -84,6 +86,13 @@ impl<'d, B: Backend> Runner<'d, B> {
         self
     }
 
+    /// `pacer` decides when each benchmark's samples are taken (default [`Alone`]; a
+    /// [`Lockstep`](crate::Lockstep) takes them in turns with another build's run).
+    pub fn with_pacer(mut self, pacer: impl Pacer + 'd) -> Self {
+        self.pacer = Box::new(pacer);
+        self
+    }
+
     /// The device benchmarks run on.
     pub fn device(&self) -> &'d B::Device {
         self.device
@@ -102,10 +111,16 @@ impl<'d, B: Backend> Runner<'d, B> {
             .is_none_or(|f| name.contains(f.as_str()))
     }
 
-    fn measure<X: Benchmark<B>>(&self, bench: &X) -> Result<BenchResult, BenchError> {
+    fn measure<X: Benchmark<B>>(&mut self, bench: &X) -> Result<BenchResult, BenchError> {
         let name = bench.name();
         eprint!("  {name} ... ");
-        let timings = measure(bench, self.device, &self.config, &*self.device_memory)?;
+        let timings = measure_paced(
+            bench,
+            self.device,
+            &self.config,
+            &*self.device_memory,
+            &mut *self.pacer,
+        )?;
         let result = BenchResult::new(
             name.clone(),
             &self.setting,

@@ -125,6 +125,59 @@ pub fn relative_change_noise(old: &Summary, new: &Summary) -> f64 {
         .hypot(new.relative_median_error())
 }
 
+/// Confidence of a paired change's interval: 99%.
+const PAIRED_CONFIDENCE: f64 = 0.99;
+
+/// Fewest pairs a paired change is read from: the widest interval, from the smallest to the
+/// largest ratio, covers the median with 1 − 2·½⁸ = 99.2% at 8 pairs.
+pub const MIN_PAIRS: usize = 8;
+
+/// A change read from pairs of measurements taken back to back (the baseline's build, then the
+/// new one, or the other way round), so that drift of the machine cancels in their ratio.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PairedChange {
+    /// Relative change, the median of the pairs' `new / old` ratios minus 1.
+    pub change: f64,
+    /// Half-width of the 99% confidence interval of that median, as a relative change. The
+    /// interval lies between order statistics of the ratios (the sign test's), so it assumes
+    /// nothing of their distribution: a few pairs hit by a passing slowdown cannot widen it.
+    pub noise: f64,
+    /// Whether that interval leaves out "no change".
+    pub beyond_noise: bool,
+}
+
+/// The change shown by `ratios` (`new / old` medians, one per pair). `None` with fewer than
+/// [`MIN_PAIRS`] ratios or one that is not finite and positive.
+pub fn paired_change(ratios: &[f64]) -> Option<PairedChange> {
+    if ratios.len() < MIN_PAIRS || ratios.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
+        return None;
+    }
+    let mut logs: Vec<f64> = ratios.iter().map(|r| r.ln()).collect();
+    logs.sort_by(f64::total_cmp);
+    let n = logs.len();
+    // The interval [l(k), l(n+1-k)] misses the median with probability 2·P(Binomial(n, ½) < k):
+    // take the largest k that keeps this within 1%.
+    let mut log_pmf = -(n as f64) * std::f64::consts::LN_2;
+    let mut below = 0.0;
+    let mut k = 0;
+    while k < n / 2 {
+        let with_next = below + log_pmf.exp();
+        if 2.0 * with_next > 1.0 - PAIRED_CONFIDENCE {
+            break;
+        }
+        below = with_next;
+        log_pmf += ((n - k) as f64 / (k + 1) as f64).ln();
+        k += 1;
+    }
+    let (low, high) = (logs[k.max(1) - 1], logs[n - k.max(1)]);
+    let median = percentile_sorted(&logs, 50.0);
+    Some(PairedChange {
+        change: median.exp() - 1.0,
+        noise: ((high - low) / 2.0).exp() - 1.0,
+        beyond_noise: low > 0.0 || high < 0.0,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,5 +285,37 @@ mod tests {
         assert!((drifting.drift - 0.1).abs() < 1e-12, "{}", drifting.drift);
         assert!((drifting.relative_median_error() - 0.1).abs() < 1e-12);
         assert!(independent.relative_median_error() < 0.01);
+    }
+
+    #[test]
+    fn paired_changes_have_a_sign_test_interval() {
+        // 20 pairs: 2·P(Binomial(20, ½) ≤ 3) = 0.0026 and 2·P(≤ 4) = 0.0118 (1 351 and 6 196 of
+        // 2²⁰), so the 99% interval runs from the 4th to the 17th smallest ratio.
+        let ratios: Vec<f64> = (1..=20).map(|i| 1.0 + f64::from(i) / 100.0).collect();
+        let paired = paired_change(&ratios).unwrap();
+        let (low, high) = (1.04f64.ln(), 1.17f64.ln());
+        assert!((paired.noise - (((high - low) / 2.0).exp() - 1.0)).abs() < 1e-12);
+        let median = (1.10f64.ln() + 1.11f64.ln()) / 2.0;
+        assert!((paired.change - (median.exp() - 1.0)).abs() < 1e-12);
+        assert!(paired.beyond_noise);
+        // Three pairs hit by a passing slowdown the other way do not hide the change...
+        let mut hit = ratios.clone();
+        hit[..3].copy_from_slice(&[0.5, 0.6, 0.7]);
+        assert!(paired_change(&hit).unwrap().beyond_noise);
+        // ...and four do.
+        hit[3] = 0.8;
+        assert!(!paired_change(&hit).unwrap().beyond_noise);
+        // 10 pairs: only the whole range reaches 99% (2·11/1 024 = 2.1% at the next).
+        let ten = paired_change(&ratios[..10]).unwrap();
+        assert!((ten.noise - (((1.10f64.ln() - 1.01f64.ln()) / 2.0).exp() - 1.0)).abs() < 1e-12);
+        // A faster build is a negative change.
+        let faster: Vec<f64> = ratios.iter().map(|r| 1.0 / r).collect();
+        let faster = paired_change(&faster).unwrap();
+        assert!(faster.change < -0.09 && faster.beyond_noise, "{faster:?}");
+        // Too few pairs, or a lost sample, conclude nothing.
+        assert_eq!(paired_change(&ratios[..7]), None);
+        let mut lost = ratios.clone();
+        lost[5] = f64::NAN;
+        assert_eq!(paired_change(&lost), None);
     }
 }

@@ -25,6 +25,7 @@
 //! (truncated shard, checksum mismatch, unreadable manifest) is rebuilt with a warning, never
 //! used. Processes building the same entry take turns through a lock file.
 
+mod animation;
 mod decode;
 mod feed;
 mod images;

@@ -7,16 +7,13 @@
 //! MP4 holding H.264 (decoded by OpenH264, built from source: no system FFmpeg). A still image
 //! (PNG, JPEG, WebP, BMP) is a video of one frame, as fVLM's image samples are.
 
-use std::fs::File;
-use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
-use image::codecs::gif::GifDecoder;
-use image::{AnimationDecoder, DynamicImage, ImageDecoder, RgbImage};
+use image::RgbImage;
 use serde::{Deserialize, Serialize};
 
 use crate::CacheError;
-use crate::decode::{IMAGE_EXTENSIONS, check_budget, decode, to_rgb8};
+use crate::decode::{IMAGE_EXTENSIONS, decode};
 use crate::preprocess::Preprocess;
 use crate::sources::{SourceFile, walk};
 use crate::upload::to_chw;
@@ -317,39 +314,17 @@ impl Video {
         }
     }
 
-    /// The sampled frames of a GIF, composited as browsers show them. Two passes (count, then
-    /// keep the sampled frames) hold two frames in memory instead of the whole animation.
+    /// The sampled frames of a GIF, composited as browsers show them (see [`crate::animation`]): one
+    /// canvas in memory, and only the frames up to the last sampled one decoded.
     fn gif_frames(&self, spec: &ClipSpec, max_pixels: u64) -> Result<Vec<RgbImage>, CacheError> {
-        let open = || -> Result<_, CacheError> {
-            let path = &self.source.path;
-            let file = File::open(path).map_err(|e| CacheError::io(path, e))?;
-            let decoder = GifDecoder::new(BufReader::new(file)).map_err(|e| self.bad(e))?;
-            let (width, height) = decoder.dimensions();
-            check_budget(width, height, max_pixels).map_err(|e| self.bad(e))?;
-            Ok(decoder.into_frames())
-        };
-        let (mut count, mut milliseconds) = (0, 0.0);
-        for frame in open()? {
-            let (numerator, denominator) = frame.map_err(|e| self.bad(e))?.delay().numer_denom_ms();
-            milliseconds += f64::from(numerator) / f64::from(denominator.max(1));
-            count += 1;
-        }
-        if count == 0 {
-            return Err(self.bad("a GIF without frames"));
-        }
+        let path = &self.source.path;
+        let scan = crate::animation::scan(path, max_pixels).map_err(|e| self.bad(e))?;
+        let count = scan.delays_ms.len();
+        let milliseconds: f64 = scan.delays_ms.iter().sum();
         // A GIF without delays has no frame rate (browsers show it at their own).
         let fps = (milliseconds > 0.0).then(|| count as f64 * 1000.0 / milliseconds);
         let wanted = spec.sampled(count, fps).map_err(|e| self.bad(e))?;
-        let mut kept = Vec::with_capacity(wanted.len());
-        for (index, frame) in open()?.enumerate().take(wanted[wanted.len() - 1] + 1) {
-            let frame = frame.map_err(|e| self.bad(e))?;
-            let repeats = wanted.iter().filter(|&&w| w == index).count();
-            if repeats > 0 {
-                let rgb = to_rgb8(DynamicImage::ImageRgba8(frame.into_buffer()));
-                kept.extend(std::iter::repeat_n(rgb, repeats));
-            }
-        }
-        Ok(kept)
+        crate::animation::frames(path, &scan, &wanted, max_pixels).map_err(|e| self.bad(e))
     }
 }
 

@@ -198,8 +198,9 @@ impl FileError {
 }
 
 /// What the system said, in the user's terms where the system's own words are terse or
-/// internal (`No such device (os error 19)`, `File exists (os error 17)`).
-fn said(error: &std::io::Error) -> String {
+/// internal (`No such device (os error 19)`, `File exists (os error 17)`), for a message that
+/// names the file itself.
+pub fn said(error: &std::io::Error) -> String {
     use std::io::ErrorKind;
     match error.kind() {
         ErrorKind::StorageFull => format!(

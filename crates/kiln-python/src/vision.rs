@@ -20,6 +20,8 @@ use pyo3::prelude::*;
 /// `[n, 3, h, w]` in, embeddings `[n, d]` (f32) out.
 trait Embed: Send {
     fn embed(&self, pixels: Vec<f32>, shape: [usize; 4]) -> PyResult<(Vec<f32>, usize)>;
+    /// The width of an embedding (the shape's second axis, even for no images).
+    fn width(&self) -> usize;
 }
 
 struct OnDevice<B: Backend> {
@@ -42,6 +44,10 @@ impl<B: Backend> Embed for OnDevice<B> {
             .to_vec::<f32>()
             .map_err(|e| PyRuntimeError::new_err(format!("reading the embeddings back: {e:?}")))?;
         Ok((values, dims))
+    }
+
+    fn width(&self) -> usize {
+        self.model.embedding_width()
     }
 }
 
@@ -130,7 +136,7 @@ impl Encoder {
     /// embedding's width.
     fn embed_all(&self, sources: &[Source], batch: usize) -> PyResult<(Vec<f32>, usize)> {
         let model = self.model.lock().map_err(|_| crate::poisoned())?;
-        let (mut values, mut dims) = (Vec::new(), 0);
+        let (mut values, mut dims) = (Vec::new(), model.width());
         let mut size = None;
         for (chunk_index, chunk) in sources.chunks(batch).enumerate() {
             let mut pixels = Vec::new();

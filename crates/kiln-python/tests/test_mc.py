@@ -2,6 +2,8 @@
 the T-pass mean is kiln.vision.embed's embedding and every variance is zero; with dropout the
 statistics have their shapes and the per-image variance is positive."""
 
+import warnings
+
 import numpy as np
 import pytest
 from conftest import VISION
@@ -14,7 +16,9 @@ IMAGES = VISION / "images"
 
 
 def test_without_dropout_the_mean_is_the_embedding(tmp_path):
-    stats = run(MODEL, IMAGES, passes=[2, 3], trials=2, dropout=0, cache_dir=tmp_path)
+    with pytest.warns(RuntimeWarning, match=r"rank_stability is NaN at \[2, 3\] passes"):
+        stats = run(MODEL, IMAGES, passes=[2, 3], trials=2, dropout=0, cache_dir=tmp_path)
+    assert np.isnan(stats["rank_stability"]).all()
     plain = embed(MODEL, sorted(IMAGES.iterdir()))
     assert stats["names"] == ["gray.png", "photo.jpg", "wide.png"]
     assert np.abs(stats["mean"] - plain).max() <= 1e-5 * np.abs(plain).max()
@@ -23,7 +27,9 @@ def test_without_dropout_the_mean_is_the_embedding(tmp_path):
 
 
 def test_with_dropout(tmp_path):
-    stats = run(MODEL, IMAGES, passes=(2, 4), trials=3, dropout=0.2, seed=7, cache_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ranks exist: no warning
+        stats = run(MODEL, IMAGES, passes=(2, 4), trials=3, dropout=0.2, seed=7, cache_dir=tmp_path)
     assert list(stats["passes"]) == [2, 4]
     for key in ("mean_variance", "uncertainty", "uncertainty_spread", "rank_stability"):
         assert stats[key].shape == (2,)

@@ -47,6 +47,14 @@ def test_one_image_and_batches_of_any_size():
     assert np.abs(all_at_once - one_by_one).max() <= 1e-5
 
 
+@pytest.mark.parametrize("tower, output", TOWERS)
+def test_no_images_embed_as_an_empty_array_of_the_embedding_width(tower, output):
+    expected = read_safetensors(VISION / f"{tower}.safetensors")[output]
+    empty = embed(VISION / tower, [])
+    assert empty.shape == (0, expected.shape[1])
+    assert empty.dtype == np.float32
+
+
 def test_bad_images_are_errors(tmp_path):
     encoder = load(VISION / "clip_vision")
     with pytest.raises(FileNotFoundError, match="image 2"):

@@ -273,6 +273,15 @@ impl<B: AutodiffBackend> Trainer<B> {
             }
         }
         let finished = state.step >= config.steps || state.stopped_early;
+        if finished && state.skipped.1 > 0 && state.skipped.1 as u64 == state.step {
+            // Every step was skipped: the model is the one the run began with, not a result.
+            progress.abandon();
+            return Err(TrainError::NonFinite {
+                step: state.step,
+                in_a_row: state.skipped.1,
+                checkpoint: last_checkpoint,
+            });
+        }
         if finished
             && last_eval.is_empty()
             && let Some(eval) = eval

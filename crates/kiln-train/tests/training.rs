@@ -485,6 +485,25 @@ fn a_loss_that_stays_non_finite_stops_the_run_and_keeps_the_last_good_checkpoint
     ends_where_pytorch_ends(&resumed.model, &fixture);
 }
 
+/// A run too short to reach the limit of skipped steps in a row, all of whose steps were
+/// skipped (a diverging learning rate), is an error: its model is the untrained one.
+#[test]
+fn a_run_whose_every_step_was_skipped_is_an_error_not_a_result() {
+    let fixture = Fixture::load();
+    let device = Default::default();
+    let out = tempfile::tempdir().unwrap();
+    let mut settings = config(&fixture);
+    settings.max_skipped_in_a_row = 1000;
+    let mut m = model(&fixture, &device);
+    m.nan_from_step = Some(0);
+    let error = run_with(settings, &fixture, quiet(out.path()), m).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains(&format!("{STEPS} steps in a row (through step {STEPS})")),
+        "{message}"
+    );
+}
+
 #[test]
 fn running_out_of_device_memory_is_an_error_naming_the_batch_and_other_panics_stay_panics() {
     let fixture = Fixture::load();

@@ -197,6 +197,11 @@ impl<B: Backend> Tower<B> for ClipVisionModel<B> {
     fn embeddings_of(output: ClipOutput<B>) -> Tensor<B, 2> {
         output.image_embeds
     }
+
+    fn embedding_width(&self) -> usize {
+        // `projection_dim`: the projection's weight is `[hidden, projection]`.
+        self.visual_projection.weight.lazy_shape().dims::<2>()[1]
+    }
 }
 
 impl ClipVisionConfig {

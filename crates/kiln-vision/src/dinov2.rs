@@ -505,6 +505,10 @@ impl<B: Backend> Tower<B> for Dinov2Model<B> {
     fn embeddings_of(output: Dinov2Output<B>) -> Tensor<B, 2> {
         output.pooler_output
     }
+
+    fn embedding_width(&self) -> usize {
+        self.config.hidden_size
+    }
 }
 
 /// A batch of frames as DINOv2 saw them, for queries to read afterwards

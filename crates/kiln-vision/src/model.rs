@@ -30,6 +30,7 @@ trait AnyTower<B: Backend>: Any + std::fmt::Debug + Send + Sync {
         draw: &Draw,
     ) -> Result<Tensor<B, 2>, VisionError>;
     fn check_pixels(&self, dims: [usize; 4]) -> Result<(), VisionError>;
+    fn embedding_width(&self) -> usize;
     fn family(&self) -> &'static str;
     fn num_params(&self) -> usize;
     fn with_policy(self: Box<Self>, policy: &Policy) -> Box<dyn AnyTower<B>>;
@@ -60,6 +61,10 @@ impl<B: Backend, T: Tower<B> + Sync + 'static> AnyTower<B> for T {
 
     fn check_pixels(&self, dims: [usize; 4]) -> Result<(), VisionError> {
         Tower::check_pixels(self, dims)
+    }
+
+    fn embedding_width(&self) -> usize {
+        Tower::embedding_width(self)
     }
 
     fn family(&self) -> &'static str {
@@ -165,6 +170,11 @@ impl<B: Backend> VisionModel<B> {
         self.0.forward(pixels)
     }
 
+    /// `D`, the width of its embeddings ([`Tower::embedding_width`]).
+    pub fn embedding_width(&self) -> usize {
+        self.0.embedding_width()
+    }
+
     /// Refuses pixels `[batch, channels, H, W]` the model cannot take ([`Tower::check_pixels`]).
     pub fn check_pixels(&self, dims: [usize; 4]) -> Result<(), VisionError> {
         self.0.check_pixels(dims)
@@ -245,6 +255,10 @@ mod tests {
 
         fn embeddings_of(output: Tensor<B, 2>) -> Tensor<B, 2> {
             output
+        }
+
+        fn embedding_width(&self) -> usize {
+            self.projection.weight.lazy_shape().dims::<2>()[1]
         }
 
         fn check_pixels(&self, dims: [usize; 4]) -> Result<(), VisionError> {

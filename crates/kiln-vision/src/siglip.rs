@@ -268,6 +268,15 @@ impl<B: Backend> Tower<B> for SiglipVisionModel<B> {
             None => output.last_hidden_state.mean_dim(1).squeeze_dim(1),
         }
     }
+
+    fn embedding_width(&self) -> usize {
+        // `hidden_size`, pooled or averaged.
+        self.vision_model
+            .post_layernorm
+            .gamma
+            .lazy_shape()
+            .dims::<1>()[0]
+    }
 }
 
 impl SiglipVisionConfig {

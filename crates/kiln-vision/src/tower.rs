@@ -35,6 +35,9 @@ pub trait Tower<B: Backend>: Module<B> {
     /// The embeddings among the outputs, `[batch, D]`.
     fn embeddings_of(output: Self::Output) -> Tensor<B, 2>;
 
+    /// `D`, the width of an embedding.
+    fn embedding_width(&self) -> usize;
+
     /// Refuses pixels `[batch, channels, H, W]` the tower cannot take (no images, another
     /// channel count, a size its position table does not cover), naming the `config.json`
     /// settings involved. [`Tower::forward_sampled`] checks; call it before [`Tower::forward`]

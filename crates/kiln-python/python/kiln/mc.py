@@ -12,6 +12,7 @@ per-image uncertainty). As ``examples/exp0_mc`` reports them.
 """
 
 import os
+import warnings
 
 from kiln import _kiln
 from kiln._paths import existing_dir
@@ -43,7 +44,7 @@ def run(
     (``"attention_probs=0.1,mlp_hidden=0.1"``). ``cache_dir``: where decoded images are kept
     (default ``$KILN_CACHE_DIR`` or ``~/.cache/kiln``).
     """
-    return _kiln.run(
+    stats = _kiln.run(
         existing_dir(model_dir, "model_dir"),
         existing_dir(images, "images"),
         [int(t) for t in passes],
@@ -54,4 +55,26 @@ def run(
         device,
         policy,
         None if cache_dir is None else os.fspath(cache_dir),
+    )
+    _warn_of_undefined_ranks(stats)
+    return stats
+
+
+def _warn_of_undefined_ranks(stats):
+    """``rank_stability`` is NaN where no ranking exists: one image, or every image's
+    uncertainty equal in a trial (no dropout). Say so rather than return NaN silently."""
+    undefined = [int(t) for t, r in zip(stats["passes"], stats["rank_stability"]) if r != r]
+    if not undefined:
+        return
+    images = len(stats["names"])
+    why = (
+        "one image has no ranking"
+        if images < 2
+        else "a trial gave every image the same uncertainty (no dropout, or a rate of 0?)"
+    )
+    warnings.warn(
+        f"rank_stability is NaN at {undefined} passes: {why}; it needs at least two images "
+        "whose uncertainties differ",
+        RuntimeWarning,
+        stacklevel=3,
     )

@@ -53,6 +53,12 @@ fn cached_images_through_each_tower_match_transformers() {
         let embeddings: Vec<f32> = model.forward(pixels).into_data().to_vec().unwrap();
         let expected = reference(name, output);
         let (plane, width) = (ours.len() / images.len(), embeddings.len() / images.len());
+        // The width the model declares (for an empty batch) is transformers' output width.
+        assert_eq!(
+            model.embedding_width(),
+            expected.len() / images.len(),
+            "{name}"
+        );
         for (i, image) in images.names().enumerate() {
             let pixel_error = relative(&ours[i * plane..][..plane], &theirs[i * plane..][..plane]);
             let error = relative(
