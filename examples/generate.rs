@@ -241,21 +241,26 @@ fn main() -> ExitCode {
     kiln::log_to_stderr();
     let args = Args::parse();
     let device = args.device;
-    let result = match &args.logits {
-        Some(path) => kiln::io::RunFiles::new()
-            .input(
-                "the model (--model or --model-dir)",
-                args.model
-                    .as_ref()
-                    .or(args.model_dir.as_ref())
-                    .expect("clap requires one"),
-            )
-            .output("--logits", path)
-            .check()
-            .map_err(|e| e.to_string()),
-        None => Ok(()),
+    let mut files = kiln::io::RunFiles::new();
+    if let Some(file) = &args.model {
+        files = files.input_file(
+            "--model (a GGUF file; a Hugging Face model directory goes to --model-dir)",
+            file,
+        );
     }
-    .and_then(|()| device.run(args).map_err(|e| e.to_string()))
-    .and_then(|r| r);
+    if let Some(dir) = &args.model_dir {
+        files = files.input_dir(
+            "--model-dir (a Hugging Face model directory; a GGUF file goes to --model)",
+            dir,
+        );
+    }
+    if let Some(path) = &args.logits {
+        files = files.output("--logits", path);
+    }
+    let result = files
+        .check()
+        .map_err(|e| e.to_string())
+        .and_then(|()| device.run(args).map_err(|e| e.to_string()))
+        .and_then(|r| r);
     kiln::exit_status(result)
 }

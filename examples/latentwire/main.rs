@@ -123,7 +123,10 @@ impl Args {
 
     fn files(&self) -> RunFiles {
         let files = (self.lm.iter()).fold(RunFiles::new(), |files, lm| {
-            files.input("a language model directory (--lm)", lm)
+            files.input_dir(
+                "--lm (Hugging Face chat-model directories; GGUF files are not read here)",
+                lm,
+            )
         });
         files.output_dir("--out", &self.out)
     }

@@ -163,7 +163,7 @@ impl Args {
             files = files.input("the input frames (--input)", input);
         }
         if let Some(weights) = &self.weights {
-            files = files.input("the model's weights (--weights)", weights);
+            files = files.input_dir("--weights (a directory holding model.safetensors)", weights);
         }
         files.output_dir("--out", &self.out)
     }

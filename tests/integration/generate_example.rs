@@ -140,6 +140,20 @@ fn bad_input_is_refused_clearly() {
     assert!(missing.contains("missing.gguf"), "{missing}");
     let both = run(&["--model", "a.gguf", "--model-dir", model, "--prompt", "x"]);
     assert!(both.contains("cannot be used with"), "{both}");
+    // A directory given to --model and a GGUF file to --model-dir: the mix-up is named.
+    let dir_as_file = run(&["--model", model, "--prompt", "x"]);
+    assert!(
+        dir_as_file.contains("is a directory, where a file is read")
+            && dir_as_file.contains("goes to --model-dir"),
+        "{dir_as_file}"
+    );
+    let gguf = fixtures.join("gguf/llama.gguf");
+    let file_as_dir = run(&["--model-dir", gguf.to_str().unwrap(), "--prompt", "x"]);
+    assert!(
+        file_as_dir.contains("is a file, where a directory is read")
+            && file_as_dir.contains("goes to --model"),
+        "{file_as_dir}"
+    );
 }
 
 /// Logits the model cannot give (a final norm so large that f32 overflows: the loader already

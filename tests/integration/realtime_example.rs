@@ -138,6 +138,15 @@ fn bad_inputs_are_clear_errors() {
         error.contains("--size 33: the live-stream model: height = 33: a positive even number"),
         "{error}"
     );
+    // --weights takes a directory: a file there is named as such.
+    let file = dir.path().join("model.safetensors");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let error = sized(&["--weights", file.to_str().unwrap()]);
+    assert!(
+        error.contains("--weights (a directory holding model.safetensors)")
+            && error.contains("is a file, where a directory is read"),
+        "{error}"
+    );
     assert!(!out.exists(), "a refused run left {}", out.display());
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();

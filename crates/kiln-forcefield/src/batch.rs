@@ -9,9 +9,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use kiln_kernels::RowIndex;
 
-use crate::ForceFieldError;
 use crate::neighbors::neighbor_list;
 use crate::structure::Structure;
+use crate::{ForceFieldError, PainnConfig};
 
 /// Structures batched into one graph on a device.
 #[derive(Debug, Clone)]
@@ -34,25 +34,32 @@ pub struct Graph<B: Backend> {
     pub atoms: Vec<usize>,
     /// Cell volume (Å³) of each structure periodic along all three lattice vectors.
     pub volumes: Vec<Option<f64>>,
+    /// Each structure's shortest distance between atoms within the cutoff, Å (infinite
+    /// without pairs).
+    pub closest: Vec<f64>,
 }
 
 impl<B: Backend> Graph<B> {
-    /// The graph of `structures` for a model with `cutoff` (Å) embedding elements below `max_z`,
-    /// floats in `dtype`. The first structure that cannot be evaluated is an error naming it.
+    /// The graph of `structures` for a model of `config` (its cutoff, the elements it embeds),
+    /// floats in `dtype`. The first structure that cannot be evaluated is an error naming it,
+    /// one whose neighbour pairs the device has no memory for included
+    /// ([`PainnConfig::check_pairs`]).
     pub fn new(
         structures: &[Structure],
-        cutoff: f64,
-        max_z: usize,
+        config: &PainnConfig,
         device: &B::Device,
         dtype: DType,
     ) -> Result<Self, ForceFieldError> {
+        let available = kiln_core::free_memory::<B>(device);
         let (mut numbers, mut positions, mut structure) = (Vec::new(), Vec::new(), Vec::new());
         let (mut idx_i, mut idx_j, mut shifts) = (Vec::new(), Vec::new(), Vec::new());
         let mut atoms = Vec::with_capacity(structures.len());
         let mut volumes = Vec::with_capacity(structures.len());
+        let mut closest = Vec::with_capacity(structures.len());
         for (index, s) in structures.iter().enumerate() {
-            s.validate(index, max_z)?;
-            let list = neighbor_list(s, cutoff).map_err(|e| e.in_structure(index))?;
+            s.validate(index, config.max_z)?;
+            let list = neighbor_list(s, config.cutoff).map_err(|e| e.in_structure(index))?;
+            config.check_pairs(index, list.len(), dtype.size(), available)?;
             let offset = numbers.len() as i64;
             idx_i.extend(list.i.iter().map(|&i| i64::from(i) + offset));
             idx_j.extend(list.j.iter().map(|&j| i64::from(j) + offset));
@@ -62,6 +69,7 @@ impl<B: Backend> Graph<B> {
             structure.extend(std::iter::repeat_n(index as i64, s.len()));
             atoms.push(s.len());
             volumes.push(s.volume());
+            closest.push(list.closest(s));
         }
         let ints = |values: Vec<i64>| {
             let n = values.len();
@@ -86,6 +94,7 @@ impl<B: Backend> Graph<B> {
             shifts: floats(shifts),
             atoms,
             volumes,
+            closest,
         })
     }
 }

@@ -84,6 +84,50 @@ fn default_readout_layers() -> usize {
 }
 
 impl PainnConfig {
+    /// Bytes each ordered neighbour pair takes at the least while a structure is evaluated
+    /// with forces, floats of `element` bytes: its filters and their gradients (3F a set of
+    /// filters, one set a block unless `shared_filters`, for each unordered pair), its radial
+    /// basis and its geometry. Both the host kernel and the tensor graph hold at least this.
+    pub fn bytes_per_pair(&self, element: usize) -> u64 {
+        let sets = if self.shared_filters {
+            1
+        } else {
+            self.n_interactions
+        };
+        let floats = 3 * self.n_atom_basis * sets + self.n_rbf + 8;
+        (floats as u64).saturating_mul(element as u64)
+    }
+
+    /// Refuses structure `index` (0-based) when its `pairs` neighbour pairs need more than
+    /// `available` bytes (see [`bytes_per_pair`](Self::bytes_per_pair)): atoms packed far closer
+    /// than any real structure's, or one far too large for the machine, are said as such
+    /// instead of ending the process in a failed allocation (from Python, the interpreter).
+    pub fn check_pairs(
+        &self,
+        index: usize,
+        pairs: usize,
+        element: usize,
+        available: Option<u64>,
+    ) -> Result<(), ForceFieldError> {
+        let needed = (pairs as u64).saturating_mul(self.bytes_per_pair(element));
+        match available {
+            Some(available) if needed > available => Err(ForceFieldError::Structure {
+                index,
+                reason: format!(
+                    "its {pairs} neighbour pairs within {} Å need at least {} for the model's \
+                     filters (n_atom_basis {}, n_interactions {}), but {} is available: are its \
+                     atoms this close, or its lengths in Å? Evaluate smaller pieces of it",
+                    self.cutoff,
+                    kiln_core::human_bytes(needed),
+                    self.n_atom_basis,
+                    self.n_interactions,
+                    kiln_core::human_bytes(available)
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Reads `config.json` (or the model directory holding it) and checks it.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ForceFieldError> {
         let (file, config): (_, PainnConfig) = kiln_core::read_config(path.as_ref())?;
@@ -252,5 +296,30 @@ mod tests {
         ))
         .unwrap_err();
         assert!(err.contains("atomref has 2 values"), "{err}");
+    }
+
+    /// The issue's case: 64 000 atoms 0.9 Å apart have ~720 neighbours each within 5 Å, 46
+    /// million pairs: a seed-size model's filters alone take over 200 GB. Refused from the
+    /// count, naming the structure; a molecule's pairs pass.
+    #[test]
+    fn pairs_beyond_the_memory_are_refused_before_allocating() {
+        let config = config(&format!("{{{BASE}}}")).unwrap();
+        // 3 · 128 · 3 filters + 20 radial + 8 geometry floats of 4 bytes.
+        assert_eq!(config.bytes_per_pair(4), (3 * 128 * 3 + 20 + 8) * 4);
+        let dense = 64_000 * 720;
+        let err = config
+            .check_pairs(4, dense, 4, Some(24_000_000_000))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("structure 5")
+                && err.contains("46080000 neighbour pairs")
+                && err.contains("217.5 GB")
+                && err.contains("24.0 GB is available"),
+            "{err}"
+        );
+        config.check_pairs(0, 3 * 2, 4, Some(1_000_000)).unwrap();
+        // Where the memory cannot be read, nothing is refused.
+        config.check_pairs(0, dense, 4, None).unwrap();
     }
 }

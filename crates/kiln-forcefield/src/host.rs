@@ -141,6 +141,14 @@ impl Host {
         }
     }
 
+    /// Bytes of one float of the kernel.
+    fn element_bytes(&self) -> usize {
+        match self {
+            Host::F32(_) => 4,
+            Host::F64(_) => 8,
+        }
+    }
+
     /// [`HostPotential::evaluate`] in the model's dtype.
     pub fn evaluate(&self, s: &Structure, list: &NeighborList, parts: usize) -> Evaluated {
         match self {
@@ -159,9 +167,15 @@ impl Host {
         let evaluate = |index: usize, s: &Structure, parts: usize| {
             s.validate(index, config.max_z)?;
             let list = neighbor_list(s, config.cutoff).map_err(|e| e.in_structure(index))?;
-            Ok(self.evaluate(s, &list, parts))
+            config.check_pairs(
+                index,
+                list.len(),
+                self.element_bytes(),
+                kiln_core::available_memory(),
+            )?;
+            Ok((self.evaluate(s, &list, parts), list.closest(s)))
         };
-        let results: Vec<Result<Evaluated, ForceFieldError>> = match structures {
+        let results: Vec<Result<(Evaluated, f64), ForceFieldError>> = match structures {
             [s] => vec![evaluate(0, s, parts_for(s.len()))],
             _ => structures
                 .par_iter()
@@ -173,13 +187,18 @@ impl Host {
             energies: Vec::with_capacity(structures.len()),
             forces: Vec::new(),
             stresses: Vec::with_capacity(structures.len()),
+            closest: Vec::with_capacity(structures.len()),
         };
         for (s, result) in structures.iter().zip(results) {
-            let Evaluated {
-                energy,
-                forces,
-                virial,
-            } = result?;
+            let (
+                Evaluated {
+                    energy,
+                    forces,
+                    virial,
+                },
+                closest,
+            ) = result?;
+            predictions.closest.push(closest);
             predictions.energies.push(energy);
             predictions.forces.extend(forces);
             predictions

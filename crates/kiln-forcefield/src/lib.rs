@@ -53,7 +53,9 @@ pub use md::{
 pub use neighbors::{
     NeighborError, NeighborList, NeighborMethod, neighbor_list, neighbor_list_with,
 };
-pub use painn::{Doubt, IMPLAUSIBLE_EV_PER_ATOM, Painn, Predictions, Predictor};
+pub use painn::{
+    CLOSEST_PLAUSIBLE_DISTANCE, Doubt, IMPLAUSIBLE_EV_PER_ATOM, Painn, Predictions, Predictor,
+};
 pub use structure::Structure;
 #[cfg(feature = "train")]
 pub use train::{ForceBatch, LabelledStructures, Recipe};

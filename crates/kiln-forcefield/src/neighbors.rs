@@ -57,6 +57,24 @@ impl NeighborList {
         lattice_vector(cell, self.cell_shifts[p])
     }
 
+    /// The shortest distance (Å) between two atoms of `structure` (the list's), or an atom and
+    /// a periodic image of one, itself included; infinite without pairs.
+    pub fn closest(&self, structure: &Structure) -> f64 {
+        (0..self.len())
+            .map(|p| {
+                let (i, j) = (self.i[p] as usize, self.j[p] as usize);
+                let shift = self.shift(p, &structure.cell);
+                (0..3)
+                    .map(|a| {
+                        let d = structure.positions[j][a] - structure.positions[i][a] + shift[a];
+                        d * d
+                    })
+                    .sum::<f64>()
+                    .sqrt()
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
     fn push(&mut self, i: usize, j: usize, shift: [i32; 3]) {
         self.i.push(i as u32);
         self.j.push(j as u32);

@@ -113,7 +113,14 @@ pub struct Predictions {
     /// One per structure: for those periodic along all three lattice vectors, the stress
     /// `(1/V) ∂E/∂ε` in eV/Å³ (ASE's sign convention: positive under tension).
     pub stresses: Vec<Option<[[f64; 3]; 3]>>,
+    /// One per structure: the shortest distance between two of its atoms (or an atom and a
+    /// periodic image) within the cutoff, Å; infinite without pairs.
+    pub closest: Vec<f64>,
 }
+
+/// Atoms closer than this (Å) are closer than any bond (the shortest, H₂'s, is 0.74 Å): a
+/// potential trained on real structures extrapolates there.
+pub const CLOSEST_PLAUSIBLE_DISTANCE: f64 = 0.6;
 
 /// Energies beyond this many eV per atom are no chemistry's: binding energies are a few eV per
 /// atom, a core electron's a few keV.
@@ -142,13 +149,23 @@ pub enum Doubt {
         /// The energy per atom, eV.
         per_atom: f64,
     },
+    /// Atoms closer than [`CLOSEST_PLAUSIBLE_DISTANCE`]: a result, with a warning.
+    #[error(
+        "two atoms (or an atom and a periodic image) are {distance:.3} Å apart, closer than any \
+         bond (H₂'s, the shortest, is 0.74 Å): the model extrapolates (check the cell and \
+         positions)"
+    )]
+    TooClose {
+        /// The shortest distance, Å.
+        distance: f64,
+    },
 }
 
 impl Predictions {
     /// Why structure `s` (of `atoms` atoms, whose forces start at `first`) should not be
-    /// trusted: a NaN or infinite energy, force or stress (an error), or an energy beyond
-    /// [`IMPLAUSIBLE_EV_PER_ATOM`] (a warning: atoms far closer than any training structure's,
-    /// where the model extrapolates); `None` when nothing is wrong.
+    /// trusted: a NaN or infinite energy, force or stress (an error), an energy beyond
+    /// [`IMPLAUSIBLE_EV_PER_ATOM`] or atoms closer than [`CLOSEST_PLAUSIBLE_DISTANCE`] (warnings:
+    /// the model extrapolates); `None` when nothing is wrong.
     pub fn doubt(&self, s: usize, first: usize, atoms: usize) -> Option<Doubt> {
         let energy = self.energies[s];
         let forces = &self.forces[first..first + atoms];
@@ -163,8 +180,11 @@ impl Predictions {
             return Some(Doubt::NonFinite { energy });
         }
         let per_atom = energy / atoms.max(1) as f64;
-        (per_atom.abs() > IMPLAUSIBLE_EV_PER_ATOM)
-            .then_some(Doubt::Implausible { energy, per_atom })
+        if per_atom.abs() > IMPLAUSIBLE_EV_PER_ATOM {
+            return Some(Doubt::Implausible { energy, per_atom });
+        }
+        let distance = self.closest.get(s).copied().unwrap_or(f64::INFINITY);
+        (distance < CLOSEST_PLAUSIBLE_DISTANCE).then_some(Doubt::TooClose { distance })
     }
 }
 
@@ -318,13 +338,7 @@ impl<B: Backend> Painn<B> {
         device: &B::Device,
     ) -> Result<Graph<B>, ForceFieldError> {
         let dtype = self.representation.filter_net.weight.val().dtype();
-        Graph::new(
-            structures,
-            self.config.cutoff,
-            self.config.max_z,
-            device,
-            dtype,
-        )
+        Graph::new(structures, &self.config, device, dtype)
     }
 
     /// The energy of every structure of `graph` with its atoms at `positions` `[N, 3]` (the
@@ -757,6 +771,7 @@ impl<B: AutodiffBackend> Painn<B> {
             energies: read(energies.into_data()),
             forces: forces.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect(),
             stresses,
+            closest: graph.closest.clone(),
         })
     }
 }
@@ -830,10 +845,15 @@ mod tests {
     #[test]
     fn non_finite_and_absurd_predictions_are_doubted() {
         let predictions = Predictions {
-            energies: vec![-3.2, -1.4e22, f64::NAN, 1.0],
-            forces: vec![[0.1, 0.0, -0.2]; 5],
-            stresses: vec![None, None, None, Some([[0.0, f64::INFINITY, 0.0]; 3])],
+            energies: vec![-3.2, -1.4e22, f64::NAN, 1.0, -8076.3],
+            forces: vec![[0.1, 0.0, -0.2]; 6],
+            stresses: vec![None, None, None, Some([[0.0, f64::INFINITY, 0.0]; 3]), None],
+            closest: vec![0.96, 0.1, 1.0, 1.0, 0.5],
         };
+        // A lone H 0.5 Å from its own images (a 0.5 Å cell): a finite energy, with a warning.
+        let close = predictions.doubt(4, 5, 1).unwrap();
+        assert_eq!(close, Doubt::TooClose { distance: 0.5 });
+        assert!(close.to_string().contains("0.500 Å apart"), "{close}");
         assert_eq!(predictions.doubt(0, 0, 2), None);
         let absurd = predictions.doubt(1, 2, 1).unwrap().to_string();
         assert!(absurd.contains("-1.4000e22 eV"), "{absurd}");

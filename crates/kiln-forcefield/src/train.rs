@@ -19,7 +19,7 @@ use crate::extxyz::read_extxyz;
 use crate::labels::{LabelKeys, Labels};
 use crate::loss::{LossWeights, check_forces, cosine, loss_value};
 use crate::neighbors::neighbor_list;
-use crate::painn::Painn;
+use crate::painn::{CLOSEST_PLAUSIBLE_DISTANCE, Doubt, Painn};
 use crate::structure::Structure;
 
 /// Structures with their reference labels: a training or validation set.
@@ -92,6 +92,15 @@ impl LabelledStructures {
             let pairs = neighbor_list(structure, cutoff).map_err(|e| e.in_structure(index))?;
             if structure.len() > 1 && pairs.i.is_empty() {
                 unconnected += 1;
+            }
+            let closest = pairs.closest(structure);
+            if closest < CLOSEST_PLAUSIBLE_DISTANCE {
+                // As the force-field example warns when it evaluates such a structure.
+                log::warn!(
+                    "structure {}: {}",
+                    index + 1,
+                    Doubt::TooClose { distance: closest }
+                );
             }
             check_forces(index, structure, labels)?;
         }

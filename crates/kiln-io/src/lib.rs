@@ -163,6 +163,18 @@ pub enum FileError {
         /// Where the read was to end.
         wanted: u64,
     },
+    /// An input of the wrong kind: a directory where a file is read, or the other way round.
+    #[error("{role}: {} is {found}, where {expected} is read", path.display())]
+    InputKind {
+        /// What the input is for (the flag, with what it takes).
+        role: String,
+        /// The input.
+        path: PathBuf,
+        /// What is there: "a directory" or "a file".
+        found: &'static str,
+        /// What the run reads there: "a file" or "a directory".
+        expected: &'static str,
+    },
     /// An output refused for the reason inside, named by its role (the flag).
     #[error("{role} {source}")]
     Output {

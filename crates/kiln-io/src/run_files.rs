@@ -53,6 +53,8 @@ struct Input {
     path: PathBuf,
     id: FileId,
     is_dir: bool,
+    /// What the run reads there, where it reads only one kind.
+    expected: Option<Kind>,
 }
 
 impl RunFiles {
@@ -64,14 +66,39 @@ impl RunFiles {
     /// Adds `path`, read as `role`: a file, or a directory whose contents are all inputs. A path
     /// that cannot be looked at (missing) is left out: nothing there can be overwritten, and
     /// reading it fails with its own message.
-    pub fn input(mut self, role: &str, path: impl AsRef<Path>) -> Self {
-        let path = path.as_ref();
+    pub fn input(self, role: &str, path: impl AsRef<Path>) -> Self {
+        self.with_input(role, path.as_ref(), None)
+    }
+
+    /// Adds `path`, a file read as `role`; [`RunFiles::check`] refuses a directory there,
+    /// naming the role (say what the flag takes in it: "--model (a GGUF file; a model
+    /// directory goes to --model-dir)").
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let err = kiln_io::RunFiles::new()
+    ///     .input_file("--model (a GGUF file)", dir.path())
+    ///     .check()
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains("is a directory, where a file is read"), "{err}");
+    /// ```
+    pub fn input_file(self, role: &str, path: impl AsRef<Path>) -> Self {
+        self.with_input(role, path.as_ref(), Some(Kind::File))
+    }
+
+    /// Adds `path`, a directory read as `role`; [`RunFiles::check`] refuses a file there.
+    pub fn input_dir(self, role: &str, path: impl AsRef<Path>) -> Self {
+        self.with_input(role, path.as_ref(), Some(Kind::Dir))
+    }
+
+    fn with_input(mut self, role: &str, path: &Path, expected: Option<Kind>) -> Self {
         if let Ok(meta) = fs::metadata(path) {
             self.inputs.push(Input {
                 role: role.to_string(),
                 path: path.to_path_buf(),
                 id: FileId::of(path, &meta),
                 is_dir: meta.is_dir(),
+                expected,
             });
         }
         self
@@ -114,12 +141,27 @@ impl RunFiles {
         self
     }
 
-    /// Refuses the first output that may not be written (see the type's docs).
+    /// Refuses the first input of the wrong kind, then the first output that may not be
+    /// written (see the type's docs). An output that is an input is named as that clash before
+    /// anything else is said of it.
     pub fn check(&self) -> Result<(), FileError> {
+        for input in &self.inputs {
+            let kind = match input.expected {
+                Some(Kind::File) if input.is_dir => ("a directory", "a file"),
+                Some(Kind::Dir) if !input.is_dir => ("a file", "a directory"),
+                _ => continue,
+            };
+            return Err(FileError::InputKind {
+                role: input.role.clone(),
+                path: input.path.clone(),
+                found: kind.0,
+                expected: kind.1,
+            });
+        }
         for output in &self.outputs {
             let named = |e: FileError| e.for_role(&output.role);
-            expect_kind(&output.path, output.kind).map_err(named)?;
             self.output_against_inputs(&output.path).map_err(named)?;
+            expect_kind(&output.path, output.kind).map_err(named)?;
             if output.kind == Kind::Dir && !output.may_hold_inputs {
                 self.inputs_against_output_dir(&output.role, &output.path)?;
             }
@@ -247,15 +289,24 @@ mod tests {
         {
             let link = dir.path().join("link.xyz");
             std::os::unix::fs::symlink(&frames, &link).unwrap();
-            // A link is not a regular file: refused before being followed.
-            refused(file(link), "symbolic link");
+            // A link to an input is named as that input; any other link is not a regular
+            // file, refused without being followed.
+            refused(file(link), "is the structures");
+            let elsewhere = dir.path().join("elsewhere.xyz");
+            fs::write(&elsewhere, "other").unwrap();
+            let other_link = dir.path().join("other-link.xyz");
+            std::os::unix::fs::symlink(&elsewhere, &other_link).unwrap();
+            refused(file(other_link), "symbolic link");
         }
         file(dir.path().join("out.xyz")).check().unwrap();
         file(dir.path().join("missing")).check().unwrap();
         let out_dir = |path: PathBuf| inputs.clone().output_dir("--out", path);
         out_dir(dir.path().join("runs")).check().unwrap();
         refused(out_dir(model.clone()), "is the model directory");
-        refused(out_dir(frames.clone()), "is a file, where a directory");
+        refused(out_dir(frames.clone()), "is the structures");
+        let notes = dir.path().join("notes.txt");
+        fs::write(&notes, "notes").unwrap();
+        refused(out_dir(notes), "is a file, where a directory");
         refused(
             out_dir(dir.path().to_path_buf()),
             "lies inside --out, where this run writes",
@@ -272,5 +323,58 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("--output "), "{err}");
+    }
+
+    /// `--out` given the training file: the clash is named, not that a file is no directory.
+    #[test]
+    fn an_output_that_is_an_input_is_named_as_such_before_its_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let train = dir.path().join("train.extxyz");
+        fs::write(&train, "1\n\nH 0 0 0\n").unwrap();
+        let err = RunFiles::new()
+            .input("the training structures (--train)", &train)
+            .output_dir("--out", &train)
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("is the training structures (--train)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn inputs_of_the_wrong_kind_are_refused_naming_what_the_flag_takes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("model.gguf");
+        fs::write(&file, b"GGUF").unwrap();
+        let err = RunFiles::new()
+            .input_dir(
+                "--model-dir (a directory; a GGUF file goes to --model)",
+                &file,
+            )
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("is a file, where a directory is read") && err.contains("--model)"),
+            "{err}"
+        );
+        let err = RunFiles::new()
+            .input_file("--model (a GGUF file)", dir.path())
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("is a directory, where a file is read"),
+            "{err}"
+        );
+        // The right kinds, and missing paths (their reader names them), pass.
+        RunFiles::new()
+            .input_file("--model", &file)
+            .input_dir("--model-dir", dir.path())
+            .input_file("--model", dir.path().join("missing.gguf"))
+            .check()
+            .unwrap();
     }
 }
