@@ -53,7 +53,7 @@ struct Args {
     #[arg(long, default_value = "cpu")]
     device: DeviceSpec,
     /// Images per forward pass.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     batch: usize,
     /// Precision policy: full, mixed-f16, mixed-bf16, pure-f16, a dtype, or p=..,c=..,o=...
     #[arg(long, default_value = "full")]

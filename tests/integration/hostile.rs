@@ -913,6 +913,10 @@ type NumericFlag = (&'static str, &'static str, fn(&str) -> bool);
 /// Every numeric flag of every example.
 const NUMERIC_FLAGS: &[NumericFlag] = &[
     ("forcefield", "--batch", |v| kiln::cli::count(v).is_ok()),
+    ("embed", "--batch", |v| kiln::cli::count(v).is_ok()),
+    ("foveated_synthetic", "--eval-every", |v| {
+        kiln::cli::count_u64(v).is_ok()
+    }),
     ("md", "--steps", |v| kiln::cli::count(v).is_ok()),
     ("md", "--every", |v| kiln::cli::count(v).is_ok()),
     ("md", "--timestep", |v| {
