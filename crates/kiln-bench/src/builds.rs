@@ -113,16 +113,23 @@ impl Build {
         }
     }
 
-    /// Stops the build after a failed conversation; `error` with what it printed.
-    fn abandon(mut self, error: BenchError) -> BenchError {
+    /// Stops the build and removes its files; what it printed last.
+    fn stop(mut self) -> String {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let said = Build::tail(&self.log);
         let _ = std::fs::remove_file(&self.results);
         let _ = std::fs::remove_file(&self.log);
+        said
+    }
+
+    /// Stops the build after a failed conversation; `error` with what it printed.
+    fn abandon(self, error: BenchError) -> BenchError {
+        let label = self.label;
+        let said = self.stop();
         match error {
             BenchError::Conversation(what) if !said.is_empty() => {
-                BenchError::Conversation(format!("{what}; {} printed{said}", self.label))
+                BenchError::Conversation(format!("{what}; {label} printed{said}"))
             }
             other => other,
         }
@@ -153,7 +160,7 @@ pub fn in_turns(
     let mut new = match Build::start("this build", "new", &this, args) {
         Ok(new) => new,
         Err(e) => {
-            old.abandon(BenchError::Conversation(String::new()));
+            old.stop();
             return Err(e);
         }
     };

@@ -60,6 +60,7 @@ impl NeighborList {
     /// The shortest distance (Å) between two atoms of `structure` (the list's), or an atom and
     /// a periodic image of one, itself included; infinite without pairs.
     pub fn closest(&self, structure: &Structure) -> f64 {
+        // The smallest square, then one root (the root is monotonic: the same value).
         (0..self.len())
             .map(|p| {
                 let (i, j) = (self.i[p] as usize, self.j[p] as usize);
@@ -70,9 +71,9 @@ impl NeighborList {
                         d * d
                     })
                     .sum::<f64>()
-                    .sqrt()
             })
             .fold(f64::INFINITY, f64::min)
+            .sqrt()
     }
 
     fn push(&mut self, i: usize, j: usize, shift: [i32; 3]) {
