@@ -95,7 +95,7 @@ struct Args {
     cache: Option<PathBuf>,
     /// Frames per clip: release, the most a clip takes one a second [default: 64, fVLM's];
     /// research, T sampled uniformly [default: 8].
-    #[arg(long, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    #[arg(long, value_parser = kiln::cli::count_up_to::<100_000>, allow_negative_numbers = true)]
     frames: Option<usize>,
     /// Copies of a one-frame clip (a still image) it becomes (fVLM: 1 in stage 1, 8 after).
     #[arg(long, default_value_t = 1, value_parser = kiln::cli::count, allow_negative_numbers = true)]

@@ -205,12 +205,20 @@ fn source(index: usize, image: &Bound<'_, PyAny>) -> PyResult<Source> {
                 view.shape()
             )));
         }
+        let side = |length: usize| u32::try_from(length).ok().filter(|&side| side > 0);
+        let (Some(width), Some(height)) = (side(width), side(height)) else {
+            return Err(PyValueError::new_err(format!(
+                "image {}: an array of shape {:?}: each side needs 1 to {} pixels",
+                index + 1,
+                view.shape(),
+                u32::MAX
+            )));
+        };
         let values = match array.as_slice() {
             Ok(contiguous) => contiguous.to_vec(),
             Err(_) => view.iter().copied().collect(),
         };
-        let image =
-            RgbImage::from_raw(width as u32, height as u32, values).expect("h × w × 3 values");
+        let image = RgbImage::from_raw(width, height, values).expect("h × w × 3 values");
         return Ok(Source::Pixels(image));
     }
     let path: PathBuf = image.extract().map_err(|_| {

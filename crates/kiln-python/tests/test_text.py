@@ -59,3 +59,20 @@ def test_unknown_ids_and_broken_configs_are_exceptions(tmp_path):
     (broken / "config.json").write_text(json.dumps({**config, "head_dim": 0}))
     with pytest.raises(Exception, match="head_dim = 0"):
         load(broken)
+
+
+def test_text_the_vocabulary_cannot_spell_is_refused(tmp_path):
+    # A byte-level vocabulary without `~` (and no unknown token, no byte fallback): the
+    # tokenizer would drop the character without a word; kiln names it.
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for item in (TEXT / "llama").iterdir():
+        (damaged / item.name).symlink_to(item)
+    tokenizer = json.loads((TEXT / "llama" / "tokenizer.json").read_text())
+    del tokenizer["model"]["vocab"]["~"]
+    (damaged / "tokenizer.json").unlink()
+    (damaged / "tokenizer.json").write_text(json.dumps(tokenizer))
+    model = LanguageModel(str(damaged))
+    with pytest.raises(ValueError, match=r"'~' \(character 3\)"):
+        model.encode("a ~ b")
+    assert model.encode("a b") == load(TEXT / "llama").encode("a b")

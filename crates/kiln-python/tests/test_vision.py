@@ -61,6 +61,8 @@ def test_bad_images_are_errors(tmp_path):
         embed(encoder, [IMAGES[0], tmp_path / "absent.png"])
     with pytest.raises(ValueError, match="image 1"):
         embed(encoder, [np.zeros((8, 8, 4), np.uint8)])
+    with pytest.raises(ValueError, match=r"image 2: .*each side needs 1 to"):
+        embed(encoder, [np.zeros((8, 8, 3), np.uint8), np.zeros((0, 8, 3), np.uint8)])
     with pytest.raises(ValueError, match="image 1"):
         embed(encoder, [42])
     corrupt = tmp_path / "corrupt.png"

@@ -30,11 +30,10 @@ mod tokenizer;
 
 pub use config::{Family, MODEL_TYPES, RopeScaling, TextConfig};
 pub use generate::{GenerationConfig, Sampling, generate, generate_after, generate_from};
-pub use gguf::byte_spelling;
 pub use input::{Logits, TextInput, Tokens};
 pub use kiln_transformer::decoder::{KvCache, SharedPrefix, TokensError};
 pub use llama::{CausalLm, CausalLmOutput, DecoderLayer, LlamaModel};
-pub use tokenizer::{Message, TextTokenizer, TokenCache};
+pub use tokenizer::{Message, TextTokenizer, TokenCache, byte_spelling};
 
 /// Why a checkpoint or an input cannot be used.
 #[derive(Debug, thiserror::Error)]

@@ -48,6 +48,10 @@ pub struct TextTokenizer {
     chat_template: Option<String>,
     /// The special tokens the template may name (`bos_token`, `eos_token`, ...).
     specials: HashMap<String, String>,
+    /// Bytes a byte-level vocabulary has no token for, in order: with no unknown token and no
+    /// byte fallback its BPE would drop them without a word, so text holding them is refused.
+    /// Empty for every well-formed vocabulary.
+    unspelled: Vec<u8>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -82,6 +86,7 @@ impl TextTokenizer {
         if tokenizer.chat_template.is_none() && jinja.is_file() {
             tokenizer.chat_template = std::fs::read_to_string(&jinja).ok();
         }
+        tokenizer.warn_of_unspelled_bytes(&path);
         Ok(tokenizer)
     }
 
@@ -103,11 +108,7 @@ impl TextTokenizer {
             .into_iter()
             .filter_map(|key| Some((key.to_string(), token_text(config.get(key)?)?)))
             .collect();
-        Ok(TextTokenizer {
-            tokenizer,
-            chat_template,
-            specials,
-        })
+        Ok(Self::from_parts(tokenizer, chat_template, specials))
     }
 
     /// A tokenizer built elsewhere (from a GGUF file's metadata), with its chat template and the
@@ -117,29 +118,86 @@ impl TextTokenizer {
         chat_template: Option<String>,
         specials: HashMap<String, String>,
     ) -> Self {
+        let unspelled = unspelled_bytes(&tokenizer);
         TextTokenizer {
             tokenizer,
             chat_template,
             specials,
+            unspelled,
+        }
+    }
+
+    /// Warns, naming the tokenizer's file, when its vocabulary cannot spell some bytes.
+    pub(crate) fn warn_of_unspelled_bytes(&self, source: &Path) {
+        if !self.unspelled.is_empty() {
+            log::warn!(
+                "{}: the tokenizer's vocabulary has no token for the bytes {}, and neither an \
+                 unknown token nor byte fallback: text holding them will be refused",
+                source.display(),
+                hex_list(&self.unspelled)
+            );
         }
     }
 
     /// The ids of `text`, with the special tokens the tokenizer's post-processor adds (as
     /// transformers' `tokenizer(text)` gives them).
+    ///
+    /// Text the vocabulary cannot spell is refused, naming the character, where a tokenizer
+    /// with neither an unknown token nor byte fallback would drop it silently.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
-        self.tokenizer
-            .encode(text, true)
-            .map(|encoding| encoding.get_ids().to_vec())
-            .map_err(|e| TextError::Tokenizer(e.to_string()))
+        self.encode_checked(text, true)
     }
 
     /// The ids of `text` alone, no special tokens added (transformers'
     /// `tokenizer(text, add_special_tokens=False)`: for text a chat template already marked up).
     pub fn encode_without_special_tokens(&self, text: &str) -> Result<Vec<u32>, TextError> {
-        self.tokenizer
-            .encode(text, false)
-            .map(|encoding| encoding.get_ids().to_vec())
-            .map_err(|e| TextError::Tokenizer(e.to_string()))
+        self.encode_checked(text, false)
+    }
+
+    fn encode_checked(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TextError> {
+        let encoding = self
+            .tokenizer
+            .encode(text, add_special_tokens)
+            .map_err(|e| TextError::Tokenizer(e.to_string()))?;
+        self.check_nothing_dropped(text, &encoding)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Refuses `text` when its encoding dropped a character: one holding a byte the vocabulary
+    /// has no token for, outside the added tokens (matched whole, before the BPE) it encoded to.
+    fn check_nothing_dropped(
+        &self,
+        text: &str,
+        encoding: &tokenizers::Encoding,
+    ) -> Result<(), TextError> {
+        if self.unspelled.is_empty() || !text.bytes().any(|b| self.unspelled.contains(&b)) {
+            return Ok(());
+        }
+        let added = self.tokenizer.get_added_tokens_decoder();
+        let within_added_token = |at: usize| {
+            let tokens = encoding.get_ids().iter().zip(encoding.get_offsets());
+            tokens
+                .filter(|(id, _)| added.contains_key(id))
+                .any(|(_, &(start, end))| (start..end).contains(&at))
+        };
+        for (index, (at, character)) in text.char_indices().enumerate() {
+            let mut utf8 = [0; 4];
+            let unspelled = character
+                .encode_utf8(&mut utf8)
+                .bytes()
+                .find(|b| self.unspelled.contains(b));
+            if let Some(byte) = unspelled
+                && !within_added_token(at)
+            {
+                return Err(TextError::Tokenizer(format!(
+                    "the text's character {character:?} (character {}) cannot be encoded: the \
+                     vocabulary has no token for its byte 0x{byte:02X}, nor an unknown token \
+                     or byte fallback, so it would be dropped",
+                    index + 1
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The text of `ids`, without special tokens when `skip_special_tokens`.
@@ -175,7 +233,9 @@ impl TextTokenizer {
     /// A template comes with the model, so it is not trusted: its rendering is given a budget
     /// of [`CHAT_TEMPLATE_FUEL`] steps (a template that loops without end is refused) and an
     /// output of at most [`CHAT_TEMPLATE_OUTPUT`] bytes beyond four times the messages' own
-    /// (one that doubles a string until memory runs out is refused).
+    /// (one that writes a string doubling until memory runs out is refused). A string doubled
+    /// in a variable and never written is bounded only by memory: minijinja has no hook on a
+    /// string's growth.
     pub fn apply_chat_template(
         &self,
         messages: &[Message],
@@ -288,6 +348,61 @@ fn token_text(value: &Value) -> Option<String> {
     }
 }
 
+/// The bytes a byte-level BPE (ByteLevel decoder, no unknown token, no byte fallback) has no
+/// token for, in order; empty for any other tokenizer, which maps what it cannot spell to its
+/// unknown token or to bytes.
+fn unspelled_bytes(tokenizer: &tokenizers::Tokenizer) -> Vec<u8> {
+    let tokenizers::ModelWrapper::BPE(bpe) = tokenizer.get_model() else {
+        return Vec::new();
+    };
+    let byte_level = matches!(
+        tokenizer.get_decoder(),
+        Some(tokenizers::DecoderWrapper::ByteLevel(_))
+    );
+    if !byte_level || bpe.unk_token.is_some() || bpe.byte_fallback {
+        return Vec::new();
+    }
+    let vocabulary = bpe.get_vocab();
+    (0..=255u8)
+        .zip(byte_spelling())
+        .filter(|(_, letter)| !vocabulary.contains_key(&letter.to_string()))
+        .map(|(byte, _)| byte)
+        .collect()
+}
+
+/// `0x7E, 0x80`: bytes as a message lists them.
+fn hex_list(bytes: &[u8]) -> String {
+    let shown: Vec<String> = bytes
+        .iter()
+        .take(16)
+        .map(|b| format!("0x{b:02X}"))
+        .collect();
+    let more = bytes.len().saturating_sub(16);
+    if more == 0 {
+        shown.join(", ")
+    } else {
+        format!("{} and {more} more", shown.join(", "))
+    }
+}
+
+/// GPT-2's spelling of bytes as characters (`bytes_to_unicode`): printable bytes as themselves,
+/// the others as the characters from U+0100 on, in byte order (the vocabulary keys of every
+/// byte-level BPE).
+pub fn byte_spelling() -> Vec<char> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut next = 256u32;
+    (0..=255u8)
+        .map(|b| {
+            if printable(b) {
+                char::from(b)
+            } else {
+                next += 1;
+                char::from_u32(next - 1).expect("U+0100 .. U+0143 are characters")
+            }
+        })
+        .collect()
+}
+
 /// Texts tokenised once: a training loop's targets are encoded the first time they are seen and
 /// served from memory after (LatentWire re-tokenised every target at every step).
 ///
@@ -345,6 +460,72 @@ impl TokenCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_are_spelled_as_gpt2_spells_them() {
+        let spelling = byte_spelling();
+        assert_eq!(
+            (spelling[b' ' as usize], spelling[b'\n' as usize]),
+            ('Ġ', 'Ċ')
+        );
+        assert_eq!((spelling[b'a' as usize], spelling[0]), ('a', 'Ā'));
+        let mut sorted = spelling.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 256, "each byte its own character");
+    }
+
+    /// A byte-level BPE of every byte but `~`, with `<~>` an added token: what a damaged
+    /// vocabulary (a GGUF file's, say) looks like.
+    fn without_tilde() -> TextTokenizer {
+        let vocab: serde_json::Map<String, Value> = byte_spelling()
+            .into_iter()
+            .filter(|&letter| letter != '~')
+            .enumerate()
+            .map(|(id, letter)| (letter.to_string(), serde_json::json!(id)))
+            .collect();
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "normalizer": null,
+            "added_tokens": [{"id": 255, "content": "<~>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                      "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                      "vocab": vocab, "merges": []},
+        });
+        TextTokenizer::from_json(&json.to_string(), None).unwrap()
+    }
+
+    #[test]
+    fn characters_the_vocabulary_cannot_spell_are_refused_not_dropped() {
+        let tokenizer = without_tilde();
+        assert_eq!(tokenizer.unspelled, [b'~']);
+        // The premise: `tokenizers` itself drops the character without a word.
+        let dropped = tokenizer.tokenizer.encode("a ~ b", false).unwrap();
+        assert_eq!(tokenizer.decode(dropped.get_ids(), false).unwrap(), "a  b");
+
+        let err = tokenizer.encode("a ~ b").unwrap_err().to_string();
+        assert!(err.contains("'~' (character 3)"), "{err}");
+        assert!(err.contains("0x7E"), "{err}");
+        let err = tokenizer.encode_without_special_tokens("~").unwrap_err();
+        assert!(err.to_string().contains("(character 1)"), "{err}");
+        // What it can spell, and `~` inside an added token (matched whole), encode as before.
+        for text in ["a b", "a<~>b", "", "☃ 狐"] {
+            let ids = tokenizer.encode(text).unwrap();
+            assert_eq!(tokenizer.decode(&ids, false).unwrap(), text);
+        }
+    }
+
+    #[test]
+    fn whole_vocabularies_have_nothing_unspelled() {
+        let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/llama");
+        let tokenizer = TextTokenizer::from_hf_dir(fixture).unwrap();
+        assert!(tokenizer.unspelled.is_empty());
+        assert!(tokenizer.encode("a ~ b ☃").is_ok());
+    }
 
     fn with_template(template: &str) -> TextTokenizer {
         let tokenizer = tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default());

@@ -387,6 +387,8 @@ impl<R: Read> Reader<R> {
         Ok(())
     }
 
+    /// Reads `n` bytes of `what`, refused before the buffer is allocated when the file cannot
+    /// hold them (`fill` checks again for the reads without a buffer to allocate).
     fn take(&mut self, n: u64, what: &str) -> Result<Vec<u8>, String> {
         self.check_room(n, what)?;
         let mut bytes = vec![0; n as usize];

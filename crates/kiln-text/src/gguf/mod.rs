@@ -27,7 +27,6 @@ use kiln_core::gguf::{GgufFile, GgufTensor, Value};
 use kiln_core::{Policy, load_snapshots};
 
 mod tokenizer;
-pub use tokenizer::byte_spelling;
 
 use crate::TextError;
 use crate::config::{Family, MODEL_TYPES, RopeScaling, TextConfig};

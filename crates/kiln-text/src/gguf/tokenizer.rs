@@ -9,7 +9,7 @@ use kiln_core::gguf::{GgufFile, Value};
 use serde_json::{Value as Json, json};
 
 use crate::TextError;
-use crate::tokenizer::TextTokenizer;
+use crate::tokenizer::{TextTokenizer, byte_spelling};
 
 /// GPT-2's split (`tokenizers`' byte-level pre-tokenizer applies it itself).
 const GPT2: &[&str] = &[
@@ -173,11 +173,9 @@ impl TextTokenizer {
         .into_iter()
         .filter_map(|(name, id)| Some((name.to_string(), tokens[id? as usize].to_string())))
         .collect();
-        Ok(TextTokenizer::from_parts(
-            tokenizer,
-            chat_template,
-            specials,
-        ))
+        let tokenizer = TextTokenizer::from_parts(tokenizer, chat_template, specials);
+        tokenizer.warn_of_unspelled_bytes(file.path());
+        Ok(tokenizer)
     }
 }
 
@@ -280,41 +278,9 @@ fn post_processor(tokens: &[&str], added: [(bool, Option<u32>); 2]) -> Json {
     json!({"type": "TemplateProcessing", "single": around("A"), "pair": pair, "special_tokens": special_tokens})
 }
 
-/// GPT-2's spelling of bytes as characters (`bytes_to_unicode`): printable bytes as themselves,
-/// the others as the characters from U+0100 on, in byte order (the vocabulary keys of every
-/// byte-level BPE).
-pub fn byte_spelling() -> Vec<char> {
-    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    let mut next = 256u32;
-    (0..=255u8)
-        .map(|b| {
-            if printable(b) {
-                char::from(b)
-            } else {
-                next += 1;
-                char::from_u32(next - 1).expect("U+0100 .. U+0143 are characters")
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bytes_are_spelled_as_gpt2_spells_them() {
-        let spelling = byte_spelling();
-        assert_eq!(
-            (spelling[b' ' as usize], spelling[b'\n' as usize]),
-            ('Ġ', 'Ċ')
-        );
-        assert_eq!((spelling[b'a' as usize], spelling[0]), ('a', 'Ā'));
-        let mut sorted = spelling.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        assert_eq!(sorted.len(), 256, "each byte its own character");
-    }
 
     #[test]
     fn every_known_pre_tokenizer_name_builds_and_others_are_refused() {

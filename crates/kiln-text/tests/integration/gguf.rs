@@ -161,3 +161,23 @@ fn a_truncated_file_is_an_error() {
         assert!(err.contains("qwen2.gguf"), "{keep} bytes: {err}");
     }
 }
+
+/// A vocabulary whose `~` was overwritten (by the byte 0x7F, spelled anew and so a duplicate)
+/// has no token for `~`: text holding it is refused, naming the character, where `tokenizers`
+/// would drop it; text without it encodes as before.
+#[test]
+fn text_the_vocabulary_cannot_spell_is_refused() {
+    let (_dir, path) = patched(
+        "llama.gguf",
+        b"\x01\0\0\0\0\0\0\0~",
+        b"\x01\0\0\0\0\0\0\0\x7f",
+    );
+    let tokenizer = TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    let err = tokenizer.encode("a fox ~ ☃").unwrap_err().to_string();
+    assert!(err.contains("'~' (character 7)"), "{err}");
+    let whole = TextTokenizer::from_gguf(&open("llama.gguf")).unwrap();
+    assert_eq!(
+        tokenizer.encode("a fox ☃").unwrap(),
+        whole.encode("a fox ☃").unwrap()
+    );
+}
