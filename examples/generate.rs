@@ -31,13 +31,15 @@ use clap::Parser;
 use kiln::burn;
 use kiln::core::gguf::GgufFile;
 use kiln::core::{DeviceJob, DeviceSpec, PolicySpec};
-use kiln::text::{
-    CausalLm, GenerationConfig, Message, Sampling, TextInput, TextTokenizer, generate,
-};
+use kiln::text::{CausalLm, GenerationConfig, Message, TextInput, TextTokenizer, generate};
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
 #[path = "shared/allocator.rs"]
 mod allocator;
+#[path = "shared/sampling.rs"]
+mod sampling;
+
+use sampling::SamplingFlags;
 
 /// Continue a prompt with a language model.
 #[derive(Parser)]
@@ -55,15 +57,8 @@ struct Args {
     /// The most tokens to add.
     #[arg(long, default_value_t = 64)]
     max_new_tokens: usize,
-    /// Sampling temperature; 0 decodes greedily.
-    #[arg(long, default_value_t = 0.0, value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
-    temperature: f64,
-    /// Nucleus sampling's probability mass (with a temperature above 0).
-    #[arg(long, default_value_t = 1.0, value_parser = kiln::cli::probability, allow_negative_numbers = true)]
-    top_p: f64,
-    /// Seeds sampling.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingFlags,
     /// Wrap the prompt as a user turn in the chat template.
     #[arg(long)]
     chat: bool,
@@ -118,18 +113,9 @@ impl DeviceJob for Args {
         if self.chat {
             stop_tokens.extend(tokenizer.token_id("<|im_end|>"));
         }
-        let sampling = if self.temperature > 0.0 {
-            Sampling::Sample {
-                temperature: self.temperature,
-                top_p: self.top_p,
-                seed: self.seed,
-            }
-        } else {
-            Sampling::Greedy
-        };
         let config = GenerationConfig {
             max_new_tokens: self.max_new_tokens,
-            sampling,
+            sampling: self.sampling.sampling(),
             stop_tokens,
             pad_token: 0,
         };

@@ -14,7 +14,9 @@
 //! (system prompt, `--prompt` as the user's turn, the caption as the answer, every token
 //! scored), λ = 0, fVLM's stage-1 recipe (`ReleaseRecipe::stage1_135m`: three groups, decay on
 //! every parameter, 3% warm-up, rates converging on 3e-5) and fVLM's data: one frame a second,
-//! at most `--frames` (64), squashed to DINOv2's size (`fvlm_frames`: no crop), clips of
+//! at most `--frames` (64), fitted to DINOv2's size as `--frame-fit` says (`crop`, the default:
+//! the shorter edge scaled, then the centre square, as fVLM's training shards were made;
+//! `squash`: as its evaluation reads frames), clips of
 //! different lengths padded in a batch with their frame lengths; `--text` mixes in fVLM's
 //! text-only batches. `--lm-policy params=bf16,compute=bf16,output=f32` with `--policy
 //! mixed-bf16` is fVLM's precision. `research` is the design docs/FOVEATED.md's first proof was
@@ -31,14 +33,18 @@
 //!   without frames (every token scored), `--text-ratio` of the batches (fVLM's 0.14).
 //! - `--captions`: JSON Lines, `{"video": NAME, "caption": TEXT}` per clip, NAME as below the
 //!   clips folder; every clip needs a caption and every caption its clip. Captions are
-//!   tokenised once (the LM directory's tokenizer), followed by its end-of-sequence token.
+//!   tokenised once (the LM directory's tokenizer): release, each as the assistant's turn of
+//!   fVLM's conversation (its chat template closes the turn; no end-of-sequence token is
+//!   added); research, followed by the end-of-sequence token.
 //! - `--dino`, `--lm`: Hugging Face directories (a DINOv2 `Dinov2Model`; a Llama-family causal
 //!   LM with its tokenizer). The connectors start newly initialised.
 //!
 //! Trains through kiln-train — AdamW over parameter groups (connectors at `--connector-lr`,
 //! both backbones at `--backbone-lr`), warm-up and decay, clipping at 1.0, accumulation — into
 //! OUT: `metrics.jsonl`, `loss.png`, `checkpoints/` (rerunning the same
-//! command resumes), `model/` (the trained model: `FoveatedModel::load`) and `summary.json`.
+//! command resumes), `model/` (the trained model: `FoveatedModel::load`, with the LM's tokenizer
+//! files, so that `foveated_caption --checkpoint OUT/model` captions with it) and
+//! `summary.json`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -52,7 +58,7 @@ use kiln::cache::{ClipSpec, ImageCache};
 use kiln::core::{DeviceJob, DeviceSpec, Policy, PolicySpec, Precision};
 use kiln::foveated::{
     CaptionTokenizer, CaptionedClipReader, CaptionedClips, FVLM_CAPTION_PROMPT, FoveatedConfig,
-    FoveatedModel, Readout, ReleaseRecipe, Variant, dinov2_frames, fvlm_frames, read_text_samples,
+    FoveatedModel, FrameFit, Readout, ReleaseRecipe, Variant, dinov2_frames, read_text_samples,
     research_recipe,
 };
 use kiln::io::RunFiles;
@@ -95,8 +101,12 @@ struct Args {
     cache: Option<PathBuf>,
     /// Frames per clip: release, the most a clip takes one a second [default: 64, fVLM's];
     /// research, T sampled uniformly [default: 8].
-    #[arg(long, value_parser = kiln::cli::count_up_to::<100_000>, allow_negative_numbers = true)]
+    #[arg(long, value_parser = kiln::cli::count_up_to::<MAX_FRAMES>, allow_negative_numbers = true)]
     frames: Option<usize>,
+    /// How release-variant frames fit DINOv2's square: crop (fVLM's training shards) or squash
+    /// (its evaluation).
+    #[arg(long, default_value = "crop")]
+    frame_fit: FrameFit,
     /// Copies of a one-frame clip (a still image) it becomes (fVLM: 1 in stage 1, 8 after).
     #[arg(long, default_value_t = 1, value_parser = kiln::cli::count, allow_negative_numbers = true)]
     replicate_images: usize,
@@ -193,12 +203,6 @@ impl Args {
         config.checkpoint_every = self.eval_every;
         config.seed = self.seed;
         config.validate().map_err(|e| e.to_string())?;
-        if self.frames() > MAX_FRAMES {
-            return Err(format!(
-                "--frames {}: at most {MAX_FRAMES} frames a clip",
-                self.frames()
-            ));
-        }
         if self.text_ratio >= 1.0 {
             return Err(format!(
                 "--text-ratio {}: a share of the batches, below 1 (fVLM's is 0.14)",
@@ -221,7 +225,7 @@ impl Args {
     fn clip_spec(&self, image_size: usize) -> Result<ClipSpec, String> {
         let frames = self.frames() as u32;
         Ok(match self.variant {
-            Variant::Release => ClipSpec::per_second(frames, fvlm_frames(image_size)),
+            Variant::Release => ClipSpec::per_second(frames, self.frame_fit.preprocess(image_size)),
             Variant::Research => {
                 let preprocess =
                     dinov2_frames(&self.dino, image_size).map_err(|e| e.to_string())?;
@@ -308,6 +312,7 @@ impl DeviceJob for Args {
                 "variant": format!("{:?}", self.variant).to_lowercase(),
                 "readout": format!("{:?}", self.readout).to_lowercase(),
                 "frames": self.frames(),
+                "frame_fit": format!("{:?}", self.frame_fit).to_lowercase(),
                 "replicate_images": self.replicate_images,
                 "lambda": self.lambda(),
                 "prompt": self.prompt(),
@@ -391,6 +396,7 @@ impl DeviceJob for Args {
         }
         let model_dir = self.out.join("model");
         outcome.model.save(&model_dir).map_err(|e| e.to_string())?;
+        keep_tokenizer(&self.lm, &model_dir)?;
         let summary = json!({
             "steps": outcome.step,
             "train_clips": train.len(),
@@ -410,6 +416,25 @@ impl DeviceJob for Args {
         println!("{} and {}", model_dir.display(), summary_path.display());
         Ok(())
     }
+}
+
+/// Copies the LM's tokenizer files beside the trained model, so that the model directory is
+/// all foveated_caption needs.
+fn keep_tokenizer(lm: &Path, model_dir: &Path) -> Result<(), String> {
+    const FILES: &[&str] = &[
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ];
+    for name in FILES {
+        let from = lm.join(name);
+        if from.is_file() {
+            let file = kiln::io::InputFile::open(&from).map_err(|e| e.to_string())?;
+            let bytes = file.read(0..file.len()).map_err(|e| e.to_string())?;
+            kiln::io::write_atomic(&model_dir.join(name), &bytes).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
 }
 
 /// The captioned clips of `clips` on `device`, saying how many and how the cache served them.

@@ -10,6 +10,11 @@
 //! kiln-text's Llama with its tokenizer) train, stop, resume and save a model that loads back;
 //! bad inputs (short clips, captions that do not match, checkpoints of the wrong family, an
 //! unknown readout) are refused by name with nothing written.
+//!
+//! `foveated_caption` (a contract: `--checkpoint`, `--clips`, `--prompt`, `--max-new-tokens`,
+//! `--out`, `--device`, `--policy`; one JSON line a clip with `clip`, `caption`, `tokens` and
+//! `seconds`): fVLM's checkpoint of kiln-foveated's caption fixture with its backbones, and a
+//! model foveated_train saved (its tokenizer kept beside it).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -391,6 +396,116 @@ fn foveated_train_trains_the_release_variant() {
     .unwrap();
     assert_eq!(model.config().variant, kiln::foveated::Variant::Release);
     assert_eq!(model.config().lambda_coarse, 0.0);
+
+    // The saved model carries its tokenizer: it captions alone.
+    let model_dir = out.join("model");
+    let lines = caption(&[
+        "--checkpoint",
+        model_dir.to_str().unwrap(),
+        "--clips",
+        clips.to_str().unwrap(),
+        "--prompt",
+        "",
+        "--max-new-tokens",
+        "3",
+        "--cache",
+        out.join("cache").to_str().unwrap(),
+    ]);
+    assert_eq!(lines.len(), 7);
+    assert_eq!(lines[6]["clip"], "still.png");
+}
+
+/// Runs foveated_caption with `args` (which must succeed) and reads the JSON lines it prints.
+fn caption(args: &[&str]) -> Vec<Value> {
+    let output = Command::new(common::example("foveated_caption"))
+        .args(args)
+        .output()
+        .expect("the foveated_caption example is built with the tests");
+    let output = common::succeeded(output, args);
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// fVLM's checkpoint (the caption fixture: fVLM's own state dict over the tiny DINOv2 and an LM
+/// with kiln-text's fixture tokenizer), given its backbones: one line a clip in `--out`, greedy
+/// captions that repeat, sampled ones that follow the seed.
+#[test]
+fn foveated_caption_writes_a_line_a_clip() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clips, _) = captioned_clips(dir.path(), 3, 2);
+    let fixture = root().join("crates/kiln-foveated/tests/fixtures/caption");
+    let out = dir.path().join("captions.jsonl");
+    let cache = dir.path().join("cache");
+    let (dino, lm) = (tiny_dino(), fixture.join("lm"));
+    let flags = |extra: &[&str]| -> Vec<String> {
+        let base = [
+            "--cache",
+            cache.to_str().unwrap(),
+            "--checkpoint",
+            fixture.to_str().unwrap(),
+            "--dino",
+            dino.to_str().unwrap(),
+            "--lm",
+            lm.to_str().unwrap(),
+            "--clips",
+            clips.to_str().unwrap(),
+            "--max-new-tokens",
+            "6",
+            "--device",
+            "cpu",
+            "--policy",
+            "full",
+        ];
+        base.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let args = flags(&["--out", out.to_str().unwrap()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = Command::new(common::example("foveated_caption"))
+        .args(&args)
+        .output()
+        .unwrap();
+    common::succeeded(output, &args);
+    let lines: Vec<Value> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let names: Vec<&str> = lines.iter().map(|l| l["clip"].as_str().unwrap()).collect();
+    assert_eq!(names, ["clip0", "clip1", "clip2"]);
+    for line in &lines {
+        assert!(line["tokens"].as_u64().unwrap() <= 6, "{line}");
+        assert!(line["caption"].is_string() && line["seconds"].as_f64().unwrap() > 0.0);
+    }
+    let text = |lines: &[Value]| -> Vec<String> {
+        lines.iter().map(|l| l["caption"].to_string()).collect()
+    };
+    let again = flags(&[]);
+    let again: Vec<&str> = again.iter().map(String::as_str).collect();
+    assert_eq!(
+        text(&caption(&again)),
+        text(&lines),
+        "greedy captions repeat"
+    );
+    let sampled = flags(&["--temperature", "1.5", "--seed", "3"]);
+    let sampled: Vec<&str> = sampled.iter().map(String::as_str).collect();
+    assert_eq!(text(&caption(&sampled)), text(&caption(&sampled)));
+
+    // Without its backbones, fVLM's checkpoint is refused naming what it needs.
+    let bare = [
+        "--checkpoint",
+        fixture.to_str().unwrap(),
+        "--clips",
+        clips.to_str().unwrap(),
+    ];
+    let output = Command::new(common::example("foveated_caption"))
+        .args(bare)
+        .output()
+        .unwrap();
+    let err = common::failed(output, &bare);
+    assert!(err.contains("give --dino and --lm"), "{err}");
 }
 
 #[test]

@@ -958,7 +958,7 @@ const NUMERIC_FLAGS: &[NumericFlag] = &[
         kiln::cli::positive(v).is_ok()
     }),
     ("foveated_train", "--frames", |v| {
-        kiln::cli::count_up_to::<100_000>(v).is_ok()
+        kiln::cli::count_up_to::<4096>(v).is_ok()
     }),
     ("foveated_train", "--eval-every", |v| {
         kiln::cli::count(v).is_ok()

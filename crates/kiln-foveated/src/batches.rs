@@ -307,7 +307,7 @@ mod tests {
             }
         }
         grey(2, 0).save(root.join("c.png")).unwrap();
-        let spec = ClipSpec::per_second(4, crate::fvlm_frames(4));
+        let spec = ClipSpec::per_second(4, crate::FrameFit::Squash.preprocess(4));
         let images = ImageCache::new(dir.join("cache"))
             .load_clips(&VideoSource::Folder(root), &spec)
             .unwrap();

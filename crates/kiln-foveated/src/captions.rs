@@ -225,19 +225,31 @@ impl CaptionTokenizer {
     pub fn conversation(&self, user: &str, answer: &str) -> Result<Conversation, FoveatedError> {
         let system = Message::new("system", FVLM_SYSTEM_PROMPT);
         let user = Message::new("user", user);
-        let whole = [
-            system.clone(),
-            user.clone(),
-            Message::new("assistant", answer),
-        ];
+        let whole = [system, user.clone(), Message::new("assistant", answer)];
         let text = self.tokenizer.apply_chat_template(&whole, false)?;
-        let asked = self.tokenizer.apply_chat_template(&[system, user], true)?;
         let ids = self.tokenizer.encode_without_special_tokens(&text)?;
-        let asked = self.tokenizer.encode_without_special_tokens(&asked)?;
+        let asked = self.question(&user.content)?;
         Ok(Conversation {
             answer_start: asked.len().min(ids.len()),
             ids,
         })
+    }
+
+    /// What fVLM's `generate_captions.py` asks a clip with: `[system: FVLM_SYSTEM_PROMPT,
+    /// user]` through the chat template with the assistant's turn opened, no special tokens
+    /// added; the answer is generated after it ([`FoveatedModel::generate`](crate::FoveatedModel)).
+    pub fn question(&self, user: &str) -> Result<Vec<u32>, FoveatedError> {
+        let asked = [
+            Message::new("system", FVLM_SYSTEM_PROMPT),
+            Message::new("user", user),
+        ];
+        let text = self.tokenizer.apply_chat_template(&asked, true)?;
+        Ok(self.tokenizer.encode_without_special_tokens(&text)?)
+    }
+
+    /// The text of generated `ids`, special tokens left out (as fVLM's script decodes them).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, FoveatedError> {
+        Ok(self.tokenizer.decode(ids, true)?)
     }
 
     /// The prompt's token ids (none for the release variant's conversations).
@@ -327,19 +339,51 @@ pub fn dinov2_frames(
     }
 }
 
-/// fVLM's frames (`data.py`): squashed to `image_size × image_size` whatever their aspect ratio
-/// (decord's `VideoReader(width=224, height=224)`; its image shards hold frames squashed
-/// already) — bicubic, FFmpeg's default scaler — then ImageNet's mean and std. Nothing is
-/// cropped away.
-pub fn fvlm_frames(image_size: usize) -> Preprocess {
-    let side = image_size as u32;
-    Preprocess {
-        resize: Some(Resize::Exact {
-            height: side,
-            width: side,
-        }),
-        center_crop: None,
-        ..Preprocess::dinov2(side, side)
+/// How fVLM fits a frame to DINOv2's square. Its training shards were centre-cropped when they
+/// were made (`download_openvid.py`, `process_video_datasets.py`, `download_webvid.py` and
+/// `data.py`'s fallback all run ffmpeg's `scale=224:224:force_original_aspect_ratio=increase,
+/// crop=224:224`); its evaluation squashes (`benchmark.py`'s `Resize((224, 224))`,
+/// `generate_captions.py`'s `img.resize((224, 224))`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameFit {
+    /// The shorter edge scaled to the side (bicubic, ffmpeg's default scaler), then the centre
+    /// square: what fVLM trained on.
+    Crop,
+    /// Scaled to the square whatever the aspect ratio (bicubic, Pillow's default): what fVLM's
+    /// evaluation reads. Nothing is cropped away.
+    Squash,
+}
+
+impl FrameFit {
+    /// Frames fitted to `image_size × image_size`, then ImageNet's mean and std.
+    pub fn preprocess(self, image_size: usize) -> Preprocess {
+        let side = u32::try_from(image_size).unwrap_or(u32::MAX);
+        let cropped = Preprocess::dinov2(side, side);
+        match self {
+            FrameFit::Crop => cropped,
+            FrameFit::Squash => Preprocess {
+                resize: Some(Resize::Exact {
+                    height: side,
+                    width: side,
+                }),
+                center_crop: None,
+                ..cropped
+            },
+        }
+    }
+}
+
+impl std::str::FromStr for FrameFit {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "crop" => Ok(FrameFit::Crop),
+            "squash" => Ok(FrameFit::Squash),
+            other => Err(format!(
+                "`{other}`: `crop` (fVLM's training shards) or `squash` (its evaluation)"
+            )),
+        }
     }
 }
 
@@ -412,19 +456,31 @@ mod tests {
         );
     }
 
-    /// fVLM squashes a wide frame: both halves stay, where DINOv2's processor crops the sides.
+    /// fVLM's evaluation squashes a wide frame: both halves stay, where its training shards
+    /// (and DINOv2's processor) crop the sides.
     #[test]
-    fn fvlm_frames_squash_where_dinov2_crops() {
+    fn squashed_frames_keep_what_cropped_ones_lose() {
         let wide = image::RgbImage::from_fn(40, 10, |x, _| match x {
             0..10 => image::Rgb([255, 0, 0]),
             30.. => image::Rgb([0, 0, 255]),
             _ => image::Rgb([0, 255, 0]),
         });
-        let squashed = fvlm_frames(8).resize_and_crop(&wide).unwrap();
+        let squashed = FrameFit::Squash
+            .preprocess(8)
+            .resize_and_crop(&wide)
+            .unwrap();
         assert_eq!(squashed.dimensions(), (8, 8));
         assert_eq!(squashed.get_pixel(0, 4).0, [255, 0, 0]);
         assert_eq!(squashed.get_pixel(7, 4).0, [0, 0, 255]);
-        let cropped = Preprocess::dinov2(8, 8).resize_and_crop(&wide).unwrap();
+        let cropped = FrameFit::Crop.preprocess(8).resize_and_crop(&wide).unwrap();
+        assert_eq!(cropped.dimensions(), (8, 8));
         assert_eq!(cropped.get_pixel(0, 4).0, [0, 255, 0]);
+        assert_eq!("squash".parse(), Ok(FrameFit::Squash));
+        assert!(
+            "stretch"
+                .parse::<FrameFit>()
+                .unwrap_err()
+                .contains("`crop`")
+        );
     }
 }

@@ -7,10 +7,10 @@ use std::path::Path;
 use burn::module::{Module, Param};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_core::{load_checkpoint, save_weights};
+use kiln_core::{Policy, load_checkpoint, save_weights, tensor_shapes};
 use kiln_vision::Tower;
 
-use crate::{FoveatedError, FoveatedModel, FrameHead, Variant};
+use crate::{FoveatedConfig, FoveatedError, FoveatedModel, FrameHead, Variant};
 
 /// fVLM's names → kiln's parameter paths (applied in order).
 const FROM_FVLM: &[(&str, &str)] = &[
@@ -58,6 +58,36 @@ struct FvlmStateDict<B: Backend> {
 }
 
 impl<B: Backend> FoveatedModel<B> {
+    /// fVLM's checkpoint in `dir` (`model.safetensors` in fVLM's names) over the backbones it
+    /// was trained from, the Hugging Face directories `dino` and `lm` (which give the shapes and
+    /// the tokenizer; their weights are replaced): the release variant, its query width read
+    /// from the checkpoint's `q_init` (fVLM's released models: 384).
+    pub fn from_fvlm_checkpoint(
+        dir: impl AsRef<Path>,
+        dino: impl AsRef<Path>,
+        lm: impl AsRef<Path>,
+        device: &B::Device,
+        policy: &Policy,
+    ) -> Result<Self, FoveatedError> {
+        let file = dir.as_ref().join(FILE);
+        let shapes = tensor_shapes(&file)?;
+        let query_dim = match shapes.get("q_init").map(Vec::as_slice) {
+            Some(&[1, width]) if width > 0 => width,
+            other => {
+                return Err(FoveatedError::Config(format!(
+                    "{}: not fVLM's checkpoint (its `q_init` is {other:?}, fVLM's is [1, \
+                     query_dim])",
+                    file.display()
+                )));
+            }
+        };
+        let config = FoveatedConfig {
+            query_dim,
+            ..FoveatedConfig::release()
+        };
+        Self::from_dirs(dino, lm, config, device, policy)?.with_fvlm_weights(dir)
+    }
+
     /// Every weight from the fVLM checkpoint in `dir` (`model.safetensors`: fVLM's
     /// `FoveatedVLM.state_dict()`, its names and shapes, as `scripts/fvlm_checkpoint.py` writes
     /// it from a `.pt`), DINOv2, the LM and the connectors, cast to the policies the backbones

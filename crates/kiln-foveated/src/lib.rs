@@ -65,7 +65,7 @@ pub use batches::CaptionedClips;
 #[cfg(feature = "train")]
 pub use captions::{
     Caption, CaptionTokenizer, CaptionedClipReader, Conversation, FVLM_CAPTION_PROMPT,
-    FVLM_SYSTEM_PROMPT, TextSample, dinov2_frames, fvlm_frames, match_captions, read_captions,
+    FVLM_SYSTEM_PROMPT, FrameFit, TextSample, dinov2_frames, match_captions, read_captions,
     read_text_samples,
 };
 pub use config::{FoveatedConfig, FrameHead, Readout, Variant};

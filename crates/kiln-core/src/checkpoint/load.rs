@@ -4,7 +4,7 @@
 //! check of the whole checkpoint against the model.
 
 use std::cell::RefCell;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -130,6 +130,18 @@ pub fn load_checkpoint<B: Backend, M: Module<B>>(
         config.as_ref(),
         unused_on_purpose,
     )
+}
+
+/// The shapes of the tensors of the safetensors file `file`, by stored name, from its header
+/// alone (a checkpoint's sizes, read before a model is built to take it).
+pub fn tensor_shapes(file: &Path) -> Result<BTreeMap<String, Vec<usize>>, CheckpointError> {
+    let reader = InputFile::open(file).map_err(|e| CheckpointError::read(file, e))?;
+    let metadata = safetensors_header(&reader)?;
+    let tensors = metadata.tensors.tensors();
+    Ok(tensors
+        .into_iter()
+        .map(|(name, info)| (name, info.shape.clone()))
+        .collect())
 }
 
 /// The tensors of the safetensors file `file` as snapshots under their stored names, in the

@@ -37,7 +37,9 @@ pub use config::{SettingError, config_file, config_from_json, read_config};
 pub use hub::Hub;
 pub use hub::checkpoint_dir;
 pub use layout::TorchLayout;
-pub use load::{load_checkpoint, load_snapshots, shards, weight_files, weights_identity};
+pub use load::{
+    load_checkpoint, load_snapshots, shards, tensor_shapes, weight_files, weights_identity,
+};
 pub use save::{save_checkpoint, save_weights};
 
 /// Why a checkpoint cannot be found, read, checked, loaded or saved.

@@ -2,6 +2,7 @@
 //! checks are in `batch.rs`, what a forward gives in `output.rs`, the loss in `loss.rs`.
 
 mod batch;
+mod generation;
 mod loss;
 mod output;
 mod preference;
@@ -300,10 +301,9 @@ impl<B: Backend> FoveatedModel<B> {
     }
 
     /// The fine pass alone, each frame's query from the fine pass's hidden state at the frame
-    /// before: the LM runs one token a frame over `[prompt, mode token, z_1 … z_t]` (the
-    /// release variant: `[z_1 … z_t]`), keeping its keys and values, then once over the whole
-    /// sequence with the target for the outputs (fVLM's `forward_autoregressive`, which scores
-    /// the text's first token too).
+    /// before ([`FoveatedModel::read_in_turn`]), then the LM once over the whole sequence with
+    /// the target for the outputs (fVLM's `forward_autoregressive`, which scores the text's
+    /// first token too).
     fn autoregressive(
         &self,
         patches: &Dinov2Patches<B>,
@@ -312,19 +312,48 @@ impl<B: Backend> FoveatedModel<B> {
         clips: usize,
         frames: usize,
     ) -> Result<FoveatedOutput<B>, FoveatedError> {
+        let fine_token = self.mode_token(&self.connectors.fine_token);
+        let read = self.read_in_turn(patches, rows, text, clips, frames)?;
+        let mut fine = self.lm_pass(fine_token, Tensor::cat(read.tokens, 1), 1, text, 0)?;
+        let attention = Tensor::cat(read.attention, 1);
+        let [_, _, weights, patch_tokens] = attention.dims();
+        fine.attention = Some(attention.reshape([clips * frames, weights, patch_tokens]));
+        Ok(FoveatedOutput {
+            coarse: None,
+            fine: Some(fine),
+            queries: Some(Tensor::cat(read.queries, 1)),
+        })
+    }
+
+    /// fVLM's inference read: frame by frame, each query from the LM's hidden state after the
+    /// frame before (`q_init` for the first). The LM runs one token a frame over `[prompt, mode
+    /// token, z_1 … z_{T−1}]` (the release variant: `[z_1 … z_{T−1}]`), keeping its keys and
+    /// values in the returned cache; the last frame's token is read but not given to the LM.
+    fn read_in_turn(
+        &self,
+        patches: &Dinov2Patches<B>,
+        rows: &[Option<usize>],
+        text: &Text<B>,
+        clips: usize,
+        frames: usize,
+    ) -> Result<ReadInTurn<B>, FoveatedError> {
         let connectors = &self.connectors;
         let query_dim = self.config.query_dim;
         let fine_token = self.mode_token(&connectors.fine_token);
         let mut query = self.q_init(clips).reshape([clips, query_dim]);
-        let (mut queries, mut tokens, mut attention) = (Vec::new(), Vec::new(), Vec::new());
-        let mut cache = KvCache::new();
+        let mut read = ReadInTurn {
+            queries: Vec::new(),
+            tokens: Vec::new(),
+            attention: Vec::new(),
+            cache: KvCache::new(),
+        };
         for t in 0..frames {
             let frame_rows: Vec<Option<usize>> = (0..clips).map(|c| rows[c * frames + t]).collect();
-            queries.push(query.clone().unsqueeze_dim::<3>(1));
+            read.queries.push(query.clone().unsqueeze_dim::<3>(1));
             let glimpse = self.read_rows(patches, query.clone(), &frame_rows)?;
             let token = glimpse.tokens.unsqueeze_dim::<3>(1);
-            tokens.push(token.clone());
-            attention.push(glimpse.attention.unsqueeze_dim::<4>(1));
+            read.tokens.push(token.clone());
+            read.attention.push(glimpse.attention.unsqueeze_dim::<4>(1));
             if t + 1 < frames {
                 let mut parts: Vec<Tensor<B, 3>> = Vec::new();
                 if t == 0 {
@@ -333,7 +362,10 @@ impl<B: Backend> FoveatedModel<B> {
                 }
                 parts.push(self.visual_embeddings(token));
                 let input = TextInput::embeddings(Tensor::cat(parts, 1)).with_last_logits_only();
-                let state = self.lm.forward_cached(input, &mut cache)?.last_hidden_state;
+                let state = self
+                    .lm
+                    .forward_cached(input, &mut read.cache)?
+                    .last_hidden_state;
                 let [_, length, width] = state.dims();
                 let last = state.slice([0..clips, length - 1..length, 0..width]);
                 query = connectors
@@ -341,15 +373,7 @@ impl<B: Backend> FoveatedModel<B> {
                     .forward(last.reshape([clips, width]));
             }
         }
-        let mut fine = self.lm_pass(fine_token, Tensor::cat(tokens, 1), 1, text, 0)?;
-        let attention = Tensor::cat(attention, 1);
-        let [_, _, weights, patch_tokens] = attention.dims();
-        fine.attention = Some(attention.reshape([clips * frames, weights, patch_tokens]));
-        Ok(FoveatedOutput {
-            coarse: None,
-            fine: Some(fine),
-            queries: Some(Tensor::cat(queries, 1)),
-        })
+        Ok(read)
     }
 
     /// The first target token a pass in `mode` predicts: fVLM's released training passes score
@@ -462,6 +486,15 @@ impl<B: Backend> FoveatedModel<B> {
 fn mode_embedding<B: Backend>(mode_token: Tensor<B, 1>, clips: usize) -> Tensor<B, 3> {
     let width = mode_token.dims()[0];
     mode_token.reshape([1, 1, width]).expand([clips, 1, width])
+}
+
+/// What [`FoveatedModel::read_in_turn`] read: per frame, its query `[clips, 1, query_dim]`,
+/// visual token `[clips, 1, D]` and attention; and the LM's cache over all but the last token.
+struct ReadInTurn<B: Backend> {
+    queries: Vec<Tensor<B, 3>>,
+    tokens: Vec<Tensor<B, 3>>,
+    attention: Vec<Tensor<B, 4>>,
+    cache: KvCache<B>,
 }
 
 /// The coarse pass, and the fine pass's queries and glimpse when the mode runs it.

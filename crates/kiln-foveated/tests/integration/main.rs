@@ -2,6 +2,8 @@
 //! variant against a PyTorch reading of it, the release variant against fVLM's own code), training
 //! on kiln-train.
 
+#[cfg(feature = "train")]
+mod caption;
 mod parity;
 #[cfg(feature = "train")]
 mod recipe;

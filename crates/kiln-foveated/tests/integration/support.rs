@@ -105,6 +105,17 @@ impl Reference {
         values.chunks(shape[1]).map(<[i64]>::to_vec).collect()
     }
 
+    /// The file's metadata entry `key`.
+    #[cfg(feature = "train")]
+    pub fn metadata(&self, key: &str) -> String {
+        let (_, metadata) = safetensors::SafeTensors::read_metadata(&self.0).unwrap();
+        let entries = metadata.metadata().as_ref().expect("metadata");
+        entries
+            .get(key)
+            .unwrap_or_else(|| panic!("no {key}"))
+            .clone()
+    }
+
     pub fn ids(&self, key: &str) -> Vec<Vec<u32>> {
         let to_ids = |row: Vec<i64>| row.into_iter().map(|id| id as u32).collect();
         self.table(key).into_iter().map(to_ids).collect()
