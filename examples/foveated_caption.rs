@@ -36,15 +36,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use burn::tensor::backend::Backend;
-use clap::{Parser, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
+use clap::Parser;
 use kiln::burn;
-use kiln::cache::{CachedImages, ClipSpec, ImageCache, VideoSource};
-use kiln::core::{DeviceJob, DeviceSpec, Policy, PolicySpec};
-use kiln::foveated::{
-    CaptionTokenizer, ClipBatch, FVLM_CAPTION_PROMPT, FoveatedModel, FrameFit, Variant,
-    dinov2_frames,
-};
+use kiln::cache::{ClipSpec, VideoSource};
+use kiln::core::{DeviceJob, DeviceSpec, PolicySpec};
+use kiln::foveated::{CaptionTokenizer, ClipBatch, FVLM_CAPTION_PROMPT, Variant, dinov2_frames};
 use kiln::io::RunFiles;
 use kiln::text::GenerationConfig;
 use serde_json::json;
@@ -52,21 +48,19 @@ use serde_json::json;
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
 #[path = "shared/allocator.rs"]
 mod allocator;
+#[path = "shared/foveated_checkpoint.rs"]
+mod foveated_checkpoint;
 #[path = "shared/sampling.rs"]
 mod sampling;
 
+use foveated_checkpoint::{CheckpointFlags, ClipFlags, clip_pixels, progress};
 use sampling::SamplingFlags;
-
-/// The most frames a clip may have (fVLM samples 8 to 64).
-const MAX_FRAMES: usize = 4096;
 
 /// Caption clips with a trained foveated video-language model.
 #[derive(Parser)]
 struct Args {
-    /// The model: foveated_train's OUT/model, or fVLM's checkpoint directory (with --dino
-    /// and --lm).
-    #[arg(long)]
-    checkpoint: PathBuf,
+    #[command(flatten)]
+    checkpoint: CheckpointFlags,
     /// A clip file (GIF, MP4 with the `video` feature, still image) or a folder of clips.
     #[arg(long)]
     clips: PathBuf,
@@ -81,121 +75,24 @@ struct Args {
     out: Option<PathBuf>,
     #[command(flatten)]
     sampling: SamplingFlags,
-    /// The most frames read from a clip, one a second (research: sampled uniformly).
-    #[arg(long, default_value_t = 64, value_parser = kiln::cli::count_up_to::<MAX_FRAMES>, allow_negative_numbers = true)]
-    frames: usize,
-    /// How release-variant frames fit DINOv2's square: squash (fVLM's evaluation) or crop (its
-    /// training shards).
-    #[arg(long, default_value = "squash")]
-    frame_fit: FrameFit,
-    /// Copies of a still image's one frame (fVLM's script: 8).
-    #[arg(long, default_value_t = 8, value_parser = kiln::cli::count_up_to::<MAX_FRAMES>, allow_negative_numbers = true)]
-    still_frames: usize,
-    /// The DINOv2 directory an fVLM checkpoint was trained from.
-    #[arg(long, requires = "lm")]
-    dino: Option<PathBuf>,
-    /// The LM directory an fVLM checkpoint was trained from, or the tokenizer of a trained
-    /// model saved without one.
-    #[arg(long)]
-    lm: Option<PathBuf>,
-    /// Where decoded clips are cached (default: the user's kiln cache).
-    #[arg(long)]
-    cache: Option<PathBuf>,
+    #[command(flatten)]
+    clips_read: ClipFlags,
     /// cpu, ndarray, wgpu, vulkan, metal, cuda, cuda:N.
     #[arg(long, default_value = "cpu")]
     device: DeviceSpec,
     /// Precision policy: full, mixed-f16, mixed-bf16, pure-f16, a dtype, or p=..,c=..,o=...
     #[arg(long, default_value = "full")]
     policy: PolicySpec,
-    /// How --checkpoint is read (found from its files by default).
-    #[arg(long, value_enum)]
-    checkpoint_kind: Option<CheckpointKind>,
-}
-
-/// What a checkpoint directory holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum CheckpointKind {
-    /// A model kiln saved (`FoveatedModel::save`: config.json and model.safetensors).
-    Kiln,
-    /// fVLM's state dict (model.safetensors in fVLM's names) over --dino and --lm.
-    Fvlm,
 }
 
 impl Args {
     /// Every file and directory the run reads and writes.
     fn files(&self) -> RunFiles {
-        let mut files = RunFiles::new()
-            .input_dir("--checkpoint (a model directory)", &self.checkpoint)
-            .input("the clips (--clips)", &self.clips);
-        if let Some(dino) = &self.dino {
-            files = files.input_dir("--dino (a Hugging Face DINOv2 directory)", dino);
-        }
-        if let Some(lm) = &self.lm {
-            files = files.input_dir("--lm (a Hugging Face LM directory)", lm);
-        }
+        let mut files = (self.checkpoint.files()).input("the clips (--clips)", &self.clips);
         if let Some(out) = &self.out {
             files = files.output("--out", out);
         }
-        if let Some(cache) = &self.cache {
-            files = files.output_dir("--cache", cache);
-        }
-        files
-    }
-
-    /// `--checkpoint-kind`, else kiln's when the directory has a `config.json`.
-    fn kind(&self) -> CheckpointKind {
-        self.checkpoint_kind
-            .unwrap_or(match self.checkpoint.join("config.json").is_file() {
-                true => CheckpointKind::Kiln,
-                false => CheckpointKind::Fvlm,
-            })
-    }
-
-    /// The model, and the directory holding its tokenizer.
-    fn model<B: Backend>(
-        &self,
-        device: &B::Device,
-        policy: &Policy,
-    ) -> Result<(FoveatedModel<B>, PathBuf), String> {
-        let text = |e: kiln::foveated::FoveatedError| e.to_string();
-        match self.kind() {
-            CheckpointKind::Kiln => {
-                let model =
-                    FoveatedModel::<B>::load(&self.checkpoint, device, policy).map_err(text)?;
-                let has_tokenizer = self.checkpoint.join("tokenizer.json").is_file();
-                let tokenizer = match (&self.lm, has_tokenizer) {
-                    (Some(lm), _) => lm.clone(),
-                    (None, true) => self.checkpoint.clone(),
-                    (None, false) => {
-                        return Err(format!(
-                            "{}: no tokenizer.json beside the model (saved before foveated_train \
-                             kept the LM's tokenizer): give --lm, the LM directory it was trained \
-                             from",
-                            self.checkpoint.display()
-                        ));
-                    }
-                };
-                Ok((model, tokenizer))
-            }
-            CheckpointKind::Fvlm => {
-                let (Some(dino), Some(lm)) = (&self.dino, &self.lm) else {
-                    return Err(format!(
-                        "{}: fVLM's checkpoint (no config.json) holds no backbone shapes: give \
-                         --dino and --lm, the Hugging Face directories it was trained from",
-                        self.checkpoint.display()
-                    ));
-                };
-                let model = FoveatedModel::<B>::from_fvlm_checkpoint(
-                    &self.checkpoint,
-                    dino,
-                    lm,
-                    device,
-                    policy,
-                )
-                .map_err(text)?;
-                Ok((model, lm.clone()))
-            }
-        }
+        self.clips_read.files(files)
     }
 
     /// How clips are read: as the model's variant was trained to see them.
@@ -205,12 +102,11 @@ impl Args {
         image_size: usize,
         dino: &Path,
     ) -> Result<ClipSpec, String> {
-        let frames = u32::try_from(self.frames).expect("--frames is at most MAX_FRAMES");
         Ok(match variant {
-            Variant::Release => ClipSpec::per_second(frames, self.frame_fit.preprocess(image_size)),
+            Variant::Release => self.clips_read.per_second(image_size),
             Variant::Research => {
                 let preprocess = dinov2_frames(dino, image_size).map_err(|e| e.to_string())?;
-                ClipSpec::new(frames, preprocess)
+                ClipSpec::new(self.clips_read.frames(), preprocess)
             }
         })
     }
@@ -241,7 +137,7 @@ impl DeviceJob for Args {
             .policy
             .resolve::<B>(device)
             .map_err(|e| e.to_string())?;
-        let (model, tokenizer_dir) = self.model::<B>(device, &policy)?;
+        let (model, tokenizer_dir) = self.checkpoint.model::<B>(device, &policy)?;
         let variant = model.config().variant;
         let tokens = match variant {
             Variant::Release => CaptionTokenizer::chat_from_lm_dir(&tokenizer_dir, &self.prompt),
@@ -256,18 +152,20 @@ impl DeviceJob for Args {
             Variant::Research => (vec![], tokens.prompt().to_vec()),
         };
         let image_size = model.dino.config().image_size;
-        let dino_dir = self.dino.clone().unwrap_or_else(|| self.checkpoint.clone());
+        let dino_dir =
+            (self.checkpoint.dino.clone()).unwrap_or_else(|| self.checkpoint.checkpoint.clone());
         let spec = self.clip_spec(variant, image_size, &dino_dir)?;
-        let cache = ImageCache::new(self.cache.clone().unwrap_or_else(ImageCache::default_dir));
+        let cache = self.clips_read.cache();
         let clips = cache
             .load_clips(&self.source(), &spec)
             .map_err(|e| e.to_string())?;
         let generation = self.generation(tokens.end());
-        let bar = progress(clips.len() as u64);
+        let bar = progress(clips.len() as u64, "clips");
         let mut lines = String::new();
         for (index, name) in clips.names().enumerate() {
             let started = Instant::now();
-            let pixels = clip_pixels::<B>(&clips, index, self.still_frames, device, &policy)?;
+            let pixels =
+                clip_pixels::<B>(&clips, index, self.clips_read.still_frames, device, &policy)?;
             let mut batch = ClipBatch::new(pixels).with_target(vec![question.clone()]);
             if !prompt.is_empty() {
                 batch = batch.with_prompt(vec![prompt.clone()]);
@@ -299,36 +197,6 @@ impl DeviceJob for Args {
         }
         Ok(())
     }
-}
-
-/// Clip `index` as `[1, T, 3, H, W]` in the policy's compute precision; a one-frame clip (a
-/// still image) repeated `still_frames` times.
-fn clip_pixels<B: Backend>(
-    clips: &CachedImages,
-    index: usize,
-    still_frames: usize,
-    device: &B::Device,
-    policy: &Policy,
-) -> Result<burn::tensor::Tensor<B, 5>, String> {
-    let frames = clips
-        .upload::<B>(index..index + 1, device, policy.compute)
-        .map_err(|e| e.to_string())?;
-    let [count, channels, height, width] = frames.dims();
-    let clip = frames.reshape([1, count, channels, height, width]);
-    Ok(match count {
-        1 => clip.repeat_dim(1, still_frames),
-        _ => clip,
-    })
-}
-
-/// A progress bar over `clips` clips, on stderr.
-fn progress(clips: u64) -> ProgressBar {
-    let bar = ProgressBar::new(clips);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} clips, {per_sec}, eta {eta}")
-            .expect("a valid template"),
-    );
-    bar
 }
 
 fn main() -> ExitCode {

@@ -580,3 +580,103 @@ fn foveated_train_names_bad_inputs_and_writes_nothing() {
         assert!(!out.join("summary.json").exists() && !out.join("model").exists());
     }
 }
+
+/// foveated_bench (a contract: `--checkpoint`, `--questions`, `--clips`, `--out`; accuracy
+/// overall and per category in `summary.json`) on fVLM's checkpoint of the caption fixture:
+/// each mode's tally, each answer the option of lowest loss, a question without options
+/// skipped and counted; the same run again is accepted, another into the same `--out` refused,
+/// and a question about a clip that is not there is named by its number.
+#[test]
+fn foveated_bench_scores_every_mode_per_category() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clips, _) = captioned_clips(dir.path(), 3, 2);
+    let questions = dir.path().join("questions.jsonl");
+    std::fs::write(
+        &questions,
+        concat!(
+            r#"{"clip": "clip0", "user": "Which colour?\nA. red\nB. green", "assistant": "A. red", "source": "colours/red"}"#,
+            "\n",
+            r#"{"clip": "clip1", "user": "What is it?\nA. a square\nB. a circle\nC. nothing", "assistant": "B", "source": "colours/shape"}"#,
+            "\n",
+            r#"{"clip": "clip2", "user": "Say anything.", "assistant": "A"}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let fixture = root().join("crates/kiln-foveated/tests/fixtures/caption");
+    let (dino, lm, cache) = (tiny_dino(), fixture.join("lm"), dir.path().join("cache"));
+    let out = dir.path().join("bench");
+    let run = |questions: &Path, extra: &[&str]| {
+        let mut command = Command::new(common::example("foveated_bench"));
+        command
+            .args(["--checkpoint", fixture.to_str().unwrap()])
+            .args([
+                "--dino",
+                dino.to_str().unwrap(),
+                "--lm",
+                lm.to_str().unwrap(),
+            ])
+            .args(["--questions", questions.to_str().unwrap()])
+            .args([
+                "--clips",
+                clips.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ])
+            .args(["--cache", cache.to_str().unwrap()])
+            .args(extra);
+        command
+            .output()
+            .expect("the foveated_bench example is built with the tests")
+    };
+    common::succeeded(run(&questions, &[]), &["foveated_bench"]);
+    let summary = common::summary(&out);
+    assert_eq!(summary["questions"], 3);
+    assert_eq!(summary["skipped_without_options"], 1);
+    let modes = summary["modes"].as_object().unwrap();
+    let names: Vec<&String> = modes.keys().collect();
+    assert_eq!(names, ["autoregressive", "coarse_fine", "coarse_only"]);
+    for tally in modes.values() {
+        assert_eq!(tally["total"], 2);
+        let correct = tally["correct"].as_f64().unwrap();
+        assert_eq!(tally["accuracy"].as_f64().unwrap(), 50.0 * correct);
+        let categories: Vec<&String> = tally["per_category"].as_object().unwrap().keys().collect();
+        assert_eq!(categories, ["red", "shape"]);
+    }
+    let answers = std::fs::read_to_string(out.join("answers.jsonl")).unwrap();
+    let answers: Vec<Value> = answers
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 2);
+    for answer in &answers {
+        for (mode, losses) in answer["losses"].as_object().unwrap() {
+            let losses = losses.as_object().unwrap();
+            let lowest = losses
+                .iter()
+                .min_by(|a, b| a.1.as_f64().unwrap().total_cmp(&b.1.as_f64().unwrap()))
+                .unwrap();
+            assert_eq!(
+                &answer["chosen"][mode],
+                &Value::from(lowest.0.as_str()),
+                "{answer}"
+            );
+        }
+    }
+
+    common::succeeded(run(&questions, &[]), &["the same run again"]);
+    let err = common::failed(
+        run(&questions, &["--modes", "coarse_only"]),
+        &["other modes"],
+    );
+    assert!(err.contains("bench"), "{err}");
+    let stray = dir.path().join("stray.jsonl");
+    std::fs::write(
+        &stray,
+        r#"{"clip": "clip9", "user": "A. x", "assistant": "A"}"#,
+    )
+    .unwrap();
+    std::fs::remove_dir_all(&out).unwrap();
+    let err = common::failed(run(&stray, &[]), &["a clip that is not there"]);
+    assert!(err.contains("question 1: no clip 'clip9'"), "{err}");
+}

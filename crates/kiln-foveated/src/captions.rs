@@ -49,7 +49,7 @@ pub struct TextSample {
 
 /// The lines of the JSON Lines file `path` as `T`, with their 1-based numbers (blank lines
 /// skipped), refusing a line that is not a `what`, which `form` shows.
-fn read_lines<T: DeserializeOwned>(
+pub(crate) fn read_lines<T: DeserializeOwned>(
     path: &Path,
     what: &str,
     form: &str,
@@ -245,6 +245,46 @@ impl CaptionTokenizer {
         ];
         let text = self.tokenizer.apply_chat_template(&asked, true)?;
         Ok(self.tokenizer.encode_without_special_tokens(&text)?)
+    }
+
+    /// A multiple-choice question as fVLM's `benchmark.py` tokenises it: the length of
+    /// `[system, user: question]` with the assistant's turn opened, and each option's whole
+    /// conversation `[system, user, assistant: option]`, each rendered by the chat template and
+    /// encoded with the tokenizer's special tokens (its `tokenizer.encode(text)`). These are
+    /// [`FoveatedModel::option_losses`](crate::FoveatedModel)'s `answer_start` and `options`.
+    pub fn options(
+        &self,
+        question: &str,
+        options: &[&str],
+    ) -> Result<(usize, Vec<Vec<u32>>), FoveatedError> {
+        let asked = [
+            Message::new("system", FVLM_SYSTEM_PROMPT),
+            Message::new("user", question),
+        ];
+        let text = self.tokenizer.apply_chat_template(&asked, true)?;
+        let answer_start = self.tokenizer.encode(&text)?.len();
+        let ids = options
+            .iter()
+            .map(|option| {
+                let whole = [
+                    asked[0].clone(),
+                    asked[1].clone(),
+                    Message::new("assistant", option),
+                ];
+                let text = self.tokenizer.apply_chat_template(&whole, false)?;
+                Ok(self.tokenizer.encode(&text)?)
+            })
+            .collect::<Result<_, FoveatedError>>()?;
+        Ok((answer_start, ids))
+    }
+
+    /// The padding id fVLM's scoring leaves out of its sums: the tokenizer's `pad_token`, else
+    /// the end-of-sequence token (as fVLM sets it).
+    pub fn pad(&self) -> u32 {
+        self.tokenizer
+            .special("pad_token")
+            .and_then(|token| self.tokenizer.token_id(token))
+            .unwrap_or(self.end)
     }
 
     /// The text of generated `ids`, special tokens left out (as fVLM's script decodes them).

@@ -54,6 +54,8 @@ mod diagnostics;
 mod dpo;
 mod fvlm;
 mod model;
+#[cfg(feature = "train")]
+mod questions;
 mod saved;
 #[cfg(feature = "train")]
 pub mod synthetic;
@@ -76,6 +78,8 @@ pub use model::{
     ClipBatch, DPO_BETA, FoveatedModel, FoveatedOutput, Glimpse, Losses, Mode, PassOutput,
     PreferenceLogps, dpo_loss,
 };
+#[cfg(feature = "train")]
+pub use questions::{Question, answer_letter, mcq_options, read_questions};
 #[cfg(feature = "train")]
 pub use train::{ReleaseRecipe, research_recipe};
 

@@ -7,6 +7,7 @@ mod loss;
 mod output;
 mod preference;
 mod readout;
+mod scoring;
 
 use std::path::Path;
 
@@ -376,13 +377,16 @@ impl<B: Backend> FoveatedModel<B> {
         Ok(read)
     }
 
-    /// The first target token a pass in `mode` predicts: fVLM's released training passes score
-    /// text positions only, so the text's first token is not predicted from the visual tokens
-    /// (its autoregressive pass predicts it); the research variant predicts every target token.
+    /// The first target token a pass in `mode` predicts: fVLM's released two-pass forward
+    /// (`forward_coarse_fine`) scores text positions only, so the text's first token is not
+    /// predicted from the visual tokens; its coarse-only and autoregressive passes
+    /// (`forward_coarse_only`, `forward_autoregressive`) predict it from the last one. The
+    /// research variant predicts every target token.
     fn first_target(&self, mode: Mode) -> usize {
         match (self.config.variant, mode) {
-            (Variant::Release, mode) if mode != Mode::Autoregressive => 1,
-            _ => 0,
+            (Variant::Release, Mode::Autoregressive | Mode::CoarseOnly) => 0,
+            (Variant::Release, _) => 1,
+            (Variant::Research, _) => 0,
         }
     }
 

@@ -4,13 +4,15 @@
 //! its greedy tokens, 200 a clip, from its prompts; kiln's scoring of those tokens must give its
 //! logits (the first 32 steps) within 1e-4 of the largest.
 
+use std::collections::BTreeMap;
+
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 use kiln_core::Policy;
-use kiln_foveated::{CaptionTokenizer, ClipBatch, FoveatedModel, Mode};
+use kiln_foveated::{CaptionTokenizer, ClipBatch, FoveatedModel, Mode, answer_letter, mcq_options};
 use kiln_text::GenerationConfig;
 
-use super::support::{Reference, fixtures, relative_error_of};
+use super::support::{Reference, fixtures, relative_error, relative_error_of};
 
 /// fVLM's script turns a still image into this many frames.
 const STILL_FRAMES: usize = 8;
@@ -154,4 +156,93 @@ fn padding_is_refused_by_clip() {
         err.to_string().contains("clip 2: its text is padded"),
         "{err}"
     );
+}
+
+/// fVLM's `forward_coarse_only` scores the text's first token from the last visual position,
+/// as its autoregressive pass does; so does kiln's coarse-only mode: the same loss over every
+/// text token, and the same logits for the first 8.
+#[test]
+fn coarse_only_scores_the_first_text_token_as_fvlm_does() {
+    let reference = Reference::open("caption/references.safetensors");
+    let model = model();
+    let frames: Tensor<Flex, 5> = reference.tensor("bench.0.frames");
+    let ids = reference.ids("coarse_only.ids").remove(0);
+    let batch = ClipBatch::new(frames).with_target(vec![ids]);
+    let output = model.forward(&batch, Mode::CoarseOnly).unwrap();
+    let ours = model.loss(&output, &batch).unwrap().total.into_scalar();
+    let theirs = reference.floats("coarse_only.loss").0[0];
+    assert!(
+        (ours - theirs).abs() <= 1e-5 * theirs,
+        "loss {ours} vs {theirs}"
+    );
+    let pass = output.coarse.unwrap();
+    assert_eq!(pass.first_target, 0);
+    let [_, _, vocab] = pass.text_logits.dims();
+    let first = pass.text_logits.slice([0..1, 0..8, 0..vocab]);
+    let error = relative_error(first, &reference, "coarse_only.logits");
+    assert!(error <= 1e-4, "logits: relative error {error:.2e}");
+}
+
+/// fVLM's `benchmark.py` on the caption fixture (its own `score_options_batched`,
+/// `parse_mcq_options` and `extract_answer_letter`): the options and answers read from the
+/// questions, and each option's loss in each mode within 1e-4 of fVLM's.
+#[test]
+fn options_score_as_fvlms_benchmark() {
+    let reference = Reference::open("caption/references.safetensors");
+    let json = |key: &str| -> serde_json::Value {
+        serde_json::from_str(&reference.metadata(key)).unwrap()
+    };
+    for case in json("bench.parser").as_array().unwrap() {
+        let text = case[0].as_str().unwrap();
+        let theirs: BTreeMap<char, String> = (case[1].as_object().unwrap().iter())
+            .map(|(k, v)| (k.chars().next().unwrap(), v.as_str().unwrap().into()))
+            .collect();
+        assert_eq!(mcq_options(text), theirs, "{text:?}");
+    }
+    for case in json("bench.answers").as_array().unwrap() {
+        let (text, theirs) = (case[0].as_str().unwrap(), case[1].as_str().unwrap());
+        assert_eq!(answer_letter(text), theirs, "{text:?}");
+    }
+
+    let tokens = CaptionTokenizer::chat_from_lm_dir(fixtures().join("caption/lm"), "").unwrap();
+    assert_eq!(tokens.pad().to_string(), reference.metadata("bench.pad"));
+    let model = model();
+    let modes = [
+        ("coarse_only", Mode::CoarseOnly),
+        ("coarse_fine", Mode::CoarseFine),
+        ("autoregressive", Mode::Autoregressive),
+    ];
+    for question in 0..2 {
+        let key = |name: &str| format!("bench.{question}.{name}");
+        let asked: serde_json::Value = json(&key("question"));
+        let options = mcq_options(asked["user"].as_str().unwrap());
+        let theirs: BTreeMap<String, String> =
+            serde_json::from_value(json(&key("options"))).unwrap();
+        let ours: BTreeMap<String, String> = (options.iter())
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        assert_eq!(ours, theirs);
+        let texts: Vec<&str> = options.values().map(String::as_str).collect();
+        let (start, ids) = tokens
+            .options(asked["user"].as_str().unwrap(), &texts)
+            .unwrap();
+        let frames: Tensor<Flex, 5> = reference.tensor(&key("frames"));
+        let frames = match frames.dims()[1] {
+            1 => frames.repeat_dim(1, STILL_FRAMES),
+            _ => frames,
+        };
+        for (name, mode) in modes {
+            let ours = model
+                .option_losses(frames.clone(), &ids, start, tokens.pad(), mode)
+                .unwrap();
+            let (theirs, _) = reference.doubles(&key(name));
+            assert_eq!(ours.len(), theirs.len());
+            for (a, b) in ours.iter().zip(&theirs) {
+                assert!(
+                    (a - b).abs() <= 1e-4 * b.abs(),
+                    "question {question}, {name}: {ours:?} vs {theirs:?}"
+                );
+            }
+        }
+    }
 }
