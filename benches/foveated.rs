@@ -17,6 +17,13 @@
 //!   fVLM's own `FoveatedVLM` on them.
 //! - `adamw/dinov2_s+smollm2_135m`: kiln-train's AdamW alone (fVLM's parameter groups) over the
 //!   same model's 156.9 M values, gradients given: what the optimizer takes of a step.
+//! - `foveated_caption/release,T=16,tokens=32`: one caption on fVLM's inference path
+//!   (`FoveatedModel::generate`): a 16-frame clip at 224 px read in turn (DINOv2-S once over
+//!   the frames, the LM one visual token at a time with its cache), fVLM's question for a
+//!   caption (the chat-templated system and user turns, as kiln-text's fixture tokenizer
+//!   encodes them), then 32 greedy tokens, no stop token; random weights of DINOv2-S and
+//!   SmolLM2-135M. `scripts/bench/fvlm_caption_torch.py` runs fVLM's own
+//!   `generate_captions.py` on the same (its loop stopped after the same 32 LM forwards).
 //! - `dinov2_frames/224px`: DINOv2-S's patch features and keys/values (`encode_patches`, what
 //!   the model runs once over every frame of a batch) for 1 … 16 frames at once: the per-frame
 //!   cost should fall as B·T grows.
@@ -38,9 +45,10 @@ use kiln::burn::tensor::backend::Backend;
 use kiln::burn::tensor::{Distribution, Tensor};
 use kiln::foveated::synthetic::{self, CueThenRead};
 use kiln::foveated::{
-    ClipBatch, FoveatedConfig, FoveatedModel, Mode, Readout, ReleaseRecipe, research_recipe,
+    CaptionTokenizer, ClipBatch, FVLM_CAPTION_PROMPT, FoveatedConfig, FoveatedModel, Mode, Readout,
+    ReleaseRecipe, research_recipe,
 };
-use kiln::text::TextConfig;
+use kiln::text::{GenerationConfig, TextConfig};
 use kiln::train::{GroupedAdamW, Optimization, TrainConfig, parameters};
 use kiln::vision::{Dinov2Config, Dinov2Model, Tower};
 
@@ -240,6 +248,56 @@ impl<B: Backend> Benchmark<B> for OptimizerStep<B> {
     }
 }
 
+/// Frames of the caption benchmark's clip, and the tokens it generates.
+const CAPTION: (usize, usize) = (16, 32);
+
+/// One caption of a clip of random frames (`FoveatedModel::generate`).
+struct Caption<B: Backend> {
+    model: FoveatedModel<B>,
+    question: Vec<u32>,
+}
+
+impl<B: Backend> Benchmark<B> for Caption<B> {
+    type Input = ClipBatch<B>;
+    type Output = Vec<Vec<u32>>;
+
+    fn name(&self) -> String {
+        format!(
+            "foveated_caption/release,T={},tokens={}",
+            CAPTION.0, CAPTION.1
+        )
+    }
+
+    fn work(&self) -> Work {
+        Work::items(CAPTION.1 as u64)
+    }
+
+    fn prepare(&self, device: &B::Device, _variant: usize) -> Self::Input {
+        let shape = [1, CAPTION.0, 3, FVLM_SIZE, FVLM_SIZE];
+        let pixels = Tensor::random(shape, Distribution::Normal(0.0, 1.0), device);
+        ClipBatch::new(pixels).with_target(vec![self.question.clone()])
+    }
+
+    fn run(&self, batch: &Self::Input) -> Self::Output {
+        let greedy = GenerationConfig::greedy(CAPTION.1);
+        self.model
+            .generate(batch, &greedy, |_| {})
+            .expect("a clip of the model's size")
+    }
+}
+
+/// fVLM's question for a caption, as kiln-text's fixture tokenizer encodes it (the PyTorch
+/// script encodes it with the same tokenizer).
+fn caption_question() -> Result<Vec<u32>, BenchError> {
+    let tokenizer = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crates/kiln-text/tests/fixtures/llama"
+    );
+    CaptionTokenizer::chat_from_lm_dir(tokenizer, "")
+        .and_then(|tokens| tokens.question(FVLM_CAPTION_PROMPT))
+        .map_err(BenchError::workload)
+}
+
 /// DINOv2's pass over `frames` frames at once (`encode_patches`).
 struct Frames<B: Backend> {
     dino: Dinov2Model<B>,
@@ -340,6 +398,25 @@ impl Suite for Foveated {
                 &ReleaseRecipe::stage1_135m().train_config(1000),
                 &device,
             ))?;
+        }
+        let caption = format!(
+            "foveated_caption/release,T={},tokens={}",
+            CAPTION.0, CAPTION.1
+        );
+        if runner.selects(&caption) {
+            B::seed(&device, 0);
+            let model = FoveatedModel::<B>::new(
+                dinov2_s().init(&device).with_policy(&policy),
+                TextConfig::smollm2_135m().init(&device),
+                FoveatedConfig::release(),
+                &device,
+            )
+            .map_err(BenchError::workload)?
+            .with_lm_policy(&policy);
+            runner.bench(&Caption {
+                model,
+                question: caption_question()?,
+            })?;
         }
         if runner.selects(ADAMW) {
             runner.bench(&OptimizerStep::new(

@@ -87,6 +87,21 @@ WORKLOADS = {
 }
 
 
+def save_fvlm_backbones(folder: Path):
+    """DINOv2-S (224 px) and SmolLM2-135M of random weights as Hugging Face directories in
+    `folder`: what fVLM's `FoveatedVLM(llm_name=…, dino_name=…)` loads."""
+    w = WORKLOADS["fvlm"]
+    dino_dir, lm_dir = folder / "dino", folder / "lm"
+    Dinov2Model(Dinov2Config(mlp_ratio=4, layerscale_value=1.0, **w["dino"])).save_pretrained(
+        dino_dir
+    )
+    LlamaForCausalLM(LlamaConfig(
+        max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+        tie_word_embeddings=True, **w["lm"],
+    )).save_pretrained(lm_dir)
+    return dino_dir, lm_dir
+
+
 def release_step(fvlm_dir: Path, device, params_out, bf16=False):
     """fVLM's own model on the `fvlm` shapes and its training step (see the module's doc), the
     forward under `torch.autocast(bfloat16)` with `bf16` (fp32 weights, bf16 products)."""
@@ -95,14 +110,7 @@ def release_step(fvlm_dir: Path, device, params_out, bf16=False):
 
     w = WORKLOADS["fvlm"]
     folder = tempfile.TemporaryDirectory()
-    dino_dir, lm_dir = Path(folder.name) / "dino", Path(folder.name) / "lm"
-    Dinov2Model(Dinov2Config(mlp_ratio=4, layerscale_value=1.0, **w["dino"])).save_pretrained(
-        dino_dir
-    )
-    LlamaForCausalLM(LlamaConfig(
-        max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
-        tie_word_embeddings=True, **w["lm"],
-    )).save_pretrained(lm_dir)
+    dino_dir, lm_dir = save_fvlm_backbones(Path(folder.name))
     model = FoveatedVLM(
         llm_name=str(lm_dir), dino_name=str(dino_dir), query_dim=w["query_dim"],
         visual_scale=0.14, lambda_coarse=0.0, deep_query=True,

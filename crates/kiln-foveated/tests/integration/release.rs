@@ -262,6 +262,45 @@ fn the_autoregressive_pass_matches_fvlm_inference() {
     }
 }
 
+/// Where kiln's autoregressive pass differs from fVLM's `forward_autoregressive` on purpose
+/// (docs/FOVEATED.md, "fVLM as released"): a padding frame gives a zero visual token, as in
+/// fVLM's training passes (fVLM's inference reads zeroed keys and values through every DINOv2
+/// layer there and gets a token from the query alone); and the pass reads with the configured
+/// readout (fVLM's always reads deep).
+#[test]
+fn autoregressive_padding_reads_nothing_with_the_configured_readout() {
+    let reference = references();
+    let model = load::<Flex>(Readout::Deep, 0.0);
+    // Clip 2's last frame is padding.
+    let padded = batch::<Flex>(&reference, false);
+    let fine = model
+        .forward(&padded, Mode::Autoregressive)
+        .unwrap()
+        .fine
+        .unwrap();
+    let [_, frames, width] = fine.tokens.dims();
+    let token = |frame: usize| {
+        (fine
+            .tokens
+            .clone()
+            .slice([1..2, frame..frame + 1, 0..width]))
+        .abs()
+        .max()
+        .into_scalar()
+    };
+    assert_eq!(token(frames - 1), 0.0, "the padding frame's token");
+    assert!(token(0) > 0.0, "a real frame's token");
+
+    let mut real = padded.clone();
+    real.frame_lengths.clear();
+    let heads = |readout| {
+        let output = load::<Flex>(readout, 0.0).forward(&real, Mode::Autoregressive);
+        output.unwrap().fine.unwrap().attention.unwrap().dims()[1]
+    };
+    // The deep readout's attention covers every layer's heads, the shallow one's one layer's.
+    assert!(heads(Readout::Shallow) < heads(Readout::Deep));
+}
+
 /// What `save_fvlm` writes is fVLM's state dict: the same names, shapes and values as the one
 /// fVLM's code saved (DINOv2's unused mask token as zeros), so its strict `load_state_dict`
 /// takes it; and it loads back into kiln unchanged.
