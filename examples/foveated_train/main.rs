@@ -7,7 +7,23 @@
 //!     [--backbone-lr Y] [--prompt TEXT] [--policy full|mixed-bf16] [--lm-policy P] [--device D]
 //!     [--replicate-images N] [--text FILE [--text-ratio R]]
 //!     [--eval-clips DIR --eval-captions FILE]
+//!     [--stage 1|2|3 [--init-from DIR] [--pairs FILE]]
 //! ```
+//!
+//! `--stage` runs one of fVLM's training stages at its released budget (`configs/stage*_135M.yaml`):
+//! an effective batch of 32 (`--batch 8 --accumulate 4`; stage 3: 4 × 8), 31 250 optimizer steps
+//! (1M samples; stage 3: 2 593, RLAIF-V's 83k pairs once), the stage's rates and schedule, and its
+//! data — stage 1 scores every token of each conversation (truncated at 512 tokens), stage 2 the
+//! answer alone (1 024; still images replicated to 8 frames), stage 3 trains by DPO on the
+//! preference pairs of `--pairs` (JSON Lines, `{"video": NAME, "chosen": TEXT, "rejected": TEXT}`
+//! with optional `user` and `source`; one pair a clip) against a frozen copy of the model it
+//! starts from. `--init-from` is that model: the previous stage's `OUT/model`, or fVLM's
+//! checkpoint directory (with `--dino` and `--lm`, the backbones it was trained from); the model's
+//! own design is kept (`--variant`, `--readout`, `--query-dim` and `--lambda` are not read).
+//! Any flag given explicitly overrides the stage's value. Truncated conversations are counted in
+//! a warning. When the run ends (or stops with `--max-steps-now`), it prints how long the stage's
+//! whole budget would take on this machine from the median step time, and writes it to
+//! `summary.json`.
 //!
 //! `--variant` picks kiln-foveated's design (docs/FOVEATED.md). `release` (the default) is fVLM
 //! as released: each caption becomes fVLM's stage-1 conversation after the visual tokens
@@ -32,10 +48,13 @@
 //! - `--text`: JSON Lines, `{"user": TEXT, "assistant": TEXT}` per line: conversations trained
 //!   without frames (every token scored), `--text-ratio` of the batches (fVLM's 0.14).
 //! - `--captions`: JSON Lines, `{"video": NAME, "caption": TEXT}` per clip, NAME as below the
-//!   clips folder; every clip needs a caption and every caption its clip. Captions are
-//!   tokenised once (the LM directory's tokenizer): release, each as the assistant's turn of
-//!   fVLM's conversation (its chat template closes the turn; no end-of-sequence token is
-//!   added); research, followed by the end-of-sequence token.
+//!   clips folder, with optional `"user"` (the user's turn) and `"source"` (fVLM's per-source
+//!   prompts: `openvid`, `webvid`, `vript`, `sharegpt4video`, else "Describe this."); every clip
+//!   needs a caption and every caption its clip. Captions are tokenised once (the LM
+//!   directory's tokenizer): release, each as the assistant's turn of fVLM's conversation (its
+//!   chat template closes the turn; no end-of-sequence token is added), the user's turn the
+//!   line's own, else its source's prompt, else `--prompt`; research, followed by the
+//!   end-of-sequence token.
 //! - `--dino`, `--lm`: Hugging Face directories (a DINOv2 `Dinov2Model`; a Llama-family causal
 //!   LM with its tokenizer). The connectors start newly initialised.
 //!
@@ -51,6 +70,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
 use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
@@ -58,11 +78,11 @@ use kiln::cache::{ClipSpec, ImageCache};
 use kiln::core::{DeviceJob, DeviceSpec, Policy, PolicySpec, Precision};
 use kiln::foveated::{
     CaptionTokenizer, CaptionedClipReader, CaptionedClips, FVLM_CAPTION_PROMPT, FoveatedConfig,
-    FoveatedModel, FrameFit, Readout, ReleaseRecipe, Variant, dinov2_frames, read_text_samples,
-    research_recipe,
+    FoveatedModel, FrameFit, PreferenceBatch, PreferenceTraining, Readout, ReleaseRecipe,
+    ReleaseStage, Variant, dinov2_frames, research_recipe,
 };
 use kiln::io::RunFiles;
-use kiln::train::{LossScaling, RunOptions, TrainConfig, Trainer};
+use kiln::train::{HostData, LossScaling, Outcome, RunOptions, TrainConfig, Trainer};
 use serde_json::json;
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
@@ -79,8 +99,20 @@ struct Args {
     #[arg(long)]
     clips: PathBuf,
     /// JSON Lines captions of the training videos.
+    #[arg(long, required_unless_present = "pairs", conflicts_with = "pairs")]
+    captions: Option<PathBuf>,
+    /// fVLM's training stage at its budget: 1 (alignment), 2 (instruction tuning, answers
+    /// scored), 3 (DPO on --pairs). Release variant.
     #[arg(long)]
-    captions: PathBuf,
+    stage: Option<ReleaseStage>,
+    /// The model the stage starts from: foveated_train's OUT/model, or fVLM's checkpoint
+    /// directory over --dino and --lm.
+    #[arg(long)]
+    init_from: Option<PathBuf>,
+    /// Stage 3: JSON Lines preference pairs, `{"video": NAME, "chosen": TEXT, "rejected":
+    /// TEXT}` a clip.
+    #[arg(long)]
+    pairs: Option<PathBuf>,
     /// Hugging Face DINOv2 directory.
     #[arg(long)]
     dino: PathBuf,
@@ -107,9 +139,10 @@ struct Args {
     /// (its evaluation).
     #[arg(long, default_value = "crop")]
     frame_fit: FrameFit,
-    /// Copies of a one-frame clip (a still image) it becomes (fVLM: 1 in stage 1, 8 after).
-    #[arg(long, default_value_t = 1, value_parser = kiln::cli::count, allow_negative_numbers = true)]
-    replicate_images: usize,
+    /// Copies of a one-frame clip (a still image) it becomes [default: the stage's, fVLM's 1 in
+    /// stage 1 and 8 after].
+    #[arg(long, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    replicate_images: Option<usize>,
     /// JSON Lines of text-only conversations, `{"user": TEXT, "assistant": TEXT}` a line,
     /// trained without frames.
     #[arg(long)]
@@ -117,15 +150,15 @@ struct Args {
     /// The share of batches that are text-only (with `--text`).
     #[arg(long, default_value_t = 0.14, requires = "text", value_parser = kiln::cli::non_negative, allow_negative_numbers = true)]
     text_ratio: f64,
-    /// Optimizer steps.
-    #[arg(long, default_value_t = 1000, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
-    steps: u64,
-    /// Clips per micro-batch.
-    #[arg(long, default_value_t = 2, value_parser = kiln::cli::count, allow_negative_numbers = true)]
-    batch: usize,
-    /// Micro-batches per optimizer step.
-    #[arg(long, default_value_t = 1, value_parser = kiln::cli::count, allow_negative_numbers = true)]
-    accumulate: usize,
+    /// Optimizer steps [default: the stage's budget; 1000 without --stage].
+    #[arg(long, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
+    steps: Option<u64>,
+    /// Clips per micro-batch [default: the stage's; 2 without --stage].
+    #[arg(long, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    batch: Option<usize>,
+    /// Micro-batches per optimizer step [default: the stage's; 1 without --stage].
+    #[arg(long, value_parser = kiln::cli::count, allow_negative_numbers = true)]
+    accumulate: Option<usize>,
     /// The model's design: release (fVLM as released, its stage-1 recipe and data) or research
     /// (kiln's first reading of fVLM).
     #[arg(long, default_value = "release")]
@@ -178,23 +211,26 @@ impl Args {
     fn train_config(&self, policy: &Policy) -> Result<TrainConfig, String> {
         let mut config = match self.variant {
             Variant::Research => research_recipe(
-                self.steps,
+                self.steps(),
                 self.connector_lr.unwrap_or(1e-3),
                 self.backbone_lr.unwrap_or(1e-5),
             ),
             Variant::Release => {
-                let stage1 = ReleaseRecipe::stage1_135m();
-                let backbone = self.backbone_lr.unwrap_or(stage1.lr_dino);
-                ReleaseRecipe {
-                    lr_connector: self.connector_lr.unwrap_or(stage1.lr_connector),
+                let stage = self.stage.unwrap_or_default().recipe_135m();
+                let backbone = self.backbone_lr.unwrap_or(stage.lr_dino);
+                let recipe = ReleaseRecipe {
+                    lr_connector: self.connector_lr.unwrap_or(stage.lr_connector),
                     lr_dino: backbone,
                     lr_llm: backbone,
-                    ..stage1
+                    ..stage
+                };
+                match self.pairs {
+                    Some(_) => recipe.preference_train_config(self.steps()),
+                    None => recipe.train_config(self.steps()),
                 }
-                .train_config(self.steps)
             }
         };
-        config.accumulate = self.accumulate;
+        config.accumulate = self.accumulate();
         config.loss_scaling = match policy.compute {
             Precision::F16 => LossScaling::Dynamic,
             _ => LossScaling::Off,
@@ -210,6 +246,65 @@ impl Args {
             ));
         }
         Ok(config)
+    }
+
+    /// Refuses flags that do not go together, before any work.
+    fn check(&self) -> Result<(), String> {
+        let Some(stage) = self.stage else {
+            return match (&self.init_from, &self.pairs) {
+                (Some(_), _) | (_, Some(_)) => {
+                    Err("--init-from and --pairs go with --stage (fVLM's stages)".into())
+                }
+                _ => Ok(()),
+            };
+        };
+        if self.variant != Variant::Release {
+            return Err(format!(
+                "--stage {}: fVLM's stages train the release variant, not --variant research",
+                stage.number()
+            ));
+        }
+        let preference = stage == ReleaseStage::Preference;
+        if preference != self.pairs.is_some() {
+            return Err(match preference {
+                true => "--stage 3 trains on preference pairs: give --pairs FILE".into(),
+                false => format!("--pairs is stage 3's data, not {stage}'s"),
+            });
+        }
+        if preference && (self.text.is_some() || self.eval_clips.is_some()) {
+            return Err(
+                "--stage 3 (fVLM's DPO) trains on --pairs alone: no --text, no \
+                        held-out captions"
+                    .into(),
+            );
+        }
+        if stage != ReleaseStage::Alignment && self.init_from.is_none() {
+            eprintln!(
+                "warning: fVLM starts {stage} from the previous stage's model (--init-from); this \
+                 run starts from the backbones and new connectors"
+            );
+        }
+        Ok(())
+    }
+
+    /// `--steps`, else the stage's budget, else 1000.
+    fn steps(&self) -> u64 {
+        (self.steps).unwrap_or(self.stage.map_or(1000, ReleaseStage::steps))
+    }
+
+    /// `--batch`, else the stage's micro-batch, else 2.
+    fn batch(&self) -> usize {
+        (self.batch).unwrap_or(self.stage.map_or(2, ReleaseStage::micro_batch))
+    }
+
+    /// `--accumulate`, else the stage's, else 1.
+    fn accumulate(&self) -> usize {
+        (self.accumulate).unwrap_or(self.stage.map_or(1, ReleaseStage::accumulation))
+    }
+
+    /// `--replicate-images`, else the stage's (1 without a stage).
+    fn replicate_images(&self) -> usize {
+        (self.replicate_images).unwrap_or(self.stage.unwrap_or_default().replicate_images())
     }
 
     /// `--frames`, else the variant's: fVLM's 64 at most, or 8.
@@ -252,9 +347,17 @@ impl Args {
     fn files(&self) -> RunFiles {
         let mut files = RunFiles::new()
             .input("the training clips (--clips)", &self.clips)
-            .input("the training captions (--captions)", &self.captions)
             .input("the DINOv2 directory (--dino)", &self.dino)
             .input("the language model directory (--lm)", &self.lm);
+        for (what, path) in [
+            ("the training captions (--captions)", &self.captions),
+            ("the preference pairs (--pairs)", &self.pairs),
+            ("the model to start from (--init-from)", &self.init_from),
+        ] {
+            if let Some(path) = path {
+                files = files.input(what, path);
+            }
+        }
         if let Some(text) = &self.text {
             files = files.input("the text-only conversations (--text)", text);
         }
@@ -276,9 +379,16 @@ impl Args {
     /// What identifies the data: each split's clips and captions.
     fn data(&self) -> Result<serde_json::Value, String> {
         let print = |path: &Path| kiln::io::fingerprint(path).map_err(|e| e.to_string());
-        let mut data = json!({
-            "train": {"clips": print(&self.clips)?, "captions": print(&self.captions)?},
-        });
+        let mut data = json!({"train": {"clips": print(&self.clips)?}});
+        for (name, path) in [
+            ("captions", &self.captions),
+            ("pairs", &self.pairs),
+            ("init_from", &self.init_from),
+        ] {
+            if let Some(path) = path {
+                data["train"][name] = json!(print(path)?);
+            }
+        }
         if let (Some(clips), Some(captions)) = (&self.eval_clips, &self.eval_captions) {
             data["eval"] = json!({"clips": print(clips)?, "captions": print(captions)?});
         }
@@ -294,6 +404,7 @@ impl DeviceJob for Args {
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
         let started = Instant::now();
+        self.check()?;
         self.files().check().map_err(|e| e.to_string())?;
         let policy = self
             .policy
@@ -311,9 +422,10 @@ impl DeviceJob for Args {
                 "lm": self.lm,
                 "variant": format!("{:?}", self.variant).to_lowercase(),
                 "readout": format!("{:?}", self.readout).to_lowercase(),
+                "stage": self.stage.map(ReleaseStage::number),
                 "frames": self.frames(),
                 "frame_fit": format!("{:?}", self.frame_fit).to_lowercase(),
-                "replicate_images": self.replicate_images,
+                "replicate_images": self.replicate_images(),
                 "lambda": self.lambda(),
                 "prompt": self.prompt(),
                 "policy": policy.to_string(),
@@ -327,70 +439,35 @@ impl DeviceJob for Args {
         // written before it is keyed by content, whoever reads it).
         let trainer = Trainer::<Autodiff<B>>::new(config, options, device.clone());
         <Autodiff<B> as Backend>::seed(device, self.seed);
-        let foveated = FoveatedConfig {
-            variant: self.variant,
-            query_dim: self.query_dim,
-            readout: self.readout,
-            lambda_coarse: self.lambda(),
-            ..FoveatedConfig::research()
-        };
-        let model = FoveatedModel::<Autodiff<B>>::from_dirs(
-            &self.dino, &self.lm, foveated, device, &policy,
-        )
-        .map_err(|e| e.to_string())?
-        .with_lm_policy(&lm_policy);
+        let model = self
+            .model::<Autodiff<B>>(device, &policy)?
+            .with_lm_policy(&lm_policy);
         let image_size = model.dino.config().image_size;
+        let tokens = match self.variant {
+            Variant::Research => CaptionTokenizer::from_lm_dir(&self.lm, &self.prompt()),
+            Variant::Release => CaptionTokenizer::chat_from_lm_dir(&self.lm, &self.prompt())
+                .map(|tokens| tokens.for_stage(self.stage.unwrap_or_default())),
+        }
+        .map_err(|e| e.to_string())?;
         let reader = CaptionedClipReader {
             cache: ImageCache::new(self.cache_dir()),
             spec: self.clip_spec(image_size)?,
-            tokens: match self.variant {
-                Variant::Research => CaptionTokenizer::from_lm_dir(&self.lm, &self.prompt()),
-                Variant::Release => CaptionTokenizer::chat_from_lm_dir(&self.lm, &self.prompt()),
-            }
-            .map_err(|e| e.to_string())?,
-            batch_size: self.batch,
+            tokens,
+            batch_size: self.batch(),
             precision: policy.compute,
         };
-        let frames = self.frames().max(self.replicate_images);
+        let frames = self.frames().max(self.replicate_images());
         let room = model.target_room(reader.tokens.prompt().len(), frames);
-        let train = read::<Autodiff<B>>(&reader, &self.clips, &self.captions, device)?
-            .replicating_images(self.replicate_images);
-        let train = match &self.text {
-            Some(path) => {
-                let texts = read_text_samples(path)
-                    .and_then(|samples| {
-                        (samples.iter())
-                            .map(|s| Ok(reader.tokens.conversation(&s.user, &s.assistant)?.ids))
-                            .collect::<Result<Vec<_>, _>>()
-                    })
-                    .map_err(|e| e.to_string())?;
-                train
-                    .with_text_only(texts, self.text_ratio)
-                    .map_err(|e| format!("{}: {e}", path.display()))?
-            }
-            None => train,
+        let (outcome, clips) = match &self.pairs {
+            Some(pairs) => self.fit_preferences(&trainer, model, &reader, pairs, room, device)?,
+            None => self.fit_captions(&trainer, model, &reader, room, device)?,
         };
-        let eval = match (&self.eval_clips, &self.eval_captions) {
-            (Some(clips), Some(captions)) => Some(
-                read::<B>(&reader, clips, captions, device)?
-                    .replicating_images(self.replicate_images),
-            ),
-            _ => None,
-        };
-        train
-            .check_room(room)
-            .map_err(|e| format!("{}: {e}", self.captions.display()))?;
-        if let (Some(eval), Some(captions)) = (&eval, &self.eval_captions) {
-            eval.check_room(room)
-                .map_err(|e| format!("{}: {e}", captions.display()))?;
-        }
-        let outcome = trainer
-            .fit(model, &train, eval.as_ref())
-            .map_err(|e| e.to_string())?;
+        let timing = self.budget_timing()?;
         if !outcome.finished {
             eprintln!(
                 "stopped at step {} of {}: rerun the same command to go on",
-                outcome.step, self.steps
+                outcome.step,
+                self.steps()
             );
             return Ok(());
         }
@@ -399,8 +476,8 @@ impl DeviceJob for Args {
         keep_tokenizer(&self.lm, &model_dir)?;
         let summary = json!({
             "steps": outcome.step,
-            "train_clips": train.len(),
-            "eval_clips": eval.as_ref().map(CaptionedClips::len),
+            "train_clips": clips.train,
+            "eval_clips": clips.eval,
             "held_out": outcome
                 .eval
                 .iter()
@@ -410,6 +487,7 @@ impl DeviceJob for Args {
             "device": self.device.to_string(),
             "policy": policy.to_string(),
             "wall_seconds": started.elapsed().as_secs_f64(),
+            "budget": timing,
         });
         let summary_path = self.out.join("summary.json");
         kiln::io::write_json(&summary_path, &summary).map_err(|e| e.to_string())?;
@@ -417,6 +495,184 @@ impl DeviceJob for Args {
         Ok(())
     }
 }
+
+/// How training ended, and on how many clips.
+type Trained<B> = (Outcome<FoveatedModel<Autodiff<B>>>, ClipCounts);
+
+/// Clips in the training and the held-out split.
+struct ClipCounts {
+    train: usize,
+    eval: Option<usize>,
+}
+
+impl Args {
+    /// The model training starts from: `--init-from` (its own design), else DINOv2 and the LM
+    /// with new connectors in the flags' design.
+    fn model<B: Backend>(
+        &self,
+        device: &B::Device,
+        policy: &Policy,
+    ) -> Result<FoveatedModel<B>, String> {
+        let text = |e: kiln::foveated::FoveatedError| e.to_string();
+        let Some(init) = &self.init_from else {
+            let foveated = FoveatedConfig {
+                variant: self.variant,
+                query_dim: self.query_dim,
+                readout: self.readout,
+                lambda_coarse: self.lambda(),
+                ..FoveatedConfig::research()
+            };
+            return FoveatedModel::<B>::from_dirs(&self.dino, &self.lm, foveated, device, policy)
+                .map_err(text);
+        };
+        let model = match init.join("config.json").is_file() {
+            true => FoveatedModel::<B>::load(init, device, policy),
+            false => {
+                FoveatedModel::<B>::from_fvlm_checkpoint(init, &self.dino, &self.lm, device, policy)
+            }
+        }
+        .map_err(|e| format!("--init-from: {e}"))?;
+        if model.config().variant != Variant::Release {
+            return Err(format!(
+                "--init-from {}: a research-variant model; fVLM's stages train the release variant",
+                init.display()
+            ));
+        }
+        Ok(model)
+    }
+
+    /// Stages 1 and 2 (and runs without a stage): the captioned clips, with the text-only
+    /// conversations mixed in.
+    fn fit_captions<B: Backend>(
+        &self,
+        trainer: &Trainer<Autodiff<B>>,
+        model: FoveatedModel<Autodiff<B>>,
+        reader: &CaptionedClipReader,
+        room: usize,
+        device: &B::Device,
+    ) -> Result<Trained<B>, String> {
+        let captions = self
+            .captions
+            .as_ref()
+            .expect("clap requires --captions without --pairs");
+        let replicate = self.replicate_images();
+        let train = read::<Autodiff<B>>(reader, &self.clips, captions, device)?
+            .replicating_images(replicate);
+        let train = match &self.text {
+            Some(path) => {
+                let texts = (reader.tokens.read_text_samples(path)).map_err(|e| e.to_string())?;
+                train
+                    .with_text_only(texts, self.text_ratio)
+                    .map_err(|e| format!("{}: {e}", path.display()))?
+            }
+            None => train,
+        };
+        let eval = match (&self.eval_clips, &self.eval_captions) {
+            (Some(clips), Some(captions)) => {
+                Some(read::<B>(reader, clips, captions, device)?.replicating_images(replicate))
+            }
+            _ => None,
+        };
+        train
+            .check_room(room)
+            .map_err(|e| format!("{}: {e}", captions.display()))?;
+        if let (Some(eval), Some(captions)) = (&eval, &self.eval_captions) {
+            eval.check_room(room)
+                .map_err(|e| format!("{}: {e}", captions.display()))?;
+        }
+        let outcome = trainer
+            .fit(model, &train, eval.as_ref())
+            .map_err(|e| e.to_string())?;
+        let counts = ClipCounts {
+            train: train.len(),
+            eval: eval.as_ref().map(CaptionedClips::len),
+        };
+        Ok((outcome, counts))
+    }
+
+    /// Stage 3: DPO on the preference pairs against a frozen copy of the starting model.
+    fn fit_preferences<B: Backend>(
+        &self,
+        trainer: &Trainer<Autodiff<B>>,
+        model: FoveatedModel<Autodiff<B>>,
+        reader: &CaptionedClipReader,
+        pairs: &Path,
+        room: usize,
+        device: &B::Device,
+    ) -> Result<Trained<B>, String> {
+        let reference = model.valid();
+        let train = reader
+            .read_pairs::<Autodiff<B>>(&self.clips, pairs, reference, device)
+            .map_err(|e| e.to_string())?
+            .replicating_images(self.replicate_images());
+        train
+            .check_room(room)
+            .map_err(|e| format!("{}: {e}", pairs.display()))?;
+        eprintln!("{}: {} preference pairs", pairs.display(), train.len());
+        let outcome = trainer
+            .fit(
+                PreferenceTraining { policy: model },
+                &train,
+                None::<&NoEval<B>>,
+            )
+            .map_err(|e| e.to_string())?;
+        let outcome = Outcome {
+            model: outcome.model.policy,
+            step: outcome.step,
+            finished: outcome.finished,
+            stopped_early: outcome.stopped_early,
+            eval: outcome.eval,
+            best: outcome.best,
+            skipped_steps: outcome.skipped_steps,
+        };
+        let counts = ClipCounts {
+            train: train.len(),
+            eval: None,
+        };
+        Ok((outcome, counts))
+    }
+
+    /// How long the whole budget takes here, from the median step time in `metrics.jsonl`,
+    /// printed and returned for the summary.
+    fn budget_timing(&self) -> Result<serde_json::Value, String> {
+        let lines = kiln::train::read_metrics(&self.out).map_err(|e| e.to_string())?;
+        let mut times: Vec<f64> = (lines.iter().skip(1))
+            .filter_map(|line| line.get("step_time_s")?.as_f64())
+            .collect();
+        if times.is_empty() {
+            return Ok(serde_json::Value::Null);
+        }
+        times.sort_by(f64::total_cmp);
+        let step = times[times.len() / 2];
+        let samples_a_step = (self.batch() * self.accumulate()) as f64;
+        let sample = step / samples_a_step;
+        let (samples, whose) = match self.stage {
+            Some(stage) => (
+                stage.samples() as f64,
+                format!(
+                    "fVLM's {stage} budget ({} samples, {} steps of 32)",
+                    stage.samples(),
+                    stage.steps()
+                ),
+            ),
+            None => (self.steps() as f64 * samples_a_step, "this run".into()),
+        };
+        let hours = sample * samples / 3600.0;
+        eprintln!(
+            "{sample:.3} s a sample here (a step of {} x {} took {step:.2} s, the median of {}): \
+             {whose} would take {hours:.1} h on this machine",
+            self.batch(),
+            self.accumulate(),
+            times.len()
+        );
+        Ok(
+            json!({"step_seconds": step, "sample_seconds": sample, "samples": samples, "hours": hours}),
+        )
+    }
+}
+
+/// No held-out pairs: stage 3 evaluates nothing, as fVLM's.
+type NoEval<B> = HostData<(), fn(()) -> PreferenceBatch<B>>;
 
 /// Copies the LM's tokenizer files beside the trained model, so that the model directory is
 /// all foveated_caption needs.

@@ -224,21 +224,28 @@ pub(crate) fn train(
     dino: &Path,
     extra: &[&str],
 ) -> Output {
-    Command::new(common::example("foveated_train"))
-        .arg("--clips")
-        .arg(clips)
+    trainer(out, clips, dino)
         .arg("--captions")
         .arg(captions)
+        .args(extra)
+        .output()
+        .expect("the foveated_train example is built with the tests")
+}
+
+/// foveated_train on `clips` with the tiny checkpoints, without its data flag.
+fn trainer(out: &Path, clips: &Path, dino: &Path) -> Command {
+    let mut command = Command::new(common::example("foveated_train"));
+    command
+        .arg("--clips")
+        .arg(clips)
         .arg("--dino")
         .arg(dino)
         .arg("--lm")
         .arg(root().join("crates/kiln-text/tests/fixtures/llama"))
         .arg("--out")
         .arg(out)
-        .args(["--query-dim", "12", "--batch", "3", "--device", "cpu"])
-        .args(extra)
-        .output()
-        .expect("the foveated_train example is built with the tests")
+        .args(["--query-dim", "12", "--batch", "3", "--device", "cpu"]);
+    command
 }
 
 /// Evaluation every 10 steps, and rates a tiny model learns from in a few dozen.
@@ -415,6 +422,87 @@ fn foveated_train_trains_the_release_variant() {
     assert_eq!(lines[6]["clip"], "still.png");
 }
 
+/// fVLM's three stages, each from the last one's model (`--stage N --init-from`): stage 1 at
+/// its rates with every token scored, stage 2 at its own with a line's own user turn and
+/// text-only conversations, stage 3 by DPO on preference pairs against a frozen copy of stage
+/// 2's model — whose first loss is therefore ln 2. Each prints the time its whole budget would
+/// take here. The budgets' sizes are shrunk by flags.
+#[test]
+fn foveated_train_runs_fvlms_three_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clips, captions) = captioned_clips(dir.path(), 6, 1);
+    let lines = std::fs::read_to_string(&captions).unwrap();
+    let lines = lines.replacen("\"caption\"", "\"user\": \"hi\", \"caption\"", 1);
+    std::fs::write(&captions, lines).unwrap();
+    let pairs = dir.path().join("pairs.jsonl");
+    let colours = ["red", "green", "blue"];
+    let pair_lines: String = (0..6)
+        .map(|c| {
+            let (chosen, rejected) = (colours[c % 3], colours[(c + 1) % 3]);
+            format!(
+                "{{\"video\": \"clip{c}\", \"user\": \"colour?\", \"chosen\": \"{chosen}\", \
+                 \"rejected_assistant\": \"{rejected}\"}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(&pairs, pair_lines).unwrap();
+    let text = dir.path().join("text.jsonl");
+    std::fs::write(&text, "{\"user\": \"hi\", \"assistant\": \"a square\"}\n").unwrap();
+    let small = ["--prompt", "", "--frames", "1", "--replicate-images", "1"];
+    let stage = |number: &str, extra: &[&str]| {
+        let out = dir.path().join(format!("stage{number}"));
+        let mut flags = vec!["--stage", number, "--steps", "4", "--accumulate", "2"];
+        flags.extend(small);
+        flags.extend(extra);
+        let run = match extra.contains(&"--pairs") {
+            true => trainer(&out, &clips, &tiny_dino())
+                .args(&flags)
+                .output()
+                .unwrap(),
+            false => train(&out, &clips, &captions, &tiny_dino(), &flags),
+        };
+        let stderr = String::from_utf8_lossy(&run.stderr).to_string();
+        assert!(run.status.success(), "stage {number}: {stderr}");
+        let budget = format!("fVLM's stage {number} budget");
+        assert!(stderr.contains(&budget), "{stderr}");
+        (out, stderr)
+    };
+    let (first, stderr) = stage("1", &[]);
+    assert!(stderr.contains("group `connector`: lr 1e-3"), "{stderr}");
+    let summary = common::summary(&first);
+    assert_eq!(summary["budget"]["samples"], 1_000_000.0);
+    assert!(summary["budget"]["hours"].as_f64().unwrap() > 0.0);
+    let model = first.join("model");
+    let text = text.to_str().unwrap();
+    let init = model.to_str().unwrap();
+    let (second, stderr) = stage(
+        "2",
+        &["--init-from", init, "--text", text, "--text-ratio", "0.25"],
+    );
+    assert!(stderr.contains("group `connector`: lr 3e-5"), "{stderr}");
+    let model = second.join("model");
+    let pairs = pairs.to_str().unwrap();
+    let init = model.to_str().unwrap();
+    let (third, stderr) = stage("3", &["--init-from", init, "--pairs", pairs]);
+    assert!(stderr.contains("6 preference pairs"), "{stderr}");
+    // fVLM's groups, found under PreferenceTraining's `policy.`.
+    assert!(stderr.contains("group `connector`: lr 1e-6"), "{stderr}");
+    let metrics = kiln::train::read_metrics(&third).unwrap();
+    assert_eq!(metrics.len(), 4);
+    let first_loss = metrics[0]["loss"].as_f64().unwrap();
+    assert!(
+        (first_loss - std::f64::consts::LN_2).abs() < 1e-4,
+        "{first_loss}"
+    );
+    assert!(metrics[0].get("reward_accuracy").is_some());
+    kiln::foveated::FoveatedModel::<kiln::burn::backend::Flex>::load(
+        third.join("model"),
+        &Default::default(),
+        &kiln::core::Policy::full(),
+    )
+    .unwrap();
+}
+
 /// Runs foveated_caption with `args` (which must succeed) and reads the JSON lines it prints.
 fn caption(args: &[&str]) -> Vec<Value> {
     let output = Command::new(common::example("foveated_caption"))
@@ -526,7 +614,8 @@ fn foveated_train_names_bad_inputs_and_writes_nothing() {
     let text = dir.path().join("text.jsonl");
     std::fs::write(&text, "\n{\"user\": \"hi\"}\n").unwrap();
     let text = text.to_str().unwrap();
-    let cases: [(&Path, &Path, &[&str], &str); 8] = [
+    let init = dir.path().to_str().unwrap();
+    let cases: [(&Path, &Path, &[&str], &str); 11] = [
         (
             &long,
             &tiny_dino(),
@@ -569,6 +658,24 @@ fn foveated_train_names_bad_inputs_and_writes_nothing() {
             &tiny_dino(),
             &["--text", text, "--text-ratio", "1"],
             "--text-ratio 1: a share of the batches, below 1",
+        ),
+        (
+            &captions,
+            &tiny_dino(),
+            &["--stage", "3"],
+            "--stage 3 trains on preference pairs: give --pairs FILE",
+        ),
+        (
+            &captions,
+            &tiny_dino(),
+            &["--stage", "2", "--variant", "research"],
+            "fVLM's stages train the release variant",
+        ),
+        (
+            &captions,
+            &tiny_dino(),
+            &["--init-from", init],
+            "--init-from and --pairs go with --stage",
         ),
     ];
     for (captions, dino, flags, needle) in cases {

@@ -8,27 +8,29 @@ use burn::tensor::backend::Backend;
 use kiln_cache::{Batch, CachedImages, DeviceImages, Order};
 use kiln_train::Loader;
 
-use crate::{ClipBatch, FoveatedError};
+use crate::{ClipBatch, Conversation, FoveatedError};
 
 /// Cached clips with their captions' token ids, in batches of a fixed size: frames
 /// `[n, T, 3, H, W]` from the feed (resident on the device or prefetched), the same prompt for
-/// every clip and the captions padded to the batch's longest (the padding outside the loss).
-/// Clips of varying length are padded to the batch's longest, their frame lengths said.
+/// every clip and the captions padded to the batch's longest (the padding outside the loss;
+/// with [`CaptionedClips::answer_only`], the questions too). Clips of varying length are padded
+/// to the batch's longest, their frame lengths said.
 #[derive(Debug)]
 pub struct CaptionedClips<B: Backend> {
     feed: DeviceImages<B>,
     prompt: Vec<u32>,
-    captions: Vec<Vec<u32>>,
+    captions: Vec<Conversation>,
     pad: u32,
     batch_size: usize,
     replicate_images: usize,
     text_only: Option<TextOnly>,
+    answer_only: bool,
 }
 
 /// Conversations trained without frames, a share of the batches.
 #[derive(Debug)]
 struct TextOnly {
-    texts: Vec<Vec<u32>>,
+    texts: Vec<Conversation>,
     ratio: f64,
 }
 
@@ -38,7 +40,7 @@ impl<B: Backend> CaptionedClips<B> {
     pub fn new(
         feed: DeviceImages<B>,
         prompt: Vec<u32>,
-        captions: Vec<Vec<u32>>,
+        captions: Vec<Conversation>,
         pad: u32,
         batch_size: usize,
     ) -> Result<Self, FoveatedError> {
@@ -49,7 +51,7 @@ impl<B: Backend> CaptionedClips<B> {
                 captions.len()
             )));
         }
-        if let Some(empty) = captions.iter().position(Vec::is_empty) {
+        if let Some(empty) = captions.iter().position(|c| c.ids.is_empty()) {
             return Err(FoveatedError::Data(format!(
                 "clip {}: an empty caption (nothing to learn)",
                 empty + 1
@@ -68,7 +70,15 @@ impl<B: Backend> CaptionedClips<B> {
             batch_size,
             replicate_images: 1,
             text_only: None,
+            answer_only: false,
         })
+    }
+
+    /// Whether the text loss scores each conversation's answer alone (fVLM's stages 2 and 3:
+    /// `loss_mask` from [`Conversation::answer_start`]) rather than every token.
+    pub fn answer_only(mut self, answer_only: bool) -> Self {
+        self.answer_only = answer_only;
+        self
     }
 
     /// A clip of one frame (a still image, or a video shorter than a second sampled one a
@@ -90,7 +100,7 @@ impl<B: Backend> CaptionedClips<B> {
     /// A ratio outside `[0, 1)`, no texts, an empty text.
     pub fn with_text_only(
         mut self,
-        texts: Vec<Vec<u32>>,
+        texts: Vec<Conversation>,
         ratio: f64,
     ) -> Result<Self, FoveatedError> {
         if !(0.0..1.0).contains(&ratio) {
@@ -103,7 +113,7 @@ impl<B: Backend> CaptionedClips<B> {
                 "text-only batches without texts".into(),
             ));
         }
-        if let Some(empty) = texts.iter().position(Vec::is_empty) {
+        if let Some(empty) = texts.iter().position(|t| t.ids.is_empty()) {
             return Err(FoveatedError::Data(format!(
                 "text {}: empty (nothing to learn)",
                 empty + 1
@@ -116,9 +126,9 @@ impl<B: Backend> CaptionedClips<B> {
     /// Refuses a caption or text that does not fit the model: longer than `room` tokens
     /// ([`crate::FoveatedModel::target_room`]), naming the clip or text (1-based) and the sizes.
     pub fn check_room(&self, room: usize) -> Result<(), FoveatedError> {
-        let over = |all: &[Vec<u32>], what: &'static str| {
-            let index = all.iter().position(|ids| ids.len() > room)?;
-            Some((what, index, all[index].len()))
+        let over = |all: &[Conversation], what: &'static str| {
+            let index = all.iter().position(|text| text.ids.len() > room)?;
+            Some((what, index, all[index].ids.len()))
         };
         let texts = self.text_only.as_ref().map_or(&[][..], |t| &t.texts);
         let Some((what, index, length)) =
@@ -151,7 +161,7 @@ impl<B: Backend> CaptionedClips<B> {
     }
 
     /// Batches of clips in an epoch.
-    fn clip_batches(&self) -> usize {
+    pub(crate) fn clip_batches(&self) -> usize {
         self.captions.len().div_ceil(self.batch_size)
     }
 
@@ -201,36 +211,64 @@ impl<B: Backend> CaptionedClips<B> {
                 Tensor::stack(clips, 0)
             }
         };
-        let captions = (batch.indices.iter())
-            .map(|&i| self.captions[i].clone())
-            .collect();
-        let out = self.with_prompt(ClipBatch::new(pixels).with_captions(captions, self.pad));
+        let captions: Vec<&Conversation> =
+            batch.indices.iter().map(|&i| &self.captions[i]).collect();
+        let out = self.with_text(ClipBatch::new(pixels), &captions);
         match padded {
             true => out.with_frame_lengths(lengths),
             false => out,
         }
     }
 
+    /// The epoch's batches of clips in `order` from batch `first` on (no text-only batch), each
+    /// with its clips' indices.
+    pub(crate) fn indexed_clip_batches(
+        &self,
+        order: Order,
+        first: usize,
+    ) -> impl Iterator<Item = (Vec<usize>, ClipBatch<B>)> + '_ {
+        (self.feed.batches_from(self.batch_size, order, first)).map(|batch| {
+            let indices = batch.indices.clone();
+            (indices, self.clip_batch(batch))
+        })
+    }
+
     /// Text-only batch `number` of the epoch, its texts from `order` (each epoch's own, going
     /// round).
-    fn text_batch(&self, texts: &[Vec<u32>], order: &[usize], number: usize) -> ClipBatch<B> {
+    fn text_batch(&self, texts: &[Conversation], order: &[usize], number: usize) -> ClipBatch<B> {
         let (height, width) = self.feed.images().size();
         let n = self.batch_size;
-        let ids = (0..n)
-            .map(|k| texts[order[(number * n + k) % order.len()]].clone())
+        let chosen: Vec<&Conversation> = (0..n)
+            .map(|k| &texts[order[(number * n + k) % order.len()]])
             .collect();
         let pixels = Tensor::<B, 5>::zeros(
             [n, 1, 3, height as usize, width as usize],
             self.feed.device(),
         )
         .cast(self.feed.precision().float_dtype());
-        let batch = ClipBatch::new(pixels)
-            .with_frame_lengths(vec![0; n])
-            .with_captions(ids, self.pad);
-        self.with_prompt(batch)
+        let batch = ClipBatch::new(pixels).with_frame_lengths(vec![0; n]);
+        self.with_text(batch, &chosen)
     }
 
-    fn with_prompt(&self, batch: ClipBatch<B>) -> ClipBatch<B> {
+    /// `batch` with `texts` after its visual tokens (their answers' loss mask where answers
+    /// alone are scored) and the prompt before them.
+    pub(crate) fn with_text(&self, batch: ClipBatch<B>, texts: &[&Conversation]) -> ClipBatch<B> {
+        let ids = texts.iter().map(|text| text.ids.clone()).collect();
+        let batch = batch.with_captions(ids, self.pad);
+        let batch = match self.answer_only {
+            true => {
+                let longest = batch.target.first().map_or(0, Vec::len);
+                let masks = (texts.iter())
+                    .map(|text| {
+                        let mut mask = text.answer_mask();
+                        mask.resize(longest, false);
+                        mask
+                    })
+                    .collect();
+                batch.with_loss_mask(masks)
+            }
+            false => batch,
+        };
         match self.prompt.is_empty() {
             true => batch,
             false => {
@@ -335,7 +373,9 @@ mod tests {
     }
 
     fn captioned(dir: &std::path::Path) -> CaptionedClips<Flex> {
-        let captions = (1..=4).map(|c| vec![c; c as usize]).collect();
+        let captions = (1..=4)
+            .map(|c| Conversation::whole(vec![c; c as usize]))
+            .collect();
         CaptionedClips::new(clips(dir), Vec::new(), captions, 0, 2).unwrap()
     }
 
@@ -371,8 +411,8 @@ mod tests {
     #[test]
     fn text_only_batches_take_their_share_and_resume_in_place() {
         let dir = tempfile::tempdir().unwrap();
-        let texts = vec![vec![7], vec![8, 8], vec![9]];
-        let clips = captioned(dir.path()).with_text_only(texts, 0.5).unwrap();
+        let texts = [vec![7], vec![8, 8], vec![9]].map(Conversation::whole);
+        let clips = (captioned(dir.path()).with_text_only(texts.to_vec(), 0.5)).unwrap();
         assert_eq!(clips.batches_per_epoch(), 4);
         let summary = |batch: &ClipBatch<Flex>| (batch.frame_lengths.clone(), batch.target.clone());
         let order = Order::Shuffled { seed: 5, epoch: 1 };
@@ -400,7 +440,40 @@ mod tests {
         // In order, the text comes last.
         let last = clips.batches(Order::Sequential, 2).map(|b| b.frame_lengths);
         assert_eq!(last.collect::<Vec<_>>(), [[0, 0], [0, 0]]);
-        let refused = captioned(dir.path()).with_text_only(vec![vec![1]], 1.0);
+        let refused = captioned(dir.path()).with_text_only(vec![Conversation::whole(vec![1])], 1.0);
         assert!(refused.unwrap_err().to_string().contains("[0, 1)"));
+    }
+
+    /// fVLM's stages 2 and 3 score the answer alone: each conversation's loss mask starts at
+    /// its answer, the padding outside it; text-only batches too.
+    #[test]
+    fn answer_only_batches_mask_the_question() {
+        let dir = tempfile::tempdir().unwrap();
+        let asked = |ids: Vec<u32>, answer_start| Conversation {
+            ids,
+            answer_start,
+            cut: 0,
+        };
+        let captions = vec![
+            asked(vec![1, 2, 3], 2),
+            asked(vec![4, 5], 1),
+            asked(vec![6], 0),
+            asked(vec![7, 8, 9, 10], 3),
+        ];
+        let clips = CaptionedClips::new(clips(dir.path()), Vec::new(), captions, 0, 2)
+            .unwrap()
+            .answer_only(true)
+            .with_text_only(vec![asked(vec![11, 12], 1)], 0.5)
+            .unwrap();
+        let batches: Vec<_> = clips.batches(Order::Sequential, 0).collect();
+        assert_eq!(batches[0].target, [vec![1, 2, 3], vec![4, 5, 0]]);
+        assert_eq!(
+            batches[0].loss_mask,
+            [vec![false, false, true], vec![false, true, false]]
+        );
+        assert_eq!(batches[2].loss_mask, [vec![false, true], vec![false, true]]);
+        let all = captioned(dir.path());
+        let first = all.batches(Order::Sequential, 0).next().unwrap();
+        assert!(first.loss_mask.is_empty());
     }
 }

@@ -12,7 +12,13 @@
 //! ```text
 //! {"video": "dog_runs.gif", "caption": "A dog runs across a field."}
 //! {"video": "kettle", "caption": "Steam rises from a kettle."}
+//! {"video": "clip7.mp4", "caption": "A man walks his dog.", "source": "webvid"}
+//! {"video": "chart.png", "caption": "It rose by 4%.", "user": "How much did sales rise?"}
 //! ```
+//!
+//! For the release variant each line becomes fVLM's conversation: the line's `user` as the
+//! user's turn, else its `source`'s prompt ([`fvlm_source_prompt`]), else the tokenizer's
+//! default prompt; the caption is the assistant's answer.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -24,7 +30,7 @@ use kiln_text::{Message, TextTokenizer};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use crate::{CaptionedClips, FoveatedError};
+use crate::{CaptionedClips, FoveatedError, ReleaseStage};
 
 /// One line of a captions file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -34,6 +40,43 @@ pub struct Caption {
     pub video: String,
     /// What the model should say about it.
     pub caption: String,
+    /// The user's turn before it (fVLM's shards' `user`; empty or absent: the source's prompt).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Where the clip comes from (fVLM's shards' `source`: `openvid`, `webvid`, ...), which
+    /// picks the user's turn when the line has none.
+    #[serde(default)]
+    pub source: Option<String>,
+}
+
+impl Caption {
+    /// The user's turn of fVLM's conversation around this caption: the line's `user`, else its
+    /// `source`'s prompt, else `default` (fVLM's `data.py`).
+    pub fn user_turn<'a>(&'a self, default: &'a str) -> &'a str {
+        match (self.user.as_deref(), self.source.as_deref()) {
+            (Some(user), _) if !user.is_empty() => user,
+            (_, Some(source)) => fvlm_source_prompt(source),
+            _ => default,
+        }
+    }
+}
+
+/// fVLM's user prompt for a sample from `source` with no user turn of its own
+/// (`tokenization.py`'s `SOURCE_PROMPTS`, and `DEFAULT_VISUAL_PROMPT` for other sources): the
+/// prompt names the caption style each dataset was written in.
+///
+/// ```
+/// assert_eq!(kiln_foveated::fvlm_source_prompt("vript"), "Provide a detailed narration of what happens in this video.");
+/// assert_eq!(kiln_foveated::fvlm_source_prompt("cauldron"), "Describe this.");
+/// ```
+pub fn fvlm_source_prompt(source: &str) -> &'static str {
+    match source {
+        "openvid" => FVLM_CAPTION_PROMPT,
+        "webvid" => "What would be the WebVid caption for this video?",
+        "vript" => "Provide a detailed narration of what happens in this video.",
+        "sharegpt4video" => "Describe what happens in this video in detail.",
+        _ => "Describe this.",
+    }
 }
 
 /// One line of a file of text-only conversations: fVLM's text samples (`user` / `assistant`,
@@ -81,53 +124,69 @@ pub fn read_text_samples(path: impl AsRef<Path>) -> Result<Vec<TextSample>, Fove
 /// The captions of a JSON Lines file (blank lines skipped), refusing a line that is not a
 /// caption or names a video an earlier line named, by its 1-based number.
 pub fn read_captions(path: impl AsRef<Path>) -> Result<Vec<Caption>, FoveatedError> {
-    let path = path.as_ref();
-    let form = "{\"video\": NAME, \"caption\": TEXT}";
+    let form = "{\"video\": NAME, \"caption\": TEXT[, \"user\": TEXT][, \"source\": NAME]}";
+    read_by_video(path.as_ref(), "caption", form, |c: &Caption| &c.video)
+}
+
+/// The lines of the JSON Lines file `path`, each a `what` naming one video by `video`, refusing
+/// a line that is not one or names a video an earlier line named, by its 1-based number.
+pub(crate) fn read_by_video<T: DeserializeOwned>(
+    path: &Path,
+    what: &str,
+    form: &str,
+    video: impl Fn(&T) -> &str,
+) -> Result<Vec<T>, FoveatedError> {
     let mut seen = HashMap::new();
-    let mut captions = Vec::new();
-    for (number, caption) in read_lines::<Caption>(path, "a caption", form)? {
-        if let Some(first) = seen.insert(caption.video.clone(), number) {
+    let mut lines = Vec::new();
+    for (number, line) in read_lines::<T>(path, &format!("a {what}"), form)? {
+        if let Some(first) = seen.insert(video(&line).to_string(), number) {
             return Err(FoveatedError::Data(format!(
-                "{}, line {number}: a second caption for '{}' (the first is on line {first})",
+                "{}, line {number}: a second {what} for '{}' (the first is on line {first})",
                 path.display(),
-                caption.video
+                video(&line)
             )));
         }
-        captions.push(caption);
+        lines.push(line);
     }
-    Ok(captions)
+    Ok(lines)
 }
 
 /// The caption of each clip in `names` (the clip cache's order), from `captions` (read from
 /// `file`): every clip needs one, and every caption needs its clip.
-pub fn match_captions<'a>(
+pub fn match_captions<'a, 'c>(
     names: impl IntoIterator<Item = &'a str>,
-    captions: &[Caption],
+    captions: &'c [Caption],
     file: &Path,
-) -> Result<Vec<String>, FoveatedError> {
-    let mut by_video: HashMap<&str, &str> = captions
-        .iter()
-        .map(|c| (c.video.as_str(), c.caption.as_str()))
-        .collect();
+) -> Result<Vec<&'c Caption>, FoveatedError> {
+    match_videos(names, captions, |c| &c.video, file, "caption")
+}
+
+/// The line of `lines` (read from `file`, each naming one video by `video`) for each clip in
+/// `names`: every clip needs one, and every line its clip.
+pub(crate) fn match_videos<'a, 'c, T>(
+    names: impl IntoIterator<Item = &'a str>,
+    lines: &'c [T],
+    video: impl Fn(&T) -> &str,
+    file: &Path,
+    what: &str,
+) -> Result<Vec<&'c T>, FoveatedError> {
+    let mut by_video: HashMap<&str, &T> = lines.iter().map(|line| (video(line), line)).collect();
     let matched = names
         .into_iter()
         .map(|name| {
-            by_video.remove(name).map(str::to_string).ok_or_else(|| {
+            by_video.remove(name).ok_or_else(|| {
                 FoveatedError::Data(format!(
-                    "{}: no caption for the clip '{name}'",
+                    "{}: no {what} for the clip '{name}'",
                     file.display()
                 ))
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    if let Some(orphan) = captions
-        .iter()
-        .find(|c| by_video.contains_key(c.video.as_str()))
-    {
+    if let Some(orphan) = lines.iter().find(|l| by_video.contains_key(video(l))) {
         return Err(FoveatedError::Data(format!(
-            "{}: a caption for '{}', which is not among the clips (or was skipped as bad)",
+            "{}: a {what} for '{}', which is not among the clips (or was skipped as bad)",
             file.display(),
-            orphan.video
+            video(orphan)
         )));
     }
     Ok(matched)
@@ -148,9 +207,35 @@ pub struct Conversation {
     /// Where the assistant's answer starts: the length of `[system, user]` rendered with the
     /// assistant's turn opened.
     pub answer_start: usize,
+    /// Tokens cut off the end ([`Conversation::truncated`]).
+    pub cut: usize,
 }
 
 impl Conversation {
+    /// Text scored whole (a research caption): its answer starts at its first token.
+    pub fn whole(ids: Vec<u32>) -> Self {
+        Conversation {
+            ids,
+            answer_start: 0,
+            cut: 0,
+        }
+    }
+
+    /// The first `max` tokens, as fVLM's tokenizer call (`truncation=True, max_length=...`)
+    /// keeps them; [`Conversation::cut`] says how many went.
+    pub fn truncated(mut self, max: usize) -> Self {
+        let cut = self.ids.len().saturating_sub(max);
+        self.ids.truncate(max);
+        self.answer_start = self.answer_start.min(self.ids.len());
+        self.cut += cut;
+        self
+    }
+
+    /// Whether any of the answer is left (truncation can cut it all).
+    pub fn has_answer(&self) -> bool {
+        self.answer_start < self.ids.len()
+    }
+
     /// Stage 2's loss mask (`tokenize_sft`): the answer's tokens. Stage 1 scores them all.
     pub fn answer_mask(&self) -> Vec<bool> {
         (0..self.ids.len())
@@ -161,14 +246,17 @@ impl Conversation {
 
 /// A language model's tokenizer as captions need it. For the research variant: the prompt's
 /// ids, and every caption closed by the end-of-sequence token (so the model learns where a
-/// caption ends). For the release variant: each caption as fVLM's stage-1 conversation (system
-/// prompt, user prompt, the caption as the answer), no prompt before the visual tokens.
+/// caption ends). For the release variant: each caption as the conversation fVLM's training
+/// stage makes of it (system prompt, user prompt, the caption as the answer, truncated as fVLM
+/// truncates), no prompt before the visual tokens.
 pub struct CaptionTokenizer {
     tokenizer: TextTokenizer,
     prompt: Vec<u32>,
     end: u32,
-    /// The user prompt of the release variant's conversations.
+    /// The default user prompt of the release variant's conversations.
     chat: Option<String>,
+    /// The release variant's training stage, which says how conversations are truncated.
+    stage: ReleaseStage,
 }
 
 impl CaptionTokenizer {
@@ -195,11 +283,13 @@ impl CaptionTokenizer {
             prompt,
             end,
             chat: None,
+            stage: ReleaseStage::Alignment,
         })
     }
 
     /// The release variant's captions: each one fVLM's stage-1 conversation
-    /// ([`CaptionTokenizer::conversation`] of `user_prompt` and the caption).
+    /// ([`CaptionTokenizer::conversation`] of the line's user turn, by default `user_prompt`, and
+    /// the caption; [`CaptionTokenizer::for_stage`] picks another stage).
     ///
     /// # Errors
     /// As [`CaptionTokenizer::from_lm_dir`], and a tokenizer without a chat template.
@@ -220,6 +310,55 @@ impl CaptionTokenizer {
         Ok(tokens)
     }
 
+    /// Conversations as fVLM's `stage` tokenises them: truncated at
+    /// [`ReleaseStage::caption_tokens`] (a clip's) or [`ReleaseStage::text_tokens`] (text-only).
+    pub fn for_stage(mut self, stage: ReleaseStage) -> Self {
+        self.stage = stage;
+        self
+    }
+
+    /// The training stage conversations are tokenised for.
+    pub fn stage(&self) -> ReleaseStage {
+        self.stage
+    }
+
+    /// The text a clip trains on: research, the caption closed by the end-of-sequence token;
+    /// release, fVLM's conversation of the line's [`Caption::user_turn`] and the caption,
+    /// truncated as the stage truncates it.
+    pub fn clip_text(&self, line: &Caption) -> Result<Conversation, FoveatedError> {
+        match &self.chat {
+            Some(default) => Ok(self
+                .conversation(line.user_turn(default), &line.caption)?
+                .truncated(self.stage.caption_tokens())),
+            None => {
+                let mut ids = self.tokenizer.encode(&line.caption)?;
+                ids.push(self.end);
+                Ok(Conversation::whole(ids))
+            }
+        }
+    }
+
+    /// The text-only conversations of the JSON Lines file `path` ([`read_text_samples`]), each
+    /// as [`CaptionTokenizer::text_sample`] makes it, with a warning counting those truncated.
+    ///
+    /// # Errors
+    /// As [`read_text_samples`]; text the tokenizer refuses; in the answer-only stages, a
+    /// conversation whose answer truncation cut off whole.
+    pub fn read_text_samples(&self, path: &Path) -> Result<Vec<Conversation>, FoveatedError> {
+        let texts = (read_text_samples(path)?.iter())
+            .map(|sample| self.text_sample(sample))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.checked(texts, path, "text")
+    }
+
+    /// A text-only conversation as fVLM's stage tokenises it (`tokenize_sft`, truncated at
+    /// 1 024 tokens).
+    pub fn text_sample(&self, sample: &TextSample) -> Result<Conversation, FoveatedError> {
+        Ok(self
+            .conversation(&sample.user, &sample.assistant)?
+            .truncated(self.stage.text_tokens()))
+    }
+
     /// fVLM's `tokenize_sft(user, answer)` (and `tokenize_stage1`, whose ids are the same):
     /// `[system: FVLM_SYSTEM_PROMPT, user, assistant: answer]` through the chat template.
     pub fn conversation(&self, user: &str, answer: &str) -> Result<Conversation, FoveatedError> {
@@ -232,6 +371,7 @@ impl CaptionTokenizer {
         Ok(Conversation {
             answer_start: asked.len().min(ids.len()),
             ids,
+            cut: 0,
         })
     }
 
@@ -302,15 +442,16 @@ impl CaptionTokenizer {
         self.end
     }
 
-    /// `caption`'s token ids: the end-of-sequence token last, or for the release variant its
-    /// whole conversation (every token scored, as fVLM's stage 1 does).
+    /// `caption`'s token ids ([`CaptionTokenizer::clip_text`] of a line with no user turn or
+    /// source).
     pub fn caption(&self, caption: &str) -> Result<Vec<u32>, FoveatedError> {
-        if let Some(user) = &self.chat {
-            return Ok(self.conversation(user, caption)?.ids);
-        }
-        let mut ids = self.tokenizer.encode(caption)?;
-        ids.push(self.end);
-        Ok(ids)
+        let line = Caption {
+            video: String::new(),
+            caption: caption.into(),
+            user: None,
+            source: None,
+        };
+        Ok(self.clip_text(&line)?.ids)
     }
 }
 
@@ -335,6 +476,10 @@ impl CaptionedClipReader {
     /// The clips directly below the folder `clips` (frame folders, GIFs, MP4 with kiln-cache's
     /// `video` feature) with the captions of the JSON Lines file `captions`, for `device`.
     ///
+    /// Conversations longer than the stage keeps are truncated as fVLM truncates them, with a
+    /// warning that counts them; in the answer-only stages, a clip whose answer is cut off
+    /// whole is refused.
+    ///
     /// # Errors
     /// A clip that cannot be decoded, a captions file that does not match the clips (by name
     /// and 1-based line), a caption the tokenizer refuses.
@@ -348,18 +493,62 @@ impl CaptionedClipReader {
         let videos = self
             .cache
             .load_clips(&VideoSource::Folder(clips.into()), &self.spec)?;
-        let ids = match_captions(videos.names(), &lines, captions)?
+        let texts = match_captions(videos.names(), &lines, captions)?
             .iter()
-            .map(|caption| self.tokens.caption(caption))
+            .map(|caption| self.tokens.clip_text(caption))
             .collect::<Result<Vec<_>, _>>()?;
+        let texts = self.tokens.checked(texts, captions, "clip")?;
         let feed = videos.to_device::<B>(device, self.precision, Residency::Host);
-        CaptionedClips::new(
+        let clips = CaptionedClips::new(
             feed,
             self.tokens.prompt.clone(),
-            ids,
+            texts,
             self.tokens.end,
             self.batch_size,
-        )
+        )?;
+        Ok(clips.answer_only(self.tokens.answer_only()))
+    }
+}
+
+impl CaptionTokenizer {
+    /// Whether the stage scores answers alone (the release variant's stages 2 and 3).
+    pub fn answer_only(&self) -> bool {
+        self.chat.is_some() && self.stage.answer_only()
+    }
+
+    /// `texts` (the `what`s of `file`, in order) with a warning counting those truncation
+    /// shortened; refuses one whose answer it cut off whole where answers alone are scored.
+    pub(crate) fn checked(
+        &self,
+        texts: Vec<Conversation>,
+        file: &Path,
+        what: &str,
+    ) -> Result<Vec<Conversation>, FoveatedError> {
+        let cut: Vec<&Conversation> = texts.iter().filter(|t| t.cut > 0).collect();
+        if let Some(longest) = cut.iter().map(|t| t.ids.len() + t.cut).max() {
+            log::warn!(
+                "{}: {} of {} {what}s' conversations truncated to {} tokens as fVLM's {} \
+                 truncates them (the longest had {longest})",
+                file.display(),
+                cut.len(),
+                texts.len(),
+                cut[0].ids.len(),
+                self.stage
+            );
+        }
+        if self.answer_only()
+            && let Some(index) = texts.iter().position(|t| !t.has_answer())
+        {
+            return Err(FoveatedError::Data(format!(
+                "{}: {what} {}: its question fills the {} tokens fVLM's {} keeps, leaving no \
+                 answer to learn",
+                file.display(),
+                index + 1,
+                texts[index].ids.len(),
+                self.stage
+            )));
+        }
+        Ok(texts)
     }
 }
 
@@ -445,10 +634,49 @@ mod tests {
         );
         let captions = read_captions(&path).unwrap();
         assert_eq!(captions.len(), 2);
+        let matched = match_captions(["a", "b.gif"], &captions, &path).unwrap();
+        let texts: Vec<&str> = matched.iter().map(|c| c.caption.as_str()).collect();
+        assert_eq!(texts, ["one", "two"]);
+    }
+
+    /// fVLM's user turn: the line's own, else its source's prompt, else the default.
+    #[test]
+    fn each_line_gets_fvlms_user_turn() {
+        let (_dir, path) = file(concat!(
+            "{\"video\": \"a\", \"caption\": \"x\", \"source\": \"webvid\"}\n",
+            "{\"video\": \"b\", \"caption\": \"x\", \"source\": \"coco\"}\n",
+            "{\"video\": \"c\", \"caption\": \"x\", \"user\": \"Why?\", \"source\": \"webvid\"}\n",
+            "{\"video\": \"d\", \"caption\": \"x\", \"user\": \"\"}\n",
+        ));
+        let turns: Vec<String> = (read_captions(&path).unwrap().iter())
+            .map(|c| c.user_turn("default").to_string())
+            .collect();
         assert_eq!(
-            match_captions(["a", "b.gif"], &captions, &path).unwrap(),
-            ["one", "two"]
+            turns,
+            [
+                "What would be the WebVid caption for this video?",
+                "Describe this.",
+                "Why?",
+                "default"
+            ]
         );
+    }
+
+    /// fVLM's truncation keeps the first tokens; the answer's start moves with it.
+    #[test]
+    fn truncation_keeps_the_first_tokens_and_counts_the_rest() {
+        let asked = Conversation {
+            ids: (0..10).collect(),
+            answer_start: 6,
+            cut: 0,
+        };
+        let kept = asked.clone().truncated(8);
+        assert_eq!((kept.ids.len(), kept.answer_start, kept.cut), (8, 6, 2));
+        assert!(kept.has_answer());
+        let none = asked.clone().truncated(5);
+        assert_eq!((none.answer_start, none.cut), (5, 5));
+        assert!(!none.has_answer());
+        assert_eq!(asked.clone().truncated(10), asked);
     }
 
     /// A byte-order mark (Excel's "CSV UTF-8", Notepad) is read past; bytes that are not UTF-8

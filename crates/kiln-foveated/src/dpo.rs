@@ -5,13 +5,200 @@
 //! The reference model runs where its numbers cannot be trained: on the autodiff backend's inner
 //! backend, when [`PreferenceBatch::new`] makes a batch (in the loader), so a step's graph holds
 //! the policy alone.
+//!
+//! A pairs file is JSON Lines, one pair a clip (RLAIF-V's fields as fVLM's shards hold them;
+//! `chosen_assistant` and `rejected_assistant` are read too):
+//!
+//! ```text
+//! {"video": "kitchen.jpg", "user": "What is on the table?", "chosen": "A red kettle.", "rejected": "Two cats."}
+//! ```
+
+use std::path::Path;
 
 use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use kiln_train::{BadBatch, EvalOutput, EvalStep, StepContext, StepOutput, TrainStep};
+use kiln_cache::{Order, Residency, VideoSource};
+use kiln_train::{BadBatch, EvalOutput, EvalStep, Loader, StepContext, StepOutput, TrainStep};
+use serde::Deserialize;
 
-use crate::{ClipBatch, DPO_BETA, FoveatedError, FoveatedModel, PreferenceLogps, dpo_loss};
+use crate::captions::{match_videos, read_by_video};
+use crate::{
+    Caption, CaptionedClipReader, CaptionedClips, ClipBatch, Conversation, DPO_BETA, FoveatedError,
+    FoveatedModel, PreferenceLogps, dpo_loss,
+};
+
+/// One line of a preference-pairs file: two answers about one clip, the first preferred.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreferencePair {
+    /// The clip, as the clip cache names it.
+    pub video: String,
+    /// The user's turn (empty or absent: the source's prompt, as for captions).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Where the clip comes from (picks the user's turn when the line has none).
+    #[serde(default)]
+    pub source: Option<String>,
+    /// The preferred answer.
+    #[serde(alias = "chosen_assistant")]
+    pub chosen: String,
+    /// The other answer.
+    #[serde(alias = "rejected_assistant")]
+    pub rejected: String,
+}
+
+impl PreferencePair {
+    /// The pair's two answers as caption lines (the same clip and user turn).
+    fn answers(&self) -> [Caption; 2] {
+        [&self.chosen, &self.rejected].map(|answer| Caption {
+            video: self.video.clone(),
+            caption: answer.clone(),
+            user: self.user.clone(),
+            source: self.source.clone(),
+        })
+    }
+}
+
+/// The pairs of a JSON Lines file (blank lines skipped), refusing a line that is not a pair or
+/// names a video an earlier line named, by its 1-based number.
+pub fn read_preference_pairs(path: impl AsRef<Path>) -> Result<Vec<PreferencePair>, FoveatedError> {
+    let form = "{\"video\": NAME, \"chosen\": TEXT, \"rejected\": TEXT[, \"user\": TEXT][, \"source\": NAME]}";
+    read_by_video(
+        path.as_ref(),
+        "preference pair",
+        form,
+        |p: &PreferencePair| &p.video,
+    )
+}
+
+/// Preference pairs about cached clips, in batches for [`PreferenceTraining`]: fVLM's stage-3
+/// data, each batch's reference log-probabilities from the frozen model.
+#[derive(Debug)]
+pub struct PreferencePairs<B: AutodiffBackend> {
+    /// The clips with their chosen conversations, the answers alone scored.
+    chosen: CaptionedClips<B>,
+    /// Per clip, the rejected conversation.
+    rejected: Vec<Conversation>,
+    /// The frozen model the policy is measured against (fVLM's stage-2 model).
+    reference: FoveatedModel<B::InnerBackend>,
+}
+
+impl CaptionedClipReader {
+    /// The clips below the folder `clips` with the pairs of the JSON Lines file `pairs`, for
+    /// `device`, measured against `reference`: each answer after the pair's user turn as fVLM's
+    /// `tokenize_sft` makes it (truncated at the tokenizer's stage's length, with a warning
+    /// that counts the conversations cut), the answer alone scored.
+    ///
+    /// # Errors
+    /// As [`CaptionedClipReader::read`]; an answer cut off whole, a token outside the
+    /// reference's vocabulary.
+    pub fn read_pairs<B: AutodiffBackend>(
+        &self,
+        clips: &Path,
+        pairs: &Path,
+        reference: FoveatedModel<B::InnerBackend>,
+        device: &B::Device,
+    ) -> Result<PreferencePairs<B>, FoveatedError> {
+        let lines = read_preference_pairs(pairs)?;
+        let videos = self
+            .cache
+            .load_clips(&VideoSource::Folder(clips.into()), &self.spec)?;
+        let matched = match_videos(videos.names(), &lines, |p| &p.video, pairs, "pair")?;
+        let mut texts = [Vec::new(), Vec::new()];
+        for pair in matched {
+            for (texts, answer) in texts.iter_mut().zip(pair.answers()) {
+                texts.push(self.tokens.clip_text(&answer)?);
+            }
+        }
+        let [chosen, rejected] = texts.map(|t| self.tokens.checked(t, pairs, "pair"));
+        let (chosen, rejected) = (chosen?, rejected?);
+        let vocab = reference.lm.config().vocab_size;
+        for (index, text) in chosen.iter().chain(&rejected).enumerate() {
+            if let Some(&id) = text.ids.iter().find(|&&id| id as usize >= vocab) {
+                return Err(FoveatedError::Data(format!(
+                    "{}: pair {}: token id {id} is not below the model's vocabulary size {vocab} \
+                     (a tokenizer of another model?)",
+                    pairs.display(),
+                    index % chosen.len() + 1
+                )));
+            }
+        }
+        let feed = videos.to_device::<B>(device, self.precision, Residency::Host);
+        let chosen = CaptionedClips::new(
+            feed,
+            self.tokens.prompt().to_vec(),
+            chosen,
+            self.tokens.end(),
+            self.batch_size,
+        )?
+        .answer_only(true);
+        Ok(PreferencePairs {
+            chosen,
+            rejected,
+            reference,
+        })
+    }
+}
+
+impl<B: AutodiffBackend> PreferencePairs<B> {
+    /// A clip of one frame becomes `frames` copies of it (fVLM's stage 3: 8).
+    pub fn replicating_images(mut self, frames: usize) -> Self {
+        self.chosen = self.chosen.replicating_images(frames);
+        self
+    }
+
+    /// Refuses a conversation longer than `room` tokens, as [`CaptionedClips::check_room`].
+    pub fn check_room(&self, room: usize) -> Result<(), FoveatedError> {
+        self.chosen.check_room(room)?;
+        match self.rejected.iter().position(|text| text.ids.len() > room) {
+            Some(index) => Err(FoveatedError::Data(format!(
+                "pair {}: a rejected conversation of {} tokens; after the visual tokens the \
+                 language model has room for {room}",
+                index + 1,
+                self.rejected[index].ids.len()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Pairs in the dataset.
+    pub fn len(&self) -> usize {
+        self.chosen.len()
+    }
+
+    /// Whether there is no pair.
+    pub fn is_empty(&self) -> bool {
+        self.chosen.is_empty()
+    }
+}
+
+impl<B: AutodiffBackend> Loader for PreferencePairs<B> {
+    type Batch = PreferenceBatch<B>;
+
+    fn batches_per_epoch(&self) -> usize {
+        self.chosen.clip_batches()
+    }
+
+    fn sizes(&self) -> Option<(usize, usize)> {
+        self.chosen.sizes()
+    }
+
+    fn batches(&self, order: Order, first: usize) -> Box<dyn Iterator<Item = Self::Batch> + '_> {
+        Box::new(
+            (self.chosen.indexed_clip_batches(order, first)).map(|(indices, chosen)| {
+                let texts: Vec<&Conversation> =
+                    indices.iter().map(|&i| &self.rejected[i]).collect();
+                let clips = ClipBatch::new(chosen.pixels.clone())
+                    .with_frame_lengths(chosen.frame_lengths.clone());
+                let rejected = self.chosen.with_text(clips, &texts);
+                PreferenceBatch::new(chosen, rejected, &self.reference).expect(
+                    "pairs are checked when read: each has an answer, its ids in the vocabulary",
+                )
+            }),
+        )
+    }
+}
 
 /// The model trained on preference pairs ([`PreferenceBatch`]) by fVLM's DPO loss.
 /// `Trainer::fit` takes it as it takes a [`FoveatedModel`]; the trained model is `policy`.

@@ -58,6 +58,8 @@ mod model;
 mod questions;
 mod saved;
 #[cfg(feature = "train")]
+mod stages;
+#[cfg(feature = "train")]
 pub mod synthetic;
 #[cfg(feature = "train")]
 mod train;
@@ -67,19 +69,23 @@ pub use batches::CaptionedClips;
 #[cfg(feature = "train")]
 pub use captions::{
     Caption, CaptionTokenizer, CaptionedClipReader, Conversation, FVLM_CAPTION_PROMPT,
-    FVLM_SYSTEM_PROMPT, FrameFit, TextSample, dinov2_frames, match_captions, read_captions,
-    read_text_samples,
+    FVLM_SYSTEM_PROMPT, FrameFit, TextSample, dinov2_frames, fvlm_source_prompt, match_captions,
+    read_captions, read_text_samples,
 };
 pub use config::{FoveatedConfig, FrameHead, Readout, Variant};
 pub use connectors::Connectors;
 #[cfg(feature = "train")]
-pub use dpo::{PreferenceBatch, PreferenceTraining};
+pub use dpo::{
+    PreferenceBatch, PreferencePair, PreferencePairs, PreferenceTraining, read_preference_pairs,
+};
 pub use model::{
     ClipBatch, DPO_BETA, FoveatedModel, FoveatedOutput, Glimpse, Losses, Mode, PassOutput,
     PreferenceLogps, dpo_loss,
 };
 #[cfg(feature = "train")]
 pub use questions::{Question, answer_letter, mcq_options, read_questions};
+#[cfg(feature = "train")]
+pub use stages::ReleaseStage;
 #[cfg(feature = "train")]
 pub use train::{ReleaseRecipe, research_recipe};
 

@@ -134,18 +134,32 @@ impl ReleaseRecipe {
     /// (parameters outside them, a per-frame head, at the LM's rate), decay on every parameter,
     /// `⌊steps · warmup_ratio⌋` warm-up steps from 0, then the converging or cosine schedule.
     pub fn train_config(&self, steps: u64) -> TrainConfig {
+        self.config_under("", steps)
+    }
+
+    /// [`ReleaseRecipe::train_config`] for [`PreferenceTraining`](crate::PreferenceTraining),
+    /// whose model's parameters sit under `policy.`.
+    pub fn preference_train_config(&self, steps: u64) -> TrainConfig {
+        self.config_under("policy.", steps)
+    }
+
+    /// The groups of the model's parameters under `prefix`.
+    fn config_under(&self, prefix: &str, steps: u64) -> TrainConfig {
         let decay = self.weight_decay;
+        let under = |names: &[&str]| -> Vec<String> {
+            names.iter().map(|name| format!("{prefix}{name}")).collect()
+        };
+        let (connector, dino, llm) = (
+            under(CONNECTOR_GROUP),
+            under(&["dino", "connectors.output_proj"]),
+            under(&["lm"]),
+        );
         let mut config = TrainConfig::new(steps, self.lr_llm);
         config.optimizer = OptimizerConfig::adamw(self.lr_llm)
             .with_weight_decay(decay)
-            .with_group("connector", CONNECTOR_GROUP, self.lr_connector, decay)
-            .with_group(
-                "dino",
-                &["dino", "connectors.output_proj"],
-                self.lr_dino,
-                decay,
-            )
-            .with_group("llm", &["lm"], self.lr_llm, decay);
+            .with_group("connector", &as_strs(&connector), self.lr_connector, decay)
+            .with_group("dino", &as_strs(&dino), self.lr_dino, decay)
+            .with_group("llm", &as_strs(&llm), self.lr_llm, decay);
         let warmup = (steps as f64 * self.warmup_ratio) as u64;
         config.schedule = match self.target_lr {
             Some(target_lr) => Schedule {
@@ -159,6 +173,11 @@ impl ReleaseRecipe {
         config.max_grad_norm = Some(self.max_grad_norm);
         config
     }
+}
+
+/// `all` as the `&str`s `OptimizerConfig::with_group` takes.
+fn as_strs(all: &[String]) -> Vec<&str> {
+    all.iter().map(String::as_str).collect()
 }
 
 /// The parameters fVLM's `get_param_groups` puts in its connector group.

@@ -202,3 +202,59 @@ fn dpo_training_steps_prefer_the_chosen_answer() {
     let again = PreferenceBatch::new(pair.chosen.clone(), pair.rejected.clone(), &frozen).unwrap();
     again.reference.chosen.into_data().assert_eq(&before, true);
 }
+
+/// fVLM's truncation (`tokenization.py`'s `truncation=True`): a clip's conversation keeps its
+/// first 512 tokens in stage 1 and 1 024 after, a text-only one 1 024, the rest counted; where
+/// the answer alone is scored, a conversation whose question fills them is refused by number.
+#[test]
+fn long_conversations_are_truncated_as_fvlm_truncates_them() {
+    use kiln_foveated::{Caption, CaptionTokenizer, ReleaseStage};
+
+    let lm = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../kiln-text/tests/fixtures/llama"
+    );
+    let long = vec!["square"; 1200].join(" ");
+    let line = Caption {
+        video: "clip".into(),
+        caption: long.clone(),
+        user: Some("hi".into()),
+        source: None,
+    };
+    let tokens = |stage| (CaptionTokenizer::chat_from_lm_dir(lm, "").unwrap()).for_stage(stage);
+    let whole = tokens(ReleaseStage::Alignment)
+        .conversation("hi", &long)
+        .unwrap();
+    assert!(whole.ids.len() > 1200);
+    for (stage, kept) in [
+        (ReleaseStage::Alignment, 512),
+        (ReleaseStage::Instruction, 1024),
+    ] {
+        let text = tokens(stage).clip_text(&line).unwrap();
+        assert_eq!(text.ids, whole.ids[..kept], "{stage}");
+        assert_eq!(text.cut, whole.ids.len() - kept);
+        assert_eq!(text.answer_start, whole.answer_start);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("text.jsonl");
+    let answer = format!("{{\"user\": \"hi\", \"assistant\": \"{long}\"}}\n");
+    std::fs::write(&file, &answer).unwrap();
+    let texts = tokens(ReleaseStage::Alignment)
+        .read_text_samples(&file)
+        .unwrap();
+    assert_eq!(texts[0].ids, whole.ids[..1024]);
+    let question = format!("{{\"user\": \"{long}\", \"assistant\": \"red\"}}\n");
+    std::fs::write(&file, format!("{answer}{question}")).unwrap();
+    assert_eq!(
+        (tokens(ReleaseStage::Alignment).read_text_samples(&file))
+            .map(|t| t.len())
+            .unwrap(),
+        2
+    );
+    let refused = tokens(ReleaseStage::Instruction).read_text_samples(&file);
+    let message = refused.unwrap_err().to_string();
+    assert!(
+        message.contains("text 2: its question fills the 1024 tokens fVLM's stage 2 keeps"),
+        "{message}"
+    );
+}
