@@ -34,9 +34,11 @@ use std::time::Instant;
 use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
-use kiln::cache::{CachedImages, VideoSource};
+use kiln::cache::{CachedImages, ClipSpec, VideoSource};
 use kiln::core::{DeviceJob, DeviceSpec, Policy, PolicySpec};
-use kiln::foveated::{CaptionTokenizer, FoveatedModel, Mode, Question, Variant, read_questions};
+use kiln::foveated::{
+    CaptionTokenizer, FoveatedModel, Mode, Question, Variant, clip_pixels, read_questions,
+};
 use kiln::io::RunFiles;
 use serde_json::{Value, json};
 
@@ -46,7 +48,7 @@ mod allocator;
 #[path = "shared/foveated_checkpoint.rs"]
 mod foveated_checkpoint;
 
-use foveated_checkpoint::{CheckpointFlags, ClipFlags, clip_pixels, progress};
+use foveated_checkpoint::{CheckpointFlags, ClipFlags, progress};
 
 /// What the run writes into `--out`.
 const OUTPUTS: [&str; 2] = ["summary.json", "answers.jsonl"];
@@ -183,7 +185,9 @@ impl DeviceJob for Args {
             .policy
             .resolve::<B>(device)
             .map_err(|e| e.to_string())?;
-        let (model, tokenizer_dir) = self.checkpoint.model::<B>(device, &policy)?;
+        let (model, tokenizer_dir) = (self.checkpoint.source())
+            .load::<B>(device, &policy)
+            .map_err(|e| e.to_string())?;
         if model.config().variant != Variant::Release {
             return Err(format!(
                 "{}: a research-variant model; fVLM's benchmark scores the release variant",
@@ -192,7 +196,11 @@ impl DeviceJob for Args {
         }
         let tokens =
             CaptionTokenizer::chat_from_lm_dir(&tokenizer_dir, "").map_err(|e| e.to_string())?;
-        let spec = self.clips_read.per_second(model.dino.config().image_size);
+        let fit = self
+            .clips_read
+            .frame_fit
+            .preprocess(model.dino.config().image_size);
+        let spec = ClipSpec::per_second(self.clips_read.frames(), fit);
         let clips = (self.clips_read.cache())
             .load_clips(&VideoSource::Folder(self.clips.clone()), &spec)
             .map_err(|e| e.to_string())?;
@@ -310,8 +318,9 @@ impl<B: Backend> Scorer<'_, B> {
             clip,
             self.still_frames,
             self.device,
-            self.policy,
-        )?;
+            self.policy.compute,
+        )
+        .map_err(|e| e.to_string())?;
         let mut scored = BTreeMap::new();
         for mode in self.modes {
             let losses = self

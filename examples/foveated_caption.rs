@@ -31,18 +31,17 @@
 //! (`FoveatedModel::generate`). Writes one JSON line a clip, `{"clip": NAME, "caption": TEXT,
 //! "tokens": N, "seconds": S}`, to `--out` (replaced whole when done) or to stdout.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use clap::Parser;
 use kiln::burn;
-use kiln::cache::{ClipSpec, VideoSource};
+use kiln::cache::VideoSource;
 use kiln::core::{DeviceJob, DeviceSpec, PolicySpec};
-use kiln::foveated::{CaptionTokenizer, ClipBatch, FVLM_CAPTION_PROMPT, Variant, dinov2_frames};
+use kiln::foveated::{Captioner, FVLM_CAPTION_PROMPT, clip_pixels};
 use kiln::io::RunFiles;
-use kiln::text::GenerationConfig;
 use serde_json::json;
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
@@ -53,7 +52,7 @@ mod foveated_checkpoint;
 #[path = "shared/sampling.rs"]
 mod sampling;
 
-use foveated_checkpoint::{CheckpointFlags, ClipFlags, clip_pixels, progress};
+use foveated_checkpoint::{CheckpointFlags, ClipFlags, progress};
 use sampling::SamplingFlags;
 
 /// Caption clips with a trained foveated video-language model.
@@ -95,36 +94,11 @@ impl Args {
         self.clips_read.files(files)
     }
 
-    /// How clips are read: as the model's variant was trained to see them.
-    fn clip_spec(
-        &self,
-        variant: Variant,
-        image_size: usize,
-        dino: &Path,
-    ) -> Result<ClipSpec, String> {
-        Ok(match variant {
-            Variant::Release => self.clips_read.per_second(image_size),
-            Variant::Research => {
-                let preprocess = dinov2_frames(dino, image_size).map_err(|e| e.to_string())?;
-                ClipSpec::new(self.clips_read.frames(), preprocess)
-            }
-        })
-    }
-
     /// The clips to caption: every clip below a folder, or the one a file holds.
     fn source(&self) -> VideoSource {
         match self.clips.is_dir() {
             true => VideoSource::Folder(self.clips.clone()),
             false => VideoSource::Videos(vec![self.clips.clone()]),
-        }
-    }
-
-    fn generation(&self, stop: u32) -> GenerationConfig {
-        GenerationConfig {
-            sampling: self.sampling.sampling(),
-            stop_tokens: vec![stop],
-            pad_token: stop,
-            ..GenerationConfig::greedy(self.max_new_tokens)
         }
     }
 }
@@ -133,55 +107,35 @@ impl DeviceJob for Args {
     type Output = Result<(), String>;
 
     fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+        let text = |e: kiln::foveated::FoveatedError| e.to_string();
         let policy = self
             .policy
             .resolve::<B>(device)
             .map_err(|e| e.to_string())?;
-        let (model, tokenizer_dir) = self.checkpoint.model::<B>(device, &policy)?;
-        let variant = model.config().variant;
-        let tokens = match variant {
-            Variant::Release => CaptionTokenizer::chat_from_lm_dir(&tokenizer_dir, &self.prompt),
-            Variant::Research => CaptionTokenizer::from_lm_dir(&tokenizer_dir, &self.prompt),
-        }
-        .map_err(|e| e.to_string())?;
-        let (question, prompt) = match variant {
-            Variant::Release => (
-                tokens.question(&self.prompt).map_err(|e| e.to_string())?,
-                vec![],
-            ),
-            Variant::Research => (vec![], tokens.prompt().to_vec()),
-        };
-        let image_size = model.dino.config().image_size;
-        let dino_dir =
-            (self.checkpoint.dino.clone()).unwrap_or_else(|| self.checkpoint.checkpoint.clone());
-        let spec = self.clip_spec(variant, image_size, &dino_dir)?;
+        let source = self.checkpoint.source();
+        let (model, tokenizer_dir) = source.load::<B>(device, &policy).map_err(text)?;
+        let captioner = Captioner::new(model, &tokenizer_dir, &self.prompt).map_err(text)?;
+        let spec = captioner
+            .clip_spec(self.clips_read.frames(), self.clips_read.frame_fit, &source)
+            .map_err(text)?;
         let cache = self.clips_read.cache();
         let clips = cache
             .load_clips(&self.source(), &spec)
             .map_err(|e| e.to_string())?;
-        let generation = self.generation(tokens.end());
         let bar = progress(clips.len() as u64, "clips");
         let mut lines = String::new();
         for (index, name) in clips.names().enumerate() {
             let started = Instant::now();
+            let still = self.clips_read.still_frames;
             let pixels =
-                clip_pixels::<B>(&clips, index, self.clips_read.still_frames, device, &policy)?;
-            let mut batch = ClipBatch::new(pixels).with_target(vec![question.clone()]);
-            if !prompt.is_empty() {
-                batch = batch.with_prompt(vec![prompt.clone()]);
-            }
-            let mut ids = model
-                .generate(&batch, &generation, |_| {})
-                .map_err(|e| format!("clip {} ({name}): {e}", index + 1))?
-                .remove(0);
-            if ids.last() == Some(&tokens.end()) {
-                ids.pop();
-            }
-            let caption = tokens.decode(&ids).map_err(|e| e.to_string())?;
+                clip_pixels::<B>(&clips, index, still, device, policy.compute).map_err(text)?;
+            let (caption, tokens) = captioner
+                .caption(pixels, self.max_new_tokens, self.sampling.sampling())
+                .map_err(|e| format!("clip {} ({name}): {e}", index + 1))?;
             let line = json!({
                 "clip": name,
                 "caption": caption,
-                "tokens": ids.len(),
+                "tokens": tokens,
                 "seconds": started.elapsed().as_secs_f64(),
             });
             if self.out.is_none() {

@@ -5,11 +5,8 @@
 use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::burn::tensor::Tensor;
-use kiln::burn::tensor::backend::Backend;
-use kiln::cache::{CachedImages, ClipSpec, ImageCache};
-use kiln::core::Policy;
-use kiln::foveated::{FoveatedModel, FrameFit};
+use kiln::cache::ImageCache;
+use kiln::foveated::{CheckpointKind, CheckpointSource, FrameFit};
 use kiln::io::RunFiles;
 
 /// The most frames a clip may have (fVLM samples 8 to 64).
@@ -36,11 +33,6 @@ impl ClipFlags {
     /// `--frames` as kiln-cache counts frames.
     pub fn frames(&self) -> u32 {
         u32::try_from(self.frames).expect("--frames is at most MAX_FRAMES")
-    }
-
-    /// fVLM's evaluation read: one frame a second up to `--frames`, fitted as `--frame-fit`.
-    pub fn per_second(&self, image_size: usize) -> ClipSpec {
-        ClipSpec::per_second(self.frames(), self.frame_fit.preprocess(image_size))
     }
 
     /// The clip cache: `--cache`, else the user's.
@@ -71,18 +63,10 @@ pub struct CheckpointFlags {
     /// model saved without one.
     #[arg(long)]
     pub lm: Option<PathBuf>,
-    /// How --checkpoint is read (found from its files by default).
-    #[arg(long, value_enum)]
+    /// How --checkpoint is read: kiln (a model foveated_train saved) or fvlm (fVLM's state
+    /// dict over --dino and --lm) [default: found from its files].
+    #[arg(long)]
     pub checkpoint_kind: Option<CheckpointKind>,
-}
-
-/// What a checkpoint directory holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CheckpointKind {
-    /// A model kiln saved (`FoveatedModel::save`: config.json and model.safetensors).
-    Kiln,
-    /// fVLM's state dict (model.safetensors in fVLM's names) over --dino and --lm.
-    Fvlm,
 }
 
 impl CheckpointFlags {
@@ -99,81 +83,15 @@ impl CheckpointFlags {
         files
     }
 
-    /// `--checkpoint-kind`, else kiln's when the directory has a `config.json`.
-    fn kind(&self) -> CheckpointKind {
-        self.checkpoint_kind
-            .unwrap_or(match self.checkpoint.join("config.json").is_file() {
-                true => CheckpointKind::Kiln,
-                false => CheckpointKind::Fvlm,
-            })
-    }
-
-    /// The model, and the directory holding its tokenizer.
-    pub fn model<B: Backend>(
-        &self,
-        device: &B::Device,
-        policy: &Policy,
-    ) -> Result<(FoveatedModel<B>, PathBuf), String> {
-        let text = |e: kiln::foveated::FoveatedError| e.to_string();
-        match self.kind() {
-            CheckpointKind::Kiln => {
-                let model =
-                    FoveatedModel::<B>::load(&self.checkpoint, device, policy).map_err(text)?;
-                let has_tokenizer = self.checkpoint.join("tokenizer.json").is_file();
-                let tokenizer = match (&self.lm, has_tokenizer) {
-                    (Some(lm), _) => lm.clone(),
-                    (None, true) => self.checkpoint.clone(),
-                    (None, false) => {
-                        return Err(format!(
-                            "{}: no tokenizer.json beside the model (saved before foveated_train \
-                             kept the LM's tokenizer): give --lm, the LM directory it was \
-                             trained from",
-                            self.checkpoint.display()
-                        ));
-                    }
-                };
-                Ok((model, tokenizer))
-            }
-            CheckpointKind::Fvlm => {
-                let (Some(dino), Some(lm)) = (&self.dino, &self.lm) else {
-                    return Err(format!(
-                        "{}: fVLM's checkpoint (no config.json) holds no backbone shapes: give \
-                         --dino and --lm, the Hugging Face directories it was trained from",
-                        self.checkpoint.display()
-                    ));
-                };
-                let model = FoveatedModel::<B>::from_fvlm_checkpoint(
-                    &self.checkpoint,
-                    dino,
-                    lm,
-                    device,
-                    policy,
-                )
-                .map_err(text)?;
-                Ok((model, lm.clone()))
-            }
+    /// Where the model is.
+    pub fn source(&self) -> CheckpointSource {
+        CheckpointSource {
+            dir: self.checkpoint.clone(),
+            dino: self.dino.clone(),
+            lm: self.lm.clone(),
+            kind: self.checkpoint_kind,
         }
     }
-}
-
-/// Clip `index` as `[1, T, 3, H, W]` in the policy's compute precision; a one-frame clip (a
-/// still image) repeated `still_frames` times, as fVLM's evaluation does.
-pub fn clip_pixels<B: Backend>(
-    clips: &CachedImages,
-    index: usize,
-    still_frames: usize,
-    device: &B::Device,
-    policy: &Policy,
-) -> Result<Tensor<B, 5>, String> {
-    let frames = clips
-        .upload::<B>(index..index + 1, device, policy.compute)
-        .map_err(|e| e.to_string())?;
-    let [count, channels, height, width] = frames.dims();
-    let clip = frames.reshape([1, count, channels, height, width]);
-    Ok(match count {
-        1 => clip.repeat_dim(1, still_frames),
-        _ => clip,
-    })
 }
 
 /// A progress bar over `count` `unit` (clips, questions), on stderr.

@@ -593,7 +593,7 @@ fn foveated_caption_writes_a_line_a_clip() {
         .output()
         .unwrap();
     let err = common::failed(output, &bare);
-    assert!(err.contains("give --dino and --lm"), "{err}");
+    assert!(err.contains("(--dino and --lm"), "{err}");
 }
 
 #[test]

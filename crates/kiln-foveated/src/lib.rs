@@ -46,6 +46,8 @@
 #[cfg(feature = "train")]
 mod batches;
 #[cfg(feature = "train")]
+mod captioning;
+#[cfg(feature = "train")]
 mod captions;
 mod config;
 mod connectors;
@@ -66,6 +68,8 @@ mod train;
 
 #[cfg(feature = "train")]
 pub use batches::CaptionedClips;
+#[cfg(feature = "train")]
+pub use captioning::{Captioner, CheckpointKind, CheckpointSource, clip_pixels};
 #[cfg(feature = "train")]
 pub use captions::{
     Caption, CaptionTokenizer, CaptionedClipReader, Conversation, FVLM_CAPTION_PROMPT,

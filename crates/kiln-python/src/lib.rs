@@ -11,6 +11,7 @@
 //!   Hugging Face processor does.
 //! - [`mc`]: the main job's nested Monte-Carlo statistics.
 //! - [`text`]: generation with a Llama or Qwen2 checkpoint.
+//! - [`foveated`]: captions of clips with a trained foveated model (fVLM's inference path).
 //!
 //! Errors reach Python as exceptions carrying kiln's messages: `FileNotFoundError` for missing
 //! files, `ValueError` for inputs kiln refuses, `RuntimeError` for what fails while computing,
@@ -32,6 +33,7 @@ use pyo3::prelude::*;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub mod forcefield;
+pub mod foveated;
 pub mod mc;
 pub mod text;
 pub mod vision;
@@ -111,6 +113,7 @@ fn _kiln(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<vision::Encoder>()?;
     module.add_class::<text::LanguageModel>()?;
     module.add_function(wrap_pyfunction!(mc::run, module)?)?;
+    module.add_function(wrap_pyfunction!(foveated::caption, module)?)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 - :mod:`kiln.vision`: image embeddings with CLIP, SigLIP / SigLIP2 and DINOv2 checkpoints.
 - :mod:`kiln.mc`: the main job's Monte-Carlo statistics over a folder of images.
 - :mod:`kiln.text`: generation with Llama and Qwen2 checkpoints.
+- :mod:`kiln.foveated`: captions of clips with a foveated video-language model (fVLM).
 
 Every computation runs in Rust with the interpreter's lock released. Devices are named as
 kiln's examples name them: ``"cpu"`` in the default build, ``"wgpu"`` / ``"cuda"`` in builds
@@ -12,12 +13,12 @@ with those features.
 
 from kiln._kiln import __version__
 
-__all__ = ["__version__", "forcefield", "mc", "text", "vision"]
+__all__ = ["__version__", "forcefield", "foveated", "mc", "text", "vision"]
 
 
 def __getattr__(name):
     # Submodules load on first use, so `import kiln` needs neither ASE nor anything else.
-    if name in ("forcefield", "mc", "text", "vision"):
+    if name in ("forcefield", "foveated", "mc", "text", "vision"):
         import importlib
 
         return importlib.import_module(f"kiln.{name}")
