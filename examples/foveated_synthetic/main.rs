@@ -16,7 +16,7 @@
 //! - `both`: coarse and fine passes trained together (λ = 1), scored in both modes;
 //! - `static_only`: the coarse pass alone (`q_static` for every frame);
 //! - `all_patches`: no readout, the LM sees every patch token (the upper bound; its peak
-//!   learning rate, 5e-4, and its split of the same steps, 1 000 on the starting boards, are
+//!   learning rate, 1e-3, and its split of the same steps, 1 000 on the starting boards, are
 //!   its own: `--all-patches-lr`, `--all-patches-start-steps`);
 //! - `random_queries`: the fine pass reads with random queries.
 //!
@@ -109,9 +109,9 @@ struct Args {
     #[arg(long, default_value_t = 2e-3, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
     lr: f64,
     /// Peak learning rate of `all_patches` (its LM attends over every patch of every frame, 17×
-    /// the tokens; at 1e-3 or more its lookup into the later frames stalls on some seeds:
-    /// docs/FOVEATED.md).
-    #[arg(long, default_value_t = 5e-4, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
+    /// the tokens; its lookup stalls on some cue cells at other rates, which ones moving with
+    /// the build: docs/FOVEATED.md).
+    #[arg(long, default_value_t = 1e-3, value_parser = kiln::cli::positive, allow_negative_numbers = true)]
     all_patches_lr: f64,
     /// Of the same `--start-steps` + `--steps` in all, how many `all_patches` spends on the
     /// starting boards (at most half; its lookup on the final boards is learned late, so from
