@@ -616,15 +616,7 @@ impl Args {
                 None::<&NoEval<B>>,
             )
             .map_err(|e| e.to_string())?;
-        let outcome = Outcome {
-            model: outcome.model.policy,
-            step: outcome.step,
-            finished: outcome.finished,
-            stopped_early: outcome.stopped_early,
-            eval: outcome.eval,
-            best: outcome.best,
-            skipped_steps: outcome.skipped_steps,
-        };
+        let outcome = outcome.map_model(|training| training.policy);
         let counts = ClipCounts {
             train: train.len(),
             eval: None,

@@ -84,6 +84,21 @@ pub struct Outcome<M> {
     pub skipped_steps: u64,
 }
 
+impl<M> Outcome<M> {
+    /// The same outcome with `f` of its model (the trained part of a wrapper, say).
+    pub fn map_model<N>(self, f: impl FnOnce(M) -> N) -> Outcome<N> {
+        Outcome {
+            model: f(self.model),
+            step: self.step,
+            finished: self.finished,
+            stopped_early: self.stopped_early,
+            eval: self.eval,
+            best: self.best,
+            skipped_steps: self.skipped_steps,
+        }
+    }
+}
+
 /// Trains models under one [`TrainConfig`].
 #[derive(Debug, Clone)]
 pub struct Trainer<B: AutodiffBackend> {
