@@ -118,6 +118,7 @@ impl DeviceJob for Args {
             sampling: self.sampling.sampling(),
             stop_tokens,
             pad_token: 0,
+            min_new_tokens: 0,
         };
         print!("{prompt}");
         let mut generated = Vec::new();

@@ -6,12 +6,15 @@
 //! cargo run --release --example latentwire -- --lm DIR[,DIR] --out DIR [--latents M]
 //!     [--steps N] [--max-steps-now N] [--batch B] [--policy P] [--device D]
 //!     [--lr X] [--train-items N] [--eval-items N] [--eval-every N] [--encoder bytes|states]
-//!     [--encoder-layers N] [--seed S]
+//!     [--encoder-layers N] [--seed S] [--layout chat|latentwire]
 //! ```
 //!
 //! - `--lm`: Hugging Face directories of Llama-family chat models (config.json, weights,
 //!   tokenizer.json, tokenizer_config.json with a chat template), comma-separated; without,
 //!   two tiny built-in random models run the pipeline (and measure nothing).
+//! - `--layout latentwire`: LatentWire's own prompt, the latent prefix alone at position 0 (no
+//!   template, no anchor) and answers tokenized alone; the default `chat` puts every prompt in
+//!   the chat template's user turn with the `Answer:` anchor after it (docs/LATENTWIRE.md).
 //! - Trains the interlingua encoder and one adapter per model through kiln-train under
 //!   LatentWire's objective (AdamW at `--lr`, weight decay 0.01, clipping at 1, cosine decay to
 //!   0.02 × lr counted in optimizer steps), the models frozen.
@@ -19,8 +22,12 @@
 //! Writes into OUT: `metrics.jsonl` (one line per step, the held-out scores every
 //! `--eval-every`), `curves.png` (held-out NLL and first-token accuracy per prompt kind, per
 //! model), `summary.json` (per model: `text`, `latent` and `token_budget`, each with `nll`,
-//! `first_token_accuracy`, `em`, `f1`, and `compression`, `payload_bytes`), `tokens/` (the
-//! splits tokenized once) and `checkpoints/`: rerunning the same command resumes exactly.
+//! `first_token_accuracy`, `em`, `f1`, and `compression`, `payload_bytes`; added: the
+//! baselines `question_only`, `token_budget_question` and `shuffled_latent`, each kind's
+//! `first_content_token_accuracy`, LatentWire's `em_clean` and `f1_clean`, standard errors,
+//! `by_relation`, `prompt_compression`; at the top `layout` and, with two models, LatentWire's
+//! `joint` scores), `tokens/` (the splits tokenized once) and `checkpoints/`: rerunning the same
+//! command resumes exactly.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,8 +41,8 @@ use kiln::burn;
 use kiln::core::{DeviceJob, DeviceSpec, PolicySpec};
 use kiln::io::RunFiles;
 use kiln::latentwire::{
-    EncoderConfig, EncoderKind, Evaluation, FrozenReaders, LatentWire, LatentWireTraining,
-    Objective, QaItem, Reader, ReaderReport, Split, TokenizedSplit, generate, tiny_readers,
+    EncoderConfig, EncoderKind, Evaluation, FrozenReaders, LatentWire, LatentWireTraining, Layout,
+    Objective, QaItem, Reader, Report, Split, TokenizedSplit, generate, tiny_readers,
 };
 use kiln::train::{HostData, OptimizerConfig, RunOptions, Schedule, TrainConfig, Trainer};
 use serde_json::json;
@@ -79,8 +86,9 @@ struct Args {
     /// Training items generated.
     #[arg(long, default_value_t = 4000, value_parser = kiln::cli::count_up_to::<10_000_000>, allow_negative_numbers = true)]
     train_items: usize,
-    /// Held-out items generated (the test split's people, places and phrasings).
-    #[arg(long, default_value_t = 100, value_parser = kiln::cli::count_up_to::<1_000_000>, allow_negative_numbers = true)]
+    /// Held-out items generated (the test split's people, places and phrasings; at least 2: the
+    /// shuffled-latent baseline reads each with another's latent).
+    #[arg(long, default_value_t = 100, value_parser = at_least_two_items, allow_negative_numbers = true)]
     eval_items: usize,
     /// Evaluate (and checkpoint) every this many steps.
     #[arg(long, default_value_t = 100, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
@@ -95,6 +103,23 @@ struct Args {
     /// Seeds the data, the initial weights and the order of the items.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// How the language models read the prompts: `chat` (kiln's: the chat template's user turn,
+    /// then the `Answer:` anchor) or `latentwire` (LatentWire's: the latent prefix alone at
+    /// position 0, answers tokenized alone).
+    #[arg(long, default_value = "chat", value_parser = Layout::parse)]
+    layout: Layout,
+}
+
+/// A count of held-out items, at least 2.
+fn at_least_two_items(text: &str) -> Result<usize, String> {
+    let count = kiln::cli::count_up_to::<1_000_000>(text).map_err(|e| e.to_string())?;
+    if count < 2 {
+        return Err(format!(
+            "{count}: evaluation needs at least 2 items (the shuffled-latent baseline reads each \
+             item with another's latent)"
+        ));
+    }
+    Ok(count)
 }
 
 /// `bytes` or `states`.
@@ -173,7 +198,7 @@ impl Args {
         let split = |split: Split, count: usize, file: &str| {
             let items = generate(split, count, self.seed);
             let key = json!({"split": file, "items": count, "seed": self.seed,
-                             "readers": tokenizers});
+                             "readers": tokenizers, "layout": self.layout});
             let path = self.out.join("tokens").join(format!("{file}.json"));
             let tokenized = TokenizedSplit::cached(&path, &items, readers, &key.to_string())
                 .map_err(|e| format!("the {file} split: {e}"))?;
@@ -184,19 +209,19 @@ impl Args {
         Ok((train, held_out, items))
     }
 
-    /// `summary.json` of the held-out `reports`, and a line per model on stdout.
-    fn write_summary(
-        &self,
-        reports: &[ReaderReport],
-        steps: u64,
-        started: Instant,
-    ) -> Result<(), String> {
+    /// `summary.json` of the held-out `report`, and a line per model on stdout.
+    fn write_summary(&self, report: &Report, steps: u64, started: Instant) -> Result<(), String> {
+        let reports = &report.readers;
         let mut summary = serde_json::Map::new();
         for report in reports {
             summary.insert(report.name.clone(), json!(report));
         }
         summary.insert("steps".into(), json!(steps));
         summary.insert("latents".into(), json!(self.latents));
+        summary.insert("layout".into(), json!(self.layout));
+        if let Some(joint) = &report.joint {
+            summary.insert("joint".into(), json!(joint));
+        }
         let seconds = started.elapsed().as_secs_f64();
         summary.insert("wall_seconds".into(), json!(seconds));
         let path = self.out.join("summary.json");
@@ -213,6 +238,16 @@ impl Args {
                 r.latent.first_token_accuracy,
                 r.token_budget.first_token_accuracy,
                 r.compression,
+            );
+            println!(
+                "{}: first content-token accuracy text {:.3}, latent {:.3}, question only {:.3}, \
+                 question-first budget {:.3}, another item's latent {:.3}",
+                r.name,
+                r.text.first_content_token_accuracy,
+                r.latent.first_content_token_accuracy,
+                r.question_only.first_content_token_accuracy,
+                r.token_budget_question.first_content_token_accuracy,
+                r.shuffled_latent.first_content_token_accuracy,
             );
         }
         println!("{} and curves.png, metrics.jsonl beside it", path.display());
@@ -233,7 +268,7 @@ impl DeviceJob for Args {
         let config = self.train_config()?;
         <Autodiff<B> as Backend>::seed(device, self.seed);
         let readers: Vec<Reader<B>> = (self.readers::<B>(device)?.into_iter())
-            .map(|reader| reader.with_policy(&policy))
+            .map(|reader| reader.with_layout(self.layout)?.with_policy(&policy))
             .collect::<Result<_, _>>()
             .map_err(|e| format!("--policy {}: {e}", self.policy))?;
         let names: Vec<String> = readers.iter().map(|r| r.name().to_string()).collect();
@@ -253,6 +288,7 @@ impl DeviceJob for Args {
                             "layers": encoder.layers, "heads": encoder.heads},
                 "objective": Objective::new(),
                 "policy": policy.to_string(),
+                "layout": self.layout,
             }),
             data: json!({"train_items": self.train_items, "eval_items": self.eval_items, "seed": self.seed}),
             // The tokenized splits are this run's too: the directory is claimed before they
@@ -298,10 +334,10 @@ impl DeviceJob for Args {
         }
         let readers = frozen.on::<B>().expect("the readers were loaded on B");
         let model = outcome.model.valid().model;
-        let reports = Evaluation::default()
+        let report = Evaluation::default()
             .run(&model, readers, &eval_items)
             .map_err(|e| e.to_string())?;
-        self.write_summary(&reports, outcome.step, started)
+        self.write_summary(&report, outcome.step, started)
     }
 }
 

@@ -1,7 +1,9 @@
 //! The `latentwire` example from outside, as issue 53's contract says: its flags (`--lm`,
 //! `--out`, `--latents`, `--steps`, `--max-steps-now`, `--batch`, `--policy`, `--device`), its
 //! outputs (`metrics.jsonl`, `curves.png`, `summary.json` with each language model's `text`,
-//! `latent` and `token_budget` scores, `compression` and `payload_bytes`), a run stopped and
+//! `latent` and `token_budget` scores, `compression` and `payload_bytes`; issue 84's additions:
+//! the baselines that know the question or read another item's latent, per-relation scores,
+//! LatentWire's measures, `--layout latentwire`), a run stopped and
 //! rerun ending as the uninterrupted one, and bad inputs refused with clear errors. Runs on the
 //! two tiny built-in models and kiln-text's committed tiny checkpoint.
 
@@ -64,13 +66,42 @@ fn the_builtin_models_run_the_pipeline_and_write_the_contracts_files() {
     let summary = common::summary(&out);
     for name in ["tiny-llama", "tiny-qwen2"] {
         let lm = &summary[name];
-        for kind in ["text", "latent", "token_budget"] {
-            for key in ["nll", "first_token_accuracy", "em", "f1"] {
+        for kind in KINDS {
+            for key in SCORES {
                 assert!(lm[kind][key].is_number(), "{name}.{kind}.{key}: {lm}");
+            }
+            assert!(
+                lm[kind]["standard_errors"]["nll"].is_number(),
+                "{name}.{kind}: {lm}"
+            );
+            assert_eq!(lm[kind]["items"], 4, "{name}.{kind}");
+        }
+        let relations = lm["by_relation"].as_object().unwrap();
+        let items: u64 = relations
+            .values()
+            .map(|r| r["items"].as_u64().unwrap())
+            .sum();
+        assert_eq!(items, 4, "{lm}");
+        for (relation, scores) in relations {
+            assert!(scores["answer_first_tokens"].is_object(), "{relation}");
+            for kind in KINDS {
+                assert!(scores[kind]["f1"].is_number(), "{relation}.{kind}");
             }
         }
         assert!(lm["compression"].as_f64().unwrap() > 1.0, "{lm}");
+        let prompt = lm["prompt_compression"].as_f64().unwrap();
+        assert!(prompt > lm["compression"].as_f64().unwrap(), "{lm}");
         assert_eq!(lm["payload_bytes"], 4 * 256 * 4);
+    }
+    assert_eq!(summary["layout"], "chat");
+    for key in [
+        "rescored_em",
+        "rescored_f1",
+        "agreement",
+        "oracle_em",
+        "oracle_f1",
+    ] {
+        assert!(summary["joint"][key].is_number(), "joint.{key}: {summary}");
     }
     assert!(
         std::fs::read(out.join("curves.png"))
@@ -84,6 +115,61 @@ fn the_builtin_models_run_the_pipeline_and_write_the_contracts_files() {
         "{}",
         lines[1]
     );
+}
+
+/// Every prompt kind of summary.json: issue 53's three, then issue 84's.
+const KINDS: [&str; 6] = kiln::latentwire::PROMPT_KINDS;
+
+#[test]
+fn the_prompt_kinds_are_the_contracts() {
+    let [text, latent, budget, rest @ ..] = KINDS;
+    assert_eq!([text, latent, budget], ["text", "latent", "token_budget"]);
+    let added = ["question_only", "token_budget_question", "shuffled_latent"];
+    assert!(added.iter().all(|kind| rest.contains(kind)), "{rest:?}");
+}
+
+/// Every kind's scores.
+const SCORES: [&str; 7] = [
+    "nll",
+    "first_token_accuracy",
+    "first_content_token_accuracy",
+    "em",
+    "f1",
+    "em_clean",
+    "f1_clean",
+];
+
+/// `--layout latentwire` runs the pipeline with LatentWire's bare prefix and says so in the
+/// summary; a run cannot be resumed in the other layout.
+#[test]
+fn latentwires_layout_runs_the_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bare");
+    let args: Vec<&str> = SHORT
+        .iter()
+        .copied()
+        .chain(["--layout", "latentwire", "--max-steps-now", "2"])
+        .collect();
+    succeeds(&out, &args);
+    let other: Vec<&str> = SHORT.to_vec();
+    let error = fails(&out, &other);
+    assert!(error.contains("layout"), "{error}");
+    let bare: Vec<&str> = SHORT
+        .iter()
+        .copied()
+        .chain(["--layout", "latentwire"])
+        .collect();
+    succeeds(&out, &bare);
+    let summary = common::summary(&out);
+    assert_eq!(summary["layout"], "latentwire");
+    assert!(
+        summary["tiny-llama"]["latent"]["nll"].is_number(),
+        "{summary}"
+    );
+    let error = fails(&dir.path().join("x"), &["--layout", "bare"]);
+    assert!(error.contains("`chat` or `latentwire`"), "{error}");
+    let error = fails(&dir.path().join("y"), &["--eval-items", "1"]);
+    assert!(error.contains("at least 2"), "{error}");
 }
 
 /// `--encoder states`: the interlingua pools the first model's hidden states, and the run

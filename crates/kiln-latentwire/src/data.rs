@@ -43,6 +43,22 @@ pub enum Relation {
     Occupation,
 }
 
+impl Relation {
+    /// Every relation, in declaration order.
+    pub const ALL: [Relation; 5] = RELATIONS;
+
+    /// Its name in reports: `birthplace`, `birthday`, `workplace`, `possession`, `occupation`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Relation::Birthplace => "birthplace",
+            Relation::Birthday => "birthday",
+            Relation::Workplace => "workplace",
+            Relation::Possession => "possession",
+            Relation::Occupation => "occupation",
+        }
+    }
+}
+
 /// One question about a context, and its answer: the span
 /// `context[answer_start..answer_start + answer.len()]` (bytes).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,10 +1,21 @@
-//! Held-out evaluation: for each language model and each prompt kind (the text itself, the
-//! latent prefix, and the token budget: the text cut to its first `M` tokens, the fair baseline
-//! at the prefix's length), the gold answer's NLL per token and first-token accuracy (teacher
-//! forced), and EM and F1 of a greedy answer (SQuAD's normalisation).
+//! Held-out evaluation. For each language model and each prompt kind ([`PROMPT_KINDS`]): the
+//! gold answer's NLL per token and first-token accuracy (teacher forced), the accuracy on the
+//! answer's first *content* token (the first that is not whitespace alone: SmolLM2's tokenizer
+//! starts every date with a bare space token), and EM and F1 of a greedy answer (SQuAD's
+//! normalisation), with LatentWire's `clean_pred` beside them; each with its standard error,
+//! over all items and per relation.
+//!
+//! The prompt kinds are the text itself (the upper bound), the latent prefix, the token budget
+//! (the text's first `M` tokens) and three baselines that can show what the latent does *not*
+//! carry: the question alone, the question first then the context cut to `M` tokens (a budget
+//! that knows the question), and each item read with another item's latent (one asking about
+//! the same relation: a latent that carried only the kind of question scores as its own, one
+//! that carries the answer falls to chance).
 //!
 //! Generation stops at the end of the assistant's turn or after `max_new_tokens`: LatentWire's
 //! eval capped it at the longest gold answer of each chunk, which told the model its length.
+
+use std::collections::BTreeMap;
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
@@ -12,19 +23,73 @@ use kiln_text::GenerationConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::reader::Contents;
-use crate::{ByteBatch, LatentWire, LatentWireError, QaBatch, QaItem, Reader, ReaderBatch};
+use crate::{
+    ByteBatch, LatentWire, LatentWireError, QaBatch, QaItem, Reader, ReaderBatch, Relation,
+};
 
-/// One prompt kind's scores.
+/// The prompt kinds every language model is scored on, in the order reports list them.
+pub const PROMPT_KINDS: [&str; 6] = [
+    "text",
+    "latent",
+    "token_budget",
+    "question_only",
+    "token_budget_question",
+    "shuffled_latent",
+];
+
+/// One prompt kind's scores over a set of items.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Scores {
     /// The gold answer's negative log-likelihood per token (nats; its end not counted).
     pub nll: f64,
     /// How often the most likely first token is the gold answer's.
     pub first_token_accuracy: f64,
+    /// How often the most likely token at the answer's first content token (the first that is
+    /// not whitespace alone), the tokens before it given, is the gold one.
+    pub first_content_token_accuracy: f64,
     /// Exact match of the greedy answer, SQuAD-normalised.
     pub em: f64,
     /// Token F1 of the greedy answer, SQuAD-normalised.
     pub f1: f64,
+    /// EM as LatentWire's eval scores it: at least one token generated, the first non-empty
+    /// line kept (its `clean_pred`), then SQuAD-normalised.
+    pub em_clean: f64,
+    /// F1 as LatentWire's eval scores it (see `em_clean`).
+    pub f1_clean: f64,
+    /// The items scored.
+    pub items: usize,
+    /// One standard error of each score (over items; the NLL's as a ratio of sums).
+    pub standard_errors: StandardErrors,
+}
+
+/// One standard error of each of [`Scores`]' measures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StandardErrors {
+    /// Of `nll`.
+    pub nll: f64,
+    /// Of `first_token_accuracy`.
+    pub first_token_accuracy: f64,
+    /// Of `first_content_token_accuracy`.
+    pub first_content_token_accuracy: f64,
+    /// Of `em`.
+    pub em: f64,
+    /// Of `f1`.
+    pub f1: f64,
+}
+
+/// One relation's items and scores.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RelationReport {
+    /// Its held-out items.
+    pub items: usize,
+    /// How many of its answers start with each token (the vocabulary's spelling), most common
+    /// first where read in order of count.
+    pub answer_first_tokens: BTreeMap<String, usize>,
+    /// How many of its answers start with each content token.
+    pub answer_first_content_tokens: BTreeMap<String, usize>,
+    /// Each prompt kind's scores on its items, by [`PROMPT_KINDS`]' names.
+    #[serde(flatten)]
+    pub kinds: BTreeMap<String, Scores>,
 }
 
 /// One language model's results.
@@ -38,10 +103,66 @@ pub struct ReaderReport {
     pub latent: Scores,
     /// Given the text's first `M` tokens.
     pub token_budget: Scores,
-    /// The text's tokens per latent, averaged over the items.
+    /// Given the question alone (`"Question: …\n"`), no context.
+    pub question_only: Scores,
+    /// Given `M` tokens of the question first, then the context (`"Question: …\nContext: …"`
+    /// cut to `M`): a budget that knows the question.
+    pub token_budget_question: Scores,
+    /// Given another item's latent prefix: the next held-out item asking about the same
+    /// relation (a different person, and nearly always another answer).
+    pub shuffled_latent: Scores,
+    /// Every kind's scores per relation, by [`Relation::name`].
+    pub by_relation: BTreeMap<String, RelationReport>,
+    /// The text's tokens per latent, averaged over the items (the content alone).
     pub compression: f64,
+    /// LatentWire's compression: the whole text prompt's tokens (template, text and anchor)
+    /// per latent, averaged over the items.
+    pub prompt_compression: f64,
     /// The latents' size per text in bytes (`M × d_z` f32 values).
     pub payload_bytes: usize,
+}
+
+impl ReaderReport {
+    /// The scores of the prompt kind `kind` (one of [`PROMPT_KINDS`]).
+    pub fn kind(&self, kind: &str) -> Option<&Scores> {
+        Some(match kind {
+            "text" => &self.text,
+            "latent" => &self.latent,
+            "token_budget" => &self.token_budget,
+            "question_only" => &self.question_only,
+            "token_budget_question" => &self.token_budget_question,
+            "shuffled_latent" => &self.shuffled_latent,
+            _ => return None,
+        })
+    }
+}
+
+/// LatentWire's two-model scores of the latent prefix: each item's two greedy answers (each
+/// model's own, as `clean_pred` keeps it), rescored by the sum of both models'
+/// log-likelihoods of each given their own prefix (the higher kept; an empty answer is never
+/// kept), how often the two agree, and the better of the two per item.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct JointScores {
+    /// EM of the jointly rescored answer.
+    pub rescored_em: f64,
+    /// F1 of the jointly rescored answer.
+    pub rescored_f1: f64,
+    /// How often the two models' answers are equal, SQuAD-normalised.
+    pub agreement: f64,
+    /// EM of the better of the two answers, per item.
+    pub oracle_em: f64,
+    /// F1 of the better of the two answers, per item.
+    pub oracle_f1: f64,
+}
+
+/// An evaluation's results: per language model, and jointly for the first two.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Per language model, in the readers' order.
+    pub readers: Vec<ReaderReport>,
+    /// With two or more models, the first two's joint scores of their latent-prefix answers
+    /// (LatentWire's, which scores those alone).
+    pub joint: Option<JointScores>,
 }
 
 /// How evaluation runs.
@@ -62,108 +183,228 @@ impl Default for Evaluation {
     }
 }
 
-/// Sums of one prompt kind's scores.
-#[derive(Debug, Clone, Copy, Default)]
-struct Tally {
+/// One item's scores under one prompt kind.
+#[derive(Debug, Clone, Default)]
+struct Outcome {
     nll: f64,
     tokens: usize,
-    first_right: usize,
+    first_right: bool,
+    content_right: bool,
     em: f64,
     f1: f64,
-    items: usize,
-}
-
-impl Tally {
-    fn scores(&self) -> Scores {
-        let per_item = |x: f64| x / self.items.max(1) as f64;
-        Scores {
-            nll: self.nll / self.tokens.max(1) as f64,
-            first_token_accuracy: per_item(self.first_right as f64),
-            em: per_item(self.em),
-            f1: per_item(self.f1),
-        }
-    }
+    /// The greedy answer as LatentWire keeps it (`clean_pred`).
+    clean: String,
+    em_clean: f64,
+    f1_clean: f64,
 }
 
 impl Evaluation {
-    /// The scores of `model` read by `readers` on `items`.
+    /// The scores of `model` read by `readers` on `items` (at least two: the shuffled latent
+    /// reads another item's).
     pub fn run<B: Backend>(
         &self,
         model: &LatentWire<B>,
         readers: &[Reader<B>],
         items: &[QaItem],
-    ) -> Result<Vec<ReaderReport>, LatentWireError> {
+    ) -> Result<Report, LatentWireError> {
         if items.is_empty() {
             return Err(LatentWireError::Input("no items to evaluate on".into()));
         }
-        let mut tallies = vec![[Tally::default(); 3]; readers.len()];
-        let mut text_tokens = vec![0usize; readers.len()];
+        if items.len() < 2 {
+            return Err(LatentWireError::Input(
+                "one item to evaluate on: the shuffled-latent baseline reads each item with \
+                 another item's latent, so evaluation needs at least two"
+                    .into(),
+            ));
+        }
+        let donors = donors(items);
+        // outcomes[reader][kind][item]
+        let mut outcomes = vec![vec![Vec::new(); PROMPT_KINDS.len()]; readers.len()];
+        let mut content_tokens = vec![0usize; readers.len()];
+        let mut prompt_tokens = vec![0usize; readers.len()];
         let [latents, width] = model.encoder.latent_shape();
+        let mut rescored = Vec::with_capacity(items.len());
+        let mut first = 0;
         for chunk in items.chunks(self.batch.max(1)) {
-            let sources: Vec<String> = chunk.iter().map(QaItem::source).collect();
-            let batch = QaBatch {
-                bytes: ByteBatch::new(&sources, model.encoder.max_bytes()),
-                readers: (readers.iter())
-                    .map(|reader| reader_batch(reader, &sources, chunk))
-                    .collect::<Result<_, _>>()?,
-            };
+            let own = first..first + chunk.len();
+            first += chunk.len();
+            let donated: Vec<QaItem> = own.map(|i| items[donors[i]].clone()).collect();
+            let batch = qa_batch(model, readers, chunk)?;
             let prefixes = model.prefixes(model.latents(&batch, readers)?, readers);
-            let per_reader = readers.iter().zip(prefixes).zip(batch.readers);
-            for (m, ((reader, prefix), ReaderBatch { texts, answers })) in per_reader.enumerate() {
-                text_tokens[m] += texts.iter().map(Vec::len).sum::<usize>();
-                let kinds = prompt_kinds(&texts, prefix, latents);
-                for (tally, (_, contents)) in tallies[m].iter_mut().zip(kinds) {
-                    self.score(reader, contents, &answers, chunk, tally)?;
+            let donated_batch = qa_batch(model, readers, &donated)?;
+            let shuffled = model.prefixes(model.latents(&donated_batch, readers)?, readers);
+            let own_prefixes = prefixes.clone();
+            let per_reader = readers.iter().zip(prefixes.into_iter().zip(shuffled));
+            for (m, (reader, (prefix, shuffled))) in per_reader.enumerate() {
+                let ReaderBatch { texts, answers } = &batch.readers[m];
+                content_tokens[m] += texts.iter().map(Vec::len).sum::<usize>();
+                let around = reader.template().before.len() + reader.template().after.len();
+                prompt_tokens[m] += texts.iter().map(|t| t.len() + around).sum::<usize>();
+                let kinds = prompt_kinds(reader, chunk, texts, prefix, shuffled, latents)?;
+                for (kind, contents) in kinds.into_iter().enumerate() {
+                    let scored = self.score(reader, contents, answers, chunk)?;
+                    outcomes[m][kind].extend(scored);
                 }
             }
+            if let ([a, b, ..], [pa, pb, ..]) = (readers, own_prefixes.as_slice()) {
+                let at = first - chunk.len()..first;
+                let answers = [&outcomes[0][1][at.clone()], &outcomes[1][1][at]];
+                rescored.extend(rescore([a, b], [pa, pb], answers, chunk)?);
+            }
         }
-        let reports = readers.iter().zip(tallies).zip(text_tokens);
-        Ok(reports
-            .map(|((reader, [text, latent, budget]), tokens)| ReaderReport {
+        let all: Vec<usize> = (0..items.len()).collect();
+        let reports = readers.iter().enumerate().map(|(m, reader)| {
+            let per_kind = &outcomes[m];
+            let kind = |k: usize| scores(&per_kind[k], &all);
+            Ok(ReaderReport {
                 name: reader.name().to_string(),
-                text: text.scores(),
-                latent: latent.scores(),
-                token_budget: budget.scores(),
-                compression: tokens as f64 / (items.len() * latents) as f64,
+                text: kind(0),
+                latent: kind(1),
+                token_budget: kind(2),
+                question_only: kind(3),
+                token_budget_question: kind(4),
+                shuffled_latent: kind(5),
+                by_relation: by_relation(reader, items, per_kind)?,
+                compression: content_tokens[m] as f64 / (items.len() * latents) as f64,
+                prompt_compression: prompt_tokens[m] as f64 / (items.len() * latents) as f64,
                 payload_bytes: latents * width * 4,
             })
-            .collect())
+        });
+        let reports = reports.collect::<Result<Vec<_>, LatentWireError>>()?;
+        let joint = (readers.len() >= 2).then(|| joint_scores(&rescored));
+        Ok(Report {
+            readers: reports,
+            joint,
+        })
     }
 
-    /// Adds one chunk's scores given `contents` to `tally`.
+    /// Each row's outcome given `contents`: teacher-forced scores, then a greedy answer (LatentWire's
+    /// at least one token where the prompt is a latent prefix, as its eval generates those).
     fn score<B: Backend>(
         &self,
         reader: &Reader<B>,
         contents: Contents<B>,
         answers: &[Vec<u32>],
         items: &[QaItem],
-        tally: &mut Tally,
-    ) -> Result<(), LatentWireError> {
+    ) -> Result<Vec<Outcome>, LatentWireError> {
         let scored = teacher_forced(reader, contents.clone(), answers)?;
-        tally.nll += scored.nll;
-        tally.tokens += scored.tokens;
-        tally.first_right += scored.first_right;
         let end = reader.template().end;
         let config = GenerationConfig {
             stop_tokens: vec![end],
             pad_token: end,
             ..GenerationConfig::greedy(self.max_new_tokens)
         };
-        let generated = reader.generate(contents, &config)?;
-        for (tokens, item) in generated.iter().zip(items) {
+        let mut generated = reader.generate(contents.clone(), &config)?;
+        let said = |tokens: &[u32]| {
             let tokens: Vec<u32> = tokens.iter().copied().filter(|&t| t != end).collect();
-            let predicted = reader.tokenizer().decode(&tokens, true)?;
-            tally.em += exact_match(&predicted, &item.answer);
-            tally.f1 += f1(&predicted, &item.answer);
+            reader.tokenizer().decode(&tokens, true)
+        };
+        let predicted: Vec<String> = generated
+            .iter()
+            .map(|t| said(t))
+            .collect::<Result<_, _>>()?;
+        // LatentWire bans the end at the first step of a latent prefix's answer: the rows that
+        // ended at once are generated again so.
+        let ended: Vec<usize> = (0..generated.len())
+            .filter(|&row| generated[row].first() == Some(&end))
+            .collect();
+        if matches!(contents, Contents::Embeddings(_)) && !ended.is_empty() {
+            let forced = GenerationConfig {
+                min_new_tokens: 1,
+                ..config
+            };
+            let again = reader.generate(contents.select(&ended), &forced)?;
+            for (row, tokens) in ended.into_iter().zip(again) {
+                generated[row] = tokens;
+            }
         }
-        tally.items += answers.len();
-        Ok(())
+        let mut outcomes = Vec::with_capacity(items.len());
+        for (row, item) in items.iter().enumerate() {
+            let clean = clean_pred(&said(&generated[row])?);
+            let row_scores = scored[row];
+            outcomes.push(Outcome {
+                nll: row_scores.nll,
+                tokens: row_scores.tokens,
+                first_right: row_scores.first_right,
+                content_right: row_scores.content_right,
+                em: exact_match(&predicted[row], &item.answer),
+                f1: f1(&predicted[row], &item.answer),
+                em_clean: exact_match(&clean, &item.answer),
+                f1_clean: f1(&clean, &item.answer),
+                clean,
+            });
+        }
+        Ok(outcomes)
     }
 }
 
-/// The three prompt kinds, named: the texts, the soft prompt `prefix`, and the texts cut to
-/// their first `latents` tokens.
-pub(crate) fn prompt_kinds<B: Backend>(
+/// The encoder's and the readers' batch of `items`.
+fn qa_batch<B: Backend>(
+    model: &LatentWire<B>,
+    readers: &[Reader<B>],
+    items: &[QaItem],
+) -> Result<QaBatch, LatentWireError> {
+    let sources: Vec<String> = items.iter().map(QaItem::source).collect();
+    Ok(QaBatch {
+        bytes: ByteBatch::new(&sources, model.encoder.max_bytes()),
+        readers: (readers.iter())
+            .map(|reader| reader_batch(reader, &sources, items))
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+/// For each item, the item whose latent `shuffled_latent` reads it with: the next one (in
+/// order, wrapping) asking about the same relation, else the next one.
+fn donors(items: &[QaItem]) -> Vec<usize> {
+    let n = items.len();
+    (0..n)
+        .map(|i| {
+            let next = (1..n).map(|step| (i + step) % n);
+            (next.clone())
+                .find(|&j| items[j].relation == items[i].relation)
+                .unwrap_or((i + 1) % n)
+        })
+        .collect()
+}
+
+/// The six prompt kinds of [`PROMPT_KINDS`], in order, for `items`: their `texts` (ids),
+/// `prefix`, the texts' first `latents` ids, the questions, the question-first texts' first
+/// `latents` ids, and the `shuffled` prefix.
+fn prompt_kinds<B: Backend>(
+    reader: &Reader<B>,
+    items: &[QaItem],
+    texts: &[Vec<u32>],
+    prefix: Tensor<B, 3>,
+    shuffled: Tensor<B, 3>,
+    latents: usize,
+) -> Result<Vec<Contents<B>>, LatentWireError> {
+    let ids = |text: String| reader.ids(&text);
+    let questions = (items.iter())
+        .map(|item| ids(format!("Question: {}\n", item.question)))
+        .collect::<Result<_, _>>()?;
+    let question_first = (items.iter())
+        .map(|item| {
+            let ids = ids(format!(
+                "Question: {}\nContext: {}\n",
+                item.question, item.context
+            ))?;
+            Ok(ids[..ids.len().min(latents)].to_vec())
+        })
+        .collect::<Result<_, LatentWireError>>()?;
+    let [text, latent, budget] = curve_kinds(texts, prefix, latents).map(|(_, c)| c);
+    Ok(vec![
+        text,
+        latent,
+        budget,
+        Contents::Tokens(questions),
+        Contents::Tokens(question_first),
+        Contents::Embeddings(shuffled),
+    ])
+}
+
+/// The three prompt kinds training's evaluations draw, named: the texts, the soft prompt
+/// `prefix`, and the texts cut to their first `latents` tokens.
+pub(crate) fn curve_kinds<B: Backend>(
     texts: &[Vec<u32>],
     prefix: Tensor<B, 3>,
     latents: usize,
@@ -179,33 +420,234 @@ pub(crate) fn prompt_kinds<B: Backend>(
     ]
 }
 
-/// A batch's teacher-forced scores: the answers' summed NLL, their tokens, and how many first
-/// tokens are the most likely.
+/// Every kind's scores per relation, with the answers' first tokens.
+fn by_relation<B: Backend>(
+    reader: &Reader<B>,
+    items: &[QaItem],
+    per_kind: &[Vec<Outcome>],
+) -> Result<BTreeMap<String, RelationReport>, LatentWireError> {
+    let spelling = |id: u32| {
+        reader
+            .tokenizer()
+            .token(id)
+            .unwrap_or_else(|| format!("<{id}>"))
+    };
+    let mut relations = BTreeMap::new();
+    for relation in Relation::ALL {
+        let rows: Vec<usize> = (0..items.len())
+            .filter(|&i| items[i].relation == relation)
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let (mut first, mut content) = (BTreeMap::new(), BTreeMap::new());
+        for &i in &rows {
+            let answer = reader.answer_ids(&items[i].answer)?;
+            *first.entry(spelling(answer[0])).or_insert(0) += 1;
+            let at = reader.first_content_token(&answer)?;
+            *content.entry(spelling(answer[at])).or_insert(0) += 1;
+        }
+        let kinds = (PROMPT_KINDS.iter().zip(per_kind))
+            .map(|(name, outcomes)| (name.to_string(), scores(outcomes, &rows)))
+            .collect();
+        relations.insert(
+            relation.name().to_string(),
+            RelationReport {
+                items: rows.len(),
+                answer_first_tokens: first,
+                answer_first_content_tokens: content,
+                kinds,
+            },
+        );
+    }
+    Ok(relations)
+}
+
+/// The scores of `outcomes`' items `rows`, with their standard errors.
+fn scores(outcomes: &[Outcome], rows: &[usize]) -> Scores {
+    let n = rows.len().max(1) as f64;
+    let mean = |f: &dyn Fn(&Outcome) -> f64| rows.iter().map(|&i| f(&outcomes[i])).sum::<f64>() / n;
+    // The standard error of a mean of per-item values.
+    let error = |f: &dyn Fn(&Outcome) -> f64| {
+        if rows.len() < 2 {
+            return 0.0;
+        }
+        let m = mean(f);
+        let square = rows
+            .iter()
+            .map(|&i| (f(&outcomes[i]) - m).powi(2))
+            .sum::<f64>();
+        (square / (n - 1.0) / n).sqrt()
+    };
+    let flag = |b: bool| f64::from(u8::from(b));
+    let tokens = mean(&|o| o.tokens as f64).max(f64::MIN_POSITIVE);
+    let nll = mean(&|o| o.nll) / tokens;
+    Scores {
+        nll,
+        first_token_accuracy: mean(&|o| flag(o.first_right)),
+        first_content_token_accuracy: mean(&|o| flag(o.content_right)),
+        em: mean(&|o| o.em),
+        f1: mean(&|o| o.f1),
+        em_clean: mean(&|o| o.em_clean),
+        f1_clean: mean(&|o| o.f1_clean),
+        items: rows.len(),
+        standard_errors: StandardErrors {
+            // A ratio of sums: the standard error of the mean of each item's NLL less `nll`
+            // times its tokens, over the mean tokens (the delta method).
+            nll: error(&|o| o.nll - nll * o.tokens as f64) / tokens,
+            first_token_accuracy: error(&|o| flag(o.first_right)),
+            first_content_token_accuracy: error(&|o| flag(o.content_right)),
+            em: error(&|o| o.em),
+            f1: error(&|o| o.f1),
+        },
+    }
+}
+
+/// One item's two latent-prefix answers scored jointly.
+#[derive(Debug, Clone, Copy)]
+struct Rescored {
+    rescored_em: f64,
+    rescored_f1: f64,
+    agree: bool,
+    oracle_em: f64,
+    oracle_f1: f64,
+}
+
+/// The joint scores of the first two readers' latent-prefix answers `answers` to `items`: each
+/// answer's log-likelihood under both readers, each given its own `prefixes`, summed.
+fn rescore<B: Backend>(
+    readers: [&Reader<B>; 2],
+    prefixes: [&Tensor<B, 3>; 2],
+    answers: [&[Outcome]; 2],
+    items: &[QaItem],
+) -> Result<Vec<Rescored>, LatentWireError> {
+    let mut log_likelihood = [vec![0.0; items.len()], vec![0.0; items.len()]];
+    for (candidate, total) in log_likelihood.iter_mut().enumerate() {
+        let texts: Vec<&str> = answers[candidate]
+            .iter()
+            .map(|o| o.clean.as_str())
+            .collect();
+        for (reader, prefix) in readers.iter().zip(prefixes) {
+            let ids = (texts.iter())
+                .map(|text| reader.answer_ids(text))
+                .collect::<Result<Vec<_>, _>>()?;
+            // An empty answer has no likelihood to compare: it is never kept.
+            let scored_ids: Vec<Vec<u32>> = (ids.iter())
+                .map(|ids| {
+                    if ids.is_empty() {
+                        vec![reader.template().end]
+                    } else {
+                        ids.clone()
+                    }
+                })
+                .collect();
+            let scored = teacher_forced(reader, Contents::Embeddings(prefix.clone()), &scored_ids)?;
+            for (row, ids) in ids.iter().enumerate() {
+                total[row] -= if ids.is_empty() {
+                    f64::INFINITY
+                } else {
+                    scored[row].nll
+                };
+            }
+        }
+    }
+    Ok((0..items.len())
+        .map(|row| {
+            let [a, b] = answers.map(|o| o[row].clean.as_str());
+            let gold = &items[row].answer;
+            let pick = if log_likelihood[0][row] >= log_likelihood[1][row] {
+                a
+            } else {
+                b
+            };
+            Rescored {
+                rescored_em: exact_match(pick, gold),
+                rescored_f1: f1(pick, gold),
+                agree: normalize(a) == normalize(b),
+                oracle_em: exact_match(a, gold).max(exact_match(b, gold)),
+                oracle_f1: f1(a, gold).max(f1(b, gold)),
+            }
+        })
+        .collect())
+}
+
+/// The means of `rescored`.
+fn joint_scores(rescored: &[Rescored]) -> JointScores {
+    let n = rescored.len().max(1) as f64;
+    let mean = |f: &dyn Fn(&Rescored) -> f64| rescored.iter().map(f).sum::<f64>() / n;
+    JointScores {
+        rescored_em: mean(&|r| r.rescored_em),
+        rescored_f1: mean(&|r| r.rescored_f1),
+        agreement: mean(&|r| f64::from(u8::from(r.agree))),
+        oracle_em: mean(&|r| r.oracle_em),
+        oracle_f1: mean(&|r| r.oracle_f1),
+    }
+}
+
+/// A generated answer as LatentWire's eval keeps it (`_local_clean_pred`, models.py): cut at the
+/// first of its stop strings, a leading `assistant` or `Assistant:` removed, the first non-empty
+/// line, trimmed of spaces and ` .:;,'"-–—`.
+fn clean_pred(text: &str) -> String {
+    const STOPS: [&str; 7] = [
+        "<|eot_id|>",
+        "<|im_end|>",
+        "</s>",
+        "<|endoftext|>",
+        "\n\n\n",
+        "\nAssistant:",
+        "\nassistant",
+    ];
+    let cut = STOPS
+        .iter()
+        .filter_map(|stop| text.find(stop))
+        .min()
+        .map_or(text, |at| &text[..at]);
+    let cut = cut.trim_start();
+    let cut = (cut.strip_prefix("Assistant:"))
+        .or_else(|| cut.strip_prefix("assistant"))
+        .unwrap_or(cut);
+    let line = cut
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    line.trim_matches(|c: char| " \t\r\n.:;,'\"-–—".contains(c))
+        .to_string()
+}
+
+/// One answer's teacher-forced scores: its summed NLL, its tokens, and whether its first token
+/// and its first content token are the most likely there.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct TeacherForced {
     pub nll: f64,
     pub tokens: usize,
-    pub first_right: usize,
+    pub first_right: bool,
+    pub content_right: bool,
 }
 
-/// The teacher-forced scores of `answers` (none empty) after `contents`.
+/// The teacher-forced scores of each of `answers` (none empty) after `contents`.
 pub(crate) fn teacher_forced<B: Backend>(
     reader: &Reader<B>,
     contents: Contents<B>,
     answers: &[Vec<u32>],
-) -> Result<TeacherForced, LatentWireError> {
+) -> Result<Vec<TeacherForced>, LatentWireError> {
     let composed = reader.compose(contents, answers);
     let logits = reader.forward(composed)?.logits;
     let [_, window, vocab] = logits.dims();
     let values = host_f32(logits);
-    let mut scored = TeacherForced::default();
+    let mut scored = Vec::with_capacity(answers.len());
     for (row, answer) in answers.iter().enumerate() {
         let row_logits = |j: usize| &values[(row * window + j) * vocab..][..vocab];
-        for (j, &token) in answer.iter().enumerate() {
-            scored.nll += negative_log_softmax(row_logits(j), token as usize);
-        }
-        scored.tokens += answer.len();
-        scored.first_right += usize::from(argmax(row_logits(0)) == answer[0] as usize);
+        let right = |j: usize| argmax(row_logits(j)) == answer[j] as usize;
+        let content = reader.first_content_token(answer)?;
+        scored.push(TeacherForced {
+            nll: (answer.iter().enumerate())
+                .map(|(j, &token)| negative_log_softmax(row_logits(j), token as usize))
+                .sum(),
+            tokens: answer.len(),
+            first_right: right(0),
+            content_right: right(content),
+        });
     }
     Ok(scored)
 }
@@ -311,6 +753,38 @@ mod tests {
         assert_eq!(f1("", ""), 1.0);
         assert_eq!(f1("the", "kite"), 0.0);
         assert_eq!(f1("Oslo", "oslo"), 1.0);
+    }
+
+    /// LatentWire's `_local_clean_pred`: stop strings, a leading speaker, the first non-empty
+    /// line, trimmed punctuation; no lower-casing (EM and F1 normalise afterwards).
+    #[test]
+    fn predictions_are_cleaned_as_latentwire_cleans_them() {
+        assert_eq!(clean_pred("  Tarnwick.\nMore text"), "Tarnwick");
+        assert_eq!(clean_pred("\n\n  \"Belford\"; "), "Belford");
+        assert_eq!(
+            clean_pred("Assistant: a brass clock<|im_end|>x"),
+            "a brass clock"
+        );
+        assert_eq!(clean_pred("12 May 1740\n\n\nQuestion"), "12 May 1740");
+        assert_eq!(clean_pred("Answer: Oslo"), "Answer: Oslo");
+        assert_eq!(clean_pred("..."), "");
+    }
+
+    /// Each item is read with the next one asking about the same relation, else the next one.
+    #[test]
+    fn donors_share_the_relation_where_one_does() {
+        let mut items = crate::generate(crate::Split::Test, 5, 0);
+        let relations = [
+            Relation::Birthday,
+            Relation::Occupation,
+            Relation::Birthday,
+            Relation::Possession,
+            Relation::Occupation,
+        ];
+        for (item, relation) in items.iter_mut().zip(relations) {
+            item.relation = relation;
+        }
+        assert_eq!(donors(&items), [2, 4, 0, 4, 1]);
     }
 
     #[test]

@@ -38,8 +38,9 @@
 //!   `Answer:` anchor;
 //! - [`model`]: what trains, the encoder and an adapter per language model;
 //! - [`objective`]: LatentWire's training loss, every term from one forward per language model;
-//! - [`eval`]: held-out scores per language model for the text, the latent prefix and the
-//!   token budget;
+//! - [`eval`]: held-out scores per language model and relation for the text, the latent
+//!   prefix, the token budget and three baselines that know the question or another item's
+//!   latent, with LatentWire's own measures beside kiln's;
 //! - [`tokenized`]: a split tokenized once for every language model, kept on disk;
 //! - [`train`]: the module kiln-train trains, with the frozen language models beside it;
 //! - [`builtin`]: two tiny random language models to run the pipeline without checkpoints;
@@ -66,10 +67,13 @@ pub use adapter::{Adapter, AdapterConfig};
 pub use builtin::tiny_readers;
 pub use data::{QaItem, Relation, Split, generate};
 pub use encoder::{ByteBatch, EncoderConfig, InterlinguaEncoder};
-pub use eval::{Evaluation, ReaderReport, Scores};
+pub use eval::{
+    Evaluation, JointScores, PROMPT_KINDS, ReaderReport, RelationReport, Report, Scores,
+    StandardErrors,
+};
 pub use model::{Encoder, EncoderKind, LatentWire};
 pub use objective::{LossTerms, Objective, QaBatch, ReaderBatch, TrainingLoss};
-pub use reader::{Composed, Contents, Reader, Template};
+pub use reader::{Composed, Contents, Layout, Reader, Template};
 pub use states::StateEncoder;
 pub use tokenized::TokenizedSplit;
 pub use train::{FrozenReaders, LatentWireTraining};

@@ -108,7 +108,8 @@ impl<B: Backend> LatentWire<B> {
                             .into(),
                     ));
                 };
-                Ok(encoder.forward(reader.text_states(&items.texts)?))
+                let lengths: Vec<usize> = items.texts.iter().map(Vec::len).collect();
+                Ok(encoder.forward(reader.text_states(&items.texts)?, &lengths))
             }
         }
     }

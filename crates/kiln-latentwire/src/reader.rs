@@ -25,6 +25,8 @@ use kiln_text::{
     TextTokenizer, generate_after,
 };
 
+use serde::{Deserialize, Serialize};
+
 use crate::LatentWireError;
 
 /// Where the user's content sits in a language model's prompt: the ids before it and after it
@@ -46,6 +48,33 @@ pub struct Template {
 /// ([`Reader::answer_ids`]), as the tokenizer splits `"Answer: Paris"`.
 pub const ANCHOR: &str = "Answer:";
 
+/// Where a latent prefix sits, and how answers follow their prompts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// kiln's: every prompt kind in the user's turn of the chat template (after
+    /// [`SYSTEM_PROMPT`]), the assistant's turn opened with [`ANCHOR`], the answer's space joined
+    /// to its first token.
+    #[default]
+    Chat,
+    /// LatentWire's default (`models.py` at 220ce571): the latent prefix alone at position 0, no
+    /// BOS, no template and no anchor, the answer right after it; token prompts in the chat
+    /// template without the anchor; answers tokenized alone, with no space before them (the BOS
+    /// LatentWire's Llama tokenizer adds is not: it is no part of the answer).
+    Latentwire,
+}
+
+impl Layout {
+    /// `chat` or `latentwire`.
+    pub fn parse(text: &str) -> Result<Layout, String> {
+        match text {
+            "chat" => Ok(Layout::Chat),
+            "latentwire" => Ok(Layout::Latentwire),
+            _ => Err(format!("{text:?}: the layout is `chat` or `latentwire`")),
+        }
+    }
+}
+
 /// What stands in the content's place while the template is rendered.
 const CONTENT: &str = "KILN_LATENTWIRE_CONTENT";
 
@@ -59,8 +88,13 @@ impl Template {
     /// turn (the user turn alone where the template refuses a system turn), rendered as
     /// transformers' `apply_chat_template(..., add_generation_prompt=True)` and tokenized without
     /// adding special tokens (the template writes its own), then [`ANCHOR`]; without a chat
-    /// template, the content followed by a new line and [`ANCHOR`].
-    pub fn of(tokenizer: &TextTokenizer) -> Result<Template, LatentWireError> {
+    /// template, the content followed by a new line and [`ANCHOR`]. Under
+    /// [`Layout::Latentwire`], without [`ANCHOR`].
+    pub fn of(tokenizer: &TextTokenizer, layout: Layout) -> Result<Template, LatentWireError> {
+        let anchor = match layout {
+            Layout::Chat => ANCHOR,
+            Layout::Latentwire => "",
+        };
         let eos = tokenizer.special("eos_token").ok_or_else(|| {
             LatentWireError::Input("the tokenizer names no eos_token to end an answer".into())
         })?;
@@ -75,9 +109,9 @@ impl Template {
             let (before, after) = rendered.split_once(CONTENT).ok_or_else(|| {
                 LatentWireError::Input("the chat template drops the user's message".into())
             })?;
-            (before.to_string(), format!("{after}{ANCHOR}"))
+            (before.to_string(), format!("{after}{anchor}"))
         } else {
-            (String::new(), format!("\n{ANCHOR}"))
+            (String::new(), format!("\n{anchor}"))
         };
         Ok(Template {
             before: tokenizer.encode_without_special_tokens(&before)?,
@@ -107,7 +141,7 @@ impl Template {
             masks.push([vec![false; padded.len()], vec![true; real], answer_mask].concat());
         }
         let input = TextInput::ids(ids).with_attention_mask(masks);
-        composed(input, longest + after.len(), answers)
+        composed(input, longest + after.len(), answers, true)
     }
 
     /// `answer` padded on the right to the longest of `answers`, and its mask.
@@ -124,16 +158,19 @@ fn longest(answers: &[Vec<u32>]) -> usize {
     answers.iter().map(Vec::len).max().unwrap_or(0)
 }
 
-/// `input` whose answers start at column `answer_start`, its logits from the column before.
+/// `input` whose answers start at column `answer_start`, its logits from the column before,
+/// read after the template's opening where `after_opening`.
 fn composed<B: Backend>(
     input: TextInput<B>,
     answer_start: usize,
     answers: &[Vec<u32>],
+    after_opening: bool,
 ) -> Composed<B> {
     Composed {
         input: input.with_logits_from(answer_start.saturating_sub(1)),
         answer_start,
         window: longest(answers) + 1,
+        after_opening,
     }
 }
 
@@ -153,6 +190,21 @@ impl<B: Backend> Contents<B> {
             Contents::Embeddings(x) => x.dims()[0],
         }
     }
+
+    /// The rows `rows`, in that order.
+    pub fn select(&self, rows: &[usize]) -> Contents<B> {
+        match self {
+            Contents::Tokens(ids) => {
+                Contents::Tokens(rows.iter().map(|&r| ids[r].clone()).collect())
+            }
+            Contents::Embeddings(x) => {
+                let index: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+                let index = TensorData::new(index, [rows.len()]);
+                let index = Tensor::<B, 1, Int>::from_data(index, &x.device());
+                Contents::Embeddings(x.clone().select(0, index))
+            }
+        }
+    }
 }
 
 /// A batch laid out for one language model: its input, and where the answers start.
@@ -164,6 +216,9 @@ pub struct Composed<B: Backend> {
     pub answer_start: usize,
     /// The columns of logits the forward returns: the longest answer plus one.
     pub window: usize,
+    /// Whether the input follows the template's opening (read from its cache); a latent
+    /// prefix under [`Layout::Latentwire`] starts at position 0.
+    pub after_opening: bool,
 }
 
 /// A frozen language model with its tokenizer and template (a module, so that training moves
@@ -182,6 +237,8 @@ pub struct Reader<B: Backend> {
     opening: Option<SharedPrefix>,
     #[module(skip)]
     embedding_rms: f32,
+    #[module(skip)]
+    layout: Layout,
 }
 
 impl<B: Backend> Reader<B> {
@@ -192,7 +249,7 @@ impl<B: Backend> Reader<B> {
         lm: CausalLm<B>,
         tokenizer: TextTokenizer,
     ) -> Result<Self, LatentWireError> {
-        let template = Template::of(&tokenizer)?;
+        let template = Template::of(&tokenizer, Layout::Chat)?;
         let vocab = lm.config().vocab_size;
         let too_large = template
             .before
@@ -224,7 +281,26 @@ impl<B: Backend> Reader<B> {
             template,
             opening,
             embedding_rms,
+            layout: Layout::Chat,
         })
+    }
+
+    /// The same model read in `layout` (its template made again; under
+    /// [`Layout::Latentwire`], answers tokenized without the space before them).
+    pub fn with_layout(self, layout: Layout) -> Result<Self, LatentWireError> {
+        let template = Template::of(&self.tokenizer, layout)?;
+        let opening = opening(&self.lm, &template)?;
+        Ok(Reader {
+            template,
+            opening,
+            layout,
+            ..self
+        })
+    }
+
+    /// How its prompts are laid out.
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     /// The Hugging Face checkpoint directory `dir` (config.json, model.safetensors,
@@ -325,7 +401,8 @@ impl<B: Backend> Reader<B> {
         Ok(ids)
     }
 
-    /// The ids of `answer` after [`ANCHOR`]: those the tokenizer gives `"Answer: {answer}"` past
+    /// The ids of `answer` after [`ANCHOR`] (under [`Layout::Latentwire`], `answer`'s own ids,
+    /// no space before them): those the tokenizer gives `"Answer: {answer}"` past
     /// the anchor's own (the space joined to the answer's first token, as in running text);
     /// `" {answer}"` alone where the anchor's ids are not a prefix of them; none for an empty
     /// answer.
@@ -333,12 +410,27 @@ impl<B: Backend> Reader<B> {
         if answer.is_empty() {
             return Ok(Vec::new());
         }
+        if self.layout == Layout::Latentwire {
+            return self.ids(answer);
+        }
         let anchor = self.ids(ANCHOR)?;
         let anchored = self.ids(&format!("{ANCHOR} {answer}"))?;
         match anchored.strip_prefix(anchor.as_slice()) {
             Some(answer_ids) if !answer_ids.is_empty() => Ok(answer_ids.to_vec()),
             _ => self.ids(&format!(" {answer}")),
         }
+    }
+
+    /// The position in `answer` (ids) of its first content token: the first whose text is not
+    /// whitespace alone (SmolLM2's tokenizer starts `" 12 May 1740"` with a bare space token);
+    /// the first where every one is.
+    pub fn first_content_token(&self, answer: &[u32]) -> Result<usize, LatentWireError> {
+        for (at, &id) in answer.iter().enumerate() {
+            if !self.tokenizer.decode(&[id], false)?.trim().is_empty() {
+                return Ok(at);
+            }
+        }
+        Ok(0)
     }
 
     /// `prefix` `[batch, M, hidden]` scaled so that each row's root mean square over its `M ×
@@ -362,11 +454,14 @@ impl<B: Backend> Reader<B> {
             Contents::Embeddings(prefix) => {
                 let [_, latents, _] = prefix.dims();
                 let device = prefix.device();
-                let after = &self.template.after;
+                let after: &[u32] = match self.layout {
+                    Layout::Chat => &self.template.after,
+                    Layout::Latentwire => &[],
+                };
                 let (mut right, mut masks) = (Vec::new(), Vec::new());
                 for answer in answers {
                     let (answer, answer_mask) = self.template.answer_part(answer, answers);
-                    right.push([after.as_slice(), &answer].concat());
+                    right.push([after, &answer].concat());
                     masks.push([vec![true; latents + after.len()], answer_mask].concat());
                 }
                 let dtype = FloatDType::from(prefix.dtype());
@@ -379,6 +474,7 @@ impl<B: Backend> Reader<B> {
                     input.with_attention_mask(masks),
                     latents + after.len(),
                     answers,
+                    self.layout == Layout::Chat,
                 )
             }
         }
@@ -397,9 +493,9 @@ impl<B: Backend> Reader<B> {
         composed: Composed<C>,
     ) -> Result<CausalLmOutput<C>, LatentWireError> {
         let batch = composed.input.tokens.dims().0;
-        let mut cache = match &self.opening {
-            Some(opening) => KvCache::discarding_after(opening, batch),
-            None => KvCache::discarding(),
+        let mut cache = match (&self.opening, composed.after_opening) {
+            (Some(opening), true) => KvCache::discarding_after(opening, batch),
+            _ => KvCache::discarding(),
         };
         Ok(lm.forward_cached(composed.input, &mut cache)?)
     }
@@ -431,11 +527,12 @@ impl<B: Backend> Reader<B> {
         config: &GenerationConfig,
     ) -> Result<Vec<Vec<u32>>, LatentWireError> {
         let rows = contents.rows();
-        let prompt = self.compose(contents, &vec![Vec::new(); rows]).input;
-        let cache = match &self.opening {
-            Some(opening) => KvCache::after(opening, rows),
-            None => KvCache::new(),
+        let composed = self.compose(contents, &vec![Vec::new(); rows]);
+        let cache = match (&self.opening, composed.after_opening) {
+            (Some(opening), true) => KvCache::after(opening, rows),
+            _ => KvCache::new(),
         };
+        let prompt = composed.input;
         Ok(generate_after(&self.lm, cache, prompt, config, |_| {})?)
     }
 

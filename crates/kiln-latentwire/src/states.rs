@@ -5,8 +5,10 @@
 //! model is the first language model itself ([`Reader::text_states`](crate::Reader): its final
 //! norm's output over the text's ids, computed without gradient), its states projected to `d_z`,
 //! normalised, and pooled by the byte encoder's pooler (the same learned queries, cross-attention,
-//! gate and feed-forward). As LatentWire's byte encoder, the pooler attends to every position of
-//! the batch, the end ids that pad the shorter texts included.
+//! gate and feed-forward). As stq masks its padding, the pooler reads each text's own tokens, not
+//! the end ids that pad the shorter texts of its batch (LatentWire's byte encoder masks none, and
+//! kiln's keeps that). stq also adds sinusoids of the slot index to its queries; the byte
+//! encoder's pooler, shared here, has none.
 
 use burn::module::Module;
 use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
@@ -45,11 +47,26 @@ impl EncoderConfig {
 }
 
 impl<B: Backend> StateEncoder<B> {
-    /// The latents `[texts, M, d_z]` of the hidden states `[texts, tokens, hidden]`.
-    pub fn forward(&self, states: Tensor<B, 3>) -> Tensor<B, 3> {
+    /// The latents `[texts, M, d_z]` of the hidden states `[texts, tokens, hidden]`, each
+    /// text's of its first `lengths[text]` tokens alone: the padding after them is masked, as
+    /// stq's `key_padding_mask` masks its sentence encoder's (each text is pooled on its own
+    /// where the lengths differ, which is the masked attention exactly).
+    pub fn forward(&self, states: Tensor<B, 3>, lengths: &[usize]) -> Tensor<B, 3> {
         let pass = Pass::new(&Settings::default(), &self.prepared, None);
+        let [texts, tokens, _] = states.dims();
+        assert_eq!(lengths.len(), texts, "one length per text");
         let features = project(&self.project, states, Then::Nothing, &pass);
-        self.shared_pooler
-            .forward(pass.norm(&self.norm, features), &pass)
+        let features = pass.norm(&self.norm, features);
+        if lengths.iter().all(|&length| length == tokens) {
+            return self.shared_pooler.forward(features, &pass);
+        }
+        let rows = (lengths.iter().enumerate())
+            .map(|(row, &length)| {
+                let text = features.clone().narrow(0, row, 1);
+                let text = text.narrow(1, 0, length.clamp(1, tokens));
+                self.shared_pooler.forward(text, &pass)
+            })
+            .collect();
+        Tensor::cat(rows, 0)
     }
 }

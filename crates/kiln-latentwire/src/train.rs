@@ -12,7 +12,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use kiln_train::{BadBatch, EvalOutput, EvalStep, StepContext, StepOutput, TrainStep};
 
-use crate::eval::{prompt_kinds, teacher_forced};
+use crate::eval::{curve_kinds, teacher_forced};
 use crate::{LatentWire, Objective, QaBatch, Reader};
 
 /// The frozen readers, kept once on the backend they were loaded on and shared by every copy of
@@ -113,15 +113,18 @@ impl<B: Backend> EvalStep<B> for LatentWireTraining<B> {
         let scalar = |v: f64| Tensor::<B, 1>::from_floats([v as f32], &device);
         let items = readers.iter().zip(prefixes).zip(&batch.readers);
         for ((reader, prefix), items) in items {
-            for (kind, contents) in prompt_kinds(&items.texts, prefix, slots) {
+            for (kind, contents) in curve_kinds(&items.texts, prefix, slots) {
                 let scored = teacher_forced(reader, contents, &items.answers)
                     .map_err(|e| BadBatch(e.to_string()))?;
+                let nll: f64 = scored.iter().map(|s| s.nll).sum();
+                let tokens = scored.iter().map(|s| s.tokens).sum();
+                let right = scored.iter().filter(|s| s.first_right).count();
                 let name = format!("{}/{kind}", reader.name());
                 output = output
-                    .with_mean(&format!("{name}/nll"), scalar(scored.nll), scored.tokens)
+                    .with_mean(&format!("{name}/nll"), scalar(nll), tokens)
                     .with_sum(
                         &format!("{name}/first_token_accuracy"),
-                        scalar(scored.first_right as f64),
+                        scalar(right as f64),
                     );
             }
         }

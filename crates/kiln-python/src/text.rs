@@ -221,6 +221,7 @@ fn generation(
         sampling,
         stop_tokens,
         pad_token: 0,
+        min_new_tokens: 0,
     })
 }
 

@@ -40,6 +40,9 @@ pub struct GenerationConfig {
     pub stop_tokens: Vec<u32>,
     /// The id that pads prompts on the left and finished sequences.
     pub pad_token: u32,
+    /// The fewest tokens added before a stop token may be chosen (transformers'
+    /// `min_new_tokens`): until then the stop tokens' logits are taken as −∞.
+    pub min_new_tokens: usize,
 }
 
 impl GenerationConfig {
@@ -50,6 +53,7 @@ impl GenerationConfig {
             sampling: Sampling::Greedy,
             stop_tokens: Vec::new(),
             pad_token: 0,
+            min_new_tokens: 0,
         }
     }
 
@@ -133,6 +137,16 @@ pub fn generate_after<B: Backend>(
                     row + 1,
                     values.len()
                 )));
+            }
+        }
+        let mut logits = logits;
+        if step < config.min_new_tokens {
+            for values in &mut logits {
+                for &stop in &config.stop_tokens {
+                    if let Some(value) = values.get_mut(stop as usize) {
+                        *value = f32::NEG_INFINITY;
+                    }
+                }
             }
         }
         let chosen: Vec<Option<u32>> = logits

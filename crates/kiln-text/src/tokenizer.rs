@@ -212,6 +212,12 @@ impl TextTokenizer {
         self.tokenizer.token_to_id(token)
     }
 
+    /// The vocabulary's spelling of token `id` (`"Ġ"` for a byte-level BPE's bare space, say),
+    /// if the vocabulary has it.
+    pub fn token(&self, id: u32) -> Option<String> {
+        self.tokenizer.id_to_token(id)
+    }
+
     /// The text of a special token named in tokenizer_config.json (`"eos_token"`, ...).
     pub fn special(&self, name: &str) -> Option<&str> {
         self.specials.get(name).map(String::as_str)

@@ -50,7 +50,8 @@ fn the_text_scores_are_each_items_alone() {
     };
     let report = &evaluation
         .run(&system(&reader, 2), std::slice::from_ref(&reader), &items)
-        .unwrap()[0];
+        .unwrap()
+        .readers[0];
 
     let template = reader.template();
     let (mut nll, mut tokens, mut right, mut em) = (0.0, 0, 0, 0.0);
@@ -124,7 +125,8 @@ fn a_budget_as_long_as_the_text_scores_as_the_text() {
             std::slice::from_ref(&reader),
             &items,
         )
-        .unwrap()[0];
+        .unwrap()
+        .readers[0];
     assert_eq!(report.token_budget, report.text);
     assert!(report.compression <= 1.0);
 }
@@ -136,4 +138,157 @@ fn an_empty_split_is_an_error() {
         .run(&system(&reader, 2), std::slice::from_ref(&reader), &[])
         .unwrap_err();
     assert!(error.to_string().contains("no items"), "{error}");
+}
+
+/// The answer's summed NLL after `prompt` (the template's content), read whole by the model.
+fn answer_nll(reader: &Reader<Flex>, content: &[u32], answer: &[u32]) -> f64 {
+    let template = reader.template();
+    let prompt = [&template.before[..], content, &template.after].concat();
+    let ids = [&prompt[..], answer].concat();
+    let logits = reader
+        .lm()
+        .forward(TextInput::ids(vec![ids]))
+        .unwrap()
+        .logits;
+    let vocab = logits.dims()[2];
+    let values = logits.into_data().to_vec::<f32>().unwrap();
+    let mut nll = 0.0;
+    for (j, &token) in answer.iter().enumerate() {
+        let row = &values[(prompt.len() - 1 + j) * vocab..][..vocab];
+        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = row.iter().map(|&x| f64::from(x - max).exp()).sum();
+        nll += f64::from(max) + sum.ln() - f64::from(row[token as usize]);
+    }
+    nll
+}
+
+/// The baselines read what they name: the question alone, and the question first then the
+/// context cut to `M` tokens.
+#[test]
+fn the_baselines_that_know_the_question_read_it() {
+    let reader = reader();
+    let items = items();
+    let latents = 3;
+    let evaluation = Evaluation {
+        batch: 2,
+        max_new_tokens: 2,
+    };
+    let report = &evaluation
+        .run(
+            &system(&reader, latents),
+            std::slice::from_ref(&reader),
+            &items,
+        )
+        .unwrap()
+        .readers[0];
+    let (mut question, mut first, mut tokens) = (0.0, 0.0, 0);
+    for item in &items {
+        let answer = reader.answer_ids(&item.answer).unwrap();
+        let asked = reader
+            .ids(&format!("Question: {}\n", item.question))
+            .unwrap();
+        question += answer_nll(&reader, &asked, &answer);
+        let both = format!("Question: {}\nContext: {}\n", item.question, item.context);
+        let both = reader.ids(&both).unwrap();
+        first += answer_nll(&reader, &both[..latents], &answer);
+        tokens += answer.len();
+    }
+    let per_token = |x: f64| x / tokens as f64;
+    assert!((report.question_only.nll - per_token(question)).abs() < 1e-4);
+    assert!((report.token_budget_question.nll - per_token(first)).abs() < 1e-4);
+    assert_ne!(report.question_only, report.text);
+    for kind in kiln_latentwire::PROMPT_KINDS {
+        let scores = report.kind(kind).unwrap();
+        assert_eq!(scores.items, 3, "{kind}");
+        assert!(scores.standard_errors.nll > 0.0, "{kind}: {scores:?}");
+    }
+}
+
+/// Items that are all the same text read another's latent as their own; different texts do not.
+#[test]
+fn the_shuffled_latent_is_another_items() {
+    let reader = reader();
+    let evaluation = Evaluation {
+        batch: 2,
+        max_new_tokens: 2,
+    };
+    let model = system(&reader, 2);
+    let same = vec![items()[0].clone(); 3];
+    let report = &evaluation
+        .run(&model, std::slice::from_ref(&reader), &same)
+        .unwrap()
+        .readers[0];
+    assert!((report.shuffled_latent.nll - report.latent.nll).abs() < 1e-9);
+    let report = &evaluation
+        .run(&model, std::slice::from_ref(&reader), &items())
+        .unwrap()
+        .readers[0];
+    assert!((report.shuffled_latent.nll - report.latent.nll).abs() > 1e-6);
+    let error = evaluation
+        .run(&model, std::slice::from_ref(&reader), &same[..1])
+        .unwrap_err();
+    assert!(error.to_string().contains("at least two"), "{error}");
+}
+
+/// Per relation: the items of each, the answers' first tokens counted, and scores whose
+/// item-weighted mean is the overall score.
+#[test]
+fn scores_per_relation_add_up_to_the_whole() {
+    let reader = reader();
+    let mut items = items();
+    items[1].relation = Relation::Possession;
+    let evaluation = Evaluation {
+        batch: 2,
+        max_new_tokens: 2,
+    };
+    let report = &evaluation
+        .run(&system(&reader, 2), std::slice::from_ref(&reader), &items)
+        .unwrap()
+        .readers[0];
+    assert_eq!(report.by_relation.len(), 2);
+    let birthplace = &report.by_relation["birthplace"];
+    let possession = &report.by_relation["possession"];
+    assert_eq!((birthplace.items, possession.items), (2, 1));
+    assert_eq!(birthplace.answer_first_tokens.values().sum::<usize>(), 2);
+    assert_eq!(
+        possession
+            .answer_first_content_tokens
+            .values()
+            .sum::<usize>(),
+        1
+    );
+    for kind in kiln_latentwire::PROMPT_KINDS {
+        let whole = report.kind(kind).unwrap();
+        let weighted = (2.0 * birthplace.kinds[kind].first_token_accuracy
+            + possession.kinds[kind].first_token_accuracy)
+            / 3.0;
+        assert!(
+            (whole.first_token_accuracy - weighted).abs() < 1e-12,
+            "{kind}"
+        );
+        let f1 = (2.0 * birthplace.kinds[kind].f1 + possession.kinds[kind].f1) / 3.0;
+        assert!((whole.f1 - f1).abs() < 1e-12, "{kind}");
+    }
+}
+
+/// Two models: LatentWire's joint scores, each between the worse and the better model's.
+#[test]
+fn two_models_are_scored_jointly() {
+    let readers = [reader(), roomy_reader("qwen2")];
+    let widths: Vec<usize> = readers.iter().map(Reader::model_width).collect();
+    let config = EncoderConfig::new(2)
+        .with_width(16)
+        .with_layers(1)
+        .with_heads(2);
+    let model = LatentWire::<Flex>::init(&config, EncoderKind::Bytes, &widths, &Default::default());
+    let evaluation = Evaluation {
+        batch: 2,
+        max_new_tokens: 3,
+    };
+    let report = evaluation.run(&model, &readers, &items()).unwrap();
+    let joint = report.joint.expect("two models");
+    let [a, b] = [&report.readers[0].latent, &report.readers[1].latent];
+    assert!(joint.oracle_f1 >= a.f1_clean.max(b.f1_clean) - 1e-12);
+    assert!(joint.rescored_f1 <= joint.oracle_f1 + 1e-12);
+    assert!((0.0..=1.0).contains(&joint.agreement));
 }

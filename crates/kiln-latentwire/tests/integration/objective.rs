@@ -7,7 +7,8 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_latentwire::{
-    ByteBatch, EncoderConfig, EncoderKind, LatentWire, Objective, QaBatch, Reader, ReaderBatch,
+    ByteBatch, Encoder, EncoderConfig, EncoderKind, LatentWire, Objective, QaBatch, Reader,
+    ReaderBatch,
 };
 use kiln_text::TextInput;
 
@@ -215,6 +216,17 @@ fn the_state_encoder_reads_each_texts_hidden_states() {
     let model = system_reading(&readers, EncoderKind::States);
     let latents = model.latents(&batch, &readers).unwrap();
     assert_eq!(latents.dims(), [2, 3, 16]);
+    // The padding is masked, as stq masks it: each text's latents in the batch are its own alone.
+    let Encoder::States(encoder) = &model.encoder else {
+        unreachable!("a state encoder")
+    };
+    for (row, text) in texts.iter().enumerate() {
+        let states = readers[0].text_states(std::slice::from_ref(text)).unwrap();
+        let alone = encoder.forward(states, &[text.len()]);
+        let got = latents.clone().narrow(0, row, 1);
+        let gap = (got - alone).abs().max().into_scalar();
+        assert!(gap < 1e-5, "row {}: {gap}", row + 1);
+    }
     let no_readers = model.latents(&batch, &[]).unwrap_err();
     assert!(
         no_readers.to_string().contains("first language model"),

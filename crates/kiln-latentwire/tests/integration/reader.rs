@@ -3,7 +3,7 @@
 use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_latentwire::reader::{ANCHOR, SYSTEM_PROMPT};
-use kiln_latentwire::{Contents, LatentWireError, Reader};
+use kiln_latentwire::{Contents, LatentWireError, Layout, Reader};
 use kiln_text::{GenerationConfig, TextInput, generate};
 
 use crate::support::{language_model, max_gap, roomy_reader};
@@ -168,4 +168,68 @@ fn a_soft_prompt_of_token_embeddings_generates_as_the_tokens() {
         assert_eq!(got, &alone[0]);
     }
     assert!(batched.iter().all(|tokens| !tokens.is_empty()));
+}
+
+/// `Layout::Latentwire`: a soft prompt of token embeddings reads and generates as those tokens
+/// alone at position 0 (no template, no anchor), answers are their own ids with no space before
+/// them, and token prompts keep the chat template without the anchor.
+#[test]
+fn latentwires_layout_reads_a_bare_prefix_at_position_zero() {
+    let reader = tiny().with_layout(Layout::Latentwire).unwrap();
+    assert_eq!(reader.layout(), Layout::Latentwire);
+    assert_eq!(
+        reader.answer_ids("Paris").unwrap(),
+        reader.ids("Paris").unwrap()
+    );
+    let text = |ids: &[u32]| reader.tokenizer().decode(ids, false).unwrap();
+    assert_eq!(
+        text(&reader.template().after),
+        "<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let content = reader.ids("one two three").unwrap();
+    let answer = answer(&reader, "yes");
+    let flat: Vec<i64> = content.iter().map(|&id| i64::from(id)).collect();
+    let shape = [1, content.len()];
+    let ids = Tensor::<Flex, 2, Int>::from_data(TensorData::new(flat, shape), &Default::default());
+    let prefix = reader.lm().embed(ids);
+    let composed = reader.compose(
+        Contents::Embeddings(prefix.clone()),
+        std::slice::from_ref(&answer),
+    );
+    assert!(!composed.after_opening);
+    assert_eq!(composed.answer_start, content.len());
+    let got = reader.forward(composed).unwrap().logits;
+    let whole = [content.clone(), answer.clone()].concat();
+    let input = TextInput::ids(vec![whole]).with_logits_from(content.len() - 1);
+    let alone = reader.lm().forward(input).unwrap().logits;
+    let gap = max_gap(got, alone);
+    assert!(gap < 1e-4, "{gap}");
+    let config = GenerationConfig::greedy(4);
+    let generated = reader
+        .generate(Contents::Embeddings(prefix), &config)
+        .unwrap();
+    let expected = generate(reader.lm(), &[content], &config, |_| {}).unwrap();
+    assert_eq!(generated, expected);
+}
+
+/// The first content token is the first that is not whitespace alone.
+#[test]
+fn the_first_content_token_skips_bare_spaces() {
+    let reader = tiny();
+    let answer = reader.answer_ids("12 May 1740").unwrap();
+    let at = reader.first_content_token(&answer).unwrap();
+    let spelled = |ids: &[u32]| reader.tokenizer().decode(ids, false).unwrap();
+    assert!(
+        spelled(&answer[..at]).trim().is_empty(),
+        "{:?}",
+        spelled(&answer[..at])
+    );
+    assert_eq!(
+        spelled(&answer[at..=at]).trim_start().chars().next(),
+        Some('1')
+    );
+    let space = reader.ids(" ").unwrap();
+    let bare = [space.clone(), reader.ids("x").unwrap()].concat();
+    assert_eq!(reader.first_content_token(&bare).unwrap(), space.len());
+    assert_eq!(reader.first_content_token(&space).unwrap(), 0);
 }

@@ -515,6 +515,16 @@ fn stop_tokens_end_their_sequence_only() {
         stopped.iter().any(|tokens| tokens.len() > 2),
         "no sequence outlived the first one's stop ({stopped:?}): the test shows nothing"
     );
+    // Until `min_new_tokens` are added no stop token is chosen: the first sequence's second
+    // token is then its runner-up, and its first is unchanged.
+    let at_least_two = GenerationConfig {
+        min_new_tokens: 2,
+        ..config
+    };
+    let forced = generate(&model, &prompts, &at_least_two, |_| {}).unwrap();
+    assert_eq!(forced[0][0], free[0][0]);
+    assert_ne!(forced[0][1], stop);
+    assert!(forced.iter().all(|tokens| tokens.len() >= 2), "{forced:?}");
 }
 
 /// An f16 checkpoint (the f32 fixture's weights rounded to f16, written here) loads and gives
