@@ -1,6 +1,6 @@
-//! Continues a prompt with a language model (Llama, Qwen2) from a Hugging Face directory or a
-//! llama.cpp GGUF file, streaming the text, then prints the prefill and decode speeds; or writes
-//! the prompt's logits.
+//! Continues a prompt with a language model (Llama, Qwen2, Gemma 3) from a Hugging Face directory
+//! or a llama.cpp GGUF file (Llama and Qwen2), streaming the text, then prints the prefill and
+//! decode speeds; or writes the prompt's logits.
 //!
 //! ```text
 //! cargo run --release --example generate -- --model-dir SmolLM2-135M-Instruct --prompt "Once" \

@@ -272,7 +272,8 @@ impl<B: Backend> Reader<B> {
                  reads at most {positions} positions"
             )));
         }
-        let embedding_rms = rms(lm.input_embeddings());
+        // The rows the model reads: Gemma 3 scales its table's by √hidden.
+        let embedding_rms = rms(lm.input_embeddings()) * lm.embedding_scale();
         let opening = opening(&lm, &template)?;
         Ok(Reader {
             name,

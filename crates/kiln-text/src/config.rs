@@ -32,10 +32,29 @@ pub enum Family {
     Llama,
     /// `Qwen2ForCausalLM`: Llama with biases on the q, k and v projections.
     Qwen2,
+    /// `Gemma3ForCausalLM` (`gemma3_text`): embeddings scaled by √hidden, RMSNorms of
+    /// `(1 + weight)`, norms on both sides of each block, an RMSNorm of each query and key head,
+    /// a GELU-tanh gate, and sliding-window layers with their own RoPE base ([`SlidingLayers`]).
+    Gemma3,
 }
 
 /// The `model_type`s kiln-text reads.
-pub const MODEL_TYPES: [&str; 2] = ["llama", "qwen2"];
+pub const MODEL_TYPES: [&str; 3] = ["llama", "qwen2", "gemma3_text"];
+
+/// Gemma 3's sliding-window layers: which layers attend only to the last `window` positions,
+/// and the RoPE base they rotate by (the full layers rotate by [`TextConfig::rope_theta`]).
+/// kiln-text reads such a model at most `window` positions long (its
+/// `max_position_embeddings` is cut to the window), where a sliding layer attends as a full
+/// one does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlidingLayers {
+    /// Per layer, whether it slides (`layer_types`' `sliding_attention`).
+    pub layers: Vec<bool>,
+    /// The window, in positions.
+    pub window: usize,
+    /// The sliding layers' RoPE base θ (`rope_local_base_freq`).
+    pub rope_theta: f64,
+}
 
 /// How rotary embeddings stretch positions (transformers' `rope_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -87,6 +106,9 @@ pub struct TextConfig {
     pub bos_token_id: Option<u32>,
     /// Tokens that end generation (`eos_token_id`, one or a list).
     pub eos_token_ids: Vec<u32>,
+    /// Gemma 3's sliding-window layers (none in Llama and Qwen2).
+    #[serde(default)]
+    pub sliding: Option<SlidingLayers>,
 }
 
 impl TextConfig {
@@ -110,6 +132,7 @@ impl TextConfig {
             tie_word_embeddings: true,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            sliding: None,
         }
     }
 
@@ -190,6 +213,7 @@ impl TextConfig {
         let family = match model_type {
             "llama" => Family::Llama,
             "qwen2" => Family::Qwen2,
+            "gemma3_text" => Family::Gemma3,
             other => {
                 return Err(TextError::Config(format!(
                     "model_type `{other}` is not supported; kiln-text reads {}",
@@ -296,6 +320,17 @@ struct RawConfig {
     max_position_embeddings: Option<usize>,
     rms_norm_eps: Option<f64>,
     hidden_act: Option<String>,
+    /// Gemma's name for `hidden_act`.
+    hidden_activation: Option<String>,
+    /// Gemma 3: `sliding_attention` or `full_attention` per layer, or every
+    /// `sliding_window_pattern`-th layer full (older configs).
+    layer_types: Option<Vec<String>>,
+    sliding_window: Option<usize>,
+    sliding_window_pattern: Option<usize>,
+    rope_local_base_freq: Option<f64>,
+    query_pre_attn_scalar: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
     /// transformers 4: `rope_theta` and `rope_scaling`.
     rope_theta: Option<f64>,
     rope_scaling: Option<Value>,
@@ -311,10 +346,28 @@ struct RawConfig {
 
 impl RawConfig {
     fn into_config(self, family: Family) -> Result<TextConfig, TextError> {
-        if let Some(act) = self.hidden_act.as_deref().filter(|&a| a != "silu") {
+        let activation = self
+            .hidden_act
+            .as_deref()
+            .or(self.hidden_activation.as_deref());
+        let expected = match family {
+            Family::Gemma3 => "gelu_pytorch_tanh",
+            Family::Llama | Family::Qwen2 => "silu",
+        };
+        if let Some(act) = activation.filter(|&a| a != expected) {
             return Err(TextError::Config(format!(
-                "hidden_act `{act}`: kiln-text's SwiGLU MLP computes silu"
+                "hidden_act `{act}`: kiln-text's {family:?} MLP computes {expected}"
             )));
+        }
+        for (key, value) in [
+            ("final_logit_softcapping", self.final_logit_softcapping),
+            ("attn_logit_softcapping", self.attn_logit_softcapping),
+        ] {
+            if let Some(cap) = value {
+                return Err(TextError::Config(format!(
+                    "{key} = {cap}: soft-capped logits are not supported"
+                )));
+            }
         }
         if self.use_sliding_window == Some(true) {
             return Err(TextError::Config(
@@ -325,6 +378,7 @@ impl RawConfig {
         let (vocab, hidden, intermediate, max_positions) = match family {
             Family::Llama => (32000, 4096, 11008, 2048),
             Family::Qwen2 => (151_936, 4096, 22016, 32768),
+            Family::Gemma3 => (262_208, 2304, 9216, 131_072),
         };
         let heads = self.num_attention_heads.unwrap_or(32);
         let sizes = [
@@ -350,34 +404,100 @@ impl RawConfig {
                 values.join(", ")
             );
         }
-        let (rope_theta, rope_scaling) = rope(
-            self.rope_parameters.as_ref(),
-            self.rope_theta,
-            self.rope_scaling.as_ref(),
-        )?;
+        // Gemma 3 in transformers 5 gives each layer type its own `rope_parameters`.
+        let per_type = |kind: &str| {
+            (self.rope_parameters.as_ref())
+                .and_then(|p| p.get(kind))
+                .filter(|p| p.is_object())
+        };
+        let full_parameters = per_type("full_attention").or(self.rope_parameters.as_ref());
+        let (rope_theta, rope_scaling) =
+            rope(full_parameters, self.rope_theta, self.rope_scaling.as_ref())?;
+        let layers = self.num_hidden_layers.unwrap_or(32);
+        let sliding = match family {
+            Family::Gemma3 => Some(self.sliding_layers(layers, per_type("sliding_attention"))?),
+            Family::Llama | Family::Qwen2 => None,
+        };
+        let head_dim = self.head_dim.or((family == Family::Gemma3).then_some(256));
+        if let (Some(scalar), Some(dim)) = (self.query_pre_attn_scalar, head_dim)
+            && scalar != dim as f64
+        {
+            return Err(TextError::Config(format!(
+                "query_pre_attn_scalar = {scalar}: kiln-text scales attention scores by \
+                 1/√head_dim = 1/√{dim}"
+            )));
+        }
+        let mut max_position_embeddings = self.max_position_embeddings.unwrap_or(max_positions);
+        if let Some(sliding) = sliding.as_ref().filter(|s| s.layers.contains(&true)) {
+            max_position_embeddings = max_position_embeddings.min(sliding.window);
+        }
         let config = TextConfig {
             family,
             vocab_size: self.vocab_size.unwrap_or(vocab),
             hidden_size: self.hidden_size.unwrap_or(hidden),
             intermediate_size: self.intermediate_size.unwrap_or(intermediate),
-            num_hidden_layers: self.num_hidden_layers.unwrap_or(32),
+            num_hidden_layers: layers,
             num_attention_heads: heads,
             num_key_value_heads: self.num_key_value_heads.unwrap_or(heads),
-            head_dim: self.head_dim,
-            max_position_embeddings: self.max_position_embeddings.unwrap_or(max_positions),
+            head_dim,
+            max_position_embeddings,
             rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
             attention_bias: self.attention_bias.unwrap_or(false),
             mlp_bias: self.mlp_bias.unwrap_or(false),
-            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
+            tie_word_embeddings: (self.tie_word_embeddings).unwrap_or(family == Family::Gemma3),
             bos_token_id: token_ids(self.bos_token_id.as_ref(), "bos_token_id")?
                 .first()
                 .copied(),
             eos_token_ids: token_ids(self.eos_token_id.as_ref(), "eos_token_id")?,
+            sliding,
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// Gemma 3's sliding layers among `layers`: from `layer_types`, else every
+    /// `sliding_window_pattern`-th layer full (transformers' default 6), the rest sliding; their
+    /// RoPE base from `sliding_parameters` (transformers 5) or `rope_local_base_freq`.
+    fn sliding_layers(
+        &self,
+        layers: usize,
+        sliding_parameters: Option<&Value>,
+    ) -> Result<SlidingLayers, TextError> {
+        let kinds = match &self.layer_types {
+            Some(types) => (types.iter())
+                .map(|kind| match kind.as_str() {
+                    "sliding_attention" => Ok(true),
+                    "full_attention" => Ok(false),
+                    other => Err(TextError::Config(format!(
+                        "layer_types: `{other}` is neither sliding_attention nor full_attention"
+                    ))),
+                })
+                .collect::<Result<Vec<bool>, _>>()?,
+            None => {
+                let pattern = self.sliding_window_pattern.unwrap_or(6).max(1);
+                (0..layers).map(|i| (i + 1) % pattern != 0).collect()
+            }
+        };
+        if kinds.len() != layers {
+            return Err(TextError::Config(format!(
+                "layer_types names {} layers and num_hidden_layers is {layers}",
+                kinds.len()
+            )));
+        }
+        let (rope_theta, scaling) = rope(sliding_parameters, self.rope_local_base_freq, None)?;
+        if scaling != RopeScaling::None {
+            return Err(TextError::Config(
+                "the sliding layers' RoPE is scaled: kiln-text reads unscaled sliding layers"
+                    .into(),
+            ));
+        }
+        Ok(SlidingLayers {
+            layers: kinds,
+            window: self.sliding_window.unwrap_or(4096),
+            rope_theta,
+        })
     }
 }
 
@@ -441,6 +561,50 @@ fn token_ids(value: Option<&Value>, key: &str) -> Result<Vec<u32>, TextError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Gemma 3's config as the Hub's older files write it: one RoPE base for the full layers, the
+    /// sliding layers' apart, every sixth layer full; the window bounds the positions read.
+    #[test]
+    fn gemma3_configs_name_their_sliding_layers() {
+        let json = r#"{"model_type": "gemma3_text", "hidden_size": 640, "intermediate_size": 2048,
+            "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 1,
+            "head_dim": 256, "query_pre_attn_scalar": 256, "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0, "sliding_window": 512, "sliding_window_pattern": 6,
+            "max_position_embeddings": 32768, "vocab_size": 262144,
+            "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": null}"#;
+        let config = TextConfig::from_hf_json(json).unwrap();
+        assert_eq!(config.family, Family::Gemma3);
+        let sliding = config.sliding.clone().unwrap();
+        let full: Vec<usize> = (0..8).filter(|&i| !sliding.layers[i]).collect();
+        assert_eq!(full, [5]);
+        assert_eq!((sliding.window, sliding.rope_theta), (512, 10_000.0));
+        assert_eq!(
+            (config.rope_theta, config.max_position_embeddings),
+            (1e6, 512)
+        );
+        assert!(config.tie_word_embeddings);
+        let refused = |extra: &str| {
+            let json = json.replace("\"vocab_size\"", &format!("{extra}, \"vocab_size\""));
+            TextConfig::from_hf_json(&json).unwrap_err().to_string()
+        };
+        assert!(refused(r#""attn_logit_softcapping": 50.0"#).contains("soft-capped"));
+        let scalar = r#""query_pre_attn_scalar": 224, "x": 0"#;
+        let error =
+            TextConfig::from_hf_json(&json.replace(r#""query_pre_attn_scalar": 256"#, scalar));
+        assert!(
+            error
+                .unwrap_err()
+                .to_string()
+                .contains("query_pre_attn_scalar")
+        );
+        let silu = json.replace("gelu_pytorch_tanh", "silu");
+        assert!(
+            TextConfig::from_hf_json(&silu)
+                .unwrap_err()
+                .to_string()
+                .contains("gelu_pytorch_tanh")
+        );
+    }
 
     #[test]
     fn defaults_follow_transformers() {

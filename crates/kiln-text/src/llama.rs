@@ -1,34 +1,47 @@
-//! Llama and Qwen2 decoder-only language models, as transformers implements them
-//! (`LlamaForCausalLM`, `Qwen2ForCausalLM`; candle-transformers' `llama.rs` and `qwen2.rs`):
-//! token embeddings, pre-RMSNorm decoder layers of grouped-query attention with rotary position
-//! embeddings and a SwiGLU MLP, a final RMSNorm and `lm_head` (or the embedding matrix, tied).
-//! Qwen2 is Llama with biases on the q, k and v projections. Field names mirror the checkpoint's
-//! keys (`model.layers.N.self_attn.q_proj`, `model.layers.N.mlp.gate_proj`, `lm_head`, ...).
+//! Llama, Qwen2 and Gemma 3 decoder-only language models, as transformers implements them
+//! (`LlamaForCausalLM`, `Qwen2ForCausalLM`, `Gemma3ForCausalLM`; candle-transformers' `llama.rs`,
+//! `qwen2.rs` and `gemma3.rs`): token embeddings, pre-RMSNorm decoder layers of grouped-query
+//! attention with rotary position embeddings and a gated MLP, a final RMSNorm and `lm_head` (or
+//! the embedding matrix, tied). Qwen2 is Llama with biases on the q, k and v projections. Gemma 3
+//! scales the embeddings by √hidden, normalises each query and key head, puts a second norm after
+//! each block (`post_attention_layernorm` after attention, `pre_`/`post_feedforward_layernorm`
+//! around the MLP), gates with GELU-tanh, and rotates its sliding-window layers by their own base;
+//! its RMSNorms multiply by `1 + weight`, which loading folds into the weights. Field names mirror
+//! the checkpoint's keys (`model.layers.N.self_attn.q_proj`, `model.layers.N.mlp.gate_proj`,
+//! `lm_head`, ...).
 
-use burn::module::Module;
+use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_core::Policy;
 use kiln_transformer::decoder::{
-    AttentionShape, DecoderStep, GroupedQueryAttention, KvCache, LayerCache, NewTokens, Rope,
+    AttentionShape, DecoderStep, Gate, GroupedQueryAttention, KvCache, LayerCache, NewTokens, Rope,
     SharedPrefix, SwiGlu,
 };
 use kiln_transformer::projection::{Then, project, project_by_table};
 use kiln_transformer::{Pass, PreparedWeights, Settings, in_compute_dtype, run_layers};
 
 use crate::TextError;
-use crate::config::{RopeScaling, TextConfig};
+use crate::config::{Family, RopeScaling, TextConfig};
 use crate::input::{Logits, TextInput, Tokens};
 
 /// One pre-norm decoder layer (`model.layers.N`): `x + self_attn(input_layernorm x)`, then
-/// `+ mlp(post_attention_layernorm ·)`.
+/// `+ mlp(post_attention_layernorm ·)`; in Gemma 3 `x + post_attention_layernorm(self_attn(
+/// input_layernorm x))`, then `+ post_feedforward_layernorm(mlp(pre_feedforward_layernorm ·))`.
 #[derive(Module, Debug)]
 pub struct DecoderLayer<B: Backend> {
     self_attn: GroupedQueryAttention<B>,
     mlp: SwiGlu<B>,
     input_layernorm: RmsNorm<B>,
     post_attention_layernorm: RmsNorm<B>,
+    /// Gemma 3's norm before the MLP.
+    pre_feedforward_layernorm: Option<RmsNorm<B>>,
+    /// Gemma 3's norm after the MLP.
+    post_feedforward_layernorm: Option<RmsNorm<B>>,
+    /// Whether it is one of Gemma 3's sliding-window layers (rotated by their own base).
+    #[module(skip)]
+    sliding: bool,
 }
 
 impl<B: Backend> DecoderLayer<B> {
@@ -39,10 +52,25 @@ impl<B: Backend> DecoderLayer<B> {
         cache: &mut LayerCache<B>,
         pass: &Pass,
     ) -> Tensor<B, 3> {
-        step.residual(x)
-            .add_attention(&self.input_layernorm, &self.self_attn, cache, pass)
-            .add_mlp(&self.post_attention_layernorm, &self.mlp, pass)
-            .into_tensor()
+        let residual = step.residual(x);
+        match (
+            &self.pre_feedforward_layernorm,
+            &self.post_feedforward_layernorm,
+        ) {
+            (Some(before), Some(after)) => residual
+                .add_attention_normed(
+                    &self.input_layernorm,
+                    &self.self_attn,
+                    Some(&self.post_attention_layernorm),
+                    cache,
+                    pass,
+                )
+                .add_mlp_normed(before, &self.mlp, Some(after), pass),
+            _ => residual
+                .add_attention(&self.input_layernorm, &self.self_attn, cache, pass)
+                .add_mlp(&self.post_attention_layernorm, &self.mlp, pass),
+        }
+        .into_tensor()
     }
 }
 
@@ -68,7 +96,8 @@ pub struct CausalLmOutput<B: Backend> {
     pub hidden_states: Vec<Tensor<B, 3>>,
 }
 
-/// A causal language model of the Llama family (`LlamaForCausalLM`, `Qwen2ForCausalLM`).
+/// A causal language model of the Llama family (`LlamaForCausalLM`, `Qwen2ForCausalLM`,
+/// `Gemma3ForCausalLM`).
 #[derive(Module, Debug)]
 pub struct CausalLm<B: Backend> {
     model: LlamaModel<B>,
@@ -99,13 +128,20 @@ impl TextConfig {
             head_dim: self.head_dim(),
             qkv_bias: self.qkv_bias(),
             output_bias: self.attention_bias,
+            head_norm_eps: (self.family == Family::Gemma3).then_some(self.rms_norm_eps),
         };
+        let gemma = self.family == Family::Gemma3;
+        let gate = if gemma { Gate::GeluTanh } else { Gate::Silu };
         let layers = (0..self.num_hidden_layers)
-            .map(|_| DecoderLayer {
+            .map(|layer| DecoderLayer {
                 self_attn: GroupedQueryAttention::init(attention, device),
-                mlp: SwiGlu::init(hidden, self.intermediate_size, self.mlp_bias, device),
+                mlp: SwiGlu::init(hidden, self.intermediate_size, self.mlp_bias, device)
+                    .with_gate(gate),
                 input_layernorm: norm(),
                 post_attention_layernorm: norm(),
+                pre_feedforward_layernorm: gemma.then(norm),
+                post_feedforward_layernorm: gemma.then(norm),
+                sliding: (self.sliding.as_ref()).is_some_and(|s| s.layers[layer]),
             })
             .collect();
         CausalLm {
@@ -154,7 +190,30 @@ impl<B: Backend> CausalLm<B> {
     /// The token embeddings of `ids` `[batch, tokens]`, `[batch, tokens, hidden]` (what
     /// [`Tokens::Embeddings`] takes, for models that splice other embeddings in).
     pub fn embed(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        self.model.embed_tokens.forward(ids)
+        let x = self.model.embed_tokens.forward(ids);
+        match self.config.family {
+            Family::Gemma3 => x * self.embedding_scale(),
+            Family::Llama | Family::Qwen2 => x,
+        }
+    }
+
+    /// What [`Self::embed`] multiplies the embedding table's rows by: √hidden in Gemma 3
+    /// (transformers' `Gemma3TextScaledWordEmbedding`), 1 otherwise.
+    pub fn embedding_scale(&self) -> f32 {
+        match self.config.family {
+            Family::Gemma3 => (self.config.hidden_size as f32).sqrt(),
+            Family::Llama | Family::Qwen2 => 1.0,
+        }
+    }
+
+    /// Gemma 3's RMSNorms multiply by `1 + weight`: the checkpoint's weights with 1 added, so
+    /// that they run as every other RMSNorm (llama.cpp's GGUF stores them so). Others as they
+    /// are.
+    pub(crate) fn with_norm_weights_folded(self) -> Self {
+        match self.config.family {
+            Family::Gemma3 => self.map(&mut NormsPlusOne::default()),
+            Family::Llama | Family::Qwen2 => self,
+        }
     }
 
     /// The token embedding table `[vocab, hidden]` (transformers' `get_input_embeddings().weight`).
@@ -210,6 +269,10 @@ impl<B: Backend> CausalLm<B> {
         };
         let x = pass.input(x);
         let mut step = DecoderStep::new(&x, &positions, &self.config.rope(), cache, &pass);
+        let mut sliding_step = (self.config.sliding.as_ref()).map(|sliding| {
+            let rope = Rope::new(self.config.head_dim(), sliding.rope_theta, 1.0);
+            DecoderStep::new(&x, &positions, &rope, cache, &pass)
+        });
         let mut caches = cache.layers(model.model.layers.len());
         let (x, mut hidden_states) = run_layers(
             x,
@@ -218,7 +281,11 @@ impl<B: Backend> CausalLm<B> {
             &pass,
             |layer, x, pass| {
                 let cache = caches.next().expect("one cache per layer");
-                layer.forward(x, &mut step, cache, pass)
+                let step = match (&mut sliding_step, layer.sliding) {
+                    (Some(sliding), true) => sliding,
+                    _ => &mut step,
+                };
+                layer.forward(x, step, cache, pass)
             },
         );
         let last_hidden_state = pass.rms_norm(&model.model.norm, x);
@@ -316,5 +383,35 @@ impl TextConfig {
             RopeScaling::Linear { factor } => factor,
         };
         Rope::new(self.head_dim(), self.rope_theta, divisor)
+    }
+}
+
+/// Adds 1 to the weight of every RMSNorm of a module (Gemma's `1 + weight`).
+#[derive(Default)]
+struct NormsPlusOne {
+    /// The containers entered, innermost last.
+    inside: Vec<String>,
+}
+
+impl<B: Backend> ModuleMapper<B> for NormsPlusOne {
+    fn enter_module(&mut self, _: &str, container_type: &str) {
+        self.inside.push(container_type.to_string());
+    }
+
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.inside.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let in_norm = self.inside.last().is_some_and(|c| c == "Struct:RmsNorm");
+        let tensor = if in_norm {
+            // A new leaf, trainable as the weight it replaces.
+            let trainable = tensor.is_require_grad();
+            (tensor + 1.0).detach().set_require_grad(trainable)
+        } else {
+            tensor
+        };
+        Param::from_mapped_value(id, tensor, mapper)
     }
 }

@@ -28,7 +28,7 @@ impl<B: Backend> CausalLm<B> {
             &["model.rotary_emb."]
         };
         let model = load_checkpoint(config.init::<B>(device), dir, &[], unused)?;
-        Ok(model.with_policy(policy))
+        Ok(model.with_norm_weights_folded().with_policy(policy))
     }
 
     /// [`Self::from_hf_dir`] on what [`checkpoint_dir`] makes of `model`: a local directory, or

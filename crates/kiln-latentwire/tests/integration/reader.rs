@@ -233,3 +233,32 @@ fn the_first_content_token_skips_bare_spaces() {
     assert_eq!(reader.first_content_token(&bare).unwrap(), space.len());
     assert_eq!(reader.first_content_token(&space).unwrap(), 0);
 }
+
+/// A soft prompt is scaled to the rows the model reads: Gemma 3 multiplies its table's by
+/// √hidden, so its prompts' RMS is that of `embed`'s output, not of the table.
+#[test]
+fn soft_prompts_take_the_scale_of_the_embeddings_read() {
+    let reader = roomy_reader::<Flex>("gemma3");
+    let vocab = reader.lm().config().vocab_size;
+    let ids: Vec<i64> = (0..vocab as i64).collect();
+    let ids =
+        Tensor::<Flex, 2, Int>::from_data(TensorData::new(ids, [1, vocab]), &Default::default());
+    let read = reader.lm().embed(ids);
+    let rms = read.powi_scalar(2).mean().sqrt().into_scalar();
+    assert!(
+        (rms - reader.embedding_rms()).abs() < 1e-4 * rms,
+        "{rms} vs {}",
+        reader.embedding_rms()
+    );
+    let table = reader
+        .lm()
+        .input_embeddings()
+        .powi_scalar(2)
+        .mean()
+        .sqrt()
+        .into_scalar();
+    assert!(
+        rms > 5.0 * table,
+        "Gemma 3 scales its embeddings by √36: {rms} vs {table}"
+    );
+}

@@ -105,6 +105,7 @@ impl TextConfig {
             tie_word_embeddings: !has("output.weight"),
             bos_token_id: meta.optional_id("tokenizer.ggml.bos_token_id")?,
             eos_token_ids: meta.end_of_generation_ids()?,
+            sliding: None,
         };
         config.validate().map_err(|e| meta.error(e.to_string()))?;
         Ok(config)

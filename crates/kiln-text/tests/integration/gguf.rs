@@ -42,6 +42,7 @@ fn metadata_becomes_the_configuration() {
         tie_word_embeddings: true,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        sliding: None,
     };
     // The file stores ε and θ as f32.
     assert!((llama.rms_norm_eps - want.rms_norm_eps).abs() < 1e-12);

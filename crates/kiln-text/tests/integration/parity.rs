@@ -133,7 +133,7 @@ fn check_forward(name: &str) {
 /// (the projections and attention as kiln's autodiff operations).
 #[test]
 fn burn_operations_and_training_paths_match_transformers() {
-    for name in ["llama", "qwen2", "llama_bf16"] {
+    for name in ["llama", "qwen2", "gemma3", "llama_bf16"] {
         check_forward_on::<BurnOps>(name, &Policy::full(), 1e-4);
         check_forward_on::<Autodiff<Flex>>(name, &Policy::full(), 1e-4);
     }
@@ -144,7 +144,7 @@ fn burn_operations_and_training_paths_match_transformers() {
 /// attention and tied embeddings (llama) and with biases and linear rotary scaling (qwen2).
 #[test]
 fn training_gradients_equal_burn_operations() {
-    for name in ["llama", "qwen2"] {
+    for name in ["llama", "qwen2", "gemma3"] {
         let (ours, burns) = (
             gradients::<Autodiff<Flex>>(name),
             gradients::<BurnOps>(name),
@@ -276,6 +276,13 @@ fn qwen2_with_biases_and_linear_rope_scaling() {
     check_forward("qwen2");
 }
 
+/// Gemma 3: scaled embeddings, `1 + weight` norms on both sides of each block, query and key
+/// head norms, a GELU-tanh gate, sliding and full layers rotated by their own bases.
+#[test]
+fn gemma3_with_sandwich_norms_and_two_rope_bases() {
+    check_forward("gemma3");
+}
+
 #[test]
 fn sharded_bf16_checkpoint() {
     check_forward("llama_bf16");
@@ -336,7 +343,14 @@ fn cached_equals_full<B: Backend>() {
 /// token (the fixture records that no step was a near tie).
 #[test]
 fn greedy_generation_equals_transformers() {
-    for name in ["llama", "qwen2", "llama_bf16", "gguf/llama", "gguf/qwen2"] {
+    for name in [
+        "llama",
+        "qwen2",
+        "gemma3",
+        "llama_bf16",
+        "gguf/llama",
+        "gguf/qwen2",
+    ] {
         let model = load(name);
         let reference = Reference::open(name);
         let prompts = reference.prompts();

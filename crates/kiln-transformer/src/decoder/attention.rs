@@ -1,21 +1,24 @@
 //! Causal grouped-query self-attention with rotary position embeddings and a key/value cache
-//! (transformers' `LlamaAttention`; field names mirror `model.layers.N.self_attn`).
+//! (transformers' `LlamaAttention`; field names mirror `model.layers.N.self_attn`), with Gemma 3's
+//! RMSNorm of each query and key head before the rotation where the model has one (`q_norm`,
+//! `k_norm`).
 
 use std::sync::Arc;
 
 use burn::module::Module;
-use burn::nn::{Linear, LinearConfig};
+use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::Tensor;
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use kiln_kernels::host::{self, AttentionOp, Heads, RotaryAngles, Rows};
-use kiln_kernels::host_op;
 use kiln_kernels::rotary::{self, Angles, Turn};
+use kiln_kernels::{HostValues, host_op};
 
 use super::cache::LayerCache;
 use super::rope::Rope;
 use super::{HostBuffers, HostContext, sized};
 use crate::Pass;
+use crate::prepared::HostWeight;
 use crate::projection::{Then, add_product, product_rows_into, project};
 
 /// Grouped-query self-attention: `heads` query heads sharing `kv_heads` key/value heads, each
@@ -26,6 +29,10 @@ pub struct GroupedQueryAttention<B: Backend> {
     k_proj: Linear<B>,
     v_proj: Linear<B>,
     o_proj: Linear<B>,
+    /// Each query head's RMSNorm before the rotation (Gemma 3), over `head_dim`.
+    pub(crate) q_norm: Option<RmsNorm<B>>,
+    /// Each key head's RMSNorm before the rotation (Gemma 3).
+    pub(crate) k_norm: Option<RmsNorm<B>>,
     #[module(skip)]
     heads: usize,
     #[module(skip)]
@@ -33,7 +40,7 @@ pub struct GroupedQueryAttention<B: Backend> {
 }
 
 /// The shape of a [`GroupedQueryAttention`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionShape {
     /// The residual stream's width.
     pub hidden: usize,
@@ -47,6 +54,9 @@ pub struct AttentionShape {
     pub qkv_bias: bool,
     /// A bias on the output projection.
     pub output_bias: bool,
+    /// The epsilon of an RMSNorm of each query and key head before the rotation (Gemma 3's
+    /// `q_norm`, `k_norm`); none without.
+    pub head_norm_eps: Option<f64>,
 }
 
 impl<B: Backend> GroupedQueryAttention<B> {
@@ -64,6 +74,12 @@ impl<B: Backend> GroupedQueryAttention<B> {
             k_proj: linear(shape.hidden, kv_width, shape.qkv_bias),
             v_proj: linear(shape.hidden, kv_width, shape.qkv_bias),
             o_proj: linear(q_width, shape.hidden, shape.output_bias),
+            q_norm: shape
+                .head_norm_eps
+                .map(|eps| head_norm(shape.head_dim, eps, device)),
+            k_norm: shape
+                .head_norm_eps
+                .map(|eps| head_norm(shape.head_dim, eps, device)),
             heads: shape.heads,
             kv_heads: shape.kv_heads,
         }
@@ -79,13 +95,16 @@ impl<B: Backend> GroupedQueryAttention<B> {
         residual: Tensor<B, 3>,
         (rotary, real_keys): (&RotaryAngles, &Option<Arc<[bool]>>),
         cache: &LayerCache<B>,
+        post: Option<&RmsNorm<B>>,
         pass: &Pass,
     ) -> Tensor<B, 3> {
         let [batch, tokens, _] = normed.dims();
-        let [query, mut key, mut value] = [&self.q_proj, &self.k_proj, &self.v_proj]
+        let [query, key, mut value] = [&self.q_proj, &self.k_proj, &self.v_proj]
             .map(|linear| project(linear, normed.clone(), Then::Nothing, pass));
         let width = query.dims()[2];
         let head_dim = width / self.heads;
+        let query = norm_heads(&self.q_norm, query, head_dim, pass);
+        let mut key = norm_heads(&self.k_norm, key, head_dim, pass);
         let mut past = 0;
         if let Some((shared_keys, shared_values)) = cache.shared_rows(batch, &normed.device()) {
             past = shared_keys.dims()[1];
@@ -103,11 +122,7 @@ impl<B: Backend> GroupedQueryAttention<B> {
         };
         let attended = host_op(op, [&query, &key, &value], [batch, tokens, width])
             .expect("host operations serve training on Flex in f32");
-        let then = Then::AddTo {
-            residual,
-            scale: None,
-        };
-        project(&self.o_proj, attended, then, pass)
+        add_output(&self.o_proj, attended, residual, post, pass)
     }
 
     /// `residual + o_proj(attention(normed))` through burn's operations; appends this step's
@@ -119,6 +134,7 @@ impl<B: Backend> GroupedQueryAttention<B> {
         residual: Tensor<B, 3>,
         (cos, sin, bias): (&Tensor<B, 4>, &Tensor<B, 4>, &Tensor<B, 4>),
         cache: &mut LayerCache<B>,
+        post: Option<&RmsNorm<B>>,
         pass: &Pass,
     ) -> Tensor<B, 3> {
         let [batch, tokens, _] = normed.dims();
@@ -128,8 +144,14 @@ impl<B: Backend> GroupedQueryAttention<B> {
             y.reshape([batch, tokens, count, width / count])
                 .swap_dims(1, 2)
         };
-        let query = Rope::apply(project_heads(&self.q_proj, self.heads), cos, sin);
-        let key = Rope::apply(project_heads(&self.k_proj, self.kv_heads), cos, sin);
+        let heads_normed = |norm: &Option<RmsNorm<B>>, x: Tensor<B, 4>| match norm {
+            Some(norm) => pass.rms_norm(norm, x),
+            None => x,
+        };
+        let query = heads_normed(&self.q_norm, project_heads(&self.q_proj, self.heads));
+        let key = heads_normed(&self.k_norm, project_heads(&self.k_proj, self.kv_heads));
+        let query = Rope::apply(query, cos, sin);
+        let key = Rope::apply(key, cos, sin);
         let value = project_heads(&self.v_proj, self.kv_heads);
         let (key, value) = cache.append(key, value);
         let attended = grouped_attention(query, key, value, bias.clone(), pass);
@@ -137,11 +159,7 @@ impl<B: Backend> GroupedQueryAttention<B> {
         let attended = attended
             .swap_dims(1, 2)
             .reshape([batch, tokens, heads * head_dim]);
-        let then = Then::AddTo {
-            residual,
-            scale: None,
-        };
-        project(&self.o_proj, attended, then, pass)
+        add_output(&self.o_proj, attended, residual, post, pass)
     }
 
     /// `residual += o_proj(attention(buffers.normed))` on the host kernels (f32 on Flex or
@@ -151,8 +169,8 @@ impl<B: Backend> GroupedQueryAttention<B> {
         &self,
         residual: &mut [f32],
         [batch, tokens, hidden]: [usize; 3],
-        context: &HostContext,
-        cache: &mut LayerCache<B>,
+        (context, cache): (&HostContext, &mut LayerCache<B>),
+        post: Option<&RmsNorm<B>>,
         pass: &Pass,
         buffers: &mut HostBuffers,
     ) {
@@ -171,6 +189,20 @@ impl<B: Backend> GroupedQueryAttention<B> {
         product_rows_into(qkv, &buffers.normed, hidden, &weight, |v| v);
         let head_dim = cos.len() / rows.max(1);
         let (q_width, kv_width) = (self.heads * head_dim, self.kv_heads * head_dim);
+        for (norm, offset, width) in [
+            (&self.q_norm, 0, q_width),
+            (&self.k_norm, q_width, kv_width),
+        ] {
+            if let Some(norm) = norm {
+                norm_heads_on_host(
+                    qkv,
+                    columns,
+                    offset..offset + width,
+                    norm,
+                    &mut buffers.normed_heads,
+                );
+            }
+        }
         let angles = Angles { cos, sin };
         rotary::rotate_rows(
             qkv,
@@ -223,12 +255,88 @@ impl<B: Backend> GroupedQueryAttention<B> {
             None,
             pass.prepared().products(),
         );
-        add_product(
-            residual,
-            attended,
-            q_width,
-            &pass.prepared().linear(&self.o_proj, None),
-        );
+        let o_proj = pass.prepared().linear(&self.o_proj, None);
+        let scratch = (&mut buffers.post, &mut buffers.normed_heads);
+        add_output_on_host(residual, attended, q_width, &o_proj, post, scratch);
+    }
+}
+
+/// A head's RMSNorm over `head_dim` columns.
+fn head_norm<B: Backend>(head_dim: usize, eps: f64, device: &B::Device) -> RmsNorm<B> {
+    RmsNormConfig::new(head_dim).with_epsilon(eps).init(device)
+}
+
+/// `x` `[batch, tokens, heads · head_dim]` with each head normalised by `norm` (none: as it is).
+fn norm_heads<B: Backend>(
+    norm: &Option<RmsNorm<B>>,
+    x: Tensor<B, 3>,
+    head_dim: usize,
+    pass: &Pass,
+) -> Tensor<B, 3> {
+    let Some(norm) = norm else { return x };
+    let [batch, tokens, width] = x.dims();
+    let heads = x.reshape([batch, tokens, width / head_dim, head_dim]);
+    pass.rms_norm(norm, heads).reshape([batch, tokens, width])
+}
+
+/// Each head of the `columns` of every row of `qkv` normalised in place by `norm`.
+fn norm_heads_on_host<B: Backend>(
+    qkv: &mut [f32],
+    width: usize,
+    columns: std::ops::Range<usize>,
+    norm: &RmsNorm<B>,
+    scratch: &mut Vec<f32>,
+) {
+    let weight = HostValues::of(&norm.gamma.val());
+    let span = columns.len();
+    let out = sized(scratch, span);
+    for row in qkv.chunks_mut(width) {
+        let heads = &mut row[columns.clone()];
+        host::rms_norm_into(out, heads, weight.values(), norm.epsilon as f32);
+        heads.copy_from_slice(out);
+    }
+}
+
+/// `residual += x · weight` (rows of `inputs` values), or `residual += post(x · weight)` (Gemma
+/// 3's norm after a block), the product and its norm in `scratch`'s buffers.
+pub(super) fn add_output_on_host<B: Backend>(
+    residual: &mut [f32],
+    x: &[f32],
+    inputs: usize,
+    weight: &HostWeight,
+    post: Option<&RmsNorm<B>>,
+    (out, normed): (&mut Vec<f32>, &mut Vec<f32>),
+) {
+    let Some(post) = post else {
+        return add_product(residual, x, inputs, weight);
+    };
+    let out = sized(out, residual.len());
+    product_rows_into(out, x, inputs, weight, |v| v);
+    let gamma = HostValues::of(&post.gamma.val());
+    let normed = sized(normed, out.len());
+    host::rms_norm_into(normed, out, gamma.values(), post.epsilon as f32);
+    for (sum, value) in residual.iter_mut().zip(normed.iter()) {
+        *sum += value;
+    }
+}
+
+/// `residual + linear(x)`, or `residual + post(linear(x))` (Gemma 3's norm after a block).
+pub(super) fn add_output<B: Backend>(
+    linear: &Linear<B>,
+    x: Tensor<B, 3>,
+    residual: Tensor<B, 3>,
+    post: Option<&RmsNorm<B>>,
+    pass: &Pass,
+) -> Tensor<B, 3> {
+    match post {
+        None => {
+            let then = Then::AddTo {
+                residual,
+                scale: None,
+            };
+            project(linear, x, then, pass)
+        }
+        Some(post) => residual + pass.rms_norm(post, project(linear, x, Then::Nothing, pass)),
     }
 }
 

@@ -36,6 +36,7 @@
 //! let device = Default::default();
 //! let shape = AttentionShape {
 //!     hidden: 16, heads: 4, kv_heads: 2, head_dim: 4, qkv_bias: false, output_bias: false,
+//!     head_norm_eps: None,
 //! };
 //! let layer = Layer::<Flex> {
 //!     input_layernorm: RmsNormConfig::new(16).init(&device),
@@ -78,7 +79,7 @@ use crate::Pass;
 
 pub use attention::{AttentionShape, GroupedQueryAttention};
 pub use cache::{KvCache, LayerCache, NewTokens, Positions, SharedPrefix, TokensError};
-pub use mlp::SwiGlu;
+pub use mlp::{Gate, SwiGlu};
 pub use rope::Rope;
 
 /// How one forward over new tokens runs its decoder layers, chosen once from its input and
@@ -134,6 +135,10 @@ struct HostBuffers {
     gate_up: Vec<f32>,
     /// One MLP block's `silu(gate) ⊙ up` `[≤ MLP_ROWS, intermediate]`.
     activated: Vec<f32>,
+    /// A block's output before its norm after the block (Gemma 3).
+    post: Vec<f32>,
+    /// Normalised heads, or a block's output normalised (Gemma 3).
+    normed_heads: Vec<f32>,
 }
 
 /// `buffer` holding `len` values, for a kernel that overwrites them all (only growth is zeroed).
@@ -219,9 +224,22 @@ enum Stream<B: Backend> {
 impl<B: Backend> Residual<'_, B> {
     /// `x + attention(norm(x))`, appending the new tokens' keys and values to `cache`.
     pub fn add_attention(
+        self,
+        norm: &RmsNorm<B>,
+        attention: &GroupedQueryAttention<B>,
+        cache: &mut LayerCache<B>,
+        pass: &Pass,
+    ) -> Self {
+        self.add_attention_normed(norm, attention, None, cache, pass)
+    }
+
+    /// `x + post(attention(norm(x)))` (Gemma 3's norms on both sides of a block), or without
+    /// `post` as [`Self::add_attention`].
+    pub fn add_attention_normed(
         mut self,
         norm: &RmsNorm<B>,
         attention: &GroupedQueryAttention<B>,
+        post: Option<&RmsNorm<B>>,
         cache: &mut LayerCache<B>,
         pass: &Pass,
     ) -> Self {
@@ -229,18 +247,18 @@ impl<B: Backend> Residual<'_, B> {
         self.stream = match (self.stream, &*context) {
             (Stream::Host { data, dims, device }, Context::Host(context)) => {
                 Stream::host(data, dims, device, norm, buffers, |residual, buffers| {
-                    attention.add_on_host(residual, dims, context, cache, pass, buffers)
+                    attention.add_on_host(residual, dims, (context, cache), post, pass, buffers)
                 })
             }
             (Stream::Tensor(x), Context::Trained { rotary, real_keys }) => {
                 let normed = pass.rms_norm(norm, x.clone());
                 let context = (rotary, real_keys);
-                Stream::Tensor(attention.add_trained(normed, x, context, cache, pass))
+                Stream::Tensor(attention.add_trained(normed, x, context, cache, post, pass))
             }
             (Stream::Tensor(x), Context::Tensors { cos, sin, bias }) => {
                 let normed = pass.rms_norm(norm, x.clone());
                 let angles = (cos, sin, bias);
-                Stream::Tensor(attention.add_by_tensors(normed, x, angles, cache, pass))
+                Stream::Tensor(attention.add_by_tensors(normed, x, angles, cache, post, pass))
             }
             _ => unreachable!("the stream is on the host exactly when the context is"),
         };
@@ -248,17 +266,28 @@ impl<B: Backend> Residual<'_, B> {
     }
 
     /// `x + mlp(norm(x))`.
-    pub fn add_mlp(mut self, norm: &RmsNorm<B>, mlp: &SwiGlu<B>, pass: &Pass) -> Self {
+    pub fn add_mlp(self, norm: &RmsNorm<B>, mlp: &SwiGlu<B>, pass: &Pass) -> Self {
+        self.add_mlp_normed(norm, mlp, None, pass)
+    }
+
+    /// `x + post(mlp(norm(x)))`, or without `post` as [`Self::add_mlp`].
+    pub fn add_mlp_normed(
+        mut self,
+        norm: &RmsNorm<B>,
+        mlp: &SwiGlu<B>,
+        post: Option<&RmsNorm<B>>,
+        pass: &Pass,
+    ) -> Self {
         let buffers = &mut self.step.buffers;
         self.stream = match self.stream {
             Stream::Host { data, dims, device } => {
                 Stream::host(data, dims, device, norm, buffers, |residual, buffers| {
-                    mlp.add_on_host(residual, dims[2], pass, buffers)
+                    mlp.add_on_host(residual, dims[2], post, pass, buffers)
                 })
             }
             Stream::Tensor(x) => {
                 let normed = pass.rms_norm(norm, x.clone());
-                Stream::Tensor(mlp.add_by_tensors(normed, x, pass))
+                Stream::Tensor(mlp.add_by_tensors(normed, x, post, pass))
             }
         };
         self
@@ -308,6 +337,30 @@ mod tests {
         self_attn: GroupedQueryAttention<B>,
         post_attention_layernorm: RmsNorm<B>,
         mlp: SwiGlu<B>,
+        /// Gemma 3's norms after the blocks, in the variant that has them.
+        after_attention: Option<RmsNorm<B>>,
+        after_mlp: Option<RmsNorm<B>>,
+    }
+
+    impl<B: Backend> Layer<B> {
+        fn forward(
+            &self,
+            step: &mut DecoderStep<B>,
+            x: Tensor<B, 3>,
+            cache: &mut LayerCache<B>,
+            pass: &Pass,
+        ) -> Tensor<B, 3> {
+            let post = self.after_attention.as_ref();
+            step.residual(x)
+                .add_attention_normed(&self.input_layernorm, &self.self_attn, post, cache, pass)
+                .add_mlp_normed(
+                    &self.post_attention_layernorm,
+                    &self.mlp,
+                    self.after_mlp.as_ref(),
+                    pass,
+                )
+                .into_tensor()
+        }
     }
 
     /// One layer over a left-padded batch of two 5-token sequences, then one more token each
@@ -329,18 +382,16 @@ mod tests {
             let positions = cache.extend(new, 64).unwrap();
             let mut step = DecoderStep::new(&x, &positions, &rope, &cache, &pass);
             let layer_cache = cache.layers(1).next().unwrap();
-            let y = step
-                .residual(x)
-                .add_attention(&layer.input_layernorm, &layer.self_attn, layer_cache, &pass)
-                .add_mlp(&layer.post_attention_layernorm, &layer.mlp, &pass)
-                .into_tensor();
+            let y = layer.forward(&mut step, x, layer_cache, &pass);
             outputs.extend(y.into_data().to_vec::<f32>().unwrap());
         }
         outputs
     }
 
-    /// A grouped-query layer of width 16 (4 query heads over 2 key/value heads), random.
-    fn layer() -> Layer<Flex> {
+    /// A grouped-query layer of width 16 (4 query heads over 2 key/value heads), random; with
+    /// `gemma`, Gemma 3's: norms of each query and key head, norms after both blocks, a
+    /// GELU-tanh gate.
+    fn layer(gemma: bool) -> Layer<Flex> {
         let device = Default::default();
         let shape = AttentionShape {
             hidden: 16,
@@ -349,12 +400,28 @@ mod tests {
             head_dim: 4,
             qkv_bias: true,
             output_bias: false,
+            head_norm_eps: gemma.then_some(1e-6),
         };
+        // Norm weights away from 1, so that a norm applied twice or not at all shows.
+        let norm = |width: usize| {
+            let mut norm = RmsNormConfig::new(width).init(&device);
+            let gamma = Tensor::random([width], Distribution::Uniform(0.5, 1.5), &device);
+            norm.gamma = burn::module::Param::from_tensor(gamma);
+            norm
+        };
+        let mut self_attn = GroupedQueryAttention::init(shape, &device);
+        if gemma {
+            self_attn.q_norm = Some(norm(4));
+            self_attn.k_norm = Some(norm(4));
+        }
+        let gate = if gemma { Gate::GeluTanh } else { Gate::Silu };
         Layer {
-            input_layernorm: RmsNormConfig::new(16).init(&device),
-            self_attn: GroupedQueryAttention::init(shape, &device),
-            post_attention_layernorm: RmsNormConfig::new(16).init(&device),
-            mlp: SwiGlu::init(16, 24, false, &device),
+            input_layernorm: norm(16),
+            self_attn,
+            post_attention_layernorm: norm(16),
+            mlp: SwiGlu::init(16, 24, false, &device).with_gate(gate),
+            after_attention: gemma.then(|| norm(16)),
+            after_mlp: gemma.then(|| norm(16)),
         }
     }
 
@@ -372,8 +439,14 @@ mod tests {
     /// alike, padding and a cached decoding step included.
     #[test]
     fn the_three_executions_agree() {
+        for gemma in [false, true] {
+            three_executions_agree(gemma);
+        }
+    }
+
+    fn three_executions_agree(gemma: bool) {
         let device = Default::default();
-        let layer = layer();
+        let layer = layer(gemma);
         let x = Tensor::<Flex, 3>::random([2, 5, 16], Distribution::Normal(0.0, 1.0), &device);
         let input = x.to_data().to_vec::<f32>().unwrap();
         let on_autodiff = || Layer::<Autodiff<Flex>>::from_inner(layer.clone());
@@ -414,10 +487,7 @@ mod tests {
         let rope = Rope::new(4, 10_000.0, 1.0);
         let mut step = DecoderStep::new(&x, &positions, &rope, cache, &pass);
         let layer_cache = cache.layers(1).next().unwrap();
-        step.residual(x)
-            .add_attention(&layer.input_layernorm, &layer.self_attn, layer_cache, &pass)
-            .add_mlp(&layer.post_attention_layernorm, &layer.mlp, &pass)
-            .into_tensor()
+        layer.forward(&mut step, x, layer_cache, &pass)
     }
 
     /// Sequences that start with a shared prefix, its keys and values computed once: every
@@ -427,9 +497,15 @@ mod tests {
     /// whole sequence's.
     #[test]
     fn sequences_after_a_shared_prefix_read_as_whole_sequences() {
+        for gemma in [false, true] {
+            after_a_shared_prefix(gemma);
+        }
+    }
+
+    fn after_a_shared_prefix(gemma: bool) {
         type Ad = Autodiff<Flex>;
         let device = Default::default();
-        let layer = layer();
+        let layer = layer(gemma);
         let on_autodiff = || Layer::<Ad>::from_inner(layer.clone());
         let (shared, new) = (3, 4);
         let normal =
