@@ -186,10 +186,7 @@ impl Default for Evaluation {
 /// One item's scores under one prompt kind.
 #[derive(Debug, Clone, Default)]
 struct Outcome {
-    nll: f64,
-    tokens: usize,
-    first_right: bool,
-    content_right: bool,
+    scored: TeacherForced,
     em: f64,
     f1: f64,
     /// The greedy answer as LatentWire keeps it (`clean_pred`).
@@ -321,12 +318,8 @@ impl Evaluation {
         let mut outcomes = Vec::with_capacity(items.len());
         for (row, item) in items.iter().enumerate() {
             let clean = clean_pred(&said(&generated[row])?);
-            let row_scores = scored[row];
             outcomes.push(Outcome {
-                nll: row_scores.nll,
-                tokens: row_scores.tokens,
-                first_right: row_scores.first_right,
-                content_right: row_scores.content_right,
+                scored: scored[row],
                 em: exact_match(&predicted[row], &item.answer),
                 f1: f1(&predicted[row], &item.answer),
                 em_clean: exact_match(&clean, &item.answer),
@@ -480,12 +473,12 @@ fn scores(outcomes: &[Outcome], rows: &[usize]) -> Scores {
         (square / (n - 1.0) / n).sqrt()
     };
     let flag = |b: bool| f64::from(u8::from(b));
-    let tokens = mean(&|o| o.tokens as f64).max(f64::MIN_POSITIVE);
-    let nll = mean(&|o| o.nll) / tokens;
+    let tokens = mean(&|o| o.scored.tokens as f64).max(f64::MIN_POSITIVE);
+    let nll = mean(&|o| o.scored.nll) / tokens;
     Scores {
         nll,
-        first_token_accuracy: mean(&|o| flag(o.first_right)),
-        first_content_token_accuracy: mean(&|o| flag(o.content_right)),
+        first_token_accuracy: mean(&|o| flag(o.scored.first_right)),
+        first_content_token_accuracy: mean(&|o| flag(o.scored.content_right)),
         em: mean(&|o| o.em),
         f1: mean(&|o| o.f1),
         em_clean: mean(&|o| o.em_clean),
@@ -494,9 +487,9 @@ fn scores(outcomes: &[Outcome], rows: &[usize]) -> Scores {
         standard_errors: StandardErrors {
             // A ratio of sums: the standard error of the mean of each item's NLL less `nll`
             // times its tokens, over the mean tokens (the delta method).
-            nll: error(&|o| o.nll - nll * o.tokens as f64) / tokens,
-            first_token_accuracy: error(&|o| flag(o.first_right)),
-            first_content_token_accuracy: error(&|o| flag(o.content_right)),
+            nll: error(&|o| o.scored.nll - nll * o.scored.tokens as f64) / tokens,
+            first_token_accuracy: error(&|o| flag(o.scored.first_right)),
+            first_content_token_accuracy: error(&|o| flag(o.scored.content_right)),
             em: error(&|o| o.em),
             f1: error(&|o| o.f1),
         },
