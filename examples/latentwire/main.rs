@@ -25,8 +25,8 @@
 //! `first_token_accuracy`, `em`, `f1`, and `compression`, `payload_bytes`; added: the
 //! baselines `question_only`, `token_budget_question` and `shuffled_latent`, each kind's
 //! `first_content_token_accuracy`, LatentWire's `em_clean` and `f1_clean`, standard errors,
-//! `by_relation`, `prompt_compression`; at the top `layout` and, with two models, LatentWire's
-//! `joint` scores), `tokens/` (the splits tokenized once) and `checkpoints/`: rerunning the same
+//! `by_relation`, `prompt_compression`, `prefix_spread`; at the top `layout`, `latent_spread`
+//! and, with two models, LatentWire's `joint` scores), `tokens/` (the splits tokenized once) and `checkpoints/`: rerunning the same
 //! command resumes exactly.
 
 use std::path::PathBuf;
@@ -37,6 +37,7 @@ use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::Backend;
 use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
 use kiln::burn;
 use kiln::core::{DeviceJob, DeviceSpec, PolicySpec};
 use kiln::io::RunFiles;
@@ -90,7 +91,8 @@ struct Args {
     /// shuffled-latent baseline reads each with another's latent).
     #[arg(long, default_value_t = 100, value_parser = at_least_two_items, allow_negative_numbers = true)]
     eval_items: usize,
-    /// Evaluate (and checkpoint) every this many steps.
+    /// Evaluate (and checkpoint) every this many steps; above `--steps`, the curves are not
+    /// scored during training and only the final evaluation runs.
     #[arg(long, default_value_t = 100, value_parser = kiln::cli::count_u64, allow_negative_numbers = true)]
     eval_every: u64,
     /// What the interlingua reads: `bytes` (LatentWire's byte encoder) or `states` (the first
@@ -219,6 +221,7 @@ impl Args {
         summary.insert("steps".into(), json!(steps));
         summary.insert("latents".into(), json!(self.latents));
         summary.insert("layout".into(), json!(self.layout));
+        summary.insert("latent_spread".into(), json!(report.latent_spread));
         if let Some(joint) = &report.joint {
             summary.insert("joint".into(), json!(joint));
         }
@@ -314,12 +317,13 @@ impl DeviceJob for Args {
                 |b| b,
             )
         };
+        // The curves' points come from the trainer's own evaluations; when `--eval-every`
+        // falls outside the run there are none to plot but the last, which the full
+        // evaluation below repeats with every prompt kind, so the trainer is given none.
+        let curve_points = self.eval_every <= self.steps;
+        let held_out = curve_points.then(|| loader(held_out, self.batch));
         let outcome = trainer
-            .fit(
-                training,
-                &loader(train, self.batch),
-                Some(&loader(held_out, self.batch)),
-            )
+            .fit(training, &loader(train, self.batch), held_out.as_ref())
             .map_err(|e| e.to_string())?;
         let lines = kiln::train::read_metrics(&self.out).map_err(|e| e.to_string())?;
         let curves = self.out.join("curves.png");
@@ -334,9 +338,16 @@ impl DeviceJob for Args {
         }
         let readers = frozen.on::<B>().expect("the readers were loaded on B");
         let model = outcome.model.valid().model;
+        let bar = ProgressBar::new(eval_items.len() as u64).with_style(
+            ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} held-out items scored (every prompt kind and model), eta {eta}",
+            )
+            .expect("a valid template"),
+        );
         let report = Evaluation::default()
-            .run(&model, readers, &eval_items)
+            .run_with_progress(&model, readers, &eval_items, &mut |n| bar.inc(n as u64))
             .map_err(|e| e.to_string())?;
+        bar.finish_and_clear();
         self.write_summary(&report, outcome.step, started)
     }
 }

@@ -1,10 +1,13 @@
 """docs/LATENTWIRE.md's result tables from a run's summary.json (the `latentwire` example's).
 
     python scripts/latentwire/tables.py RUN/summary.json
+    python scripts/latentwire/tables.py RUN_A/summary.json RUN_B/summary.json ...
 
-Prints, per language model, every prompt kind's scores over all held-out items (each ± one
-standard error), the same per relation, the answers' first tokens per relation, and LatentWire's
-joint two-model scores. Standard library only.
+With one run, prints per language model every prompt kind's scores over all held-out items (each
+± one standard error), the same per relation, the answers' first tokens per relation, and
+LatentWire's joint two-model scores. With several, prints one row per run and model: the tests
+that decide whether the latent carries the text (its own latent against another item's, and
+against the question alone, with dates apart from the other relations). Standard library only.
 """
 
 import json
@@ -34,11 +37,52 @@ def kinds_table(by_kind, title):
               f"{pm(s, 'first_content_token_accuracy')} | {pm(s, 'em')} | {pm(s, 'f1')} | {s['f1_clean']:.3f} |")
 
 
+def pooled(report, metric, keep):
+    """`metric`'s mean over the relations `keep` accepts, each weighted by its items."""
+    rows = [(r["items"], r) for name, r in report["by_relation"].items() if keep(name)]
+    items = sum(n for n, _ in rows)
+    return {kind: sum(n * r[kind][metric] for n, r in rows) / items for kind, _ in KINDS}, items
+
+
+def compare(paths):
+    print("| run | model | latent NLL | another item's latent NLL | question-only NLL | "
+          "first content-token acc., other relations: text / latent / question only | "
+          "dates: latent / question only | latent F1 (clean_pred) | prefix spread: between "
+          "items (relations, within) |")
+    print("|---" * 9 + "|")
+    for path in paths:
+        summary = json.load(open(path))
+        run = f"M = {summary['latents']}, {summary.get('layout', 'chat')}"
+        for model in models_of(summary):
+            report = summary[model]
+            others, n_others = pooled(report, "first_content_token_accuracy", lambda r: r != "birthday")
+            dates, n_dates = pooled(report, "first_content_token_accuracy", lambda r: r == "birthday")
+            print(f"| {run} | {model} | {pm(report['latent'], 'nll')} | "
+                  f"{pm(report['shuffled_latent'], 'nll')} | {pm(report['question_only'], 'nll')} | "
+                  f"{others['text']:.3f} / {others['latent']:.3f} / {others['question_only']:.3f} "
+                  f"({n_others} items) | {dates['latent']:.3f} / {dates['question_only']:.3f} "
+                  f"({n_dates}) | {report['latent']['f1']:.3f} ({report['latent']['f1_clean']:.3f}) | "
+                  f"{spread(report.get('prefix_spread'))} |")
+
+
+def spread(s):
+    """A spread's three parts, or a dash for runs from before it was measured."""
+    if s is None:
+        return "—"
+    return f"{s['between_items']:.2g} ({s['between_relations']:.2g}, {s['within_relations']:.2g})"
+
+
+def models_of(summary):
+    return [k for k, v in summary.items() if isinstance(v, dict) and "by_relation" in v]
+
+
 def main():
+    if len(sys.argv) > 2:
+        return compare(sys.argv[1:])
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     summary = json.load(open(sys.argv[1]))
-    models = [k for k, v in summary.items() if isinstance(v, dict) and "by_relation" in v]
+    models = models_of(summary)
     print(f"steps {summary['steps']}, M = {summary['latents']}, layout {summary.get('layout', 'chat')}, "
           f"{summary['wall_seconds'] / 60:.1f} min")
     for model in models:
@@ -47,6 +91,8 @@ def main():
         print(f"\n## {model}: {items} held-out items; compression {report['compression']:.1f}× "
               f"(LatentWire's, whole prompt: {report['prompt_compression']:.1f}×), "
               f"{report['payload_bytes']} bytes a text")
+        print(f"prefix spread between items {spread(report.get('prefix_spread'))} "
+              f"(between relations, within them)")
         kinds_table(report, "all relations")
         print("\nfirst content-token accuracy per relation (± one standard error)\n")
         header = " | ".join(name for _, name in KINDS)
@@ -62,6 +108,7 @@ def main():
         for relation, r in report["by_relation"].items():
             cells = " | ".join(pm(r[key], "nll", 2) for key, _ in KINDS)
             print(f"| {relation} | {cells} |")
+    print(f"\nthe encoder's latents spread {spread(summary.get('latent_spread'))}")
     if "joint" in summary:
         j = summary["joint"]
         print(f"\nLatentWire's joint scores of the latent answers: rescored EM {j['rescored_em']:.3f}, "

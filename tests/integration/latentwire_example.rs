@@ -92,7 +92,9 @@ fn the_builtin_models_run_the_pipeline_and_write_the_contracts_files() {
         let prompt = lm["prompt_compression"].as_f64().unwrap();
         assert!(prompt > lm["compression"].as_f64().unwrap(), "{lm}");
         assert_eq!(lm["payload_bytes"], 4 * 256 * 4);
+        assert_spread(&lm["prefix_spread"]);
     }
+    assert_spread(&summary["latent_spread"]);
     assert_eq!(summary["layout"], "chat");
     for key in [
         "rescored_em",
@@ -115,6 +117,46 @@ fn the_builtin_models_run_the_pipeline_and_write_the_contracts_files() {
         "{}",
         lines[1]
     );
+}
+
+/// A spread's parts, each at least 0, adding up in squares to the whole.
+fn assert_spread(spread: &Value) {
+    let part = |key: &str| {
+        spread[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key}: {spread}"))
+    };
+    let (whole, between, within) = (
+        part("between_items"),
+        part("between_relations"),
+        part("within_relations"),
+    );
+    assert!(whole > 0.0 && between >= 0.0 && within >= 0.0, "{spread}");
+    assert!(
+        (between.powi(2) + within.powi(2) - whole.powi(2)).abs() < 1e-9,
+        "{spread}"
+    );
+}
+
+/// With `--eval-every` past `--steps` the trainer scores nothing along the way: the final
+/// evaluation alone writes the held-out scores.
+#[test]
+fn evaluating_past_the_run_scores_only_at_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mut args = SHORT;
+    args[3] = "9";
+    succeeds(&out, &args);
+    let lines = kiln::train::read_metrics(&out).unwrap();
+    assert_eq!(lines.len(), 4);
+    let scored = |line: &Value| {
+        line.as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k.starts_with("eval_"))
+    };
+    assert!(!lines.iter().any(scored), "{lines:?}");
+    assert!(common::summary(&out)["tiny-llama"]["latent"]["nll"].is_number());
 }
 
 /// Every prompt kind of summary.json: issue 53's three, then issue 84's.

@@ -12,6 +12,9 @@
 //! the same relation: a latent that carried only the kind of question scores as its own, one
 //! that carries the answer falls to chance).
 //!
+//! How far the latents and each model's prefix differ between items ([`Spread`]) shows
+//! directly whether the encoder reads its input at all.
+//!
 //! Generation stops at the end of the assistant's turn or after `max_new_tokens`: LatentWire's
 //! eval capped it at the longest gold answer of each chunk, which told the model its length.
 
@@ -92,6 +95,92 @@ pub struct RelationReport {
     pub kinds: BTreeMap<String, Scores>,
 }
 
+/// How much vectors given to each item differ between items: a root-mean-square distance
+/// from a mean, relative to the vectors' root-mean-square size. 0: every item gets the same
+/// vectors (an encoder that ignores its input); `between_items² = between_relations² +
+/// within_relations²`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    /// Each item's vectors from their mean over all items.
+    pub between_items: f64,
+    /// Each relation's mean from the mean over all items, weighted by its items: the part of
+    /// the spread that the kind of question explains.
+    pub between_relations: f64,
+    /// Each item's vectors from their relation's mean: what differs between items asking
+    /// about the same relation.
+    pub within_relations: f64,
+}
+
+impl Spread {
+    /// The spread of `vectors` (one per item, all one length), grouped by `relations`.
+    pub fn of(vectors: &[Vec<f32>], relations: &[Relation]) -> Spread {
+        assert_eq!(vectors.len(), relations.len(), "one relation per item");
+        let n = vectors.len();
+        let Some(dim) = vectors.first().map(Vec::len) else {
+            return Spread::default();
+        };
+        let mean = |rows: &[usize]| -> Vec<f64> {
+            let mut sum = vec![0.0; dim];
+            for &i in rows {
+                for (s, &x) in sum.iter_mut().zip(&vectors[i]) {
+                    *s += f64::from(x);
+                }
+            }
+            sum.iter().map(|s| s / rows.len() as f64).collect()
+        };
+        let distance2 = |a: &[f64], b: &[f32]| -> f64 {
+            a.iter()
+                .zip(b)
+                .map(|(a, &b)| (a - f64::from(b)).powi(2))
+                .sum()
+        };
+        let all: Vec<usize> = (0..n).collect();
+        let overall = mean(&all);
+        let size2: f64 = (vectors.iter())
+            .map(|v| v.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>())
+            .sum::<f64>()
+            / n as f64;
+        let total2 = all
+            .iter()
+            .map(|&i| distance2(&overall, &vectors[i]))
+            .sum::<f64>();
+        let (mut between2, mut within2) = (0.0, 0.0);
+        for relation in Relation::ALL {
+            let rows: Vec<usize> = all
+                .iter()
+                .copied()
+                .filter(|&i| relations[i] == relation)
+                .collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let centre = mean(&rows);
+            let offset: f64 = centre
+                .iter()
+                .zip(&overall)
+                .map(|(c, o)| (c - o).powi(2))
+                .sum();
+            between2 += rows.len() as f64 * offset;
+            within2 += rows
+                .iter()
+                .map(|&i| distance2(&centre, &vectors[i]))
+                .sum::<f64>();
+        }
+        let relative = |sum2: f64| {
+            if size2 > 0.0 {
+                (sum2 / n as f64 / size2).sqrt()
+            } else {
+                0.0
+            }
+        };
+        Spread {
+            between_items: relative(total2),
+            between_relations: relative(between2),
+            within_relations: relative(within2),
+        }
+    }
+}
+
 /// One language model's results.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReaderReport {
@@ -120,6 +209,8 @@ pub struct ReaderReport {
     pub prompt_compression: f64,
     /// The latents' size per text in bytes (`M × d_z` f32 values).
     pub payload_bytes: usize,
+    /// How much this model's soft prompt differs between items.
+    pub prefix_spread: Spread,
 }
 
 impl ReaderReport {
@@ -163,6 +254,8 @@ pub struct Report {
     /// With two or more models, the first two's joint scores of their latent-prefix answers
     /// (LatentWire's, which scores those alone).
     pub joint: Option<JointScores>,
+    /// How much the encoder's latents differ between items.
+    pub latent_spread: Spread,
 }
 
 /// How evaluation runs.
@@ -204,6 +297,18 @@ impl Evaluation {
         readers: &[Reader<B>],
         items: &[QaItem],
     ) -> Result<Report, LatentWireError> {
+        self.run_with_progress(model, readers, items, &mut |_| {})
+    }
+
+    /// [`Evaluation::run`], telling `progress` how many items each batch finished (every
+    /// prompt kind, every model), for a progress bar.
+    pub fn run_with_progress<B: Backend>(
+        &self,
+        model: &LatentWire<B>,
+        readers: &[Reader<B>],
+        items: &[QaItem],
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Report, LatentWireError> {
         if items.is_empty() {
             return Err(LatentWireError::Input("no items to evaluate on".into()));
         }
@@ -221,13 +326,21 @@ impl Evaluation {
         let mut prompt_tokens = vec![0usize; readers.len()];
         let [latents, width] = model.encoder.latent_shape();
         let mut rescored = Vec::with_capacity(items.len());
+        // Each item's latents, and each model's prefix, flattened.
+        let mut latent_vectors = Vec::with_capacity(items.len());
+        let mut prefix_vectors = vec![Vec::with_capacity(items.len()); readers.len()];
         let mut first = 0;
         for chunk in items.chunks(self.batch.max(1)) {
             let own = first..first + chunk.len();
             first += chunk.len();
             let donated: Vec<QaItem> = own.map(|i| items[donors[i]].clone()).collect();
             let batch = qa_batch(model, readers, chunk)?;
-            let prefixes = model.prefixes(model.latents(&batch, readers)?, readers);
+            let encoded = model.latents(&batch, readers)?;
+            latent_vectors.extend(per_item(encoded.clone()));
+            let prefixes = model.prefixes(encoded, readers);
+            for (vectors, prefix) in prefix_vectors.iter_mut().zip(&prefixes) {
+                vectors.extend(per_item(prefix.clone()));
+            }
             let donated_batch = qa_batch(model, readers, &donated)?;
             let shuffled = model.prefixes(model.latents(&donated_batch, readers)?, readers);
             let own_prefixes = prefixes.clone();
@@ -248,8 +361,10 @@ impl Evaluation {
                 let answers = [&outcomes[0][1][at.clone()], &outcomes[1][1][at]];
                 rescored.extend(rescore([a, b], [pa, pb], answers, chunk)?);
             }
+            progress(chunk.len());
         }
         let all: Vec<usize> = (0..items.len()).collect();
+        let relations: Vec<Relation> = items.iter().map(|item| item.relation).collect();
         let reports = readers.iter().enumerate().map(|(m, reader)| {
             let per_kind = &outcomes[m];
             let kind = |k: usize| scores(&per_kind[k], &all);
@@ -265,6 +380,7 @@ impl Evaluation {
                 compression: content_tokens[m] as f64 / (items.len() * latents) as f64,
                 prompt_compression: prompt_tokens[m] as f64 / (items.len() * latents) as f64,
                 payload_bytes: latents * width * 4,
+                prefix_spread: Spread::of(&prefix_vectors[m], &relations),
             })
         });
         let reports = reports.collect::<Result<Vec<_>, LatentWireError>>()?;
@@ -272,6 +388,7 @@ impl Evaluation {
         Ok(Report {
             readers: reports,
             joint,
+            latent_spread: Spread::of(&latent_vectors, &relations),
         })
     }
 
@@ -666,6 +783,16 @@ fn reader_batch<B: Backend>(
     Ok(ReaderBatch { texts, answers })
 }
 
+/// Each row of `x` (`[rows, M, width]`) flattened, on the host.
+fn per_item<B: Backend>(x: Tensor<B, 3>) -> Vec<Vec<f32>> {
+    let [rows, ..] = x.dims();
+    let values = host_f32(x);
+    values
+        .chunks(values.len() / rows.max(1))
+        .map(<[f32]>::to_vec)
+        .collect()
+}
+
 /// A tensor's values on the host in f32.
 fn host_f32<B: Backend, const D: usize>(x: Tensor<B, D>) -> Vec<f32> {
     let data = x.into_data().convert::<f32>();
@@ -778,6 +905,31 @@ mod tests {
             item.relation = relation;
         }
         assert_eq!(donors(&items), [2, 4, 0, 4, 1]);
+    }
+
+    /// Identical vectors have no spread; vectors that differ only by relation spread between
+    /// relations alone; and the two parts add up in squares to the whole.
+    #[test]
+    fn spread_splits_into_relations_and_items_within_them() {
+        let relations = [
+            Relation::Birthday,
+            Relation::Birthday,
+            Relation::Occupation,
+            Relation::Occupation,
+        ];
+        let same = vec![vec![1.0, -2.0]; 4];
+        assert_eq!(Spread::of(&same, &relations), Spread::default());
+        let by_relation = [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]].map(Vec::from);
+        let spread = Spread::of(&by_relation, &relations);
+        assert_eq!(spread.within_relations, 0.0);
+        // Mean (½, ½): every vector lies √½ from it, and each is of size 1.
+        assert!((spread.between_items - 0.5f64.sqrt()).abs() < 1e-12);
+        assert!((spread.between_relations - spread.between_items).abs() < 1e-12);
+        let mixed = [[1.0, 0.0], [3.0, 0.0], [0.0, 2.0], [0.0, -1.0]].map(Vec::from);
+        let spread = Spread::of(&mixed, &relations);
+        assert!(spread.within_relations > 0.0 && spread.between_relations > 0.0);
+        let parts = spread.between_relations.powi(2) + spread.within_relations.powi(2);
+        assert!((parts - spread.between_items.powi(2)).abs() < 1e-12);
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub use builtin::tiny_readers;
 pub use data::{QaItem, Relation, Split, generate};
 pub use encoder::{ByteBatch, EncoderConfig, InterlinguaEncoder};
 pub use eval::{
-    Evaluation, JointScores, PROMPT_KINDS, ReaderReport, RelationReport, Report, Scores,
+    Evaluation, JointScores, PROMPT_KINDS, ReaderReport, RelationReport, Report, Scores, Spread,
     StandardErrors,
 };
 pub use model::{Encoder, EncoderKind, LatentWire};
