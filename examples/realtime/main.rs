@@ -6,7 +6,7 @@
 //! ```text
 //! cargo run --release --example realtime -- --out DIR [--model unet|lsd] [--frames N]
 //!     [--input DIR|FILE] [--steps S] [--budget-ms 40] [--streams B] [--device D] [--policy P]
-//!     [--weights DIR] [--size PX] [--seed S] [--max-image-pixels N]
+//!     [--weights DIR] [--size PX] [--seed S] [--max-image-pixels N] [--chain]
 //! ```
 //!
 //! - `--input`: a folder of frame images (in name order) or a clip (GIF; MP4 with the `video`
@@ -15,8 +15,10 @@
 //!   than `--max-image-pixels` are refused before decoding. Without it, a moving
 //!   pattern is generated (the system's demo's sine waves), shifted per stream.
 //! - `--steps`: denoising forwards per frame: the U-Net's at timesteps 50 … 0 (the system's
-//!   benchmark runs 6, the default), each on the previous step's output; the live-stream model's
-//!   diffusion block at timesteps 19 … 0 (the system runs 1, the default).
+//!   benchmark runs 6, the default), each reading the incoming frame as the system's benchmark
+//!   does (the frame's output is the last forward's; `--chain`: each reads the previous
+//!   forward's output, kiln's variant); the live-stream model's diffusion block at timesteps
+//!   19 … 0 (the system runs 1, the default).
 //! - `--streams B`: B independent streams through one forward (each with its own memory bank).
 //! - `--weights`: a directory whose `model.safetensors` holds the system's state dict for the
 //!   model; without, seeded random weights (the system's own benchmarks time random weights).
@@ -36,7 +38,7 @@ use clap::Parser;
 use kiln::burn;
 use kiln::core::{DeviceJob, DeviceSpec, Policy, PolicySpec};
 use kiln::io::RunFiles;
-use kiln::realtime::{LiveStreamDiffusion, LsdConfig, Stream, UNet, UNetConfig};
+use kiln::realtime::{FrameLoop, LiveStreamDiffusion, LsdConfig, Stream, UNet, UNetConfig};
 
 mod frames;
 mod report;
@@ -93,6 +95,11 @@ struct Args {
     /// are refused before decoding, as decompression bombs.
     #[arg(long, default_value_t = kiln::cache::DEFAULT_MAX_PIXELS)]
     max_image_pixels: u64,
+    /// Each U-Net forward reads the previous forward's output (kiln's chained variant: the
+    /// same cost, other frames); by default each reads the incoming frame, as mirage-hello's
+    /// benchmark runs `Day2Model`.
+    #[arg(long)]
+    chain: bool,
 }
 
 /// What a run writes in `--out`.
@@ -111,6 +118,7 @@ enum FrameModel<B: Backend> {
     UNet {
         model: Box<UNet<B>>,
         timesteps: Vec<f32>,
+        frame_loop: FrameLoop,
     },
     Lsd {
         model: Box<LiveStreamDiffusion<B>>,
@@ -123,13 +131,11 @@ impl<B: Backend> FrameModel<B> {
     /// The next output of every stream for `frames` `[streams, 3, H, W]`.
     fn next(&mut self, frames: Tensor<B, 4>) -> Result<Tensor<B, 4>, String> {
         match self {
-            FrameModel::UNet { model, timesteps } => {
-                let mut x = frames;
-                for &t in timesteps.iter() {
-                    x = model.denoise(x, t).map_err(|e| e.to_string())?;
-                }
-                Ok(x)
-            }
+            FrameModel::UNet {
+                model,
+                timesteps,
+                frame_loop,
+            } => (model.frame(frames, timesteps, *frame_loop)).map_err(|e| e.to_string()),
             FrameModel::Lsd {
                 model,
                 stream,
@@ -155,6 +161,15 @@ impl Args {
     fn steps(&self) -> usize {
         self.steps
             .unwrap_or(if self.model == "unet" { 6 } else { 1 })
+    }
+
+    /// What each of the U-Net's forwards reads (the live-stream model has one loop).
+    fn frame_loop(&self) -> FrameLoop {
+        if self.chain {
+            FrameLoop::Chain
+        } else {
+            FrameLoop::Mirage
+        }
     }
 
     fn files(&self) -> RunFiles {
@@ -184,6 +199,7 @@ impl Args {
             "weights": self.weights,
             "size": self.size,
             "seed": self.seed,
+            "frame_loop": self.frame_loop().name(),
         })
     }
 
@@ -196,6 +212,13 @@ impl Args {
         B::seed(device, self.seed);
         let weights =
             |what: &str, e: kiln::core::CheckpointError| format!("--weights for the {what}: {e}");
+        if self.model != "unet" && self.chain {
+            return Err(
+                "--chain: the live-stream model has one loop (each step reads its previous \
+                 output and its memory bank); --chain chooses the U-Net's"
+                    .into(),
+            );
+        }
         if self.model == "unet" {
             if !self.size.is_multiple_of(4) {
                 return Err(format!(
@@ -210,6 +233,7 @@ impl Args {
             return Ok(FrameModel::UNet {
                 model: Box::new(model.with_policy(policy)),
                 timesteps: timesteps(50.0, self.steps()),
+                frame_loop: self.frame_loop(),
             });
         }
         let config = LsdConfig {
@@ -275,6 +299,7 @@ impl DeviceJob for Args {
             model: &self.model,
             streams: self.streams,
             forwards_per_frame: self.steps(),
+            frame_loop: (self.model == "unet").then(|| self.frame_loop().name()),
             budget_ms: self.budget_ms,
             policy: policy.to_string(),
             device: format!("{:?}", device),

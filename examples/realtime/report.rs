@@ -125,6 +125,8 @@ pub struct Summary<'a> {
     pub model: &'a str,
     pub streams: usize,
     pub forwards_per_frame: usize,
+    /// What the U-Net's forwards read (`mirage`, `chain`); none for the live-stream model.
+    pub frame_loop: Option<&'static str>,
     pub budget_ms: f64,
     pub policy: String,
     pub device: String,
@@ -164,6 +166,7 @@ impl Summary<'_> {
             "peak_memory_bytes": kiln::bench::host_peak(),
             "peak_memory_kind": "host resident memory of the process (VmHWM)",
             "forwards_per_frame": self.forwards_per_frame,
+            "frame_loop": self.frame_loop,
             "streams": self.streams,
             "frame_size": self.size,
             "policy": self.policy,

@@ -7,9 +7,10 @@ github.com/toddllm/mirage-hello (`--mirage-dir` or `$KILN_MIRAGE_DIR`, commit 04
 scripts/fixtures/realtime.py's loader. Its method (`comprehensive_day2_benchmark`): the model
 converted once to the precision (`--dtype f16|bf16`, or f32) and to channels_last, eval mode,
 `inference_mode`, 5 warm-up frames, then 12 timed frames; a U-Net frame is 6 forwards at
-timesteps 50, 40, …, 0 (`--steps`), each on the frame with its timestep plane, its output
-chained as the next step's frame (the system feeds the same frame each time; the cost is the
-same). A live-stream frame is one call of the model's forward with the previous outputs as
+timesteps 50, 40, …, 0 (`--steps`), each on the incoming frame with its timestep plane, as the
+system's benchmark calls `Day2Model.forward` (which ignores the previous output it is passed),
+the frame's output the last forward's (`--chain`: each forward reads the previous one's output,
+kiln's chained variant; the cost is the same). A live-stream frame is one call of the model's forward with the previous outputs as
 context. Unlike the system, every frame ends with a device synchronisation (`time.time()` with
 no synchronisation timed launches, not work) and both per-forward and per-frame figures are
 reported (its FPS counted forwards as frames).
@@ -72,6 +73,8 @@ def main():
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=6, help="U-Net forwards per frame")
+    parser.add_argument("--chain", action="store_true",
+                        help="each U-Net forward reads the previous one's output (kiln's variant)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=12)
     args = parser.parse_args()
@@ -109,7 +112,8 @@ def main():
             x = frame
             for t in timesteps:
                 plane = torch.full((b, 1, size, size), t / 100.0, device=device, dtype=dtype)
-                x_in = torch.cat([x, plane], dim=1).contiguous(memory_format=torch.channels_last)
+                read = x if args.chain else frame
+                x_in = torch.cat([read, plane], dim=1).contiguous(memory_format=torch.channels_last)
                 x = model(x_in)
             return x
         step = torch.full((b,), 10, device=device, dtype=torch.long)

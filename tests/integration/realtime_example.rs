@@ -58,6 +58,7 @@ fn the_unet_streams_write_the_contract_files() {
     }
     assert!(summary["frame_ms"]["p50"].as_f64() <= summary["frame_ms"]["max"].as_f64());
     assert_eq!(summary["forwards_per_frame"], 2);
+    assert_eq!(summary["frame_loop"], "mirage");
     assert_eq!(summary["streams"], 2);
     assert_eq!(summary["budget_ms"], 16.0);
     // 7 frames: 5 of warm-up, reported apart, and 2 timed.
@@ -104,6 +105,7 @@ fn the_live_stream_model_reads_a_folder_of_frames_resized() {
     );
     let summary = common::summary(&out);
     assert_eq!(summary["forwards_per_frame"], 1);
+    assert!(summary["frame_loop"].is_null(), "{summary}");
     assert_eq!(summary["streams"], 1);
     assert!(out.join("frames/stream-1/00003.png").is_file());
 }
@@ -145,6 +147,11 @@ fn bad_inputs_are_clear_errors() {
     assert!(
         error.contains("--weights (a directory holding model.safetensors)")
             && error.contains("is a file, where a directory is read"),
+        "{error}"
+    );
+    let error = sized(&["--model", "lsd", "--chain"]);
+    assert!(
+        error.contains("--chain: the live-stream model has one loop"),
         "{error}"
     );
     assert!(!out.exists(), "a refused run left {}", out.display());

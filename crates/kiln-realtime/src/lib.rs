@@ -31,7 +31,7 @@ mod runtime;
 pub mod unet;
 
 pub use lsd::{LiveStreamDiffusion, LsdConfig, Stream};
-pub use unet::{UNet, UNetConfig};
+pub use unet::{FrameLoop, UNet, UNetConfig};
 
 /// Frames a model cannot read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

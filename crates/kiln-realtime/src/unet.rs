@@ -199,4 +199,47 @@ impl<B: Backend> UNet<B> {
         .cast(frames.dtype());
         Ok(self.forward(Tensor::cat(vec![frames, plane], 1)))
     }
+
+    /// One output frame of `frames` from a denoising forward at each of `timesteps`, in order,
+    /// the forwards reading what `frame_loop` says. [`FrameLoop::Mirage`] is the system's
+    /// benchmark: every forward reads the incoming frames, so the output is the last forward's.
+    pub fn frame(
+        &self,
+        frames: Tensor<B, 4>,
+        timesteps: &[f32],
+        frame_loop: FrameLoop,
+    ) -> Result<Tensor<B, 4>, FrameError> {
+        let mut out = None;
+        for &timestep in timesteps {
+            let read = match (frame_loop, out) {
+                (FrameLoop::Chain, Some(previous)) => previous,
+                _ => frames.clone(),
+            };
+            out = Some(self.denoise(read, timestep)?);
+        }
+        out.ok_or(FrameError::NoSteps)
+    }
+}
+
+/// What each of a frame's denoising forwards reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FrameLoop {
+    /// The incoming frame, every time (mirage-hello's `comprehensive_day2_benchmark`:
+    /// `Day2Model.forward` ignores the previous output it is given): the frame's output is the
+    /// last forward's, at the last timestep, on the raw input.
+    #[default]
+    Mirage,
+    /// The previous forward's output (the first reads the incoming frame): kiln's chained
+    /// variant, the same cost, other frames.
+    Chain,
+}
+
+impl FrameLoop {
+    /// `mirage` or `chain`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FrameLoop::Mirage => "mirage",
+            FrameLoop::Chain => "chain",
+        }
+    }
 }

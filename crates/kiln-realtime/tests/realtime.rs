@@ -10,7 +10,7 @@ use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
 use kiln_core::PolicySpec;
-use kiln_realtime::{FrameError, LiveStreamDiffusion, LsdConfig, UNet, UNetConfig};
+use kiln_realtime::{FrameError, FrameLoop, LiveStreamDiffusion, LsdConfig, UNet, UNetConfig};
 
 type B = Flex;
 /// Flex under autodiff: kiln's host layers step aside (they would cut a gradient's path), so
@@ -100,6 +100,43 @@ fn unet_matches_the_systems_unet<B: Backend>() {
 fn the_unet_matches_the_systems_unet() {
     unet_matches_the_systems_unet::<B>();
     unet_matches_the_systems_unet::<Ops>();
+}
+
+/// mirage's benchmark loop (`comprehensive_day2_benchmark` around `Day2Model.forward`, run by
+/// the fixture script): three frames of two streams, six forwards each, every forward reading
+/// the incoming frame; kiln's default loop gives each frame's output, and the chained variant
+/// does not.
+fn unet_frames_are_the_systems_loop<B: Backend>() {
+    let refs = References::open("unet_loop_references.safetensors");
+    let unet = fixture_unet::<B>();
+    let frames: Tensor<B, 5> = refs.tensor("frames");
+    let want: Tensor<B, 5> = refs.tensor("out");
+    let timesteps = [50.0, 40.0, 30.0, 20.0, 10.0, 0.0];
+    for i in 0..frames.dims()[0] {
+        let frame = |t: Tensor<B, 5>| t.narrow(0, i, 1).squeeze_dim::<4>(0);
+        let got = unet.frame(frame(frames.clone()), &timesteps, FrameLoop::Mirage);
+        let what = format!("frame {}", i + 1);
+        assert_close(got.unwrap(), frame(want.clone()), 1e-5, &what);
+        let chained = unet.frame(frame(frames.clone()), &timesteps, FrameLoop::Chain);
+        let apart: f32 = (chained.unwrap() - frame(want.clone()))
+            .abs()
+            .max()
+            .into_scalar()
+            .elem();
+        assert!(apart > 1e-2, "{what}: the chained loop gives other frames");
+    }
+    let none = unet.frame(
+        frames.narrow(0, 0, 1).squeeze_dim::<4>(0),
+        &[],
+        FrameLoop::Mirage,
+    );
+    assert_eq!(none.unwrap_err(), FrameError::NoSteps);
+}
+
+#[test]
+fn unet_frames_are_the_systems_frame_loop() {
+    unet_frames_are_the_systems_loop::<B>();
+    unet_frames_are_the_systems_loop::<Ops>();
 }
 
 /// The fixture's ten-frame stream (the eight-slot bank wraps around at the ninth), frame `i`
