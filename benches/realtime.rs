@@ -1,7 +1,7 @@
 //! kiln-realtime per-frame speed under kiln-bench: mirage-hello's benchmarked U-Net (a frame is
-//! 6 denoising forwards, each reading the incoming frame, as the system's benchmark runs them) and its live-stream diffusion model (a frame is one
-//! step with the memory bank and the blend), 64 × 64, at b = 1 and b = 8 streams. PyTorch's
-//! figures for the same work come from `scripts/bench/realtime_torch.py`; both are in
+//! 6 denoising forwards, each reading the incoming frame, as the system's benchmark runs them)
+//! and its live-stream diffusion model (a frame is one step with the memory bank and the
+//! blend), 64 × 64, at b = 1 and b = 8 streams. PyTorch's figures for the same work come from `scripts/bench/realtime_torch.py`; both are in
 //! docs/PERFORMANCE.md.
 //!
 //! ```text

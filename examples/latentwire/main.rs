@@ -26,8 +26,8 @@
 //! baselines `question_only`, `token_budget_question` and `shuffled_latent`, each kind's
 //! `first_content_token_accuracy`, LatentWire's `em_clean` and `f1_clean`, standard errors,
 //! `by_relation`, `prompt_compression`, `prefix_spread`; at the top `layout`, `latent_spread`
-//! and, with two models, LatentWire's `joint` scores), `tokens/` (the splits tokenized once) and `checkpoints/`: rerunning the same
-//! command resumes exactly.
+//! and, with two models, LatentWire's `joint` scores), `tokens/` (the splits tokenized once)
+//! and `checkpoints/`: rerunning the same command resumes exactly.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
