@@ -91,6 +91,8 @@ impl<B: Backend> Benchmark<B> for LsdFrame<B> {
 
     fn run(&self, (frames, stream): &Self::Input) -> Self::Output {
         let mut stream = stream.borrow_mut();
+        // One timestep (the system draws one of 0 … 19 a frame; which one changes the numbers,
+        // not the cost).
         let out = self.model.next_frame(&mut stream, frames.clone(), &[10.0]);
         out.expect("frames of the model's shape").into_data()
     }

@@ -25,19 +25,19 @@ pub enum FrameSource {
 }
 
 impl FrameSource {
-    /// The source `args` names.
-    pub fn open(args: &Args) -> Result<Self, String> {
+    /// The source `args` names, its frames `size` × `size`.
+    pub fn open(args: &Args, size: usize) -> Result<Self, String> {
         let Some(input) = &args.input else {
             return Ok(FrameSource::Generated {
                 streams: args.streams,
-                size: args.size,
+                size,
             });
         };
-        let size = args.size as u32;
-        let note = resizing_note(input, size);
+        let side = size as u32;
+        let note = resizing_note(input, side);
         let cache =
             ImageCache::new(ImageCache::default_dir()).max_image_pixels(args.max_image_pixels);
-        let spec = ClipSpec::new(args.frames as u32, Preprocess::clip(size));
+        let spec = ClipSpec::new(args.frames as u32, Preprocess::clip(side));
         let clip = cache
             .load_clips(&VideoSource::Videos(vec![input.clone()]), &spec)
             .map_err(|e| format!("--input {}: {e}", input.display()))?;
@@ -45,7 +45,7 @@ impl FrameSource {
             eprintln!("note: {note}");
         }
         let pixels = clip.item(0);
-        let per_frame = 3 * args.size * args.size;
+        let per_frame = 3 * size * size;
         let frames = pixels
             .chunks_exact(per_frame)
             .map(|frame| frame.iter().map(|&v| v as f32 / 127.5 - 1.0).collect())
@@ -53,7 +53,7 @@ impl FrameSource {
         Ok(FrameSource::Clip {
             frames,
             streams: args.streams,
-            size: args.size,
+            size,
             name: input.display().to_string(),
         })
     }

@@ -1,5 +1,5 @@
 //! What a run writes: every output frame as PNG, the first 64 as a GIF, the latency histogram
-//! and the summary.
+//! and the summary; with `--save-raw`, every frame in and out as f32.
 
 use std::path::{Path, PathBuf};
 
@@ -7,6 +7,7 @@ use image::codecs::gif::{GifEncoder, Repeat};
 use image::{Delay, Frame, RgbImage, RgbaImage};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln::burn::tensor::TensorData;
+use kiln::core::DeviceSpec;
 use kiln::train::plot::{Drawn, Figure, draw_png};
 use plotters::prelude::*;
 use serde_json::json;
@@ -104,6 +105,104 @@ fn to_u8(value: f32) -> u8 {
     ((value.clamp(-1.0, 1.0) + 1.0) * 127.5).round() as u8
 }
 
+/// Every frame in and out as f32 and each frame's timesteps, kept until the run ends
+/// (`raw.safetensors`).
+#[derive(Default)]
+pub struct RawFrames {
+    input: Vec<f32>,
+    out: Vec<f32>,
+    timesteps: Vec<f32>,
+    /// `[streams, channels, height, width]` of a frame.
+    frame: Vec<usize>,
+    frames: usize,
+}
+
+impl RawFrames {
+    /// The bytes `frames` frames of `pixels` pixels (all streams) take, in and out.
+    pub fn bytes(frames: usize, pixels: u64) -> u64 {
+        2 * frames as u64 * pixels * 3 * 4
+    }
+
+    /// The frame read next, and the timesteps of its forwards.
+    pub fn push_input(&mut self, input: &TensorData, timesteps: &[f32]) -> Result<(), String> {
+        self.frame = input.shape.to_vec();
+        self.input.extend(f32s(input)?);
+        self.timesteps.extend_from_slice(timesteps);
+        self.frames += 1;
+        Ok(())
+    }
+
+    /// The frame the model wrote for the last input.
+    pub fn push_output(&mut self, out: &TensorData) -> Result<(), String> {
+        self.out.extend(f32s(out)?);
+        Ok(())
+    }
+
+    /// Writes `input` and `out` `[frames, streams, channels, height, width]` and `timesteps`
+    /// `[frames, steps]` into the safetensors file `path`.
+    pub fn write(self, path: &Path) -> Result<(), String> {
+        let frames = [&[self.frames][..], &self.frame].concat();
+        let steps = self.timesteps.len() / self.frames.max(1);
+        let bytes =
+            |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        let tensors = [
+            ("input", bytes(&self.input), frames.clone()),
+            ("out", bytes(&self.out), frames),
+            (
+                "timesteps",
+                bytes(&self.timesteps),
+                vec![self.frames, steps],
+            ),
+        ];
+        let views = tensors.iter().map(|(name, data, shape)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data);
+            view.map(|view| (*name, view))
+        });
+        let views = views
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let file =
+            safetensors::serialize(views, None).map_err(|e| format!("{}: {e}", path.display()))?;
+        kiln::io::write_atomic(path, &file).map_err(|e| e.to_string())
+    }
+}
+
+/// `data`'s values as f32, whatever its dtype.
+fn f32s(data: &TensorData) -> Result<Vec<f32>, String> {
+    (data.clone().convert::<f32>().to_vec::<f32>())
+        .map_err(|e| format!("a frame cannot be read as f32: {e}"))
+}
+
+/// The most device memory the backend's pools held after any frame, where the device tells
+/// (cubecl's CUDA and wgpu pools: reserved bytes, an upper bound on what was allocated).
+pub struct DeviceMemory {
+    device: DeviceSpec,
+    peak: Option<u64>,
+}
+
+impl DeviceMemory {
+    /// Samples `device`'s pools from now on, if it has any.
+    pub fn new(device: DeviceSpec) -> Self {
+        DeviceMemory {
+            peak: device.memory_reserved(),
+            device,
+        }
+    }
+
+    /// Reads the pools again (after a frame, outside its timing).
+    pub fn sample(&mut self) {
+        if let Some(peak) = &mut self.peak {
+            *peak = (*peak).max(self.device.memory_reserved().unwrap_or(0));
+        }
+    }
+
+    /// The peak, where the device has pools.
+    pub fn peak(&self) -> Option<u64> {
+        self.peak
+    }
+}
+
 /// Every frame's latency in milliseconds, in order.
 #[derive(Default)]
 pub struct Latencies(Vec<f64>);
@@ -127,11 +226,15 @@ pub struct Summary<'a> {
     pub forwards_per_frame: usize,
     /// What the U-Net's forwards read (`mirage`, `chain`); none for the live-stream model.
     pub frame_loop: Option<&'static str>,
+    /// The live-stream model's timestep each frame (`random` or a number); none for the U-Net.
+    pub timestep: Option<String>,
     pub budget_ms: f64,
     pub policy: String,
     pub device: String,
     pub size: usize,
     pub source: String,
+    /// The device's peak memory ([`DeviceMemory`]); none on the CPU backends.
+    pub memory: Option<u64>,
 }
 
 impl Summary<'_> {
@@ -163,10 +266,12 @@ impl Summary<'_> {
             "frames_timed": timed.len(),
             "warmup_frames": warmup,
             "warmup_ms": &all[..warmup],
-            "peak_memory_bytes": kiln::bench::host_peak(),
-            "peak_memory_kind": "host resident memory of the process (VmHWM)",
+            "peak_memory_bytes": self.memory.or(kiln::bench::host_peak()),
+            "memory_kind": if self.memory.is_some() { "device" } else { "host" },
+            "peak_host_memory_bytes": kiln::bench::host_peak(),
             "forwards_per_frame": self.forwards_per_frame,
             "frame_loop": self.frame_loop,
+            "timestep": self.timestep,
             "streams": self.streams,
             "frame_size": self.size,
             "policy": self.policy,

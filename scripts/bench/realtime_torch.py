@@ -1,19 +1,30 @@
-"""PyTorch per-forward and per-frame speed of mirage-hello's frame models, by the system's own
-method, timed honestly.
+"""PyTorch per-forward and per-frame speed of mirage-hello's frame models, run as the system runs
+them, each frame timed to a device synchronisation.
 
 The models are the system's own (`SimpleOptimizedUNet` from examples/advanced/day2_fixed.py,
 `LiveStreamDiffusionModel` from examples/basic/simplified_lsd.py), imported from a checkout of
 github.com/toddllm/mirage-hello (`--mirage-dir` or `$KILN_MIRAGE_DIR`, commit 04a704d) by
-scripts/fixtures/realtime.py's loader. Its method (`comprehensive_day2_benchmark`): the model
-converted once to the precision (`--dtype f16|bf16`, or f32) and to channels_last, eval mode,
-`inference_mode`, 5 warm-up frames, then 12 timed frames; a U-Net frame is 6 forwards at
-timesteps 50, 40, …, 0 (`--steps`), each on the incoming frame with its timestep plane, as the
-system's benchmark calls `Day2Model.forward` (which ignores the previous output it is passed),
-the frame's output the last forward's (`--chain`: each forward reads the previous one's output,
-kiln's chained variant; the cost is the same). A live-stream frame is one call of the model's forward with the previous outputs as
-context. Unlike the system, every frame ends with a device synchronisation (`time.time()` with
-no synchronisation timed launches, not work) and both per-forward and per-frame figures are
-reported (its FPS counted forwards as frames).
+scripts/fixtures/realtime.py's loader.
+
+The U-Net as `comprehensive_day2_benchmark` runs it: the model converted once to the precision
+(`--dtype f16|bf16` with channels_last, as `Day2Model` converts it; f32 stays contiguous, as
+there), eval mode, `inference_mode`, a warm-up of 5 single forwards at timestep 25, then 12 timed
+frames; a frame is 6 forwards at timesteps 50, 40, …, 0 (`--steps`), each on the incoming frame
+with its timestep plane, as the benchmark calls `Day2Model.forward` (which ignores the previous
+output it is passed), the frame's output the last forward's (`--chain`: each forward reads the
+previous one's output, kiln's chained variant; the cost is the same). The system's benchmark
+synchronises too (day2_fixed.py:235), but reports forwards per second as FPS (`6 / avg_time`);
+here both per-frame and per-forward figures are printed.
+
+The live-stream model as its demo (`demo_simplified_lsd`) runs it: eval mode, one call of the
+model's forward a frame with the previous outputs as context, the block drawing its timestep at
+random; `--warmup` frames first (the demo warms up with one call in training mode). The demo
+times with `time.time()` and never synchronises (it runs on the CPU as often as on a GPU); here
+every frame is synchronised. As written, its bank never changes in eval mode, and every frame
+runs the bank's `feature_net` on all 8 slots and on the blend: 9 runs. `--cache-keys` runs it
+as kiln does, the careful user's version: each frame is written into the next slot (as the
+system's training mode does) and each slot's pooled features are kept with the slot, so
+`feature_net` runs twice a frame (the new frame, the blend), with one bank per stream.
 
 At `--batch` above 1, the U-Net reads B frames at once; the live-stream model's memory query
 only works for a batch of one in the system's code (it squeezes the similarities and views the
@@ -21,6 +32,7 @@ weights flat), so here it is generalised to one softmax per stream over the shar
 smallest change that lets B streams run as one batch.
 
     /work/venvs/hf/bin/python scripts/bench/realtime_torch.py --threads 2 --model unet --batch 1
+    /work/venvs/hf/bin/python scripts/bench/realtime_torch.py --threads 2 --model lsd --cache-keys
 
 Prints ms per frame per iteration, their median, per-forward figures and a final JSON line.
 Requirements: scripts/fixtures/requirements-hf.txt (torch).
@@ -52,6 +64,26 @@ def batched_query(self, current_frame):
     return self.memory_out(self.feature_net(blend))
 
 
+def cached_memory(self, current_frame):
+    """`ContextMemoryBank.forward` as kiln runs it: each stream's frame written into the next
+    slot of its own bank (as the system's training mode writes the shared one), each slot's
+    pooled features kept with the slot, the weights one softmax per stream."""
+    if not hasattr(self, "_keys"):
+        streams = current_frame.shape[0]
+        keys = F.adaptive_avg_pool2d(self.feature_net(self.frame_memory), 1).flatten(1)
+        self._bank = self.frame_memory.unsqueeze(0).repeat(streams, 1, 1, 1, 1)
+        self._keys = keys.unsqueeze(0).repeat(streams, 1, 1)
+        self._slot = 0
+    slot = self._slot
+    self._bank[:, slot] = current_frame
+    self._keys[:, slot] = F.adaptive_avg_pool2d(self.feature_net(current_frame), 1).flatten(1)
+    self._slot = (slot + 1) % self.memory_size
+    query = F.adaptive_avg_pool2d(self.memory_query(current_frame), 1).flatten(1)
+    weights = F.softmax(torch.einsum("bmk,bk->bm", self._keys, query), dim=1)
+    blend = torch.einsum("bm,bmchw->bchw", weights, self._bank)
+    return self.memory_out(self.feature_net(blend))
+
+
 def synchronize(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -75,7 +107,14 @@ def main():
     parser.add_argument("--steps", type=int, default=6, help="U-Net forwards per frame")
     parser.add_argument("--chain", action="store_true",
                         help="each U-Net forward reads the previous one's output (kiln's variant)")
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument(
+        "--cache-keys",
+        action="store_true",
+        help="the live-stream model's bank as kiln runs it: each frame recorded, each slot's "
+        "pooled features kept (feature_net twice a frame instead of 9 times)",
+    )
+    parser.add_argument("--warmup", type=int, default=5,
+                        help="U-Net: single forwards at timestep 25; lsd: frames")
     parser.add_argument("--iterations", type=int, default=12)
     args = parser.parse_args()
     if args.threads:
@@ -97,12 +136,19 @@ def main():
     else:
         lsd = mirage_module(args.mirage_dir, "examples/basic/simplified_lsd.py")
         model = lsd.LiveStreamDiffusionModel(3, 128, 8, size, size)
-        if b > 1:
-            model.context_memory.query_memory = types.MethodType(batched_query, model.context_memory)
+        memory = model.context_memory
+        if args.cache_keys:
+            memory.forward = types.MethodType(cached_memory, memory)
+        elif b > 1:
+            memory.query_memory = types.MethodType(batched_query, memory)
         forwards = 1
-    model = model.to(device=device, dtype=dtype, memory_format=torch.channels_last).eval()
+    if args.cache_keys and args.model != "lsd":
+        parser.error("--cache-keys is the live-stream model's bank")
+    # Day2Model: f16 and bf16 with channels_last, f32 as it is.
+    layout = torch.contiguous_format if args.dtype == "f32" else torch.channels_last
+    model = model.to(device=device, dtype=dtype, memory_format=layout).eval()
     frame = torch.randn(b, 3, size, size, device=device, dtype=dtype)
-    frame = frame.contiguous(memory_format=torch.channels_last)
+    frame = frame.contiguous(memory_format=layout)
 
     context = None
 
@@ -113,17 +159,19 @@ def main():
             for t in timesteps:
                 plane = torch.full((b, 1, size, size), t / 100.0, device=device, dtype=dtype)
                 read = x if args.chain else frame
-                x_in = torch.cat([read, plane], dim=1).contiguous(memory_format=torch.channels_last)
-                x = model(x_in)
+                x = model(torch.cat([read, plane], dim=1).contiguous(memory_format=layout))
             return x
-        step = torch.full((b,), 10, device=device, dtype=torch.long)
-        block = model.diffusion_block
-        if not hasattr(block, "_fixed"):
-            forward = block.forward
-            block.forward = lambda x, prev, timestep=None: forward(x, prev, step)
-            block._fixed = True
         out, context = model(frame.view(b, 1, 3, size, size), context)
         return out
+
+    def warm_up():
+        if args.model == "lsd":
+            for _ in range(args.warmup):
+                one_frame()
+            return
+        plane = torch.full((b, 1, size, size), 0.25, device=device, dtype=dtype)
+        for _ in range(args.warmup):  # the system's: single forwards at timestep 25
+            model(torch.cat([frame, plane], dim=1).contiguous(memory_format=layout))
 
     if args.autocast and args.dtype != "f32":
         parser.error("--autocast runs an f32 model: leave --dtype at f32")
@@ -133,8 +181,7 @@ def main():
         else contextlib.nullcontext()
     )
     with torch.inference_mode(), autocast:
-        for _ in range(args.warmup):
-            one_frame()
+        warm_up()
         synchronize(device)
         times = []
         for i in range(args.iterations):
@@ -149,6 +196,8 @@ def main():
         "batch": b,
         "dtype": args.dtype,
         "bf16_autocast": args.autocast,
+        "cache_keys": args.cache_keys,
+        "chain": args.chain,
         "device": args.device,
         "threads": torch.get_num_threads(),
         "size": size,

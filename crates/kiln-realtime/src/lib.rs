@@ -1,14 +1,20 @@
 //! # kiln-realtime
 //!
-//! Convolutional frame models for real-time frame-to-frame diffusion, as the live-stream
-//! diffusion system of [mirage-hello](https://github.com/toddllm/mirage-hello) (04a704d) runs
-//! them: every incoming frame goes through a small network within a frame budget.
+//! Convolutional frame models for real-time frame-to-frame diffusion: the two models of
+//! [mirage-hello](https://github.com/toddllm/mirage-hello) (04a704d), a live-stream diffusion
+//! project, each in the loop the project runs it in: every incoming frame goes through a small
+//! network within a frame budget.
 //!
 //! - [`unet`]: its benchmarked U-Net (`SimpleOptimizedUNet`): stride-2 convolutions, 12-head
-//!   self-attention at the bottleneck, transposed convolutions with additive skips;
+//!   self-attention at the bottleneck, transposed convolutions with additive skips; a frame is
+//!   its benchmark's six forwards ([`UNet::frame`]);
 //! - [`lsd`]: its lightweight live-stream diffusion model (`LiveStreamDiffusionModel`): a
 //!   conditioned conv block with a sinusoidal time embedding, an 8-frame memory bank and a
-//!   sigmoid blend with the previous output.
+//!   sigmoid blend with the previous output; a frame is one call, as its demo streams them
+//!   ([`LiveStreamDiffusion::next_frame`]).
+//!
+//! The project's own streaming demo (`demo/demo.py`) runs a third network, which is not here
+//! (docs/REALTIME.md says what each of its scripts measures).
 //!
 //! Both load the system's PyTorch state dicts under their own names and run on every backend
 //! (burn's convolutions, group norms and interpolation; kiln-transformer's attention), under a

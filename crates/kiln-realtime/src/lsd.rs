@@ -12,16 +12,21 @@
 //! 3. the blend (from the second frame): `w = σ(net([c, p]))` `[1 channel]`,
 //!    `out = w · c + (1 − w) · p`.
 //!
+//! The bank starts as the state dict holds it, the next write at its `memory_ptr`: the system's
+//! demo warms up in training mode, which writes the warm-up frame into slot 0 and moves
+//! `memory_ptr` to 1, then streams in eval mode, where the bank no longer changes.
+//!
 //! What differs from the system's code, on purpose:
-//! - its bank records frames only in training mode (`if self.training`), so in its own
-//!   evaluation the bank never changes; kiln records every frame, as the system's design
-//!   describes (its fixtures run the reference in training mode, which changes nothing else:
-//!   no dropout, and GroupNorm keeps no running statistics);
+//! - its bank records frames only in training mode (`if self.training`); kiln records every
+//!   frame (the diffusion block's output `g`, before the correction, as the system's training
+//!   mode writes it), as the system's design describes (the fixtures run the reference in
+//!   training mode, which changes nothing else: no dropout, and GroupNorm keeps no running
+//!   statistics);
 //! - its bank is one buffer shared by the batch and its query works for a batch of one; kiln
 //!   keeps one bank per stream ([`Stream`]), so `B` independent streams run as one batch;
 //! - each slot's pooled features are kept with the slot instead of recomputed for all `M`
 //!   slots every frame (the same numbers: a slot's features depend on its frame alone);
-//! - the timestep is given (the block draws a random one when given none).
+//! - the timestep is the caller's (the block draws a random one from 0 … 19 when given none).
 
 use std::path::Path;
 
@@ -41,7 +46,7 @@ use kiln_transformer::image::HostImage;
 use rayon::prelude::*;
 
 use crate::FrameError;
-use crate::runtime::{FrameRuntime, check_frames};
+use crate::runtime::{CheckpointShapes, FrameRuntime, check_frames};
 
 /// `LiveStreamDiffusionModel(input_channels, hidden_dim, context_length, height, width)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +94,24 @@ impl LsdConfig {
     /// The system's demonstration model: 3 channels, width 128, an 8-frame bank, 64 × 64.
     pub fn mirage() -> Self {
         LsdConfig::new(3, 128, 8, 64, 64)
+    }
+
+    /// The model whose state dict the checkpoint directory `dir` holds, its sizes read from
+    /// the tensors' shapes (the bank `context_memory.frame_memory` `[M, channels, height,
+    /// width]`, the time embedding's `[hidden, hidden]`), before any weight is read.
+    pub fn from_checkpoint(dir: &Path) -> Result<Self, CheckpointError> {
+        let shapes = CheckpointShapes::read(dir)?;
+        let model = "LiveStreamDiffusionModel";
+        let [context_length, input_channels, height, width] =
+            shapes.dims::<4>("context_memory.frame_memory", model)?;
+        let [hidden_dim, _] = shapes.dims::<2>("diffusion_block.time_embed.0.weight", model)?;
+        Ok(LsdConfig::new(
+            input_channels,
+            hidden_dim,
+            context_length,
+            height,
+            width,
+        ))
     }
 
     /// Refuses sizes the model cannot be built or run with, naming the first: a frame side
@@ -192,6 +215,7 @@ impl LsdConfig {
             diffusion_block,
             context_memory,
             consistency_net,
+            first_slot: 0,
             runtime: FrameRuntime::default(),
         }
     }
@@ -261,6 +285,9 @@ pub struct LiveStreamDiffusion<B: Backend> {
     pub context_memory: ContextMemoryBank<B>,
     /// The temporal blend.
     pub consistency_net: ConsistencyNet<B>,
+    /// The bank's slot a new stream writes first (the state dict's `memory_ptr`).
+    #[module(skip)]
+    first_slot: usize,
     #[module(skip)]
     runtime: FrameRuntime,
 }
@@ -322,13 +349,17 @@ pub const STATE_DICT_NAMES: &[(&str, &str)] = &[
     (r"^consistency_net\.4\.", "consistency_net.output."),
 ];
 
-/// State-dict entries the model never reads: the block's noise schedule (its forward does not
-/// use it) and the bank's write position (every stream starts writing at slot 0).
+/// The state-dict entry of the bank's next write position (a one-element `int64`), read apart
+/// from the parameters ([`LiveStreamDiffusion::with_weights`]).
+const MEMORY_POSITION: &str = "context_memory.memory_ptr";
+
+/// State-dict entries the parameters do not take: the block's noise schedule (its forward does
+/// not use it) and the bank's write position (read on its own).
 const UNUSED: &[&str] = &[
     "diffusion_block.betas",
     "diffusion_block.alphas",
     "diffusion_block.alphas_cumprod",
-    "context_memory.memory_ptr",
+    MEMORY_POSITION,
 ];
 
 /// One or more independent streams' state: each stream's memory bank, its slots' pooled
@@ -449,10 +480,14 @@ impl<B: Backend> LiveStreamDiffusion<B> {
     /// The model with the weights of the checkpoint directory `dir` (`model.safetensors`
     /// holding the system's `LiveStreamDiffusionModel.state_dict()`); a tensor missing or of
     /// another shape (another frame size or bank length among them) is an error naming each.
+    /// The bank's frames and its write position `memory_ptr` come with them: a stream starts
+    /// from the bank as the system saved it and writes next where the system would have.
     pub fn with_weights(self, dir: &Path) -> Result<Self, CheckpointError> {
         let runtime = self.runtime.clone();
+        let slots = self.context_memory.frame_memory.dims()[0];
         let mut loaded = kiln_core::load_checkpoint(self, dir, STATE_DICT_NAMES, UNUSED)?;
         loaded.runtime = runtime;
+        loaded.first_slot = memory_position(dir, slots)?;
         Ok(loaded)
     }
 
@@ -476,7 +511,8 @@ impl<B: Backend> LiveStreamDiffusion<B> {
         [channels, height, width]
     }
 
-    /// `streams` independent streams, each starting from the state dict's bank.
+    /// `streams` independent streams, each starting from the state dict's bank and writing
+    /// first into its slot `memory_ptr` (0 for a model not loaded from a state dict).
     pub fn stream(&self, streams: usize) -> Stream<B> {
         let memory = self.context_memory.frame_memory.val();
         let keys = self.context_memory.keys(memory.clone(), &self.runtime);
@@ -485,7 +521,7 @@ impl<B: Backend> LiveStreamDiffusion<B> {
                 bank: memory.unsqueeze_dim::<5>(0).repeat_dim(0, streams),
                 keys: keys.unsqueeze_dim::<3>(0).repeat_dim(0, streams),
             },
-            next_slot: 0,
+            next_slot: self.first_slot,
             previous: None,
         }
     }
@@ -798,6 +834,25 @@ impl<B: Backend> ConsistencyNet<B> {
                 .for_each(|(c, &p)| *c = w * *c + (1.0 - w) * p);
         }
         Some(out)
+    }
+}
+
+/// The bank's next write position the checkpoint in `dir` holds (`memory_ptr`; 0 where it
+/// holds none), which must be one of its `slots` slots.
+fn memory_position(dir: &Path, slots: usize) -> Result<usize, CheckpointError> {
+    let shapes = CheckpointShapes::read(dir)?;
+    let Some(data) = shapes.values(MEMORY_POSITION)? else {
+        return Ok(0);
+    };
+    let values: Vec<i64> = data.iter::<i64>().collect();
+    match values.as_slice() {
+        &[position] if (0..slots as i64).contains(&position) => Ok(position as usize),
+        _ => Err(CheckpointError::Unreadable {
+            file: kiln_core::weight_files(dir)?.remove(0),
+            reason: format!(
+                "`{MEMORY_POSITION}` is {values:?}: the bank's next slot, one of its {slots}"
+            ),
+        }),
     }
 }
 

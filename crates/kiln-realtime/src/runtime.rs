@@ -1,9 +1,12 @@
 //! What every frame model computes with, and the frame checks they share.
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
 use burn::module::Module;
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_core::{Policy, Precision, cast_module};
+use burn::tensor::{Tensor, TensorData};
+use kiln_core::{CheckpointError, Policy, Precision, cast_module, read_tensor, tensor_shapes};
 use kiln_kernels::host;
 use kiln_transformer::{Pass, PreparedWeights, Products, Settings, host_autocast};
 
@@ -103,4 +106,57 @@ pub(crate) fn check_frames<B: Backend>(
         });
     }
     Ok(())
+}
+
+/// The tensors a checkpoint directory holds, by stored name, read from the headers alone, to
+/// size a model before it is built.
+pub(crate) struct CheckpointShapes {
+    files: Vec<std::path::PathBuf>,
+    shapes: BTreeMap<String, Vec<usize>>,
+}
+
+impl CheckpointShapes {
+    /// The shapes of every tensor of the checkpoint in `dir` (`model.safetensors` or its shards).
+    pub(crate) fn read(dir: &Path) -> Result<Self, CheckpointError> {
+        let files = kiln_core::weight_files(dir)?;
+        let mut shapes = BTreeMap::new();
+        for file in &files {
+            shapes.extend(tensor_shapes(file)?);
+        }
+        Ok(CheckpointShapes { files, shapes })
+    }
+
+    /// The dimensions of `name`, which must have `D` of them, each positive; else an error
+    /// saying what `model`'s checkpoint holds there.
+    pub(crate) fn dims<const D: usize>(
+        &self,
+        name: &str,
+        model: &str,
+    ) -> Result<[usize; D], CheckpointError> {
+        let shape = self.shapes.get(name);
+        match shape.map(|shape| <[usize; D]>::try_from(shape.as_slice())) {
+            Some(Ok(dims)) if dims.iter().all(|&d| d > 0) => Ok(dims),
+            _ => Err(CheckpointError::Unreadable {
+                file: self.files[0].clone(),
+                reason: format!(
+                    "not {model}'s state dict: `{name}` is {}, where {model} holds {D} positive \
+                     dimensions",
+                    shape.map_or("missing".into(), |shape| format!("{shape:?}"))
+                ),
+            }),
+        }
+    }
+
+    /// The values of `name` (`None` where no file of the checkpoint holds it).
+    pub(crate) fn values(&self, name: &str) -> Result<Option<TensorData>, CheckpointError> {
+        if !self.shapes.contains_key(name) {
+            return Ok(None);
+        }
+        for file in &self.files {
+            if let Some(data) = read_tensor(file, name)? {
+                return Ok(Some(data));
+            }
+        }
+        Ok(None)
+    }
 }

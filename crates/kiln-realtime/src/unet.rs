@@ -22,7 +22,7 @@ use kiln_transformer::image::HostImage;
 use kiln_transformer::{PACKED_ATTENTION_KEYS, PackedAttention, Pass};
 
 use crate::FrameError;
-use crate::runtime::{FrameRuntime, check_frames};
+use crate::runtime::{CheckpointShapes, FrameRuntime, check_frames};
 
 /// `SimpleOptimizedUNet(in_channels, out_channels, base_channels)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +53,21 @@ impl UNetConfig {
     /// timestep plane (8.5 M parameters; the system's text calls it "30M params").
     pub fn mirage() -> Self {
         UNetConfig::new(4, 3, 96)
+    }
+
+    /// The U-Net whose state dict the checkpoint directory `dir` holds, its sizes read from
+    /// the tensors' shapes (`conv_in.weight` `[base, in, 3, 3]`, `conv_out.weight` `[out, base,
+    /// 3, 3]`), before any weight is read: the system's model at another width loads as it is.
+    pub fn from_checkpoint(dir: &Path) -> Result<Self, CheckpointError> {
+        let shapes = CheckpointShapes::read(dir)?;
+        let model = "SimpleOptimizedUNet";
+        let [base_channels, in_channels, _, _] = shapes.dims::<4>("conv_in.weight", model)?;
+        let [out_channels, _, _, _] = shapes.dims::<4>("conv_out.weight", model)?;
+        Ok(UNetConfig {
+            in_channels,
+            out_channels,
+            base_channels,
+        })
     }
 
     /// Attention heads in the bottleneck.

@@ -189,48 +189,57 @@ fn a_stream_moves_between_the_host_and_burns_operations() {
     stream_matches_the_system(model, 1e-2);
 }
 
-/// Each policy the realtime example documents, on the host layers (`B`: a bf16 policy runs
-/// them with bf16 products where the CPU has them) and through burn's operations (`Ops`): the
-/// U-Net's frame loop (six chained denoising steps, its output fed back as the next input, as
-/// the example runs it) and the live-stream model's ten frames, each within the policy's
-/// rounding of the system's f32 outputs.
-fn every_policy_runs<B: Backend>() {
-    let device = Default::default();
-    let refs = References::open("unet_references.safetensors");
-    let frame: Tensor<B, 4> = refs.tensor::<B, 4>("input").narrow(1, 0, 3).narrow(0, 0, 1);
-    let first: Tensor<B, 4> = refs.tensor::<B, 4>("out").narrow(0, 0, 1);
-    for name in ["full", "mixed-bf16", "bf16", "pure-f16", "f16"] {
+/// Policy `name`, one the realtime example documents, on the host layers (`B`: a bf16 policy
+/// runs them with bf16 products where the CPU has them) and through burn's operations (`Ops`):
+/// the U-Net's frames in the system's loop (six denoising forwards each) and the live-stream
+/// model's ten frames, each within the policy's rounding of the system's f32 outputs.
+fn policy_runs_both_models(name: &str) {
+    fn on<B: Backend>(name: &str) {
         let policy = name.parse::<PolicySpec>().unwrap();
-        let policy = policy.resolve::<B>(&device).unwrap();
+        let policy = policy.resolve::<B>(&Default::default()).unwrap();
         let tolerance = if name == "full" { 1e-5 } else { 3e-2 };
+        let refs = References::open("unet_loop_references.safetensors");
+        let frames: Tensor<B, 5> = refs.tensor("frames");
+        let want: Tensor<B, 5> = refs.tensor("out");
         let unet = fixture_unet::<B>().with_policy(policy);
-        let mut x = frame.clone();
-        for (step, t) in [50.0, 40.0, 30.0, 20.0, 10.0, 0.0].into_iter().enumerate() {
-            x = unet.denoise(x, t).unwrap();
-            if step == 0 {
-                let out = x.clone().cast(burn::tensor::DType::F32);
-                assert_close(
-                    out,
-                    first.clone(),
-                    tolerance,
-                    &format!("{name}: U-Net step 1"),
-                );
-            }
+        let timesteps = [50.0, 40.0, 30.0, 20.0, 10.0, 0.0];
+        for i in 0..frames.dims()[0] {
+            let frame = |t: Tensor<B, 5>| t.narrow(0, i, 1).squeeze_dim::<4>(0);
+            let got = unet.frame(frame(frames.clone()), &timesteps, FrameLoop::Mirage);
+            let got = got.unwrap().cast(burn::tensor::DType::F32);
+            let what = format!("{name}: U-Net frame {}", i + 1);
+            assert_close(got, frame(want.clone()), tolerance, &what);
         }
-        let values: Vec<f32> = x.into_data().convert::<f32>().to_vec().unwrap();
-        assert!(
-            values.iter().all(|v| v.is_finite()),
-            "{name}: U-Net frame loop"
-        );
         let lsd = fixture_lsd::<B>().with_policy(policy);
         stream_matches_the_system(|_| &lsd, tolerance);
     }
+    on::<B>(name);
+    on::<Ops>(name);
 }
 
 #[test]
-fn every_documented_policy_runs_both_models() {
-    every_policy_runs::<B>();
-    every_policy_runs::<Ops>();
+fn the_full_policy_runs_both_models() {
+    policy_runs_both_models("full");
+}
+
+#[test]
+fn the_mixed_bf16_policy_runs_both_models() {
+    policy_runs_both_models("mixed-bf16");
+}
+
+#[test]
+fn the_mixed_f16_policy_runs_both_models() {
+    policy_runs_both_models("mixed-f16");
+}
+
+#[test]
+fn the_bf16_policy_runs_both_models() {
+    policy_runs_both_models("bf16");
+}
+
+#[test]
+fn the_f16_policy_runs_both_models() {
+    policy_runs_both_models("f16");
 }
 
 #[test]

@@ -144,6 +144,22 @@ pub fn tensor_shapes(file: &Path) -> Result<BTreeMap<String, Vec<usize>>, Checkp
         .collect())
 }
 
+/// The tensor stored as `name` in the safetensors file `file`, in its stored dtype (`None`
+/// where the file holds no such tensor): a single value a model keeps beside its parameters,
+/// such as a buffer's position, read without loading the rest.
+pub fn read_tensor(file: &Path, name: &str) -> Result<Option<TensorData>, CheckpointError> {
+    let Some(snapshot) = safetensors_snapshots(file)?
+        .into_iter()
+        .find(|snapshot| snapshot.full_path() == name)
+    else {
+        return Ok(None);
+    };
+    let data = snapshot
+        .to_data()
+        .map_err(|e| CheckpointError::unreadable(file, format!("{name}: {e}")))?;
+    Ok(Some(data))
+}
+
 /// The tensors of the safetensors file `file` as snapshots under their stored names, in the
 /// file's order: its header read now, each tensor's bytes read from the file by position only
 /// when it is loaded (no memory map: a file cut short meanwhile is an error naming it, not a
