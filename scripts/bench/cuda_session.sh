@@ -59,9 +59,12 @@
 #          size compiles for tens of seconds: PAINN_FILTER=painn/seed/b=64 times one size alone.
 #  realtime The frame models (the `realtime` bench: mirage-hello's U-Net and live-stream model at
 #          b = 1 and 8) under the system's FP16 conversion (pure-f16), beside
-#          scripts/bench/realtime_torch.py (FP16 + channels_last, its method) on the same GPU;
-#          then kernel launches per frame: the `realtime` example with cubecl's execution log on
-#          (a cubecl.toml, profiling level "minimal"), 2 frames and 12, the difference per frame.
+#          scripts/bench/realtime_torch.py (FP16 + channels_last, its method) on the same GPU,
+#          the live-stream model also with kiln's per-slot key cache (--cache-keys); then kernel
+#          launches per frame: the `realtime` example with cubecl's execution log on (a
+#          cubecl.toml, profiling level "minimal"), 2 frames and 12, the difference per frame;
+#          its summaries (launches_*.json) hold the device's peak memory (memory_kind
+#          "device"), beside torch's max_memory_allocated in the script's JSON line.
 set -u
 BIN=${BIN:-.gpu}
 
@@ -287,6 +290,9 @@ realtime() {
             step "realtime_torch_${model}_$batch" 60 env KILN_MIRAGE_DIR="$BIN/mirage" python3 \
                 scripts/bench/realtime_torch.py --device cuda --dtype f16 --model "$model" \
                 --batch "$batch"
+            [ "$model" = lsd ] && step "realtime_torch_lsd_${batch}_cached" 60 \
+                env KILN_MIRAGE_DIR="$BIN/mirage" python3 scripts/bench/realtime_torch.py \
+                --device cuda --dtype f16 --model lsd --batch "$batch" --cache-keys
         done
         launches "$model"
     done

@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -208,6 +209,10 @@ def main():
         "frames_per_s_per_stream": 1.0 / median,
         "frames_per_s_all_streams": b / median,
         "parameters": sum(p.numel() for p in model.parameters()),
+        # The system's measure (day2_fixed.py): the device's peak allocated bytes.
+        "peak_memory_bytes": torch.cuda.max_memory_allocated() if device.type == "cuda" else None,
+        # The process's resident peak (kiln's `peak_host_memory_bytes`, VmHWM).
+        "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "torch": torch.__version__,
     }
     print(f"median {median * 1e3:.2f} ms per frame ({median * 1e3 / forwards:.2f} ms per forward)")
