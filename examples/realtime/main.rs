@@ -285,7 +285,7 @@ impl Args {
             "size": size,
             "seed": self.seed,
             "frame_loop": self.frame_loop().name(),
-            "timestep": self.timestep.map(|t| t.to_string()),
+            "timestep": (self.model != "unet").then(|| self.timestep().to_string()),
             "save_raw": self.save_raw,
         })
     }
