@@ -27,7 +27,7 @@ use kiln::burn::tensor::backend::Backend;
 use kiln::core::Policy;
 use kiln::core::gguf::GgufFile;
 use kiln::text::{
-    CausalLm, GenerationConfig, KvCache, TextConfig, TextInput, TextTokenizer, generate,
+    CausalLm, GenerationConfig, KvCache, TextConfig, TextInput, TextTokenizer, Weights, generate,
 };
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
@@ -164,8 +164,13 @@ const FIRST_TOKEN: &str = "--first-token";
 fn first_token(path: &Path) -> Result<(), String> {
     let file = GgufFile::open(path).map_err(|e| e.to_string())?;
     let tokenizer = TextTokenizer::from_gguf(&file).map_err(|e| e.to_string())?;
-    let model = CausalLm::<Flex>::from_gguf_file(file, &Default::default(), &Policy::full())
-        .map_err(|e| e.to_string())?;
+    let model = CausalLm::<Flex>::from_gguf_file(
+        file,
+        &Default::default(),
+        &Policy::full(),
+        Weights::AsStored,
+    )
+    .map_err(|e| e.to_string())?;
     let prompt = tokenizer.encode("Hi").map_err(|e| e.to_string())?;
     generate(&model, &[prompt], &GenerationConfig::greedy(1), |_| {}).map_err(|e| e.to_string())?;
     Ok(())

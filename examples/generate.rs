@@ -5,13 +5,17 @@
 //! ```text
 //! cargo run --release --example generate -- --model-dir SmolLM2-135M-Instruct --prompt "Once" \
 //!     [--max-new-tokens 64] [--temperature 0.7] [--top-p 0.9] [--seed 0] [--chat] \
-//!     [--device cpu] [--policy full] [--logits logits.safetensors]
+//!     [--device cpu] [--policy full] [--weights as-stored|f32] [--logits logits.safetensors]
 //! cargo run --release --example generate -- --model SmolLM2-135M-Instruct.Q4_1.gguf --chat \
 //!     --prompt "What is the capital of France?"
 //! ```
 //!
-//! A GGUF file holds the weights (quantized ones decoded to the policy's dtype as they are
-//! loaded), the configuration, the tokenizer and the chat template in one.
+//! A GGUF file holds the weights, the configuration, the tokenizer and the chat template in one.
+//! `--weights as-stored` (the default for GGUF files on the CPU) keeps its quantized matrices in
+//! their blocks and multiplies them as stored, with the activations quantized per block to 8
+//! bits as llama.cpp does; `--weights f32` decodes every tensor to the policy's dtype as it is
+//! loaded (the default on other devices, and what a Hugging Face directory's weights are). The
+//! run says which it chose.
 //!
 //! The prompt is tokenised as it is (transformers' `tokenizer(prompt)`); `--chat` wraps it as a
 //! user turn in the checkpoint's chat template first. Temperature 0 (the default) decodes
@@ -31,7 +35,9 @@ use clap::Parser;
 use kiln::burn;
 use kiln::core::gguf::GgufFile;
 use kiln::core::{DeviceJob, DeviceSpec, PolicySpec};
-use kiln::text::{CausalLm, GenerationConfig, Message, TextInput, TextTokenizer, generate};
+use kiln::text::{
+    CausalLm, GenerationConfig, Message, TextInput, TextTokenizer, Weights, generate,
+};
 
 /// mimalloc, keeping the memory it frees for the next step (docs/PERFORMANCE.md).
 #[path = "shared/allocator.rs"]
@@ -71,6 +77,11 @@ struct Args {
     /// Write the prompt's `input_ids` and `logits` to this safetensors file and exit.
     #[arg(long)]
     logits: Option<PathBuf>,
+    /// How the weights are held: as-stored (a GGUF file's quantized matrices multiplied in
+    /// their blocks, on the CPU) or f32 (decoded to the policy's dtype). Default: as-stored for
+    /// a GGUF file on the CPU, f32 otherwise.
+    #[arg(long)]
+    weights: Option<Weights>,
 }
 
 impl DeviceJob for Args {
@@ -84,10 +95,24 @@ impl DeviceJob for Args {
             .map_err(|e| e.to_string())?;
         let (model, tokenizer) = match (&self.model, &self.model_dir) {
             (Some(file), _) => {
+                let on_host = kiln::core::is_host_backend::<B>(device);
+                let weights = self.weights.unwrap_or(match on_host {
+                    true => Weights::AsStored,
+                    false => Weights::F32,
+                });
                 let gguf = GgufFile::open(file).map_err(|e| e.to_string())?;
                 let tokenizer = TextTokenizer::from_gguf(&gguf).map_err(text)?;
-                let model = CausalLm::<B>::from_gguf_file(gguf, device, &policy).map_err(text)?;
+                let model =
+                    CausalLm::<B>::from_gguf_file(gguf, device, &policy, weights).map_err(text)?;
+                say_weights(&model, weights);
                 (model, tokenizer)
+            }
+            (None, Some(_)) if self.weights == Some(Weights::AsStored) => {
+                return Err(
+                    "--weights as-stored keeps a GGUF file's quantized blocks; a Hugging \
+                            Face directory's weights are read as f32 (--weights f32)"
+                        .into(),
+                );
             }
             (None, Some(dir)) => {
                 let tokenizer = TextTokenizer::from_hf_dir(dir).map_err(text)?;
@@ -164,6 +189,20 @@ impl DeviceJob for Args {
             self.device,
         );
         Ok(())
+    }
+}
+
+/// Says how the weights are held.
+fn say_weights<B: Backend>(model: &CausalLm<B>, weights: Weights) {
+    let stored = model.stored_weights();
+    match weights {
+        Weights::AsStored => eprintln!(
+            "weights: as-stored ({} quantized matrices, {:.1} MB, multiplied in their blocks; \
+             other tensors f32)",
+            stored.len(),
+            stored.stored_bytes() as f64 / 1e6
+        ),
+        Weights::F32 => eprintln!("weights: f32 (every tensor decoded as it was loaded)"),
     }
 }
 

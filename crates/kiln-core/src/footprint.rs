@@ -116,7 +116,7 @@ pub fn parameter_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<ParameterSh
 
 /// The device `module`'s first floating-point parameter is (or will be) on, read without
 /// initialising it (burn's `Module::devices` initialises every parameter).
-pub(crate) fn parameter_device<B: Backend, M: Module<B>>(module: &M) -> Option<B::Device> {
+pub fn parameter_device<B: Backend, M: Module<B>>(module: &M) -> Option<B::Device> {
     struct First<B: Backend>(Option<B::Device>);
     impl<B: Backend> ModuleVisitor<B> for First<B> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {

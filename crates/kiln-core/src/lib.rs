@@ -46,8 +46,8 @@ pub use checkpoint::Hub;
 pub use checkpoint::{
     CheckpointError, CheckpointFit, Problem, SettingError, TensorProblem, TorchLayout,
     check_checkpoint, check_snapshots, checkpoint_dir, config_file, config_from_json,
-    load_checkpoint, load_snapshots, read_config, read_tensor, save_checkpoint, save_weights,
-    shards, tensor_shapes, weight_files, weights_identity,
+    load_checkpoint, load_snapshots, load_snapshots_keeping, read_config, read_tensor,
+    save_checkpoint, save_weights, shards, tensor_shapes, weight_files, weights_identity,
 };
 pub use device::{
     BackendKind, DEVICE_NAMES, DeviceError, DeviceJob, DeviceReport, DeviceSpec, GraphicsApi,
@@ -56,7 +56,7 @@ pub use device::{
 pub use dtype::{DtypeSpec, Precision};
 pub use footprint::{
     LimitError, MAX_LAYERS, MAX_WIDTH, MemoryError, ParameterShape, available_memory, check_limits,
-    check_memory, human_bytes, parameter_count, parameter_shapes,
+    check_memory, human_bytes, parameter_count, parameter_device, parameter_shapes,
 };
 pub use kernel_cache::{KERNEL_CACHE_ENV, enable_kernel_cache, kernel_cache_dir};
 pub use loss_scale::{DynamicLossScale, LossScale, StepDecision};

@@ -30,6 +30,7 @@ mod tokenizer;
 
 pub use config::{Family, MODEL_TYPES, RopeScaling, TextConfig};
 pub use generate::{GenerationConfig, Sampling, generate, generate_after, generate_from};
+pub use gguf::Weights;
 pub use input::{Logits, TextInput, Tokens};
 pub use kiln_transformer::decoder::{KvCache, SharedPrefix, TokensError};
 pub use llama::{CausalLm, CausalLmOutput, DecoderLayer, LlamaModel};

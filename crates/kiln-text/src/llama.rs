@@ -15,12 +15,15 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNor
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_core::Policy;
+use kiln_kernels::gemm::quantized::QuantMatrix;
 use kiln_transformer::decoder::{
     AttentionShape, DecoderStep, Gate, GroupedQueryAttention, KvCache, LayerCache, NewTokens, Rope,
     SharedPrefix, SwiGlu,
 };
 use kiln_transformer::projection::{Then, project, project_by_table};
-use kiln_transformer::{Pass, PreparedWeights, Settings, in_compute_dtype, run_layers};
+use kiln_transformer::{
+    Pass, PreparedWeights, Settings, StoredWeights, in_compute_dtype, run_layers,
+};
 
 use crate::TextError;
 use crate::config::{Family, RopeScaling, TextConfig};
@@ -183,14 +186,31 @@ impl<B: Backend> CausalLm<B> {
     pub fn with_policy(self, policy: &Policy) -> Self {
         let mut model = policy.cast_params(self);
         model.settings.policy = *policy;
-        model.prepared = PreparedWeights::in_place();
+        let stored = model.prepared.stored().clone();
+        model.prepared = PreparedWeights::in_place().with_stored(stored);
         model
+    }
+
+    /// The model reading `stored`'s matrices in place of their parameters.
+    pub(crate) fn with_stored(mut self, stored: StoredWeights) -> Self {
+        self.prepared = PreparedWeights::in_place().with_stored(stored);
+        self
+    }
+
+    /// The weights read as a GGUF file stores them (none unless loaded so:
+    /// [`crate::Weights::AsStored`]).
+    pub fn stored_weights(&self) -> &StoredWeights {
+        self.prepared.stored()
     }
 
     /// The token embeddings of `ids` `[batch, tokens]`, `[batch, tokens, hidden]` (what
     /// [`Tokens::Embeddings`] takes, for models that splice other embeddings in).
     pub fn embed(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        let x = self.model.embed_tokens.forward(ids);
+        let table = &self.model.embed_tokens.weight;
+        let x = match self.prepared.stored().get(table.id) {
+            Some(stored) => stored_rows(stored, ids),
+            None => self.model.embed_tokens.forward(ids),
+        };
         match self.config.family {
             Family::Gemma3 => x * self.embedding_scale(),
             Family::Llama | Family::Qwen2 => x,
@@ -237,7 +257,7 @@ impl<B: Backend> CausalLm<B> {
         input: TextInput<B>,
         cache: &mut KvCache<B>,
     ) -> Result<CausalLmOutput<B>, TextError> {
-        let device = self.devices()[0].clone();
+        let device = self.model.embed_tokens.weight.lazy_device();
         let (batch, tokens) = input.tokens.dims();
         let layers = self.config.num_hidden_layers;
         let kv_width = self.config.num_key_value_heads * self.config.head_dim();
@@ -373,6 +393,23 @@ impl<B: Backend> CausalLm<B> {
         }
         Ok(())
     }
+}
+
+/// The rows `ids` `[batch, tokens]` of a table kept as stored, decoded: `[batch, tokens, width]`.
+fn stored_rows<B: Backend>(table: &QuantMatrix, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+    let [batch, tokens] = ids.dims();
+    let device = ids.device();
+    let ids: Vec<i64> = ids
+        .into_data()
+        .convert::<i64>()
+        .into_vec()
+        .expect("ids convert");
+    let width = table.columns();
+    let mut rows = vec![0f32; ids.len() * width];
+    for (row, &id) in rows.chunks_exact_mut(width).zip(&ids) {
+        table.dequantize_row_into(id as usize, row);
+    }
+    Tensor::from_data(TensorData::new(rows, [batch, tokens, width]), &device)
 }
 
 impl TextConfig {

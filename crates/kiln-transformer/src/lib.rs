@@ -56,4 +56,4 @@ pub use kiln_kernels::gemm::Products;
 pub use layers::run_layers;
 pub use packed_attention::{PACKED_ATTENTION_KEYS, PackedAttention};
 pub use pass::{Pass, Settings, host_autocast, in_compute_dtype};
-pub use prepared::PreparedWeights;
+pub use prepared::{PreparedWeights, StoredWeights};

@@ -21,6 +21,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use kiln_kernels::{HostValues, StorageKey};
 
+use kiln_kernels::gemm::quantized::QuantMatrix;
 use kiln_kernels::gemm::sgemm;
 use kiln_kernels::gemm::strided::View;
 use kiln_kernels::gemm::{Products, bf16};
@@ -51,6 +52,43 @@ pub enum Operand {
     InPlace(Vec<(HostValues, usize)>),
     /// A parameter `[out, in]` read in place as the weight `[in, out]` (its transpose).
     InPlaceTransposed(HostValues),
+    /// Matrices `[out, in]` kept in a GGUF file's quantized blocks ([`StoredWeights`]), their
+    /// outputs side by side, for [`kiln_kernels::gemm::quantized`]'s products.
+    Quantized(Vec<Arc<QuantMatrix>>),
+}
+
+/// Weights kept as a GGUF file stores them, by the parameter that stands for each: a model
+/// loaded with its quantized weights as stored holds these instead of f32 values, and its host
+/// products read them ([`Operand::Quantized`]). The parameter stays lazy: decoded to f32 only
+/// if something else reads it (a GPU backend, training).
+#[derive(Debug, Clone, Default)]
+pub struct StoredWeights(Arc<HashMap<ParamId, Arc<QuantMatrix>>>);
+
+impl StoredWeights {
+    /// The matrices, each under the parameter that stands for it.
+    pub fn new(matrices: HashMap<ParamId, Arc<QuantMatrix>>) -> Self {
+        StoredWeights(Arc::new(matrices))
+    }
+
+    /// The matrix parameter `id` stands for.
+    pub fn get(&self, id: ParamId) -> Option<&Arc<QuantMatrix>> {
+        self.0.get(&id)
+    }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The bytes they hold.
+    pub fn stored_bytes(&self) -> usize {
+        self.0.values().map(|m| m.stored_bytes()).sum()
+    }
 }
 
 impl HostWeight {
@@ -156,6 +194,8 @@ pub struct PreparedWeights {
     in_place: bool,
     /// The operands the products read (weights kept apart per kind).
     products: Products,
+    /// Weights kept as stored, read in place of their parameters.
+    stored: StoredWeights,
 }
 
 /// What a preparation is kept under: the parameter, the operands and the kind of preparation
@@ -187,7 +227,43 @@ impl PreparedWeights {
             kept: Arc::default(),
             in_place: true,
             products: Products::F32,
+            stored: StoredWeights::default(),
         }
+    }
+
+    /// The same, reading `stored`'s matrices in place of their parameters.
+    pub fn with_stored(self, stored: StoredWeights) -> Self {
+        PreparedWeights { stored, ..self }
+    }
+
+    /// The weights read as stored.
+    pub fn stored(&self) -> &StoredWeights {
+        &self.stored
+    }
+
+    /// The stored matrices of `linears`, when every one is stored.
+    fn stored_of<B: Backend>(&self, linears: &[&Linear<B>]) -> Option<Vec<Arc<QuantMatrix>>> {
+        (linears.iter())
+            .map(|linear| self.stored.get(linear.weight.id).cloned())
+            .collect()
+    }
+
+    /// `linears`' stored matrices side by side, with their biases.
+    fn quantized<B: Backend>(
+        &self,
+        linears: &[&Linear<B>],
+        matrices: Vec<Arc<QuantMatrix>>,
+    ) -> Arc<HostWeight> {
+        let bias = (linears.iter().zip(&matrices))
+            .flat_map(|(linear, matrix)| {
+                let bias = linear.bias.as_ref().map(|b| HostValues::of(&b.val()));
+                bias_of(bias.as_ref(), matrix.rows())
+            })
+            .collect();
+        Arc::new(HostWeight {
+            operand: Operand::Quantized(matrices),
+            bias,
+        })
     }
 
     /// The same kept weights, prepared for products that read `products` operands (bf16
@@ -221,6 +297,11 @@ impl PreparedWeights {
         linear: &Linear<B>,
         scale: Option<&Tensor<B, 1>>,
     ) -> Arc<HostWeight> {
+        if scale.is_none()
+            && let Some(matrices) = self.stored_of(&[linear])
+        {
+            return self.quantized(&[linear], matrices);
+        }
         let [inputs, outputs] = linear.weight.dims();
         let mut sources = weight_and_bias(&linear.weight, linear.bias.as_ref());
         if self.reads_in_place() && scale.is_none() {
@@ -244,6 +325,9 @@ impl PreparedWeights {
     /// The weights of `linears` side by side, their biases likewise (self-attention's q, k and
     /// v as one product).
     pub fn side_by_side<B: Backend>(&self, linears: &[&Linear<B>]) -> Arc<HostWeight> {
+        if let Some(matrices) = self.stored_of(linears) {
+            return self.quantized(linears, matrices);
+        }
         let inputs = linears[0].weight.dims()[0];
         let sources: Vec<HostValues> = linears
             .iter()
@@ -290,6 +374,12 @@ impl PreparedWeights {
     /// A matrix `[out, in]` as the weight `[in, out]` of a product without bias (the embedding
     /// table as the output projection of a language model with tied embeddings).
     pub fn transposed<B: Backend>(&self, matrix: &Param<Tensor<B, 2>>) -> Arc<HostWeight> {
+        if let Some(stored) = self.stored.get(matrix.id) {
+            return Arc::new(HostWeight {
+                operand: Operand::Quantized(vec![stored.clone()]),
+                bias: vec![0.0; stored.rows()],
+            });
+        }
         let [outputs, inputs] = matrix.dims();
         let sources = vec![HostValues::of(&matrix.val())];
         if self.reads_in_place() {

@@ -15,6 +15,7 @@ use crate::linear_op::{trained_linear, trained_product_by_table};
 use crate::prepared::{HostWeight, Operand};
 use crate::{Pass, Site};
 use kiln_kernels::gemm::bf16::{self, PaddedImage};
+use kiln_kernels::gemm::quantized::{self, QuantizedRows};
 use kiln_kernels::gemm::sgemm;
 use kiln_kernels::gemm::strided::{Threads, View, Write, matmul};
 use kiln_kernels::host;
@@ -407,6 +408,15 @@ fn gemm_product(
             let view = View::rows(0, outputs, inputs, inputs).transposed();
             product(0, outputs, matrix.values(), view);
         }
+        Operand::Quantized(matrices) => {
+            // The activations quantized once for every matrix; each runs on all threads.
+            let x = QuantizedRows::new(x, inputs);
+            let mut first = 0;
+            for matrix in matrices {
+                quantized::product(out, outputs, first, &x, matrix, write);
+                first += matrix.rows();
+            }
+        }
         Operand::Packed(_) | Operand::Bf16(_) => {
             unreachable!("packed weights run on their own kernels")
         }
@@ -591,6 +601,8 @@ mod tests {
                 Operand::RowMajor(_) => "row-major",
                 Operand::InPlace(_) => "in place",
                 Operand::InPlaceTransposed(_) => "in place, transposed",
+                // Checked by kiln-kernels' `gemm::quantized` tests and kiln-text's GGUF parity.
+                Operand::Quantized(_) => "quantized",
             };
             let weight = HostWeight {
                 operand,

@@ -129,6 +129,7 @@ pub fn load_checkpoint<B: Backend, M: Module<B>>(
         snapshots,
         config.as_ref(),
         unused_on_purpose,
+        &[],
     )
 }
 
@@ -279,7 +280,22 @@ pub fn load_snapshots<B: Backend, M: Module<B>>(
     snapshots: Vec<(String, TensorSnapshot)>,
     unused_on_purpose: &[&str],
 ) -> Result<M, CheckpointError> {
-    load_checked(model, source, snapshots, None, unused_on_purpose)
+    load_checked(model, source, snapshots, None, unused_on_purpose, &[])
+}
+
+/// [`load_snapshots`] but for the snapshots named in `kept` (by their names in `source`): those
+/// are checked against the model's names and shapes like the others, but neither read nor
+/// loaded nor counted in the memory the load needs. Their parameters are left as the model has
+/// them, for the caller to replace (a GGUF file's quantized weights, kept as stored and decoded
+/// only if something asks for their values).
+pub fn load_snapshots_keeping<B: Backend, M: Module<B>>(
+    model: M,
+    source: &Path,
+    snapshots: Vec<(String, TensorSnapshot)>,
+    unused_on_purpose: &[&str],
+    kept: &[String],
+) -> Result<M, CheckpointError> {
+    load_checked(model, source, snapshots, None, unused_on_purpose, kept)
 }
 
 /// [`load_snapshots`], a mis-shaped tensor's error naming the settings of `config` (the
@@ -290,8 +306,12 @@ fn load_checked<B: Backend, M: Module<B>>(
     snapshots: Vec<(String, TensorSnapshot)>,
     config: Option<&Value>,
     unused_on_purpose: &[&str],
+    kept: &[String],
 ) -> Result<M, CheckpointError> {
     let fit = check_snapshots(&model, &snapshots, source, config)?;
+    let snapshots: Vec<_> = (snapshots.into_iter())
+        .filter(|(name, _)| !kept.contains(name))
+        .collect();
     if let Some(unused) = fit.unexpected(unused_on_purpose) {
         log::warn!(
             "{}: tensors the model does not use: {unused}",

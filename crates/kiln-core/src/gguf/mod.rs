@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use kiln_io::InputFile;
 
 use crate::CheckpointError;
-pub use quant::{DEQUANTIZED, GgmlType};
+pub use quant::{DEQUANTIZED, GgmlType, dequantize as dequantize_blocks, scales_and_mins};
 pub use value::{Array, Strings, Value};
 
 /// The data section's alignment when the file names none (`general.alignment`).

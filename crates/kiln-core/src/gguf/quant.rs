@@ -98,9 +98,9 @@ pub const DEQUANTIZED: [GgmlType; 13] = [
     GgmlType::Q6_K,
 ];
 
-/// The f32 values of `bytes`, whole blocks of `kind` (checked by the caller), or `None` for a
-/// type kiln does not dequantize. Blocks are dequantized in parallel.
-pub(crate) fn dequantize(kind: GgmlType, bytes: &[u8]) -> Option<Vec<f32>> {
+/// The f32 values of `bytes`, whole blocks of `kind` (a shorter tail is left out), or `None` for
+/// a type kiln does not dequantize. Blocks are dequantized in parallel.
+pub fn dequantize(kind: GgmlType, bytes: &[u8]) -> Option<Vec<f32>> {
     let block: fn(&[u8], &mut [f32]) = match kind {
         GgmlType::F32 => |b, y| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         GgmlType::F16 => |b, y| y[0] = half(b, 0),
@@ -235,8 +235,9 @@ fn q3_k(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// The 6-bit scales and minimums of a Q4_K / Q5_K super-block's eight sub-blocks.
-fn scales_and_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
+/// The 6-bit scales and minimums of a Q4_K / Q5_K super-block's eight sub-blocks, from the
+/// 12 bytes that pack them.
+pub fn scales_and_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
     let (d, m, md) = (&packed[..4], &packed[4..8], &packed[8..12]);
     let mut scales = [0; 8];
     let mut mins = [0; 8];

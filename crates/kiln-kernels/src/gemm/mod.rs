@@ -7,6 +7,8 @@
 //!   Intel's AMX tiles (`tdpbf16ps`, Sapphire Rapids and later) or AVX512-BF16's `vdpbf16ps`
 //!   (Cooper Lake, AMD Zen 4 and Zen 5; by default on AMD's only), chosen by
 //!   [`Bf16Isa::chosen`];
+//! - weights kept in llama.cpp's quantized blocks, activations quantized per block to 8 bits:
+//!   [`quantized`] (AVX2's byte products, plain Rust elsewhere);
 //! - on burn's CUDA backend: [`cublaslt`] (NVIDIA's cuBLASLt, epilogues in the kernel).
 //!
 //! A precision policy picks its products in one place, [`Products::under`].
@@ -35,6 +37,7 @@ mod isa;
 pub(crate) mod lines;
 mod padded;
 mod products;
+pub mod quantized;
 pub mod sgemm;
 pub mod strided;
 

@@ -1,17 +1,22 @@
 //! llama.cpp's GGUF files as kiln-text models: the `llama` and `qwen2` architectures' metadata as
 //! a [`TextConfig`] (the keys llama.cpp's `llama-model.cpp` and transformers'
 //! `gguf_config_mapping` read), and the tensors under a transformers checkpoint's names (the
-//! table of llama.cpp's `convert_hf_to_gguf.py`), each decoded to the policy's parameter dtype
-//! only as it is loaded, with the row permutation that converter applies to a Llama's q and k
-//! projections undone.
+//! table of llama.cpp's `convert_hf_to_gguf.py`), with the row permutation that converter
+//! applies to a Llama's q and k projections undone.
+//!
+//! The weights are held as [`Weights`] says: by default the quantized projection and embedding
+//! matrices stay in their blocks and the CPU multiplies them as stored (kiln-kernels'
+//! `gemm::quantized`), a quarter to an eighth of the bytes f32 takes; with [`Weights::F32`] each
+//! tensor is decoded to the policy's parameter dtype as it is loaded.
 //!
 //! ```no_run
 //! use burn::backend::Flex;
 //! use kiln_core::Policy;
-//! use kiln_text::CausalLm;
+//! use kiln_text::{CausalLm, Weights};
 //!
 //! let device = Default::default();
-//! let model = CausalLm::<Flex>::from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf", &device, &Policy::full())?;
+//! let path = "SmolLM2-135M-Instruct.Q4_1.gguf";
+//! let model = CausalLm::<Flex>::from_gguf(path, &device, &Policy::full(), Weights::AsStored)?;
 //! assert_eq!(model.config().num_hidden_layers, 30);
 //! # Ok::<(), kiln_text::TextError>(())
 //! ```
@@ -24,9 +29,12 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, TensorData};
 use burn_store::{TensorSnapshot, TensorSnapshotError};
 use kiln_core::gguf::{GgufFile, GgufTensor, Value};
-use kiln_core::{Policy, load_snapshots};
+use kiln_core::{Policy, load_snapshots_keeping};
 
+mod stored;
 mod tokenizer;
+
+pub use stored::Weights;
 
 use crate::TextError;
 use crate::config::{Family, MODEL_TYPES, RopeScaling, TextConfig};
@@ -114,15 +122,18 @@ impl TextConfig {
 
 impl<B: Backend> CausalLm<B> {
     /// Reads the GGUF file at `path` (llama.cpp's format, versions 2 and 3): its metadata as the
-    /// model's [`TextConfig`] ([`TextConfig::from_gguf`]) and its tensors, quantized or not,
-    /// decoded one at a time into the policy's parameter dtype on `device`. Every tensor the
-    /// model needs that is missing or of another shape is named in the error.
+    /// model's [`TextConfig`] ([`TextConfig::from_gguf`]) and its tensors, held as `weights`
+    /// says: the quantized matrices kept as stored ([`Weights::AsStored`], on the CPU), or every
+    /// tensor decoded one at a time into the policy's parameter dtype on `device`
+    /// ([`Weights::F32`]). Every tensor the model needs that is missing or of another shape is
+    /// named in the error.
     pub fn from_gguf(
         path: impl AsRef<Path>,
         device: &B::Device,
         policy: &Policy,
+        weights: Weights,
     ) -> Result<Self, TextError> {
-        Self::from_gguf_file(GgufFile::open(path)?, device, policy)
+        Self::from_gguf_file(GgufFile::open(path)?, device, policy, weights)
     }
 
     /// [`Self::from_gguf`] of a file already open (to build its tokenizer from the same
@@ -131,12 +142,20 @@ impl<B: Backend> CausalLm<B> {
         file: GgufFile,
         device: &B::Device,
         policy: &Policy,
+        weights: Weights,
     ) -> Result<Self, TextError> {
         let file = Rc::new(file);
         let config = TextConfig::from_gguf(&file)?;
+        let kept = match weights {
+            Weights::AsStored => stored::kept_tensors::<B>(&file, device, policy)?,
+            Weights::F32 => Vec::new(),
+        };
+        let names: Vec<String> = kept.iter().map(|t| t.name.clone()).collect();
         let snapshots = tensor_snapshots(&file, &config, policy.param.dtype());
-        let model = load_snapshots(config.init::<B>(device), file.path(), snapshots, &[])?;
-        Ok(model.with_policy(policy))
+        let model = config.init::<B>(device);
+        let model = load_snapshots_keeping(model, file.path(), snapshots, &[], &names)?;
+        let stored = stored::StoredMatrices::read(&file, &config, &kept)?;
+        Ok(stored.put_into(model).with_policy(policy))
     }
 }
 
@@ -151,12 +170,7 @@ fn tensor_snapshots(
         .iter()
         .map(|tensor| {
             let name = transformers_name(&tensor.name).unwrap_or_else(|| tensor.name.clone());
-            let heads = match (config.family, name.rsplit('.').nth(1)) {
-                (Family::Llama, Some("q_proj")) => Some(config.num_attention_heads),
-                (Family::Llama, Some("k_proj")) => Some(config.num_key_value_heads),
-                _ => None,
-            };
-            let read = decoder(file.clone(), tensor.clone(), heads);
+            let read = decoder(file.clone(), tensor.clone(), permuted_heads(config, &name));
             let snapshot = TensorSnapshot::from_closure(
                 read,
                 dtype,
@@ -168,6 +182,16 @@ fn tensor_snapshots(
             (tensor.name.clone(), snapshot)
         })
         .collect()
+}
+
+/// The heads whose rows llama.cpp's converter interleaved in the tensor called `name` by
+/// transformers (a Llama's q and k projections), none for the others.
+fn permuted_heads(config: &TextConfig, name: &str) -> Option<usize> {
+    match (config.family, name.rsplit('.').nth(1)) {
+        (Family::Llama, Some("q_proj")) => Some(config.num_attention_heads),
+        (Family::Llama, Some("k_proj")) => Some(config.num_key_value_heads),
+        _ => None,
+    }
 }
 
 /// What decodes `tensor` of `file` to f32, its rows put back in transformers' order when it is a
@@ -225,15 +249,25 @@ fn transformers_name(gguf: &str) -> Option<String> {
 /// to `[heads, 2, d/2]` and swapping the last two axes; this swaps them back.
 fn unpermute_rows(values: &[f32], rows: usize, heads: usize) -> Vec<f32> {
     let columns = values.len() / rows.max(1);
-    let half = rows / heads.max(1) / 2;
     let mut out = vec![0.0; values.len()];
-    for (row, out) in out.chunks_exact_mut(columns.max(1)).enumerate() {
-        // Row `row` is (head, j, i) of [heads, 2, half]; llama.cpp holds it at (head, i, j).
-        let (head, j, i) = (row / (2 * half), row / half % 2, row % half);
-        let stored = head * 2 * half + i * 2 + j;
+    let order = stored_row_order(rows, heads);
+    for (out, stored) in out.chunks_exact_mut(columns.max(1)).zip(order) {
         out.copy_from_slice(&values[stored * columns..][..columns]);
     }
     out
+}
+
+/// Where llama.cpp's converter put each of a q or k projection's `rows` rows (of `heads`
+/// heads): row `r` in transformers' order is row `order[r]` in the file.
+fn stored_row_order(rows: usize, heads: usize) -> Vec<usize> {
+    let half = rows / heads.max(1) / 2;
+    (0..rows)
+        .map(|row| {
+            // Row `row` is (head, j, i) of [heads, 2, half]; llama.cpp holds it at (head, i, j).
+            let (head, j, i) = (row / (2 * half), row / half % 2, row % half);
+            head * 2 * half + i * 2 + j
+        })
+        .collect()
 }
 
 /// A GGUF file's metadata, read for a model's settings.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use burn::backend::Flex;
 use kiln_core::Policy;
 use kiln_core::gguf::GgufFile;
-use kiln_text::{CausalLm, Family, Message, RopeScaling, TextConfig, TextTokenizer};
+use kiln_text::{CausalLm, Family, Message, RopeScaling, TextConfig, TextTokenizer, Weights};
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
@@ -113,7 +113,7 @@ fn write_copy(name: &str, bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
 }
 
 fn load(path: &Path) -> String {
-    CausalLm::<Flex>::from_gguf(path, &Default::default(), &Policy::full())
+    CausalLm::<Flex>::from_gguf(path, &Default::default(), &Policy::full(), Weights::F32)
         .unwrap_err()
         .to_string()
 }

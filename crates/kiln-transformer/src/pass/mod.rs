@@ -20,7 +20,7 @@ use burn::module::Module;
 use burn::nn::{LayerNorm, RmsNorm};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use kiln_core::{Policy, Precision, cast_module, is_host_backend};
+use kiln_core::{Policy, Precision, cast_module, is_host_backend, parameter_device};
 use kiln_kernels::gemm::{Bf16Isa, Products, is_mixed_bf16};
 use kiln_kernels::host;
 use kiln_kernels::{HashedMask, HostValues, dropout_mask};
@@ -57,7 +57,8 @@ pub fn in_compute_dtype<'a, B: Backend, M: Module<B> + Clone>(
     model: &'a M,
     policy: &Policy,
 ) -> Cow<'a, M> {
-    let autocast = || (model.devices().first()).is_some_and(|d| host_autocast::<B>(policy, d));
+    // Read without initialising a lazy parameter (a GGUF model's weights kept as stored).
+    let autocast = || parameter_device(model).is_some_and(|d| host_autocast::<B>(policy, &d));
     if policy.param == policy.compute || autocast() {
         Cow::Borrowed(model)
     } else {

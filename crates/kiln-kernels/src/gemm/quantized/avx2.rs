@@ -1,0 +1,291 @@
+//! The quantized sums on AVX2: a weight group's integers unpacked into one 256-bit register
+//! (32 bytes), multiplied with an activation block's by `vpmaddubsw` (unsigned × signed bytes,
+//! pairs summed to 16 bits) and `vpmaddwd` (to 32 bits), each half-block scaled in f32.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use kiln_core::gguf::GgmlType;
+
+use super::{GROUP, QuantMatrix, QuantizedRows, Scaling};
+
+/// Whether the CPU has AVX2, FMA and F16C.
+pub(super) fn supported() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// `sums[t · weights.len() + r] = x[tile[t]] · w[weights[r]]`, `tile` at most four rows.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C ([`supported`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn sums(
+    w: &QuantMatrix,
+    weights: Range<usize>,
+    x: &QuantizedRows,
+    tile: Range<usize>,
+    sums: &mut [f32],
+) {
+    macro_rules! by_rows {
+        ($kernel:ident $(, $kind:expr)?) => {
+            match tile.len() {
+                1 => $kernel::<1 $(, { $kind })?>(w, weights, x, tile.start, sums),
+                2 => $kernel::<2 $(, { $kind })?>(w, weights, x, tile.start, sums),
+                3 => $kernel::<3 $(, { $kind })?>(w, weights, x, tile.start, sums),
+                4 => $kernel::<4 $(, { $kind })?>(w, weights, x, tile.start, sums),
+                rows => unreachable!("a tile of {rows} rows"),
+            }
+        };
+    }
+    match w.kind {
+        GgmlType::Q4_0 => by_rows!(legacy_sums, Q4_0),
+        GgmlType::Q4_1 => by_rows!(legacy_sums, Q4_1),
+        GgmlType::Q5_0 => by_rows!(legacy_sums, Q5_0),
+        GgmlType::Q5_1 => by_rows!(legacy_sums, Q5_1),
+        GgmlType::Q8_0 => by_rows!(legacy_sums, Q8_0),
+        _ => by_rows!(tile_sums),
+    }
+}
+
+/// The 32-value block types, as const parameters.
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q5_0: u8 = 2;
+const Q5_1: u8 = 3;
+const Q8_0: u8 = 4;
+
+/// [`sums`] for a 32-value block type `KIND` (one scale and offset a block), specialised: the
+/// block's f16 scale and minimum converted together, two accumulators a row (one per block
+/// parity) to hide the multiply-add's latency.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn legacy_sums<const ROWS: usize, const KIND: u8>(
+    w: &QuantMatrix,
+    weights: Range<usize>,
+    x: &QuantizedRows,
+    first: usize,
+    sums: &mut [f32],
+) {
+    let block_bytes = w.kind.block().1;
+    let ones = _mm256_set1_epi16(1);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let lines = weights.len();
+    let groups = x.groups;
+    let values = &x.values[first * groups * GROUP..(first + ROWS) * groups * GROUP];
+    let (scales, half_sums) = (&x.scales[first * groups..], &x.half_sums[first * groups..]);
+    for (r, row) in weights.enumerate() {
+        let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
+        let mut offsets = [0f32; ROWS];
+        for (b, block) in row_blocks(w, row, block_bytes).enumerate() {
+            // SAFETY (loads): every block holds the bytes its type reads at these offsets.
+            let fields = unsafe { _mm_loadu_si32(block.as_ptr().cast()) };
+            let halves = _mm_cvtph_ps(fields);
+            let d = _mm_cvtss_f32(halves);
+            let m = _mm_cvtss_f32(_mm_movehdup_ps(halves));
+            let nibbles = |at: usize| {
+                let packed = unsafe { _mm_loadu_si128(block[at..at + 16].as_ptr().cast()) };
+                let both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+                _mm256_and_si256(both, low4)
+            };
+            let (q, offset) = match KIND {
+                Q4_0 => (nibbles(2), -8.0 * d),
+                Q4_1 => (nibbles(4), m),
+                Q5_0 => (
+                    _mm256_or_si256(nibbles(6), fifth_bits(&block[2..6])),
+                    -16.0 * d,
+                ),
+                Q5_1 => (_mm256_or_si256(nibbles(8), fifth_bits(&block[4..8])), m),
+                _ => (
+                    unsafe { _mm256_loadu_si256(block[2..34].as_ptr().cast()) },
+                    0.0,
+                ),
+            };
+            let magnitude = if KIND == Q8_0 {
+                _mm256_sign_epi8(q, q)
+            } else {
+                q
+            };
+            for t in 0..ROWS {
+                let at = t * groups + b;
+                let qx = &values[at * GROUP..][..GROUP];
+                let qx = unsafe { _mm256_loadu_si256(qx.as_ptr().cast::<__m256i>()) };
+                let qx = if KIND == Q8_0 {
+                    _mm256_sign_epi8(qx, q)
+                } else {
+                    qx
+                };
+                let dots = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, qx), ones);
+                let scale = _mm256_set1_ps(d * scales[at]);
+                let lane = &mut acc[t][b % 2];
+                *lane = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), scale, *lane);
+                if KIND != Q8_0 {
+                    offsets[t] += offset * (half_sums[at][0] + half_sums[at][1]);
+                }
+            }
+        }
+        for t in 0..ROWS {
+            let [even, odd] = acc[t];
+            sums[t * lines + r] = horizontal_sum(_mm256_add_ps(even, odd)) + offsets[t];
+        }
+    }
+}
+
+/// The blocks of `w`'s row `row`.
+fn row_blocks(w: &QuantMatrix, row: usize, block_bytes: usize) -> std::slice::ChunksExact<'_, u8> {
+    w.row(row).chunks_exact(block_bytes)
+}
+
+/// [`sums`] of the `ROWS` rows of `x` from `first`: each weight group unpacked once for all.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_sums<const ROWS: usize>(
+    w: &QuantMatrix,
+    weights: Range<usize>,
+    x: &QuantizedRows,
+    first: usize,
+    sums: &mut [f32],
+) {
+    let (per_block, block_bytes) = w.kind.block();
+    let groups_per_block = per_block / GROUP;
+    let signed = w.kind == GgmlType::Q8_0;
+    let ones = _mm256_set1_epi16(1);
+    let lines = weights.len();
+    let mut scaling = [Scaling::default(); 8];
+    let mut integers = [_mm256_setzero_si256(); 8];
+    let rows: [usize; ROWS] = std::array::from_fn(|t| (first + t) * x.groups);
+    for (r, row) in weights.enumerate() {
+        let mut acc = [_mm256_setzero_ps(); ROWS];
+        let mut offsets = [0f32; ROWS];
+        for (b, block) in w.row(row).chunks_exact(block_bytes).enumerate() {
+            Scaling::of_block(w.kind, block, &mut scaling, |b, at| half(b, at));
+            unpack(w.kind, block, &mut integers);
+            for g in 0..groups_per_block {
+                let q = integers[g];
+                let s = scaling[g];
+                let scale = _mm256_set_m128(_mm_set1_ps(s.scale[1]), _mm_set1_ps(s.scale[0]));
+                let magnitude = if signed { _mm256_sign_epi8(q, q) } else { q };
+                for t in 0..ROWS {
+                    let at = rows[t] + b * groups_per_block + g;
+                    let values = &x.values[at * GROUP..][..GROUP];
+                    // SAFETY: `values` holds the 32 bytes read.
+                    let qx = unsafe { _mm256_loadu_si256(values.as_ptr().cast::<__m256i>()) };
+                    let qx = if signed { _mm256_sign_epi8(qx, q) } else { qx };
+                    let pairs = _mm256_maddubs_epi16(magnitude, qx);
+                    let dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+                    let scaled = _mm256_mul_ps(scale, _mm256_set1_ps(x.scales[at]));
+                    acc[t] = _mm256_fmadd_ps(dots, scaled, acc[t]);
+                    let half_sums = x.half_sums[at];
+                    offsets[t] += s.offset[0] * half_sums[0] + s.offset[1] * half_sums[1];
+                }
+            }
+        }
+        for t in 0..ROWS {
+            sums[t * lines + r] = horizontal_sum(acc[t]) + offsets[t];
+        }
+    }
+}
+
+/// The f16 at `bytes[at..at + 2]`, converted by F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn half(bytes: &[u8], at: usize) -> f32 {
+    let bits = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// Each group's integers of `block` into `out` (one register a group: 32 bytes, value `j` in
+/// byte `j`), unsigned but for Q8_0's.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn unpack(kind: GgmlType, block: &[u8], out: &mut [__m256i; 8]) {
+    let low4 = _mm256_set1_epi8(0x0F);
+    // SAFETY (every load): the block holds the bytes each format reads at these offsets.
+    let load16 = |at: usize| unsafe { _mm_loadu_si128(block[at..at + 16].as_ptr().cast()) };
+    let load32 = |at: usize| unsafe { _mm256_loadu_si256(block[at..at + 32].as_ptr().cast()) };
+    // 16 bytes of two nibbles: values 0..16 from the low nibbles, 16..32 from the high ones.
+    let nibbles = |at: usize| {
+        let packed = load16(at);
+        let both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+        _mm256_and_si256(both, low4)
+    };
+    match kind {
+        GgmlType::Q8_0 => out[0] = load32(2),
+        GgmlType::Q4_0 => out[0] = nibbles(2),
+        GgmlType::Q4_1 => out[0] = nibbles(4),
+        GgmlType::Q5_0 => out[0] = _mm256_or_si256(nibbles(6), fifth_bits(&block[2..6])),
+        GgmlType::Q5_1 => out[0] = _mm256_or_si256(nibbles(8), fifth_bits(&block[4..8])),
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let qs = if kind == GgmlType::Q4_K { 16 } else { 48 };
+            let high = (kind == GgmlType::Q5_K).then(|| load32(16));
+            for chunk in 0..4 {
+                let packed = load32(qs + chunk * 32);
+                let halves = [
+                    _mm256_and_si256(packed, low4),
+                    _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4),
+                ];
+                for (h, low) in halves.into_iter().enumerate() {
+                    let g = chunk * 2 + h;
+                    out[g] = match high {
+                        None => low,
+                        Some(qh) => {
+                            let bit = _mm256_set1_epi8(1 << g);
+                            let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                            _mm256_or_si256(low, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+                        }
+                    };
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            let low2 = _mm256_set1_epi8(0x03);
+            for half in 0..2 {
+                let ql = [load32(half * 64), load32(half * 64 + 32)];
+                let qh = load32(128 + half * 32);
+                for part in 0..4 {
+                    let low = match part / 2 {
+                        0 => _mm256_and_si256(ql[part % 2], low4),
+                        _ => _mm256_and_si256(_mm256_srli_epi16(ql[part % 2], 4), low4),
+                    };
+                    let high = _mm256_and_si256(shift_right(qh, 2 * part), low2);
+                    out[half * 4 + part] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+                }
+            }
+        }
+        other => unreachable!("{} is not stored", other.name()),
+    }
+}
+
+/// `x` shifted right by `bits` (0, 2, 4 or 6) in 16-bit lanes (callers mask each byte).
+#[target_feature(enable = "avx2")]
+fn shift_right(x: __m256i, bits: usize) -> __m256i {
+    match bits {
+        0 => x,
+        2 => _mm256_srli_epi16(x, 2),
+        4 => _mm256_srli_epi16(x, 4),
+        _ => _mm256_srli_epi16(x, 6),
+    }
+}
+
+/// The 32 bits of `qh` (little-endian) as bytes: `0x10` where bit `j` is set, else 0.
+#[target_feature(enable = "avx2")]
+fn fifth_bits(qh: &[u8]) -> __m256i {
+    let bits = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        ),
+    );
+    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// The sum of the eight lanes of `v`.
+#[target_feature(enable = "avx2")]
+fn horizontal_sum(v: __m256) -> f32 {
+    let pair = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let pair = _mm_add_ps(pair, _mm_movehl_ps(pair, pair));
+    _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)))
+}

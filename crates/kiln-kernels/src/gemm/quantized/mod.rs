@@ -1,0 +1,421 @@
+//! Products with weights kept as a GGUF file stores them: llama.cpp's blocks of 4-, 5-, 6- or
+//! 8-bit integers with their f16 scales, read as they are, never decoded to f32 first.
+//!
+//! Decoding a language model's token is bound by the bytes its weights take: a Q4_1 weight is
+//! 5 bits a value where f32 is 32. So the product `x Wᵀ` quantizes the activations `x` too, per
+//! block of 32 values to 8 bits with an f32 scale (llama.cpp's `q8_0`, [`QuantizedRows`]), and
+//! multiplies integers: each 32-value group of a weight row is `a · q + b` (`q` its stored
+//! integers, `a` and `b` from the block's scales, per 16 values for Q6_K), so its dot with an
+//! activation block `dₓ · qₓ` is `dₓ (a Σ q qₓ + b Σ qₓ)`, the integer sum on AVX2's
+//! `vpmaddubsw` (32 products a step) where the CPU has it and in plain Rust elsewhere.
+//!
+//! The types read as stored ([`STORED`]): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+//! The same kernels serve one row (decoding, bandwidth-bound) and many (a prompt: each weight
+//! group is unpacked once for four rows).
+//!
+//! ```
+//! use kiln_core::gguf::GgmlType;
+//! use kiln_kernels::gemm::quantized::{QuantMatrix, QuantizedRows, product};
+//! use kiln_kernels::gemm::strided::Write;
+//!
+//! // One Q8_0 row of 32 weights: scale 0.5 (f16 0x3800), integers 0, 1, …, 31.
+//! let mut block = vec![0x00, 0x38];
+//! block.extend(0..32u8);
+//! let w = QuantMatrix::new(GgmlType::Q8_0, 1, 32, block)?;
+//! let x = QuantizedRows::new(&[1.0; 32], 32);
+//! let mut y = [0.0];
+//! product(&mut y, 1, 0, &x, &w, Write::Overwrite);
+//! assert!((y[0] - 0.5 * (0..32).sum::<i32>() as f32).abs() < 1e-3);
+//! # Ok::<(), String>(())
+//! ```
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod scalar;
+
+use std::fmt;
+
+use half::f16;
+use kiln_core::gguf::{GgmlType, dequantize_blocks, scales_and_mins};
+use rayon::prelude::*;
+
+use super::strided::Write;
+
+/// The block types whose products read the blocks as stored.
+pub const STORED: [GgmlType; 8] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Values per activation block (and per weight group).
+pub const GROUP: usize = 32;
+
+/// A weight matrix `[rows, columns]` (outputs × inputs, as GGUF stores a projection) in one of
+/// the [`STORED`] block types, each row its own run of blocks.
+#[derive(Clone, PartialEq, Eq)]
+pub struct QuantMatrix {
+    kind: GgmlType,
+    rows: usize,
+    columns: usize,
+    row_bytes: usize,
+    bytes: Vec<u8>,
+}
+
+impl fmt::Debug for QuantMatrix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "QuantMatrix({} [{}, {}], {} bytes)",
+            self.kind.name(),
+            self.rows,
+            self.columns,
+            self.bytes.len()
+        )
+    }
+}
+
+impl QuantMatrix {
+    /// The matrix whose `rows` rows of `columns` values are the blocks `bytes`, row after row.
+    ///
+    /// # Errors
+    /// A type not in [`STORED`], rows that are not whole blocks, or bytes of another length.
+    pub fn new(
+        kind: GgmlType,
+        rows: usize,
+        columns: usize,
+        bytes: Vec<u8>,
+    ) -> Result<Self, String> {
+        if !STORED.contains(&kind) {
+            let stored: Vec<&str> = STORED.iter().map(|t| t.name()).collect();
+            return Err(format!(
+                "{} weights are not multiplied as stored (kiln does so for {})",
+                kind.name(),
+                stored.join(", ")
+            ));
+        }
+        let (block, block_bytes) = kind.block();
+        if !columns.is_multiple_of(block) {
+            return Err(format!(
+                "rows of {columns} values are not whole {} blocks of {block}",
+                kind.name()
+            ));
+        }
+        let row_bytes = columns / block * block_bytes;
+        if bytes.len() != rows * row_bytes {
+            return Err(format!(
+                "{} bytes for {rows} rows of {columns} {} values ({} bytes)",
+                bytes.len(),
+                kind.name(),
+                rows * row_bytes
+            ));
+        }
+        Ok(QuantMatrix {
+            kind,
+            rows,
+            columns,
+            row_bytes,
+            bytes,
+        })
+    }
+
+    /// The block type.
+    pub fn kind(&self) -> GgmlType {
+        self.kind
+    }
+
+    /// The rows (outputs).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The columns (inputs).
+    pub fn columns(&self) -> usize {
+        self.columns
+    }
+
+    /// The bytes it holds.
+    pub fn stored_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// The blocks of row `row`.
+    fn row(&self, row: usize) -> &[u8] {
+        &self.bytes[row * self.row_bytes..][..self.row_bytes]
+    }
+
+    /// The same matrix with its rows reordered: row `i` is this one's row `order[i]`.
+    ///
+    /// # Panics
+    /// When `order` is not as long as the rows, or names a row it does not have.
+    pub fn with_rows_from(&self, order: &[usize]) -> Self {
+        assert_eq!(order.len(), self.rows, "one source row per row");
+        let mut bytes = Vec::with_capacity(self.bytes.len());
+        for &row in order {
+            bytes.extend_from_slice(self.row(row));
+        }
+        QuantMatrix { bytes, ..*self }
+    }
+
+    /// Every value as f32, row-major `[rows, columns]`, as the `gguf` package dequantizes them.
+    pub fn dequantize(&self) -> Vec<f32> {
+        dequantize_blocks(self.kind, &self.bytes).expect("the stored types dequantize")
+    }
+
+    /// Row `row` as f32 into `out` (`columns` values).
+    pub fn dequantize_row_into(&self, row: usize, out: &mut [f32]) {
+        let values = dequantize_blocks(self.kind, self.row(row)).expect("stored types dequantize");
+        out.copy_from_slice(&values);
+    }
+}
+
+/// Rows of activations quantized per block of [`GROUP`] values to 8 bits, as llama.cpp's
+/// `quantize_row_q8_0` does: `d = max |x| / 127`, `q = round(x / d)`, with `d` kept in f32 and
+/// each half-block's `d Σ q` beside it (what the weights' offsets multiply).
+#[derive(Debug, Clone)]
+pub struct QuantizedRows {
+    groups: usize,
+    /// Each block's scale `d`, row after row.
+    scales: Vec<f32>,
+    /// Each block's `d Σ q` over its first and its second 16 values.
+    half_sums: Vec<[f32; 2]>,
+    /// The 8-bit values, row after row.
+    values: Vec<i8>,
+}
+
+impl QuantizedRows {
+    /// The rows of `x`, `columns` values each (whole blocks of [`GROUP`]).
+    ///
+    /// # Panics
+    /// When `columns` is not a multiple of [`GROUP`] or `x` is not whole rows.
+    pub fn new(x: &[f32], columns: usize) -> Self {
+        assert!(
+            columns.is_multiple_of(GROUP) && x.len().is_multiple_of(columns.max(1)),
+            "rows of whole {GROUP}-value blocks"
+        );
+        let blocks = x.len() / GROUP;
+        let mut scales = Vec::with_capacity(blocks);
+        let mut half_sums = Vec::with_capacity(blocks);
+        let mut values = vec![0i8; x.len()];
+        for (block, q) in x.chunks_exact(GROUP).zip(values.chunks_exact_mut(GROUP)) {
+            let largest = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = largest / 127.0;
+            let inverse = if d == 0.0 { 0.0 } else { 1.0 / d };
+            for (q, &v) in q.iter_mut().zip(block) {
+                *q = (v * inverse).round() as i8;
+            }
+            let sum = |half: &[i8]| half.iter().map(|&q| i32::from(q)).sum::<i32>() as f32 * d;
+            half_sums.push([sum(&q[..16]), sum(&q[16..])]);
+            scales.push(d);
+        }
+        QuantizedRows {
+            groups: columns / GROUP,
+            scales,
+            half_sums,
+            values,
+        }
+    }
+
+    /// The rows.
+    pub fn rows(&self) -> usize {
+        self.scales.len() / self.groups.max(1)
+    }
+
+    /// The columns.
+    pub fn columns(&self) -> usize {
+        self.groups * GROUP
+    }
+
+    /// The values the quantized rows stand for, `d · q`, row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        (self.values.chunks_exact(GROUP).zip(&self.scales))
+            .flat_map(|(q, &d)| q.iter().map(move |&q| f32::from(q) * d))
+            .collect()
+    }
+}
+
+/// `out[i, first + r] = Σ_c x[i, c] · w[r, c]` (or `+=`, as `write` says) for every row `i` of
+/// `x` and `r` of `w`: `out` is row-major with `out_columns` columns, `w`'s outputs landing in
+/// columns `first..first + w.rows()`. On rayon's threads, each a share of `w`'s rows.
+///
+/// # Panics
+/// When `x` and `w` have different columns or `out` cannot hold the result.
+pub fn product(
+    out: &mut [f32],
+    out_columns: usize,
+    first: usize,
+    x: &QuantizedRows,
+    w: &QuantMatrix,
+    write: Write,
+) {
+    assert_eq!(
+        x.columns(),
+        w.columns,
+        "the inputs' and the weights' columns"
+    );
+    let rows = x.rows();
+    assert!(
+        first + w.rows <= out_columns && out.len() >= rows * out_columns,
+        "product: out's shape"
+    );
+    if rows == 0 || w.rows == 0 {
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    // Tasks of a few KB of weights at least, several per thread.
+    let per_task = (w.rows / (threads * 8))
+        .max(64 * 1024 / w.row_bytes.max(1))
+        .max(1);
+    let out = SharedOut(out.as_mut_ptr());
+    let kernel = Kernel::chosen();
+    (0..w.rows.div_ceil(per_task))
+        .into_par_iter()
+        .for_each(|task| {
+            let weights = task * per_task..((task + 1) * per_task).min(w.rows);
+            let mut sums = vec![0f32; 4 * weights.len()];
+            for start in (0..rows).step_by(4) {
+                let tile = start..(start + 4).min(rows);
+                kernel.run(w, weights.clone(), x, tile.clone(), &mut sums);
+                for (t, i) in tile.enumerate() {
+                    let line = &sums[t * weights.len()..][..weights.len()];
+                    out.write(i * out_columns + first + weights.start, line, write);
+                }
+            }
+        });
+}
+
+/// `out`'s values, written by the tasks at columns each owns alone.
+struct SharedOut(*mut f32);
+
+// SAFETY: the tasks write disjoint cells (see `product`) while it borrows `out` mutably.
+#[allow(unsafe_code)]
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// `values` written over (or added onto) the cells from `at` on: cells of `out` (checked by
+    /// `product`) that no other task writes.
+    #[allow(unsafe_code)]
+    fn write(&self, at: usize, values: &[f32], write: Write) {
+        // SAFETY: as the doc says.
+        let cells = unsafe { std::slice::from_raw_parts_mut(self.0.add(at), values.len()) };
+        match write {
+            Write::Overwrite => cells.copy_from_slice(values),
+            Write::Add => cells.iter_mut().zip(values).for_each(|(c, v)| *c += v),
+        }
+    }
+}
+
+/// Which implementation runs the sums: AVX2 (with FMA and F16C) where the CPU has it, else
+/// plain Rust.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Scalar,
+}
+
+impl Kernel {
+    fn chosen() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx2::supported() {
+            return Kernel::Avx2;
+        }
+        Kernel::Scalar
+    }
+
+    /// `sums[t · weights.len() + r] = x[tile[t]] · w[weights[r]]`, `tile` at most four rows.
+    fn run(
+        self,
+        w: &QuantMatrix,
+        weights: std::ops::Range<usize>,
+        x: &QuantizedRows,
+        tile: std::ops::Range<usize>,
+        sums: &mut [f32],
+    ) {
+        match self {
+            // SAFETY: chosen only where the CPU has AVX2, FMA and F16C.
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unsafe_code)]
+            Kernel::Avx2 => unsafe { avx2::sums(w, weights, x, tile, sums) },
+            Kernel::Scalar => scalar::sums(w, weights, x, tile, sums),
+        }
+    }
+}
+
+/// The f16 at `bytes[at..at + 2]`.
+#[inline]
+fn half(bytes: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
+}
+
+/// A weight group's scaling: value `j` is `scale[h] · q_j + offset[h]`, `h` its half (0 for the
+/// first 16 values, 1 for the next).
+#[derive(Clone, Copy, Debug, Default)]
+struct Scaling {
+    scale: [f32; 2],
+    offset: [f32; 2],
+}
+
+impl Scaling {
+    fn whole(scale: f32, offset: f32) -> Self {
+        Scaling {
+            scale: [scale; 2],
+            offset: [offset; 2],
+        }
+    }
+
+    /// Each group's scaling in the block `block` of `kind` (one for 32-value blocks, eight for
+    /// the 256-value k-quants), its f16 fields read by `half`.
+    #[inline(always)]
+    fn of_block(
+        kind: GgmlType,
+        block: &[u8],
+        groups: &mut [Scaling; 8],
+        half: impl Fn(&[u8], usize) -> f32,
+    ) -> usize {
+        match kind {
+            GgmlType::Q8_0 => groups[0] = Scaling::whole(half(block, 0), 0.0),
+            GgmlType::Q4_0 => {
+                let d = half(block, 0);
+                groups[0] = Scaling::whole(d, -8.0 * d);
+            }
+            GgmlType::Q5_0 => {
+                let d = half(block, 0);
+                groups[0] = Scaling::whole(d, -16.0 * d);
+            }
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                groups[0] = Scaling::whole(half(block, 0), half(block, 2));
+            }
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let (d, dmin) = (half(block, 0), half(block, 2));
+                let (scales, mins) = scales_and_mins(&block[4..16]);
+                for (g, group) in groups.iter_mut().enumerate() {
+                    let offset = -dmin * f32::from(mins[g]);
+                    *group = Scaling::whole(d * f32::from(scales[g]), offset);
+                }
+                return 8;
+            }
+            GgmlType::Q6_K => {
+                let d = half(block, 208);
+                for (g, group) in groups.iter_mut().enumerate() {
+                    let scale = [2 * g, 2 * g + 1].map(|s| d * f32::from(block[192 + s] as i8));
+                    *group = Scaling {
+                        scale,
+                        offset: scale.map(|s| -32.0 * s),
+                    };
+                }
+                return 8;
+            }
+            other => unreachable!("{} is not stored", other.name()),
+        }
+        1
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,84 @@
+//! The quantized sums in plain Rust: every CPU, and the reference the AVX2 kernel is tested
+//! against.
+
+use std::ops::Range;
+
+use kiln_core::gguf::GgmlType;
+
+use super::{GROUP, QuantMatrix, QuantizedRows, Scaling, half};
+
+/// The stored integers of group `g` of `block` (for Q8_0 signed, the others from 0 up).
+pub(super) fn integers(kind: GgmlType, block: &[u8], g: usize) -> [i32; GROUP] {
+    let mut q = [0i32; GROUP];
+    let nibble = |qs: &[u8], j: usize| i32::from((qs[j % 16] >> (4 * (j / 16))) & 0x0F);
+    let high_bit = |qh: &[u8], j: usize| {
+        let bits = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+        ((bits >> j & 1) << 4) as i32
+    };
+    for (j, q) in q.iter_mut().enumerate() {
+        *q = match kind {
+            GgmlType::Q8_0 => i32::from(block[2 + j] as i8),
+            GgmlType::Q4_0 => nibble(&block[2..], j),
+            GgmlType::Q4_1 => nibble(&block[4..], j),
+            GgmlType::Q5_0 => nibble(&block[6..], j) | high_bit(&block[2..6], j),
+            GgmlType::Q5_1 => nibble(&block[8..], j) | high_bit(&block[4..8], j),
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let qs = if kind == GgmlType::Q4_K {
+                    &block[16..144]
+                } else {
+                    &block[48..176]
+                };
+                let low = i32::from((qs[g / 2 * 32 + j] >> (4 * (g % 2))) & 0x0F);
+                let high = match kind {
+                    GgmlType::Q5_K => i32::from((block[16 + j] >> g) & 1) << 4,
+                    _ => 0,
+                };
+                low | high
+            }
+            GgmlType::Q6_K => {
+                let (half, part) = (g / 4, g % 4);
+                let low = block[half * 64 + (part % 2) * 32 + j] >> (4 * (part / 2)) & 0x0F;
+                let high = (block[128 + half * 32 + j] >> (2 * part)) & 0x03;
+                i32::from(low | high << 4)
+            }
+            other => unreachable!("{} is not stored", other.name()),
+        };
+    }
+    q
+}
+
+/// `sums[t · weights.len() + r] = x[tile[t]] · w[weights[r]]`.
+pub(super) fn sums(
+    w: &QuantMatrix,
+    weights: Range<usize>,
+    x: &QuantizedRows,
+    tile: Range<usize>,
+    sums: &mut [f32],
+) {
+    let (per_block, block_bytes) = w.kind.block();
+    let mut scaling = [Scaling::default(); 8];
+    let lines = weights.len();
+    for (r, row) in weights.enumerate() {
+        for (t, i) in tile.clone().enumerate() {
+            let mut sum = 0f32;
+            for (b, block) in w.row(row).chunks_exact(block_bytes).enumerate() {
+                let groups = Scaling::of_block(w.kind, block, &mut scaling, half);
+                for (g, scaling) in scaling[..groups].iter().enumerate() {
+                    let at = i * x.groups + b * per_block / GROUP + g;
+                    let q = integers(w.kind, block, g);
+                    let qx = &x.values[at * GROUP..][..GROUP];
+                    let dot = |h: usize| -> i32 {
+                        (q[h * 16..][..16].iter().zip(&qx[h * 16..][..16]))
+                            .map(|(&q, &qx)| q * i32::from(qx))
+                            .sum()
+                    };
+                    for h in 0..2 {
+                        sum += x.scales[at] * scaling.scale[h] * dot(h) as f32
+                            + scaling.offset[h] * x.half_sums[at][h];
+                    }
+                }
+            }
+            sums[t * lines + r] = sum;
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! Each stored type's product against the same product on the dequantized weights (kiln-core's
+//! dequantization, bit for bit the `gguf` package's) and the dequantized activations, in f64:
+//! equal to within the f32 accumulation's rounding.
+
+use half::f16;
+use kiln_core::gguf::GgmlType;
+use proptest::prelude::*;
+
+use super::*;
+
+/// The byte offsets of each block's f16 scale and minimum.
+fn half_fields(kind: GgmlType) -> &'static [usize] {
+    match kind {
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[0],
+    }
+}
+
+/// Random blocks of `kind` for `rows` rows of `columns` values, every f16 field a finite value
+/// of either sign, so every bit pattern of the integers and scales is reached.
+fn random_matrix(kind: GgmlType, rows: usize, columns: usize, seed: u64) -> QuantMatrix {
+    let (per_block, block_bytes) = kind.block();
+    let blocks = rows * columns / per_block;
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut bytes: Vec<u8> = (0..blocks * block_bytes).map(|_| next() as u8).collect();
+    for block in bytes.chunks_exact_mut(block_bytes) {
+        for &at in half_fields(kind) {
+            let unit = (next() % 2001) as f32 / 1000.0 - 1.0;
+            let value = f16::from_f32(unit * 0.05).to_bits().to_le_bytes();
+            block[at..at + 2].copy_from_slice(&value);
+        }
+    }
+    QuantMatrix::new(kind, rows, columns, bytes).expect("whole blocks")
+}
+
+fn random_rows(rows: usize, columns: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed ^ 0xD1B5_4A32_D192_ED03;
+    (0..rows * columns)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+        })
+        .collect()
+}
+
+/// `x Wᵀ` in f64 from the dequantized values, with the bound on f32 accumulation's error: the
+/// kernels sum `a · q` and the offset `b` apart (each as large as the row's largest weight, and
+/// cancelling in `a · q + b`), so a few ulps of `Σ |x| · max |w|`.
+fn reference(w: &QuantMatrix, x: &QuantizedRows) -> (Vec<f64>, Vec<f64>) {
+    let (weights, inputs) = (w.dequantize(), x.dequantize());
+    let columns = w.columns();
+    let mut values = Vec::new();
+    let mut bounds = Vec::new();
+    for xi in inputs.chunks_exact(columns) {
+        let magnitude: f64 = xi.iter().map(|&a| f64::from(a).abs()).sum();
+        for wr in weights.chunks_exact(columns) {
+            let largest = wr.iter().fold(0f64, |m, &b| m.max(f64::from(b).abs()));
+            let pairs = xi
+                .iter()
+                .zip(wr)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b));
+            values.push(pairs.sum());
+            bounds.push(magnitude * largest * 1e-5 + 1e-9);
+        }
+    }
+    (values, bounds)
+}
+
+fn check(kind: GgmlType, rows: usize, outputs: usize, blocks: usize, seed: u64) {
+    let columns = blocks * kind.block().0;
+    let w = random_matrix(kind, outputs, columns, seed);
+    let x = QuantizedRows::new(&random_rows(rows, columns, seed), columns);
+    let (want, bounds) = reference(&w, &x);
+    for kernel in kernels() {
+        let mut sums = vec![0f32; 4 * outputs];
+        let mut got = vec![0f32; rows * outputs];
+        for start in (0..rows).step_by(4) {
+            let tile = start..(start + 4).min(rows);
+            kernel.run(&w, 0..outputs, &x, tile.clone(), &mut sums);
+            for (t, i) in tile.enumerate() {
+                got[i * outputs..][..outputs].copy_from_slice(&sums[t * outputs..][..outputs]);
+            }
+        }
+        for (at, ((&got, &want), &bound)) in got.iter().zip(&want).zip(&bounds).enumerate() {
+            assert!(
+                (f64::from(got) - want).abs() <= bound,
+                "{} on {kernel:?}: [{}, {}] = {got}, not {want} (± {bound})",
+                kind.name(),
+                at / outputs,
+                at % outputs
+            );
+        }
+    }
+}
+
+fn kernels() -> Vec<Kernel> {
+    let mut kernels = vec![Kernel::Scalar];
+    #[cfg(target_arch = "x86_64")]
+    if avx2::supported() {
+        kernels.push(Kernel::Avx2);
+    }
+    kernels
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Every stored type, one row (decoding) to several tiles of rows (a prompt).
+    #[test]
+    fn each_type_multiplies_as_its_dequantized_values(
+        kind in proptest::sample::select(STORED.to_vec()),
+        rows in 1usize..10,
+        outputs in 1usize..7,
+        blocks in 1usize..4,
+        seed in any::<u64>(),
+    ) {
+        check(kind, rows, outputs, blocks, seed);
+    }
+}
+
+/// The threaded product writes each output where it belongs, over or onto what `out` held.
+#[test]
+fn the_product_lands_in_its_columns_and_adds_when_told() {
+    let (rows, outputs, columns, width, first) = (5, 300, 256, 310, 7);
+    let w = random_matrix(GgmlType::Q4_K, outputs, columns, 3);
+    let x = QuantizedRows::new(&random_rows(rows, columns, 3), columns);
+    let (want, bounds) = reference(&w, &x);
+    let mut out = vec![1.0f32; rows * width];
+    product(&mut out, width, first, &x, &w, Write::Overwrite);
+    product(&mut out, width, first, &x, &w, Write::Add);
+    for i in 0..rows {
+        for c in 0..width {
+            let got = f64::from(out[i * width + c]);
+            match c.checked_sub(first).filter(|&r| r < outputs) {
+                None => assert_eq!(got, 1.0, "[{i}, {c}] untouched"),
+                Some(r) => {
+                    let at = i * outputs + r;
+                    assert!(
+                        (got - 2.0 * want[at]).abs() <= 2.0 * bounds[at],
+                        "[{i}, {c}]"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The activations' quantization is llama.cpp's `q8_0`: each value within half a step of its
+/// block's scale, the largest magnitude exactly ±127 steps, a block of zeros all zero.
+#[test]
+fn activations_round_to_their_blocks_steps() {
+    let mut x = random_rows(2, 64, 9);
+    x[32..64].fill(0.0);
+    let q = QuantizedRows::new(&x, 64);
+    let back = q.dequantize();
+    for (block, (x, back)) in x.chunks(32).zip(back.chunks(32)).enumerate() {
+        let d = q.scales[block];
+        let largest = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(d, largest / 127.0);
+        for (x, back) in x.iter().zip(back) {
+            assert!(
+                (x - back).abs() <= d / 2.0 * 1.0001,
+                "block {block}: {x} → {back}"
+            );
+        }
+    }
+    assert!(back[32..64].iter().all(|&v| v == 0.0));
+}
+
+/// A reordered matrix holds the rows it was told, and dequantizes as the `gguf` package does.
+#[test]
+fn reordered_rows_are_the_rows_named() {
+    let w = random_matrix(GgmlType::Q6_K, 3, 256, 5);
+    let all = w.dequantize();
+    let moved = w.with_rows_from(&[2, 0, 1]);
+    let mut row = vec![0.0; 256];
+    for (i, source) in [2, 0, 1].into_iter().enumerate() {
+        moved.dequantize_row_into(i, &mut row);
+        assert_eq!(row, all[source * 256..][..256]);
+    }
+    let refused = QuantMatrix::new(GgmlType::Q2_K, 1, 256, vec![0; 84]).unwrap_err();
+    assert!(
+        refused.contains("Q2_K weights are not multiplied as stored"),
+        "{refused}"
+    );
+}
