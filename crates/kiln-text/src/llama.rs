@@ -257,6 +257,17 @@ impl<B: Backend> CausalLm<B> {
         input: TextInput<B>,
         cache: &mut KvCache<B>,
     ) -> Result<CausalLmOutput<B>, TextError> {
+        // On one of rayon's threads: each product's parallel region then starts on this thread
+        // rather than waking the pool's sleeping workers (hundreds of regions a decoded token).
+        rayon::scope(|_| self.forward_on_this_thread(input, cache))
+    }
+
+    /// [`Self::forward_cached`] on the calling thread.
+    fn forward_on_this_thread(
+        &self,
+        input: TextInput<B>,
+        cache: &mut KvCache<B>,
+    ) -> Result<CausalLmOutput<B>, TextError> {
         let device = self.model.embed_tokens.weight.lazy_device();
         let (batch, tokens) = input.tokens.dims();
         let layers = self.config.num_hidden_layers;

@@ -9,13 +9,14 @@ use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use rayon::prelude::*;
 
 use crate::Activation;
 use crate::linear_op::{trained_linear, trained_product_by_table};
 use crate::prepared::{HostWeight, Operand};
 use crate::{Pass, Site};
 use kiln_kernels::gemm::bf16::{self, PaddedImage};
-use kiln_kernels::gemm::quantized::{self, QuantizedRows};
+use kiln_kernels::gemm::quantized::{self, QuantMatrix, QuantizedRows};
 use kiln_kernels::gemm::sgemm;
 use kiln_kernels::gemm::strided::{Threads, View, Write, matmul};
 use kiln_kernels::host;
@@ -240,7 +241,8 @@ fn project_on_host<B: Backend, const D: usize>(
             }
         }
     };
-    dims[D - 1] = linear.weight.dims()[1];
+    // The weight's shape without its values (a weight kept as stored is never decoded).
+    dims[D - 1] = linear.weight.lazy_shape().to_vec()[1];
     Tensor::from_data(TensorData::new(values, dims), &device)
 }
 
@@ -375,8 +377,13 @@ pub fn product_on_this_thread(x: &[f32], inputs: usize, weight: &HostWeight) -> 
     out
 }
 
+/// Rows from which a product with stored weights decodes them to f32 for the f32 product rather
+/// than multiplying the blocks as stored.
+const DECODED_ROWS: usize = 16;
+
 /// `out (+)= x W` (as `write` says) through the `gemm` crate on `threads`, for a weight it
-/// reads: row-major, in place, or in place transposed.
+/// reads: row-major, in place, or in place transposed; or with quantized weights, multiplied as
+/// stored (a few rows) or decoded to f32 (many).
 fn gemm_product(
     out: &mut [f32],
     x: &[f32],
@@ -408,14 +415,28 @@ fn gemm_product(
             let view = View::rows(0, outputs, inputs, inputs).transposed();
             product(0, outputs, matrix.values(), view);
         }
-        Operand::Quantized(matrices) => {
-            // The activations quantized once for every matrix; each runs on all threads.
-            let x = QuantizedRows::new(x, inputs);
+        Operand::Quantized(matrices) if rows >= DECODED_ROWS => {
+            // Many rows (a prompt): each matrix decoded to f32 once, a share of its rows a task,
+            // for the f32 product, which beats the byte products there (docs/PERFORMANCE.md).
+            let mut decoded = Vec::new();
             let mut first = 0;
             for matrix in matrices {
-                quantized::product(out, outputs, first, &x, matrix, write);
-                first += matrix.rows();
+                let (outputs, inputs) = (matrix.rows(), matrix.columns());
+                decoded.resize(outputs * inputs, 0.0);
+                (decoded.par_chunks_mut(64 * inputs).enumerate()).for_each(|(task, chunk)| {
+                    let start = task * 64;
+                    matrix.dequantize_rows_into(start..start + chunk.len() / inputs, chunk);
+                });
+                let view = View::rows(0, outputs, inputs, inputs).transposed();
+                product(first, outputs, &decoded, view);
+                first += outputs;
             }
+        }
+        Operand::Quantized(matrices) => {
+            // The activations quantized once; every matrix in one parallel region.
+            let x = QuantizedRows::new(x, inputs);
+            let matrices: Vec<&QuantMatrix> = matrices.iter().map(|m| &**m).collect();
+            quantized::product(out, outputs, &x, &matrices, write);
         }
         Operand::Packed(_) | Operand::Bf16(_) => {
             unreachable!("packed weights run on their own kernels")
@@ -622,6 +643,72 @@ mod tests {
                 assert!(
                     (added[i] - residual[i] - want).abs() < tolerance,
                     "{name} r+xW+b at {r},{c}"
+                );
+            }
+        }
+    }
+
+    /// Weights kept as stored (two Q8_0 matrices side by side) give `x W + b` on both paths: the
+    /// byte products for a few rows, within the activations' 8-bit rounding (half a step of each
+    /// 32-value block, `max |x| / 254`, times `Σ |w|`), and the decoded f32 product for many rows,
+    /// within f32 rounding; added onto a residual alike.
+    #[test]
+    fn stored_weights_give_the_product_on_both_paths() {
+        use half::f16;
+        use kiln_core::gguf::GgmlType;
+        use std::sync::Arc;
+        let (inputs, outputs) = (64, [5, 3]);
+        let mut blocks = Vec::new();
+        let mut weights = Vec::new(); // [out, in], every matrix's rows in turn
+        for (m, &rows) in outputs.iter().enumerate() {
+            let mut bytes = Vec::new();
+            for block in 0..rows * inputs / 32 {
+                let d = f16::from_f32(0.01 * (1 + (block + m) % 3) as f32);
+                bytes.extend(d.to_bits().to_le_bytes());
+                for j in 0..32 {
+                    let q = ((block * 37 + j * 11 + m) % 255) as i32 - 127;
+                    bytes.push(q as i8 as u8);
+                    weights.push(d.to_f32() * q as f32);
+                }
+            }
+            let matrix = quantized::QuantMatrix::new(GgmlType::Q8_0, rows, inputs, bytes);
+            blocks.push(Arc::new(matrix.expect("whole blocks")));
+        }
+        let columns: usize = outputs.iter().sum();
+        let bias: Vec<f32> = (0..columns).map(|c| c as f32 * 0.25).collect();
+        let weight = HostWeight {
+            operand: Operand::Quantized(blocks),
+            bias: bias.clone(),
+        };
+        for rows in [1, 3, DECODED_ROWS + 4] {
+            let x: Vec<f32> = (0..rows * inputs)
+                .map(|i| (i as f32 * 0.37).sin())
+                .collect();
+            let product = product_rows(&x, inputs, &weight, |v| v);
+            let mut added = vec![1.0; rows * columns];
+            add_product(&mut added, &x, inputs, &weight);
+            for (r, c) in (0..rows).flat_map(|r| (0..columns).map(move |c| (r, c))) {
+                let (x, w) = (&x[r * inputs..][..inputs], &weights[c * inputs..][..inputs]);
+                let want: f64 = x
+                    .iter()
+                    .zip(w)
+                    .map(|(&a, &b)| f64::from(a * b))
+                    .sum::<f64>()
+                    + f64::from(bias[c]);
+                let step = x.iter().fold(0f32, |m, v| m.max(v.abs())) / 254.0;
+                let tolerance = match rows < DECODED_ROWS {
+                    true => f64::from(step * w.iter().map(|w| w.abs()).sum::<f32>()) + 1e-4,
+                    false => 1e-4,
+                };
+                let got = f64::from(product[r * columns + c]);
+                assert!(
+                    (got - want).abs() <= tolerance,
+                    "{rows} rows, [{r}, {c}]: {got} vs {want}"
+                );
+                let got = f64::from(added[r * columns + c]) - 1.0;
+                assert!(
+                    (got - want).abs() <= tolerance,
+                    "{rows} rows, added [{r}, {c}]"
                 );
             }
         }

@@ -57,9 +57,10 @@ const Q5_0: u8 = 2;
 const Q5_1: u8 = 3;
 const Q8_0: u8 = 4;
 
-/// [`sums`] for a 32-value block type `KIND` (one scale and offset a block), specialised: the
-/// block's f16 scale and minimum converted together, two accumulators a row (one per block
-/// parity) to hide the multiply-add's latency.
+/// [`sums`] for a 32-value block type `KIND` (one scale and offset a block), specialised for
+/// decoding's bandwidth: the block's f16 scale and minimum converted together and kept in vector
+/// registers, blocks read by pointer (the row and `x`'s rows hold `groups` blocks each), two
+/// accumulators a row (even and odd blocks) to hide the multiply-add's latency.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn legacy_sums<const ROWS: usize, const KIND: u8>(
     w: &QuantMatrix,
@@ -69,72 +70,143 @@ fn legacy_sums<const ROWS: usize, const KIND: u8>(
     sums: &mut [f32],
 ) {
     let block_bytes = w.kind.block().1;
-    let ones = _mm256_set1_epi16(1);
-    let low4 = _mm256_set1_epi8(0x0F);
-    let lines = weights.len();
     let groups = x.groups;
-    let values = &x.values[first * groups * GROUP..(first + ROWS) * groups * GROUP];
-    let (scales, half_sums) = (&x.scales[first * groups..], &x.half_sums[first * groups..]);
+    assert!(
+        x.scales.len() >= (first + ROWS) * groups,
+        "x holds the tile's rows"
+    );
+    let lines = weights.len();
+    let x_rows: [usize; ROWS] = std::array::from_fn(|t| (first + t) * groups);
     for (r, row) in weights.enumerate() {
-        let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
-        let mut offsets = [0f32; ROWS];
-        for (b, block) in row_blocks(w, row, block_bytes).enumerate() {
-            // SAFETY (loads): every block holds the bytes its type reads at these offsets.
-            let fields = unsafe { _mm_loadu_si32(block.as_ptr().cast()) };
-            let halves = _mm_cvtph_ps(fields);
-            let d = _mm_cvtss_f32(halves);
-            let m = _mm_cvtss_f32(_mm_movehdup_ps(halves));
-            let nibbles = |at: usize| {
-                let packed = unsafe { _mm_loadu_si128(block[at..at + 16].as_ptr().cast()) };
-                let both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-                _mm256_and_si256(both, low4)
-            };
-            let (q, offset) = match KIND {
-                Q4_0 => (nibbles(2), -8.0 * d),
-                Q4_1 => (nibbles(4), m),
-                Q5_0 => (
-                    _mm256_or_si256(nibbles(6), fifth_bits(&block[2..6])),
-                    -16.0 * d,
-                ),
-                Q5_1 => (_mm256_or_si256(nibbles(8), fifth_bits(&block[4..8])), m),
-                _ => (
-                    unsafe { _mm256_loadu_si256(block[2..34].as_ptr().cast()) },
-                    0.0,
-                ),
-            };
-            let magnitude = if KIND == Q8_0 {
-                _mm256_sign_epi8(q, q)
-            } else {
-                q
-            };
-            for t in 0..ROWS {
-                let at = t * groups + b;
-                let qx = &values[at * GROUP..][..GROUP];
-                let qx = unsafe { _mm256_loadu_si256(qx.as_ptr().cast::<__m256i>()) };
-                let qx = if KIND == Q8_0 {
-                    _mm256_sign_epi8(qx, q)
-                } else {
-                    qx
-                };
-                let dots = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, qx), ones);
-                let scale = _mm256_set1_ps(d * scales[at]);
-                let lane = &mut acc[t][b % 2];
-                *lane = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), scale, *lane);
-                if KIND != Q8_0 {
-                    offsets[t] += offset * (half_sums[at][0] + half_sums[at][1]);
-                }
+        let row = w.row(row).as_ptr();
+        // Even and odd blocks' sums and offsets apart: two chains of multiply-adds, not one.
+        let mut even = ([_mm256_setzero_ps(); ROWS], [_mm_setzero_ps(); ROWS]);
+        let mut odd = even;
+        let mut b = 0;
+        // SAFETY: blocks `b < groups` lie in the row (`groups` blocks of `block_bytes`) and in
+        // each of the tile's rows of `x` (checked above).
+        unsafe {
+            while b + 2 <= groups {
+                let block = row.add(b * block_bytes);
+                legacy_block::<ROWS, KIND>(block, x, x_rows, b, &mut even);
+                let next = row.add((b + 1) * block_bytes);
+                legacy_block::<ROWS, KIND>(next, x, x_rows, b + 1, &mut odd);
+                b += 2;
+            }
+            if b < groups {
+                let block = row.add(b * block_bytes);
+                legacy_block::<ROWS, KIND>(block, x, x_rows, b, &mut even);
             }
         }
         for t in 0..ROWS {
-            let [even, odd] = acc[t];
-            sums[t * lines + r] = horizontal_sum(_mm256_add_ps(even, odd)) + offsets[t];
+            let sum = horizontal_sum(_mm256_add_ps(even.0[t], odd.0[t]));
+            let offset = _mm_cvtss_f32(_mm_add_ss(even.1[t], odd.1[t]));
+            sums[t * lines + r] = sum + offset;
         }
     }
 }
 
-/// The blocks of `w`'s row `row`.
-fn row_blocks(w: &QuantMatrix, row: usize, block_bytes: usize) -> std::slice::ChunksExact<'_, u8> {
-    w.row(row).chunks_exact(block_bytes)
+/// A 32-value block's integers and scaling, as the byte products read them.
+struct Decoded {
+    /// `[d, m, …]`: the scale and (Q4_1, Q5_1) the minimum, as f32.
+    fields: __m128,
+    /// The integers, value `j` in byte `j` (signed for Q8_0).
+    q: __m256i,
+    /// What `vpmaddubsw` multiplies: the integers, or for Q8_0 their magnitudes.
+    magnitude: __m256i,
+    /// The offset `b` of each value, in the lowest lane.
+    offset: __m128,
+}
+
+/// The block of type `KIND` at `block`.
+///
+/// # Safety
+/// `block` points at a whole block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn legacy_decode<const KIND: u8>(block: *const u8) -> Decoded {
+    let low4 = _mm256_set1_epi8(0x0F);
+    // SAFETY (every read): the block holds the bytes its type reads at these offsets.
+    unsafe {
+        let fields = _mm_cvtph_ps(_mm_loadu_si32(block.cast()));
+        let nibbles = |at: usize| {
+            let packed = _mm_loadu_si128(block.add(at).cast());
+            let both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+            _mm256_and_si256(both, low4)
+        };
+        let fifth = |at: usize| fifth_bits(std::slice::from_raw_parts(block.add(at), 4));
+        let (q, offset) = match KIND {
+            Q4_0 => (nibbles(2), _mm_mul_ss(fields, _mm_set_ss(-8.0))),
+            Q4_1 => (nibbles(4), _mm_movehdup_ps(fields)),
+            Q5_0 => (
+                _mm256_or_si256(nibbles(6), fifth(2)),
+                _mm_mul_ss(fields, _mm_set_ss(-16.0)),
+            ),
+            Q5_1 => (
+                _mm256_or_si256(nibbles(8), fifth(4)),
+                _mm_movehdup_ps(fields),
+            ),
+            _ => (_mm256_loadu_si256(block.add(2).cast()), _mm_setzero_ps()),
+        };
+        let magnitude = if KIND == Q8_0 {
+            _mm256_sign_epi8(q, q)
+        } else {
+            q
+        };
+        Decoded {
+            fields,
+            q,
+            magnitude,
+            offset,
+        }
+    }
+}
+
+/// One block of a 32-value type `KIND` at `block` against block `b` of each of the tile's rows
+/// of `x` (which start at blocks `x_rows`), into the accumulators.
+///
+/// # Safety
+/// `block` points at a whole block; block `b` of each row lies inside `x`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn legacy_block<const ROWS: usize, const KIND: u8>(
+    block: *const u8,
+    x: &QuantizedRows,
+    x_rows: [usize; ROWS],
+    b: usize,
+    (acc, offsets): &mut ([__m256; ROWS], [__m128; ROWS]),
+) {
+    let ones = _mm256_set1_epi16(1);
+    // SAFETY (every read): the block is whole, and `x` holds the blocks named (the caller's
+    // promise).
+    unsafe {
+        let Decoded {
+            fields,
+            q,
+            magnitude,
+            offset,
+        } = legacy_decode::<KIND>(block);
+        for t in 0..ROWS {
+            let at = x_rows[t] + b;
+            let qx = _mm256_loadu_si256(x.values.as_ptr().add(at * GROUP).cast());
+            let qx = if KIND == Q8_0 {
+                _mm256_sign_epi8(qx, q)
+            } else {
+                qx
+            };
+            let dots = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, qx), ones);
+            let scale = _mm_mul_ss(fields, _mm_load_ss(x.scales.as_ptr().add(at)));
+            acc[t] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(dots),
+                _mm256_broadcastss_ps(scale),
+                acc[t],
+            );
+            if KIND != Q8_0 {
+                let block_sum = _mm_load_ss(x.block_sums.as_ptr().add(at));
+                offsets[t] = _mm_fmadd_ss(offset, block_sum, offsets[t]);
+            }
+        }
+    }
 }
 
 /// [`sums`] of the `ROWS` rows of `x` from `first`: each weight group unpacked once for all.
@@ -150,38 +222,60 @@ fn tile_sums<const ROWS: usize>(
     let groups_per_block = per_block / GROUP;
     let signed = w.kind == GgmlType::Q8_0;
     let ones = _mm256_set1_epi16(1);
+    // Lanes 0–3 take a pair's first value, 4–7 its second.
+    let halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     let lines = weights.len();
     let mut scaling = [Scaling::default(); 8];
     let mut integers = [_mm256_setzero_si256(); 8];
     let rows: [usize; ROWS] = std::array::from_fn(|t| (first + t) * x.groups);
+    assert!(
+        x.scales.len() >= (first + ROWS) * x.groups,
+        "x holds the tile's rows"
+    );
+    // Two value pairs `[v0, v1]` as one vector.
+    let pair = |v: &[f32; 2]| -> __m128 {
+        // SAFETY: `v` holds the 8 bytes read.
+        unsafe { _mm_castpd_ps(_mm_load_sd(v.as_ptr().cast())) }
+    };
     for (r, row) in weights.enumerate() {
-        let mut acc = [_mm256_setzero_ps(); ROWS];
-        let mut offsets = [0f32; ROWS];
+        // Even and odd groups apart: two chains of multiply-adds, not one.
+        let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
+        let mut offsets = [[_mm_setzero_ps(); 2]; ROWS];
         for (b, block) in w.row(row).chunks_exact(block_bytes).enumerate() {
             Scaling::of_block(w.kind, block, &mut scaling, |b, at| half(b, at));
             unpack(w.kind, block, &mut integers);
             for g in 0..groups_per_block {
+                let parity = g % 2;
                 let q = integers[g];
-                let s = scaling[g];
-                let scale = _mm256_set_m128(_mm_set1_ps(s.scale[1]), _mm_set1_ps(s.scale[0]));
+                let s = &scaling[g];
+                let scale =
+                    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(pair(&s.scale)), halves);
+                let offset = pair(&s.offset);
                 let magnitude = if signed { _mm256_sign_epi8(q, q) } else { q };
                 for t in 0..ROWS {
                     let at = rows[t] + b * groups_per_block + g;
-                    let values = &x.values[at * GROUP..][..GROUP];
-                    // SAFETY: `values` holds the 32 bytes read.
-                    let qx = unsafe { _mm256_loadu_si256(values.as_ptr().cast::<__m256i>()) };
+                    // SAFETY: block `at` lies inside `x` (checked above).
+                    let (qx, dx) = unsafe {
+                        (
+                            _mm256_loadu_si256(x.values.as_ptr().add(at * GROUP).cast()),
+                            _mm256_broadcast_ss(&*x.scales.as_ptr().add(at)),
+                        )
+                    };
                     let qx = if signed { _mm256_sign_epi8(qx, q) } else { qx };
                     let pairs = _mm256_maddubs_epi16(magnitude, qx);
                     let dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-                    let scaled = _mm256_mul_ps(scale, _mm256_set1_ps(x.scales[at]));
-                    acc[t] = _mm256_fmadd_ps(dots, scaled, acc[t]);
-                    let half_sums = x.half_sums[at];
-                    offsets[t] += s.offset[0] * half_sums[0] + s.offset[1] * half_sums[1];
+                    let lane = &mut acc[t][parity];
+                    *lane = _mm256_fmadd_ps(dots, _mm256_mul_ps(scale, dx), *lane);
+                    let lane = &mut offsets[t][parity];
+                    *lane = _mm_fmadd_ps(offset, pair(&x.half_sums[at]), *lane);
                 }
             }
         }
         for t in 0..ROWS {
-            sums[t * lines + r] = horizontal_sum(acc[t]) + offsets[t];
+            let [even, odd] = acc[t];
+            let offsets = _mm_add_ps(offsets[t][0], offsets[t][1]);
+            let offset = _mm_cvtss_f32(_mm_add_ss(offsets, _mm_movehdup_ps(offsets)));
+            sums[t * lines + r] = horizontal_sum(_mm256_add_ps(even, odd)) + offset;
         }
     }
 }
@@ -191,6 +285,47 @@ fn tile_sums<const ROWS: usize>(
 fn half(bytes: &[u8], at: usize) -> f32 {
     let bits = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// The values of `row` (whole blocks of `kind`) as f32 into `out`: `a · q + b` per group, each
+/// multiply-add rounded once (within an ulp of the `gguf` package's values).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C ([`supported`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dequantize_row(kind: GgmlType, row: &[u8], out: &mut [f32]) {
+    let (per_block, block_bytes) = kind.block();
+    let mut scaling = [Scaling::default(); 8];
+    let mut integers = [_mm256_setzero_si256(); 8];
+    for (block, out) in row
+        .chunks_exact(block_bytes)
+        .zip(out.chunks_exact_mut(per_block))
+    {
+        let groups = Scaling::of_block(kind, block, &mut scaling, |b, at| half(b, at));
+        unpack(kind, block, &mut integers);
+        for g in 0..groups {
+            let [low, high] = [
+                _mm256_castsi256_si128(integers[g]),
+                _mm256_extracti128_si256(integers[g], 1),
+            ];
+            for (h, bytes) in [low, high].into_iter().enumerate() {
+                let (a, b) = (
+                    _mm256_set1_ps(scaling[g].scale[h]),
+                    _mm256_set1_ps(scaling[g].offset[h]),
+                );
+                for (e, bytes) in [bytes, _mm_srli_si128(bytes, 8)].into_iter().enumerate() {
+                    let wide = match kind {
+                        GgmlType::Q8_0 => _mm256_cvtepi8_epi32(bytes),
+                        _ => _mm256_cvtepu8_epi32(bytes),
+                    };
+                    let values = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide), a, b);
+                    let at = &mut out[g * GROUP + h * 16 + e * 8..][..8];
+                    // SAFETY: `at` holds the 8 values stored.
+                    unsafe { _mm256_storeu_ps(at.as_mut_ptr(), values) };
+                }
+            }
+        }
+    }
 }
 
 /// Each group's integers of `block` into `out` (one register a group: 32 bytes, value `j` in

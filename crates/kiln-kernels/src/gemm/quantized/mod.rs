@@ -24,7 +24,7 @@
 //! let w = QuantMatrix::new(GgmlType::Q8_0, 1, 32, block)?;
 //! let x = QuantizedRows::new(&[1.0; 32], 32);
 //! let mut y = [0.0];
-//! product(&mut y, 1, 0, &x, &w, Write::Overwrite);
+//! product(&mut y, 1, &x, &[&w], Write::Overwrite);
 //! assert!((y[0] - 0.5 * (0..32).sum::<i32>() as f32).abs() < 1e-3);
 //! # Ok::<(), String>(())
 //! ```
@@ -167,6 +167,24 @@ impl QuantMatrix {
         dequantize_blocks(self.kind, &self.bytes).expect("the stored types dequantize")
     }
 
+    /// Rows `rows` as f32 into `out` (`columns` values each), on the calling thread: on AVX2 each
+    /// value `a · q + b` with one rounding (within an ulp of [`Self::dequantize`]'s), else as the
+    /// `gguf` package computes it.
+    pub fn dequantize_rows_into(&self, rows: std::ops::Range<usize>, out: &mut [f32]) {
+        for (row, out) in rows.zip(out.chunks_exact_mut(self.columns)) {
+            #[cfg(target_arch = "x86_64")]
+            if Kernel::chosen() == Kernel::Avx2 {
+                // SAFETY: chosen only where the CPU has AVX2, FMA and F16C.
+                #[allow(unsafe_code)]
+                unsafe {
+                    avx2::dequantize_row(self.kind, self.row(row), out)
+                };
+                continue;
+            }
+            self.dequantize_row_into(row, out);
+        }
+    }
+
     /// Row `row` as f32 into `out` (`columns` values).
     pub fn dequantize_row_into(&self, row: usize, out: &mut [f32]) {
         let values = dequantize_blocks(self.kind, self.row(row)).expect("stored types dequantize");
@@ -184,6 +202,8 @@ pub struct QuantizedRows {
     scales: Vec<f32>,
     /// Each block's `d Σ q` over its first and its second 16 values.
     half_sums: Vec<[f32; 2]>,
+    /// Each block's `d Σ q`.
+    block_sums: Vec<f32>,
     /// The 8-bit values, row after row.
     values: Vec<i8>,
 }
@@ -201,6 +221,7 @@ impl QuantizedRows {
         let blocks = x.len() / GROUP;
         let mut scales = Vec::with_capacity(blocks);
         let mut half_sums = Vec::with_capacity(blocks);
+        let mut block_sums = Vec::with_capacity(blocks);
         let mut values = vec![0i8; x.len()];
         for (block, q) in x.chunks_exact(GROUP).zip(values.chunks_exact_mut(GROUP)) {
             let largest = block.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -211,12 +232,14 @@ impl QuantizedRows {
             }
             let sum = |half: &[i8]| half.iter().map(|&q| i32::from(q)).sum::<i32>() as f32 * d;
             half_sums.push([sum(&q[..16]), sum(&q[16..])]);
+            block_sums.push(sum(q));
             scales.push(d);
         }
         QuantizedRows {
             groups: columns / GROUP,
             scales,
             half_sums,
+            block_sums,
             values,
         }
     }
@@ -239,54 +262,62 @@ impl QuantizedRows {
     }
 }
 
-/// `out[i, first + r] = Σ_c x[i, c] · w[r, c]` (or `+=`, as `write` says) for every row `i` of
-/// `x` and `r` of `w`: `out` is row-major with `out_columns` columns, `w`'s outputs landing in
-/// columns `first..first + w.rows()`. On rayon's threads, each a share of `w`'s rows.
+/// `out[i, c] = Σ_k x[i, k] · w[r, k]` (or `+=`, as `write` says) for every row `i` of `x` and
+/// every row `r` of the matrices `side_by_side`, whose outputs are `out`'s columns in order
+/// (`out` row-major with `out_columns` columns, at least their rows). On rayon's threads in one
+/// parallel region, each task a share of one matrix's rows.
 ///
 /// # Panics
-/// When `x` and `w` have different columns or `out` cannot hold the result.
+/// When `x` and a matrix have different columns or `out` cannot hold the result.
 pub fn product(
     out: &mut [f32],
     out_columns: usize,
-    first: usize,
     x: &QuantizedRows,
-    w: &QuantMatrix,
+    side_by_side: &[&QuantMatrix],
     write: Write,
 ) {
-    assert_eq!(
-        x.columns(),
-        w.columns,
-        "the inputs' and the weights' columns"
-    );
     let rows = x.rows();
+    let outputs: usize = side_by_side.iter().map(|w| w.rows).sum();
     assert!(
-        first + w.rows <= out_columns && out.len() >= rows * out_columns,
+        outputs <= out_columns && out.len() >= rows * out_columns,
         "product: out's shape"
     );
-    if rows == 0 || w.rows == 0 {
+    let threads = rayon::current_num_threads();
+    let mut tasks = Vec::new();
+    let mut first = 0;
+    for (m, w) in side_by_side.iter().enumerate() {
+        assert_eq!(
+            x.columns(),
+            w.columns,
+            "the inputs' and the weights' columns"
+        );
+        // Tasks of 64 KB of weights or more (decoding: a thread's share stays in cache across
+        // the rows), several per thread.
+        let per_task = (outputs / (threads * 8))
+            .max(64 * 1024 / w.row_bytes.max(1))
+            .max(1);
+        for start in (0..w.rows).step_by(per_task) {
+            tasks.push((m, start..(start + per_task).min(w.rows), first + start));
+        }
+        first += w.rows;
+    }
+    if rows == 0 || tasks.is_empty() {
         return;
     }
-    let threads = rayon::current_num_threads();
-    // Tasks of a few KB of weights at least, several per thread.
-    let per_task = (w.rows / (threads * 8))
-        .max(64 * 1024 / w.row_bytes.max(1))
-        .max(1);
     let out = SharedOut(out.as_mut_ptr());
     let kernel = Kernel::chosen();
-    (0..w.rows.div_ceil(per_task))
-        .into_par_iter()
-        .for_each(|task| {
-            let weights = task * per_task..((task + 1) * per_task).min(w.rows);
-            let mut sums = vec![0f32; 4 * weights.len()];
-            for start in (0..rows).step_by(4) {
-                let tile = start..(start + 4).min(rows);
-                kernel.run(w, weights.clone(), x, tile.clone(), &mut sums);
-                for (t, i) in tile.enumerate() {
-                    let line = &sums[t * weights.len()..][..weights.len()];
-                    out.write(i * out_columns + first + weights.start, line, write);
-                }
+    tasks.into_par_iter().for_each(|(m, weights, column)| {
+        let w = side_by_side[m];
+        let mut sums = vec![0f32; 4 * weights.len()];
+        for start in (0..rows).step_by(4) {
+            let tile = start..(start + 4).min(rows);
+            kernel.run(w, weights.clone(), x, tile.clone(), &mut sums);
+            for (t, i) in tile.enumerate() {
+                let line = &sums[t * weights.len()..][..weights.len()];
+                out.write(i * out_columns + column, line, write);
             }
-        });
+        }
+    });
 }
 
 /// `out`'s values, written by the tasks at columns each owns alone.

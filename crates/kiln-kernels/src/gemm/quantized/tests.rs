@@ -127,20 +127,24 @@ proptest! {
     }
 }
 
-/// The threaded product writes each output where it belongs, over or onto what `out` held.
+/// The threaded product writes each output where it belongs (a second matrix's after the
+/// first's), over or onto what `out` held, and leaves the columns past them.
 #[test]
 fn the_product_lands_in_its_columns_and_adds_when_told() {
     let (rows, outputs, columns, width, first) = (5, 300, 256, 310, 7);
     let w = random_matrix(GgmlType::Q4_K, outputs, columns, 3);
     let x = QuantizedRows::new(&random_rows(rows, columns, 3), columns);
     let (want, bounds) = reference(&w, &x);
+    // `first` columns of another matrix before this one's.
+    let before = random_matrix(GgmlType::Q8_0, first, columns, 4);
     let mut out = vec![1.0f32; rows * width];
-    product(&mut out, width, first, &x, &w, Write::Overwrite);
-    product(&mut out, width, first, &x, &w, Write::Add);
+    product(&mut out, width, &x, &[&before, &w], Write::Overwrite);
+    product(&mut out, width, &x, &[&before, &w], Write::Add);
     for i in 0..rows {
         for c in 0..width {
             let got = f64::from(out[i * width + c]);
             match c.checked_sub(first).filter(|&r| r < outputs) {
+                None if c < first => {}
                 None => assert_eq!(got, 1.0, "[{i}, {c}] untouched"),
                 Some(r) => {
                     let at = i * outputs + r;
@@ -192,4 +196,29 @@ fn reordered_rows_are_the_rows_named() {
         refused.contains("Q2_K weights are not multiplied as stored"),
         "{refused}"
     );
+}
+
+/// Rows decoded for the f32 product (on AVX2 `a · q + b` with one rounding) are the `gguf`
+/// package's values to within an ulp or two of the larger of `a · q` and `b`.
+#[test]
+fn decoded_rows_are_the_packages_values() {
+    for kind in STORED {
+        let w = random_matrix(kind, 3, 512, 11);
+        let want = w.dequantize();
+        let mut got = vec![0.0; 2 * 512];
+        w.dequantize_rows_into(1..3, &mut got);
+        let want = &want[512..];
+        for (at, (&got, &value)) in got.iter().zip(want).enumerate() {
+            let group = &want[at / GROUP * GROUP..][..GROUP];
+            // `a · q` and `b` are each at most twice the group's largest value.
+            let largest = 2.0 * group.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let want = value;
+            assert!(
+                (got - want).abs() <= largest * f32::EPSILON * 2.0,
+                "{} [{}]: {got} vs {want}",
+                kind.name(),
+                at
+            );
+        }
+    }
 }
