@@ -49,22 +49,26 @@ fn logits_of_the_prompt_are_transformers() {
     check_logits(
         &["--model-dir", model.to_str().unwrap()],
         "qwen2.safetensors",
+        1e-4,
     );
 }
 
-/// `--model FILE.gguf`: transformers' logits from its own reading of the same file.
+/// `--model FILE.gguf`: transformers' logits from its own reading of the same file, with every
+/// tensor decoded (`--weights f32`) within 1e-4; with the quantized matrices multiplied as
+/// stored (the default), within the activations' 8-bit rounding (kiln-text's parity test:
+/// a few percent of the largest logit on this random model).
 #[test]
 fn logits_from_a_gguf_file_are_transformers() {
     let model = text_fixtures().join("gguf/llama.gguf");
-    check_logits(
-        &["--model", model.to_str().unwrap()],
-        "gguf/llama.safetensors",
-    );
+    let model = model.to_str().unwrap();
+    let reference = "gguf/llama.safetensors";
+    check_logits(&["--model", model, "--weights", "f32"], reference, 1e-4);
+    check_logits(&["--model", model], reference, 5e-2);
 }
 
 /// `--logits` of the reference batch's second prompt (unpadded) from the model `model_args`
-/// names, against the reference file `reference`'s.
-fn check_logits(model_args: &[&str], reference: &str) {
+/// names, against the reference file `reference`'s, within `tolerance` of its largest.
+fn check_logits(model_args: &[&str], reference: &str, tolerance: f64) {
     let out = tempfile::tempdir().unwrap();
     let file = out.path().join("logits.safetensors");
     let prompt = ["--prompt", "A language model predicts", "--logits"];
@@ -85,7 +89,7 @@ fn check_logits(model_args: &[&str], reference: &str) {
     let (expected, expected_shape) = common::read_f32(&reference, "logits");
     assert_eq!(shape, expected_shape[1..]);
     let error = common::relative_f32(&logits, &expected[expected.len() / 2..]);
-    assert!(error <= 1e-4, "{error}");
+    assert!(error <= tolerance, "{error} (tolerance {tolerance})");
 }
 
 #[test]

@@ -207,10 +207,8 @@ impl<B: Backend> ModuleMapper<B> for CastParams {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let dtype = self.0.float_dtype();
         // A cast of a tracked tensor is a node of its graph, not a leaf: it would never receive
-        // a gradient. The cast parameter is a new leaf that tracks what the old one did. A
-        // parameter not yet initialised is cast when it is (a weight kept elsewhere, decoded only
-        // if something reads it, stays unread).
-        param.init_mapper(move |tensor| {
+        // a gradient. The cast parameter is a new leaf that tracks what the old one did.
+        param.map(|tensor| {
             let tracked = tensor.is_require_grad();
             let cast = tensor.cast(dtype).detach();
             if tracked { cast.require_grad() } else { cast }

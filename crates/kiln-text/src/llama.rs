@@ -184,7 +184,12 @@ impl<B: Backend> CausalLm<B> {
     /// compute dtype first, as autocast casts weights per operation — once per generated token
     /// when decoding. Mixed policies are for training, where the f32 master weights matter.
     pub fn with_policy(self, policy: &Policy) -> Self {
-        let mut model = policy.cast_params(self);
+        // Weights kept as stored run with f32 parameters (`Weights::AsStored` checks the policy),
+        // and casting would decode them (burn's cast initialises each lazy parameter).
+        let mut model = match self.prepared.stored().is_empty() {
+            true => policy.cast_params(self),
+            false => self,
+        };
         model.settings.policy = *policy;
         let stored = model.prepared.stored().clone();
         model.prepared = PreparedWeights::in_place().with_stored(stored);

@@ -10,8 +10,10 @@
 //! `vpmaddubsw` (32 products a step) where the CPU has it and in plain Rust elsewhere.
 //!
 //! The types read as stored ([`STORED`]): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
-//! The same kernels serve one row (decoding, bandwidth-bound) and many (a prompt: each weight
-//! group is unpacked once for four rows).
+//! The kernels serve one row (decoding, bandwidth-bound) and a few (each weight group unpacked
+//! once for up to four rows). For many rows (a prompt) the f32 product on the matrix decoded
+//! once ([`QuantMatrix::dequantize_rows_into`]) is faster: kiln-transformer's projections switch
+//! at 16 rows (docs/PERFORMANCE.md).
 //!
 //! ```
 //! use kiln_core::gguf::GgmlType;
