@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release --example generate -- --model-dir SmolLM2-135M-Instruct --prompt "Once" \
 //!     [--max-new-tokens 64] [--temperature 0.7] [--top-p 0.9] [--seed 0] [--chat] \
-//!     [--device cpu] [--policy full] [--weights as-stored|f32] [--logits logits.safetensors]
+//!     [--device cpu] [--policy full] [--weights as-stored|bf16|f32] [--logits logits.safetensors]
 //! cargo run --release --example generate -- --model SmolLM2-135M-Instruct.Q4_1.gguf --chat \
 //!     --prompt "What is the capital of France?"
 //! ```
@@ -13,9 +13,11 @@
 //! A GGUF file holds the weights, the configuration, the tokenizer and the chat template in one.
 //! `--weights as-stored` (the default for GGUF files on the CPU) keeps its quantized matrices in
 //! their blocks and multiplies them as stored, with the activations quantized per block to 8
-//! bits as llama.cpp does; `--weights f32` decodes every tensor to the policy's dtype as it is
-//! loaded (the default on other devices, and what a Hugging Face directory's weights are). The
-//! run says which it chose.
+//! bits as llama.cpp does (its F16 and BF16 matrices kept in their 16 bits); `--weights bf16`
+//! rounds the projections' and embeddings' matrices to bf16 (a GGUF file's or a Hugging Face
+//! directory's: half the bytes f32 reads a token, on the CPU); `--weights f32` decodes every
+//! tensor to the policy's dtype as it is loaded (the default for a Hugging Face directory, and
+//! on other devices). The run says which it chose.
 //!
 //! The prompt is tokenised as it is (transformers' `tokenizer(prompt)`); `--chat` wraps it as a
 //! user turn in the checkpoint's chat template first. Temperature 0 (the default) decodes
@@ -78,8 +80,9 @@ struct Args {
     #[arg(long)]
     logits: Option<PathBuf>,
     /// How the weights are held: as-stored (a GGUF file's quantized matrices multiplied in
-    /// their blocks, on the CPU) or f32 (decoded to the policy's dtype). Default: as-stored for
-    /// a GGUF file on the CPU, f32 otherwise.
+    /// their blocks, on the CPU), bf16 (the matrices rounded to bf16, on the CPU) or f32
+    /// (decoded to the policy's dtype). Default: as-stored for a GGUF file on the CPU, f32
+    /// otherwise.
     #[arg(long)]
     weights: Option<Weights>,
 }
@@ -110,13 +113,20 @@ impl DeviceJob for Args {
             (None, Some(_)) if self.weights == Some(Weights::AsStored) => {
                 return Err(
                     "--weights as-stored keeps a GGUF file's quantized blocks; a Hugging \
-                            Face directory's weights are read as f32 (--weights f32)"
+                            Face directory's weights are read as f32 (--weights f32) or rounded \
+                            to bf16 (--weights bf16)"
                         .into(),
                 );
             }
             (None, Some(dir)) => {
                 let tokenizer = TextTokenizer::from_hf_dir(dir).map_err(text)?;
                 let model = CausalLm::<B>::from_hf_dir(dir, device, &policy).map_err(text)?;
+                let weights = self.weights.unwrap_or(Weights::F32);
+                let model = match weights {
+                    Weights::Bf16 => model.with_weights_in_bf16().map_err(text)?,
+                    _ => model,
+                };
+                say_weights(&model, weights);
                 (model, tokenizer)
             }
             (None, None) => unreachable!("clap requires --model or --model-dir"),
@@ -195,12 +205,21 @@ impl DeviceJob for Args {
 /// Says how the weights are held.
 fn say_weights<B: Backend>(model: &CausalLm<B>, weights: Weights) {
     let stored = model.stored_weights();
+    let types: Vec<String> = (stored.types().iter())
+        .map(|(name, count)| format!("{count} {name}"))
+        .collect();
+    let kept = format!(
+        "{} matrices: {}, {:.1} MB",
+        stored.len(),
+        types.join(", "),
+        stored.stored_bytes() as f64 / 1e6
+    );
     match weights {
-        Weights::AsStored => eprintln!(
-            "weights: as-stored ({} quantized matrices, {:.1} MB, multiplied in their blocks; \
-             other tensors f32)",
-            stored.len(),
-            stored.stored_bytes() as f64 / 1e6
+        Weights::AsStored => {
+            eprintln!("weights: as-stored ({kept}; multiplied as stored, other tensors f32)")
+        }
+        Weights::Bf16 => eprintln!(
+            "weights: bf16 ({kept}; widened to f32 as they are multiplied, other tensors f32)"
         ),
         Weights::F32 => eprintln!("weights: f32 (every tensor decoded as it was loaded)"),
     }

@@ -11,7 +11,7 @@
 
 use std::any::{Any, TypeId};
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use burn::module::{Param, ParamId};
@@ -88,6 +88,15 @@ impl StoredWeights {
     /// The bytes they hold.
     pub fn stored_bytes(&self) -> usize {
         self.0.values().map(|m| m.stored_bytes()).sum()
+    }
+
+    /// How many matrices each type holds, by the type's name (`Q4_1`, `BF16`, …).
+    pub fn types(&self) -> BTreeMap<&'static str, usize> {
+        let mut types = BTreeMap::new();
+        for matrix in self.0.values() {
+            *types.entry(matrix.kind().name()).or_default() += 1;
+        }
+        types
     }
 }
 

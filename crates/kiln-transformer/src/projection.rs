@@ -9,7 +9,6 @@ use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use rayon::prelude::*;
 
 use crate::Activation;
 use crate::linear_op::{trained_linear, trained_product_by_table};
@@ -416,21 +415,10 @@ fn gemm_product(
             product(0, outputs, matrix.values(), view);
         }
         Operand::Quantized(matrices) if rows >= DECODED_ROWS => {
-            // Many rows (a prompt): each matrix decoded to f32 once, a share of its rows a task,
-            // for the f32 product, which beats the byte products there (docs/PERFORMANCE.md).
-            let mut decoded = Vec::new();
-            let mut first = 0;
-            for matrix in matrices {
-                let (outputs, inputs) = (matrix.rows(), matrix.columns());
-                decoded.resize(outputs * inputs, 0.0);
-                (decoded.par_chunks_mut(64 * inputs).enumerate()).for_each(|(task, chunk)| {
-                    let start = task * 64;
-                    matrix.dequantize_rows_into(start..start + chunk.len() / inputs, chunk);
-                });
-                let view = View::rows(0, outputs, inputs, inputs).transposed();
-                product(first, outputs, &decoded, view);
-                first += outputs;
-            }
+            // Many rows (a prompt): panels of each matrix decoded to f32 for the f32 product,
+            // which beats the byte products there (docs/PERFORMANCE.md).
+            let matrices: Vec<&QuantMatrix> = matrices.iter().map(|m| &**m).collect();
+            quantized::decoded_product(out, outputs, x, &matrices, write);
         }
         Operand::Quantized(matrices) => {
             // The activations quantized once; every matrix in one parallel region.

@@ -6,8 +6,9 @@
 //!
 //! The weights are held as [`Weights`] says: by default the quantized projection and embedding
 //! matrices stay in their blocks and the CPU multiplies them as stored (kiln-kernels'
-//! `gemm::quantized`), a quarter to an eighth of the bytes f32 takes; with [`Weights::F32`] each
-//! tensor is decoded to the policy's parameter dtype as it is loaded.
+//! `gemm::quantized`), a quarter to an eighth of the bytes f32 takes (F16 and BF16 ones stay in
+//! their 16 bits); with [`Weights::Bf16`] every such matrix is rounded to bf16; with
+//! [`Weights::F32`] each tensor is decoded to the policy's parameter dtype as it is loaded.
 //!
 //! ```no_run
 //! use burn::backend::Flex;
@@ -123,10 +124,10 @@ impl TextConfig {
 impl<B: Backend> CausalLm<B> {
     /// Reads the GGUF file at `path` (llama.cpp's format, versions 2 and 3): its metadata as the
     /// model's [`TextConfig`] ([`TextConfig::from_gguf`]) and its tensors, held as `weights`
-    /// says: the quantized matrices kept as stored ([`Weights::AsStored`], on the CPU), or every
-    /// tensor decoded one at a time into the policy's parameter dtype on `device`
-    /// ([`Weights::F32`]). Every tensor the model needs that is missing or of another shape is
-    /// named in the error.
+    /// says: the quantized and 16-bit matrices kept as stored ([`Weights::AsStored`], on the
+    /// CPU), every matrix rounded to bf16 ([`Weights::Bf16`], on the CPU), or every tensor decoded
+    /// one at a time into the policy's parameter dtype on `device` ([`Weights::F32`]). Every
+    /// tensor the model needs that is missing or of another shape is named in the error.
     pub fn from_gguf(
         path: impl AsRef<Path>,
         device: &B::Device,
@@ -146,15 +147,12 @@ impl<B: Backend> CausalLm<B> {
     ) -> Result<Self, TextError> {
         let file = Rc::new(file);
         let config = TextConfig::from_gguf(&file)?;
-        let kept = match weights {
-            Weights::AsStored => stored::kept_tensors::<B>(&file, device, policy)?,
-            Weights::F32 => Vec::new(),
-        };
+        let kept = stored::kept_tensors::<B>(&file, device, policy, weights)?;
         let names: Vec<String> = kept.iter().map(|t| t.name.clone()).collect();
         let snapshots = tensor_snapshots(&file, &config, policy.param.dtype());
         let model = config.init::<B>(device);
         let model = load_snapshots_keeping(model, file.path(), snapshots, &[], &names)?;
-        let stored = stored::StoredMatrices::read(&file, &config, &kept)?;
+        let stored = stored::StoredMatrices::read(&file, &config, &kept, weights)?;
         Ok(stored.put_into(model).with_policy(policy))
     }
 }

@@ -1,7 +1,8 @@
-//! A GGUF file's quantized matrices kept as the file stores them: read once into memory, their
-//! parameters left lazy (decoded to f32 only if something asks for their values: a GPU backend,
-//! training, [`CausalLm::input_embeddings`]), and the host products and the embedding lookup
-//! reading the blocks ([`StoredWeights`]).
+//! A GGUF file's quantized matrices kept as the file stores them, or any model's matrices
+//! rounded to bf16: read once into memory, their parameters left lazy (decoded to f32 only if
+//! something asks for their values: a GPU backend, training, [`CausalLm::input_embeddings`]),
+//! and the host products and the embedding lookup reading the kept matrices
+//! ([`StoredWeights`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -11,10 +12,10 @@ use std::sync::Arc;
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, Tensor, TensorData};
-use kiln_core::gguf::{GgufFile, GgufTensor};
-use kiln_core::{Policy, Precision, is_host_backend};
+use kiln_core::gguf::{GgmlType, GgufFile, GgufTensor, dequantize_blocks};
+use kiln_core::{Policy, Precision, is_host_backend, parameter_device};
 use kiln_kernels::gemm::is_mixed_bf16;
-use kiln_kernels::gemm::quantized::{QuantMatrix, STORED};
+use kiln_kernels::gemm::quantized::{HALVES, QuantMatrix, STORED};
 use kiln_kernels::host;
 use kiln_transformer::StoredWeights;
 
@@ -23,24 +24,35 @@ use crate::TextError;
 use crate::config::TextConfig;
 use crate::llama::CausalLm;
 
-/// How a GGUF file's weights are held once loaded.
+/// How a model's weights are held once loaded.
+///
+/// The first two keep the projections' and the embeddings' matrices (those whose rows are whole
+/// blocks of 32 values) in fewer bytes than f32, for the CPU's products under a policy with f32
+/// parameters computing in f32 (or mixed bf16): decoding a token is bound by the bytes its
+/// weights take. Every other tensor is f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Weights {
-    /// The projections' and the embeddings' quantized matrices (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-    /// Q4_K, Q5_K, Q6_K) kept in their blocks and multiplied as stored, the activations
-    /// quantized per block of 32 to 8 bits, on the CPU under a policy that computes in f32 (or
-    /// mixed bf16); every other tensor decoded to f32.
+    /// A GGUF file's matrices as it stores them: the quantized ones (Q8_0, Q4_0, Q4_1, Q5_0,
+    /// Q5_1, Q4_K, Q5_K, Q6_K) multiplied in their blocks, the activations quantized per block
+    /// of 32 to 8 bits; F16 and BF16 ones multiplied with f32 activations, widened as they are
+    /// read. Other types (Q2_K, Q3_K, F32) are decoded to f32.
     #[default]
     AsStored,
-    /// Every tensor decoded to the policy's parameter dtype as it is loaded.
+    /// The matrices rounded to bf16 (from whatever a file stores them in), multiplied with f32
+    /// activations: half of f32's bytes, for a Hugging Face checkpoint too
+    /// ([`CausalLm::with_weights_in_bf16`]).
+    Bf16,
+    /// Every tensor in the policy's parameter dtype (decoded from a GGUF file's blocks as it is
+    /// loaded).
     F32,
 }
 
 impl Weights {
-    /// Its name on a command line (`as-stored`, `f32`).
+    /// Its name on a command line (`as-stored`, `bf16`, `f32`).
     pub fn name(self) -> &'static str {
         match self {
             Weights::AsStored => "as-stored",
+            Weights::Bf16 => "bf16",
             Weights::F32 => "f32",
         }
     }
@@ -58,23 +70,24 @@ impl FromStr for Weights {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "as-stored" => Ok(Weights::AsStored),
+            "bf16" => Ok(Weights::Bf16),
             "f32" => Ok(Weights::F32),
-            other => Err(format!("weights `{other}`: as-stored or f32")),
+            other => Err(format!("weights `{other}`: as-stored, bf16 or f32")),
         }
     }
 }
 
-/// The tensors of `file` to keep as stored: the projections' and embeddings' matrices of the
-/// types multiplied as stored. Refuses a device or policy the stored products do not serve.
-pub(super) fn kept_tensors<B: Backend>(
-    file: &GgufFile,
+/// Refuses a device or policy the products with kept matrices do not serve (for the model read
+/// from `origin`).
+fn check_kept_matrices_serve<B: Backend>(
+    origin: &str,
     device: &B::Device,
     policy: &Policy,
-) -> Result<Vec<GgufTensor>, TextError> {
+) -> Result<(), TextError> {
     if !is_host_backend::<B>(device) {
         return Err(TextError::Config(format!(
-            "{}: weights as stored are multiplied on the CPU; on {} decode them (weights f32)",
-            file.path().display(),
+            "{origin}: weights kept as stored or in bf16 are multiplied on the CPU; on {} \
+             use f32 weights",
             B::name(device)
         )));
     }
@@ -82,19 +95,43 @@ pub(super) fn kept_tensors<B: Backend>(
         || !(policy.compute == Precision::F32 || is_mixed_bf16(policy))
     {
         return Err(TextError::Config(format!(
-            "{}: weights as stored are multiplied with f32 activations: use the full or \
-             mixed-bf16 policy, or decode the weights (weights f32) for this one",
-            file.path().display()
+            "{origin}: weights kept as stored or in bf16 are multiplied with f32 activations: \
+             use the full or mixed-bf16 policy, or f32 weights for this one",
         )));
     }
+    Ok(())
+}
+
+/// Whether the model's parameter at `path` is a matrix kept as stored or in bf16: a
+/// projection's, the output head's or the token embeddings'.
+fn is_kept_matrix(path: &str) -> bool {
+    path.ends_with("_proj.weight")
+        || path == "lm_head.weight"
+        || path == "model.embed_tokens.weight"
+}
+
+/// The tensors of `file` to keep as `weights` says (none for [`Weights::F32`]): the
+/// projections' and embeddings' matrices, of the types multiplied as stored or, for
+/// [`Weights::Bf16`], of any type. Refuses a device or policy their products do not serve.
+pub(super) fn kept_tensors<B: Backend>(
+    file: &GgufFile,
+    device: &B::Device,
+    policy: &Policy,
+    weights: Weights,
+) -> Result<Vec<GgufTensor>, TextError> {
+    if weights == Weights::F32 {
+        return Ok(Vec::new());
+    }
+    check_kept_matrices_serve::<B>(&file.path().display().to_string(), device, policy)?;
+    let kept_type = |kind| match weights {
+        Weights::AsStored => STORED.contains(&kind) || HALVES.contains(&kind),
+        _ => true,
+    };
     Ok((file.tensors().iter())
-        .filter(|tensor| STORED.contains(&tensor.kind) && tensor.shape.len() == 2)
         .filter(|tensor| {
-            transformers_name(&tensor.name).is_some_and(|name| {
-                name.ends_with("_proj.weight")
-                    || name == "lm_head.weight"
-                    || name == "model.embed_tokens.weight"
-            })
+            kept_type(tensor.kind)
+                && tensor.shape.len() == 2
+                && transformers_name(&tensor.name).is_some_and(|name| is_kept_matrix(&name))
         })
         .cloned()
         .collect())
@@ -104,25 +141,35 @@ pub(super) fn kept_tensors<B: Backend>(
 pub(super) struct StoredMatrices(HashMap<String, Arc<QuantMatrix>>);
 
 impl StoredMatrices {
-    /// The blocks of each of `kept` (tensors of `file`), a Llama's q and k rows put back in
-    /// transformers' order.
+    /// Each of `kept` (tensors of `file`) as `weights` says: its blocks, or its values rounded
+    /// to bf16; a Llama's q and k rows put back in transformers' order.
     pub(super) fn read(
         file: &GgufFile,
         config: &TextConfig,
         kept: &[GgufTensor],
+        weights: Weights,
     ) -> Result<Self, TextError> {
         let mut matrices = HashMap::new();
         for tensor in kept {
             let name = transformers_name(&tensor.name).expect("kept tensors have a model name");
             let bytes = file.bytes(tensor)?.into_owned();
             let [rows, columns] = [tensor.shape[0], tensor.shape[1]];
-            let matrix = QuantMatrix::new(tensor.kind, rows, columns, bytes).map_err(|e| {
+            let in_tensor = |e: String| {
                 TextError::Config(format!(
                     "{}: tensor `{}`: {e}",
                     file.path().display(),
                     tensor.name
                 ))
-            })?;
+            };
+            let matrix = match weights {
+                Weights::Bf16 if tensor.kind != GgmlType::BF16 => {
+                    let values = dequantize_blocks(tensor.kind, &bytes).ok_or_else(|| {
+                        in_tensor(format!("{} values are not decoded", tensor.kind.name()))
+                    })?;
+                    QuantMatrix::bf16(rows, columns, &values)
+                }
+                _ => QuantMatrix::new(tensor.kind, rows, columns, bytes).map_err(in_tensor)?,
+            };
             let matrix = match permuted_heads(config, &name) {
                 Some(heads) => matrix.with_rows_from(&stored_row_order(rows, heads)),
                 None => matrix,
@@ -134,25 +181,105 @@ impl StoredMatrices {
 
     /// `model` with each kept matrix's parameter made lazy and read as stored.
     pub(super) fn put_into<B: Backend>(self, model: CausalLm<B>) -> CausalLm<B> {
-        let mut keep = Keep {
-            path: Vec::new(),
-            containers: Vec::new(),
-            by_path: self.0,
-            by_id: HashMap::new(),
-        };
-        let model = model.map(&mut keep);
-        model.with_stored(StoredWeights::new(keep.by_id))
+        Keep::new(Source::Read(self.0)).run(model)
     }
 }
 
-/// Replaces the kept matrices' parameters with lazy ones that decode the blocks if read.
+impl<B: Backend> CausalLm<B> {
+    /// The model with its projections', output head's and token embeddings' matrices rounded to
+    /// bf16 ([`Weights::Bf16`]): for a model read from a Hugging Face checkpoint
+    /// ([`CausalLm::from_hf_dir`]), half the bytes each decoded token reads. Each parameter is
+    /// made lazy (its f32 values freed).
+    ///
+    /// # Errors
+    /// On a device other than the CPU, or under a policy whose parameters are not f32 or that
+    /// computes in neither f32 nor mixed bf16.
+    ///
+    /// ```no_run
+    /// use burn::backend::Flex;
+    /// use kiln_core::Policy;
+    /// use kiln_text::CausalLm;
+    ///
+    /// let device = Default::default();
+    /// let model = CausalLm::<Flex>::from_hf_dir("SmolLM2-135M-Instruct", &device, &Policy::full())?
+    ///     .with_weights_in_bf16()?;
+    /// println!("{} MB of bf16 matrices", model.stored_weights().stored_bytes() / 1_000_000);
+    /// # Ok::<(), kiln_text::TextError>(())
+    /// ```
+    pub fn with_weights_in_bf16(self) -> Result<Self, TextError> {
+        let Some(device) = parameter_device(&self) else {
+            return Ok(self);
+        };
+        check_kept_matrices_serve::<B>("the model", &device, self.policy())?;
+        let policy = *self.policy();
+        Ok(Keep::new(Source::RoundedToBf16)
+            .run(self)
+            .with_policy(&policy))
+    }
+}
+
+/// Where [`Keep`] finds the matrices it keeps.
+enum Source {
+    /// Read from a file, by the model's path to the parameter each stands for.
+    Read(HashMap<String, Arc<QuantMatrix>>),
+    /// The parameters' values rounded to bf16.
+    RoundedToBf16,
+}
+
+/// Replaces the kept matrices' parameters with lazy ones that decode the kept values if read.
 struct Keep {
     /// The field names entered, innermost last.
     path: Vec<String>,
     /// The containers entered (`Struct:Linear`, …), innermost last.
     containers: Vec<String>,
-    by_path: HashMap<String, Arc<QuantMatrix>>,
+    source: Source,
     by_id: HashMap<ParamId, Arc<QuantMatrix>>,
+}
+
+impl Keep {
+    fn new(source: Source) -> Self {
+        Keep {
+            path: Vec::new(),
+            containers: Vec::new(),
+            source,
+            by_id: HashMap::new(),
+        }
+    }
+
+    /// `model` with the kept matrices read in place of their parameters.
+    fn run<B: Backend>(mut self, model: CausalLm<B>) -> CausalLm<B> {
+        let model = model.map(&mut self);
+        model.with_stored(StoredWeights::new(self.by_id))
+    }
+
+    /// The matrix `[outputs, inputs]` kept for `param` (`[inputs, outputs]` in a `linear`).
+    fn matrix<B: Backend, const D: usize>(
+        &self,
+        param: &Param<Tensor<B, D>>,
+        linear: bool,
+    ) -> Option<Arc<QuantMatrix>> {
+        let path = self.path.join(".");
+        match &self.source {
+            Source::Read(by_path) => by_path.get(&path).cloned(),
+            Source::RoundedToBf16 => {
+                if D != 2 || !is_kept_matrix(&path) {
+                    return None;
+                }
+                let dims = param.lazy_shape().dims::<2>();
+                let values: Vec<f32> =
+                    (param.val().into_data().convert::<f32>().into_vec()).expect("f32 values");
+                let (rows, columns, values) = match linear {
+                    true => (
+                        dims[1],
+                        dims[0],
+                        host::transposed(&values, dims[0], dims[1]),
+                    ),
+                    false => (dims[0], dims[1], values),
+                };
+                Some(Arc::new(QuantMatrix::bf16(rows, columns, &values)))
+            }
+        }
+    }
 }
 
 impl<B: Backend> ModuleMapper<B> for Keep {
@@ -167,11 +294,11 @@ impl<B: Backend> ModuleMapper<B> for Keep {
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let Some(matrix) = self.by_path.get(&self.path.join(".")) else {
-            return param;
-        };
         // burn's Linear holds its weight as [in, out], the transpose of the file's [out, in].
         let linear = self.containers.last().is_some_and(|c| c == "Struct:Linear");
+        let Some(matrix) = self.matrix(&param, linear) else {
+            return param;
+        };
         let [rows, columns] = [matrix.rows(), matrix.columns()];
         let shape = if linear {
             [columns, rows]

@@ -46,7 +46,72 @@ pub(super) unsafe fn sums(
         GgmlType::Q5_0 => by_rows!(legacy_sums, Q5_0),
         GgmlType::Q5_1 => by_rows!(legacy_sums, Q5_1),
         GgmlType::Q8_0 => by_rows!(legacy_sums, Q8_0),
+        GgmlType::BF16 => by_rows!(widened_sums, true),
+        GgmlType::F16 => by_rows!(widened_sums, false),
         _ => by_rows!(tile_sums),
+    }
+}
+
+/// [`sums`] for bf16 weights (`BF16`) or f16 ones: 16 weights a step widened to f32 (bf16
+/// by a shift, f16 by F16C) and multiplied into two accumulators a row; the last `columns % 16`
+/// one at a time.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn widened_sums<const ROWS: usize, const BF16: bool>(
+    w: &QuantMatrix,
+    weights: Range<usize>,
+    x: &QuantizedRows,
+    first: usize,
+    sums: &mut [f32],
+) {
+    let columns = w.columns;
+    assert!(
+        x.floats.len() >= (first + ROWS) * columns,
+        "x holds the tile's rows"
+    );
+    let (steps, lines) = (columns / 16 * 16, weights.len());
+    let x_rows: [&[f32]; ROWS] = std::array::from_fn(|t| &x.floats[(first + t) * columns..]);
+    for (r, row) in weights.enumerate() {
+        let bytes = w.row(row);
+        let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
+        for k in (0..steps).step_by(16) {
+            // SAFETY: the row holds `columns` 2-byte values and each `x` row `columns` f32s
+            // (asserted), `k + 16 <= columns`.
+            unsafe {
+                let low = widen::<BF16>(bytes.as_ptr().add(2 * k));
+                let high = widen::<BF16>(bytes.as_ptr().add(2 * k + 16));
+                for (acc, xi) in acc.iter_mut().zip(x_rows) {
+                    let xi = xi.as_ptr().add(k);
+                    acc[0] = _mm256_fmadd_ps(low, _mm256_loadu_ps(xi), acc[0]);
+                    acc[1] = _mm256_fmadd_ps(high, _mm256_loadu_ps(xi.add(8)), acc[1]);
+                }
+            }
+        }
+        for (t, (acc, xi)) in acc.iter().zip(x_rows).enumerate() {
+            let tail = (steps..columns).map(|k| {
+                let bits = u16::from_le_bytes([bytes[2 * k], bytes[2 * k + 1]]);
+                let weight = match BF16 {
+                    true => f32::from_bits(u32::from(bits) << 16),
+                    false => half::f16::from_bits(bits).to_f32(),
+                };
+                weight * xi[k]
+            });
+            sums[t * lines + r] = horizontal_sum(_mm256_add_ps(acc[0], acc[1])) + tail.sum::<f32>();
+        }
+    }
+}
+
+/// The 8 bf16 (`BF16`) or f16 values at `at` as f32.
+///
+/// # Safety
+/// `at` must hold 16 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn widen<const BF16: bool>(at: *const u8) -> __m256 {
+    // SAFETY: as the doc says.
+    let bits = unsafe { _mm_loadu_si128(at.cast()) };
+    match BF16 {
+        true => _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16)),
+        false => _mm256_cvtph_ps(bits),
     }
 }
 
@@ -294,6 +359,21 @@ fn half(bytes: &[u8], at: usize) -> f32 {
 /// The CPU must have AVX2, FMA and F16C ([`supported`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dequantize_row(kind: GgmlType, row: &[u8], out: &mut [f32]) {
+    if let GgmlType::F16 | GgmlType::BF16 = kind {
+        assert!(row.len() == 2 * out.len() && out.len().is_multiple_of(8));
+        for (k, out) in out.chunks_exact_mut(8).enumerate() {
+            // SAFETY: the row holds 2 bytes a value of `out` (asserted).
+            let values = unsafe {
+                match kind {
+                    GgmlType::BF16 => widen::<true>(row.as_ptr().add(16 * k)),
+                    _ => widen::<false>(row.as_ptr().add(16 * k)),
+                }
+            };
+            // SAFETY: `out` holds the 8 values stored.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), values) };
+        }
+        return;
+    }
     let (per_block, block_bytes) = kind.block();
     let mut scaling = [Scaling::default(); 8];
     let mut integers = [_mm256_setzero_si256(); 8];

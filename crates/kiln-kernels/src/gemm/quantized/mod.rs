@@ -9,11 +9,14 @@
 //! activation block `dₓ · qₓ` is `dₓ (a Σ q qₓ + b Σ qₓ)`, the integer sum on AVX2's
 //! `vpmaddubsw` (32 products a step) where the CPU has it and in plain Rust elsewhere.
 //!
-//! The types read as stored ([`STORED`]): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+//! The types read as stored ([`STORED`]): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K. The
+//! 16-bit float types ([`HALVES`]: a file's F16 and BF16 tensors, and any matrix rounded to
+//! bf16 by [`QuantMatrix::bf16`]) are kept too and multiplied with the activations as they are,
+//! in f32, each weight widened as it is read.
 //! The kernels serve one row (decoding, bandwidth-bound) and a few (each weight group unpacked
-//! once for up to four rows). For many rows (a prompt) the f32 product on the matrix decoded
-//! once ([`QuantMatrix::dequantize_rows_into`]) is faster: kiln-transformer's projections switch
-//! at 16 rows (docs/PERFORMANCE.md).
+//! once for up to four rows). For many rows (a prompt) the f32 product on panels of the matrix
+//! decoded as it goes ([`decoded_product`]) is faster: kiln-transformer's projections switch at
+//! 16 rows (docs/PERFORMANCE.md).
 //!
 //! ```
 //! use kiln_core::gguf::GgmlType;
@@ -37,11 +40,11 @@ mod scalar;
 
 use std::fmt;
 
-use half::f16;
+use half::{bf16, f16};
 use kiln_core::gguf::{GgmlType, dequantize_blocks, scales_and_mins};
 use rayon::prelude::*;
 
-use super::strided::Write;
+use super::strided::{Threads, View, Write, matmul};
 
 /// The block types whose products read the blocks as stored.
 pub const STORED: [GgmlType; 8] = [
@@ -55,11 +58,14 @@ pub const STORED: [GgmlType; 8] = [
     GgmlType::Q6_K,
 ];
 
+/// The 16-bit float types kept as they are and multiplied with f32 activations.
+pub const HALVES: [GgmlType; 2] = [GgmlType::F16, GgmlType::BF16];
+
 /// Values per activation block (and per weight group).
 pub const GROUP: usize = 32;
 
 /// A weight matrix `[rows, columns]` (outputs × inputs, as GGUF stores a projection) in one of
-/// the [`STORED`] block types, each row its own run of blocks.
+/// the [`STORED`] block types, each row its own run of blocks, or in one of the [`HALVES`].
 #[derive(Clone, PartialEq, Eq)]
 pub struct QuantMatrix {
     kind: GgmlType,
@@ -86,15 +92,16 @@ impl QuantMatrix {
     /// The matrix whose `rows` rows of `columns` values are the blocks `bytes`, row after row.
     ///
     /// # Errors
-    /// A type not in [`STORED`], rows that are not whole blocks, or bytes of another length.
+    /// A type in neither [`STORED`] nor [`HALVES`], rows that are not whole blocks, or bytes of
+    /// another length.
     pub fn new(
         kind: GgmlType,
         rows: usize,
         columns: usize,
         bytes: Vec<u8>,
     ) -> Result<Self, String> {
-        if !STORED.contains(&kind) {
-            let stored: Vec<&str> = STORED.iter().map(|t| t.name()).collect();
+        if !STORED.contains(&kind) && !HALVES.contains(&kind) {
+            let stored: Vec<&str> = STORED.iter().chain(&HALVES).map(|t| t.name()).collect();
             return Err(format!(
                 "{} weights are not multiplied as stored (kiln does so for {})",
                 kind.name(),
@@ -124,6 +131,27 @@ impl QuantMatrix {
             row_bytes,
             bytes,
         })
+    }
+
+    /// `values` (row-major `[rows, columns]`) rounded to bf16, to the nearest (ties to even).
+    ///
+    /// # Panics
+    /// When `values` is not `rows · columns` long.
+    pub fn bf16(rows: usize, columns: usize, values: &[f32]) -> Self {
+        assert_eq!(values.len(), rows * columns, "bf16: the values' count");
+        let mut bytes = vec![0u8; 2 * values.len()];
+        (bytes.par_chunks_mut(2 * 4096).zip(values.par_chunks(4096))).for_each(|(out, values)| {
+            for (out, &v) in out.chunks_exact_mut(2).zip(values) {
+                out.copy_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes());
+            }
+        });
+        QuantMatrix {
+            kind: GgmlType::BF16,
+            rows,
+            columns,
+            row_bytes: 2 * columns,
+            bytes,
+        }
     }
 
     /// The block type.
@@ -175,7 +203,9 @@ impl QuantMatrix {
     pub fn dequantize_rows_into(&self, rows: std::ops::Range<usize>, out: &mut [f32]) {
         for (row, out) in rows.zip(out.chunks_exact_mut(self.columns)) {
             #[cfg(target_arch = "x86_64")]
-            if Kernel::chosen() == Kernel::Avx2 {
+            if Kernel::chosen() == Kernel::Avx2
+                && (self.columns.is_multiple_of(8) || !HALVES.contains(&self.kind))
+            {
                 // SAFETY: chosen only where the CPU has AVX2, FMA and F16C.
                 #[allow(unsafe_code)]
                 unsafe {
@@ -196,10 +226,17 @@ impl QuantMatrix {
 
 /// Rows of activations quantized per block of [`GROUP`] values to 8 bits, as llama.cpp's
 /// `quantize_row_q8_0` does: `d = max |x| / 127`, `q = round(x / d)`, with `d` kept in f32 and
-/// each half-block's `d Σ q` beside it (what the weights' offsets multiply).
+/// each half-block's `d Σ q` beside it (what the weights' offsets multiply). The f32 rows stay
+/// beside them, for the [`HALVES`] (whose rows may be of any length: rows that are not whole
+/// blocks are not quantized).
 #[derive(Debug, Clone)]
 pub struct QuantizedRows {
+    rows: usize,
+    columns: usize,
+    /// Blocks a row: `columns / GROUP`, 0 for rows that are not whole blocks.
     groups: usize,
+    /// The rows as given, row after row.
+    floats: Vec<f32>,
     /// Each block's scale `d`, row after row.
     scales: Vec<f32>,
     /// Each block's `d Σ q` over its first and its second 16 values.
@@ -211,20 +248,24 @@ pub struct QuantizedRows {
 }
 
 impl QuantizedRows {
-    /// The rows of `x`, `columns` values each (whole blocks of [`GROUP`]).
+    /// The rows of `x`, `columns` values each.
     ///
     /// # Panics
-    /// When `columns` is not a multiple of [`GROUP`] or `x` is not whole rows.
+    /// When `x` is not whole rows.
     pub fn new(x: &[f32], columns: usize) -> Self {
         assert!(
-            columns.is_multiple_of(GROUP) && x.len().is_multiple_of(columns.max(1)),
-            "rows of whole {GROUP}-value blocks"
+            columns > 0 && x.len().is_multiple_of(columns),
+            "rows of {columns} values"
         );
-        let blocks = x.len() / GROUP;
+        let groups = match columns.is_multiple_of(GROUP) {
+            true => columns / GROUP,
+            false => 0,
+        };
+        let blocks = x.len() / columns * groups;
         let mut scales = Vec::with_capacity(blocks);
         let mut half_sums = Vec::with_capacity(blocks);
         let mut block_sums = Vec::with_capacity(blocks);
-        let mut values = vec![0i8; x.len()];
+        let mut values = vec![0i8; blocks * GROUP];
         for (block, q) in x.chunks_exact(GROUP).zip(values.chunks_exact_mut(GROUP)) {
             let largest = block.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = largest / 127.0;
@@ -238,7 +279,10 @@ impl QuantizedRows {
             scales.push(d);
         }
         QuantizedRows {
-            groups: columns / GROUP,
+            rows: x.len() / columns,
+            columns,
+            groups,
+            floats: x.to_vec(),
             scales,
             half_sums,
             block_sums,
@@ -248,12 +292,12 @@ impl QuantizedRows {
 
     /// The rows.
     pub fn rows(&self) -> usize {
-        self.scales.len() / self.groups.max(1)
+        self.rows
     }
 
     /// The columns.
     pub fn columns(&self) -> usize {
-        self.groups * GROUP
+        self.columns
     }
 
     /// The values the quantized rows stand for, `d · q`, row-major.
@@ -293,6 +337,10 @@ pub fn product(
             w.columns,
             "the inputs' and the weights' columns"
         );
+        assert!(
+            x.groups > 0 || HALVES.contains(&w.kind),
+            "quantized rows of whole blocks"
+        );
         // Tasks of 64 KB of weights or more (decoding: a thread's share stays in cache across
         // the rows), several per thread.
         let per_task = (outputs / (threads * 8))
@@ -320,6 +368,75 @@ pub fn product(
             }
         }
     });
+}
+
+/// [`product`] for many rows `x` (`columns` f32 values each, not quantized): each matrix decoded
+/// a panel of its rows at a time to f32 on a worker ([`QuantMatrix::dequantize_rows_into`]) and
+/// multiplied there by the f32 product while the panel is in cache, rather than decoded whole to
+/// memory first. For a prompt's many rows this beats the byte products (docs/PERFORMANCE.md).
+///
+/// # Panics
+/// When `x` is not whole rows of the matrices' columns or `out` cannot hold the result.
+pub fn decoded_product(
+    out: &mut [f32],
+    out_columns: usize,
+    x: &[f32],
+    side_by_side: &[&QuantMatrix],
+    write: Write,
+) {
+    let Some(columns) = side_by_side.first().map(|w| w.columns) else {
+        return;
+    };
+    let rows = x.len() / columns.max(1);
+    let outputs: usize = side_by_side.iter().map(|w| w.rows).sum();
+    assert!(
+        x.len() == rows * columns && outputs <= out_columns && out.len() >= rows * out_columns,
+        "decoded_product: the shapes"
+    );
+    let threads = rayon::current_num_threads();
+    // Panels of about 256 KB of f32 (within a core's L2), several a thread.
+    let per_task = (256 * 1024 / (4 * columns.max(1)))
+        .min(outputs.div_ceil(4 * threads))
+        .next_multiple_of(16)
+        .clamp(16, 256);
+    let mut tasks = Vec::new();
+    let mut first = 0;
+    for (m, w) in side_by_side.iter().enumerate() {
+        assert_eq!(w.columns, columns, "the inputs' and the weights' columns");
+        for start in (0..w.rows).step_by(per_task) {
+            tasks.push((m, start..(start + per_task).min(w.rows), first + start));
+        }
+        first += w.rows;
+    }
+    if rows == 0 {
+        return;
+    }
+    let out = SharedOut(out.as_mut_ptr());
+    let x_view = View::rows(0, rows, columns, columns);
+    tasks.into_par_iter().for_each_init(
+        || (Vec::new(), Vec::new()),
+        |(panel, sums), (m, weights, column)| {
+            let lines = weights.len();
+            panel.resize(lines * columns, 0.0);
+            sums.resize(rows * lines, 0.0);
+            side_by_side[m].dequantize_rows_into(weights, panel);
+            let panel_view = View::rows(0, lines, columns, columns).transposed();
+            let sums_view = View::rows(0, rows, lines, lines);
+            matmul(
+                sums,
+                sums_view,
+                x,
+                x_view,
+                panel,
+                panel_view,
+                Write::Overwrite,
+                Threads::One,
+            );
+            for (i, line) in sums.chunks_exact(lines).enumerate() {
+                out.write(i * out_columns + column, line, write);
+            }
+        },
+    );
 }
 
 /// `out`'s values, written by the tasks at columns each owns alone.
@@ -375,6 +492,9 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             #[allow(unsafe_code)]
             Kernel::Avx2 => unsafe { avx2::sums(w, weights, x, tile, sums) },
+            Kernel::Scalar if HALVES.contains(&w.kind) => {
+                scalar::half_sums(w, weights, x, tile, sums)
+            }
             Kernel::Scalar => scalar::sums(w, weights, x, tile, sums),
         }
     }

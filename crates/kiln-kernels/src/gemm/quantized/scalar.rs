@@ -82,3 +82,24 @@ pub(super) fn sums(
         }
     }
 }
+
+/// [`sums`] for a matrix of one of the [`super::HALVES`]: each weight widened to f32 and
+/// multiplied with the rows as given.
+pub(super) fn half_sums(
+    w: &QuantMatrix,
+    weights: Range<usize>,
+    x: &QuantizedRows,
+    tile: Range<usize>,
+    sums: &mut [f32],
+) {
+    let columns = w.columns;
+    let mut values = vec![0f32; columns];
+    let lines = weights.len();
+    for (r, row) in weights.enumerate() {
+        w.dequantize_row_into(row, &mut values);
+        for (t, i) in tile.clone().enumerate() {
+            let xi = &x.floats[i * columns..][..columns];
+            sums[t * lines + r] = values.iter().zip(xi).map(|(w, x)| w * x).sum();
+        }
+    }
+}

@@ -2,7 +2,7 @@
 //! dequantization, bit for bit the `gguf` package's) and the dequantized activations, in f64:
 //! equal to within the f32 accumulation's rounding.
 
-use half::f16;
+use half::{bf16, f16};
 use kiln_core::gguf::GgmlType;
 use proptest::prelude::*;
 
@@ -18,7 +18,8 @@ fn half_fields(kind: GgmlType) -> &'static [usize] {
 }
 
 /// Random blocks of `kind` for `rows` rows of `columns` values, every f16 field a finite value
-/// of either sign, so every bit pattern of the integers and scales is reached.
+/// of either sign, so every bit pattern of the integers and scales is reached (for the
+/// [`HALVES`], every value finite).
 fn random_matrix(kind: GgmlType, rows: usize, columns: usize, seed: u64) -> QuantMatrix {
     let (per_block, block_bytes) = kind.block();
     let blocks = rows * columns / per_block;
@@ -33,7 +34,11 @@ fn random_matrix(kind: GgmlType, rows: usize, columns: usize, seed: u64) -> Quan
     for block in bytes.chunks_exact_mut(block_bytes) {
         for &at in half_fields(kind) {
             let unit = (next() % 2001) as f32 / 1000.0 - 1.0;
-            let value = f16::from_f32(unit * 0.05).to_bits().to_le_bytes();
+            let value = match kind {
+                GgmlType::BF16 => bf16::from_f32(unit * 0.05).to_bits(),
+                _ => f16::from_f32(unit * 0.05).to_bits(),
+            };
+            let value = value.to_le_bytes();
             block[at..at + 2].copy_from_slice(&value);
         }
     }
@@ -52,11 +57,20 @@ fn random_rows(rows: usize, columns: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// The activations the products with `w` read: the rows as given for the halves, else the
+/// quantized rows' values.
+fn activations(w: &QuantMatrix, x: &QuantizedRows) -> Vec<f32> {
+    match HALVES.contains(&w.kind()) {
+        true => x.floats.clone(),
+        false => x.dequantize(),
+    }
+}
+
 /// `x Wᵀ` in f64 from the dequantized values, with the bound on f32 accumulation's error: the
 /// kernels sum `a · q` and the offset `b` apart (each as large as the row's largest weight, and
 /// cancelling in `a · q + b`), so a few ulps of `Σ |x| · max |w|`.
-fn reference(w: &QuantMatrix, x: &QuantizedRows) -> (Vec<f64>, Vec<f64>) {
-    let (weights, inputs) = (w.dequantize(), x.dequantize());
+fn reference(w: &QuantMatrix, inputs: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let weights = w.dequantize();
     let columns = w.columns();
     let mut values = Vec::new();
     let mut bounds = Vec::new();
@@ -76,10 +90,14 @@ fn reference(w: &QuantMatrix, x: &QuantizedRows) -> (Vec<f64>, Vec<f64>) {
 }
 
 fn check(kind: GgmlType, rows: usize, outputs: usize, blocks: usize, seed: u64) {
-    let columns = blocks * kind.block().0;
+    // The halves' rows of any length: whole 16-value steps and a tail.
+    let columns = match HALVES.contains(&kind) {
+        true => blocks * 19,
+        false => blocks * kind.block().0,
+    };
     let w = random_matrix(kind, outputs, columns, seed);
     let x = QuantizedRows::new(&random_rows(rows, columns, seed), columns);
-    let (want, bounds) = reference(&w, &x);
+    let (want, bounds) = reference(&w, &activations(&w, &x));
     for kernel in kernels() {
         let mut sums = vec![0f32; 4 * outputs];
         let mut got = vec![0f32; rows * outputs];
@@ -114,10 +132,10 @@ fn kernels() -> Vec<Kernel> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
-    /// Every stored type, one row (decoding) to several tiles of rows (a prompt).
+    /// Every stored type and half type, one row (decoding) to several tiles of rows (a prompt).
     #[test]
     fn each_type_multiplies_as_its_dequantized_values(
-        kind in proptest::sample::select(STORED.to_vec()),
+        kind in proptest::sample::select([STORED.as_slice(), &HALVES].concat()),
         rows in 1usize..10,
         outputs in 1usize..7,
         blocks in 1usize..4,
@@ -127,31 +145,51 @@ proptest! {
     }
 }
 
-/// The threaded product writes each output where it belongs (a second matrix's after the
-/// first's), over or onto what `out` held, and leaves the columns past them.
+/// The threaded products write each output where it belongs (a second matrix's after the
+/// first's), over or onto what `out` held, and leave the columns past them: the byte products
+/// (a few rows) and the f32 products on panels decoded as they go (many rows, the activations
+/// not quantized).
 #[test]
-fn the_product_lands_in_its_columns_and_adds_when_told() {
-    let (rows, outputs, columns, width, first) = (5, 300, 256, 310, 7);
-    let w = random_matrix(GgmlType::Q4_K, outputs, columns, 3);
-    let x = QuantizedRows::new(&random_rows(rows, columns, 3), columns);
-    let (want, bounds) = reference(&w, &x);
-    // `first` columns of another matrix before this one's.
-    let before = random_matrix(GgmlType::Q8_0, first, columns, 4);
-    let mut out = vec![1.0f32; rows * width];
-    product(&mut out, width, &x, &[&before, &w], Write::Overwrite);
-    product(&mut out, width, &x, &[&before, &w], Write::Add);
-    for i in 0..rows {
-        for c in 0..width {
-            let got = f64::from(out[i * width + c]);
-            match c.checked_sub(first).filter(|&r| r < outputs) {
-                None if c < first => {}
-                None => assert_eq!(got, 1.0, "[{i}, {c}] untouched"),
-                Some(r) => {
-                    let at = i * outputs + r;
-                    assert!(
-                        (got - 2.0 * want[at]).abs() <= 2.0 * bounds[at],
-                        "[{i}, {c}]"
-                    );
+fn products_land_in_their_columns_and_add_when_told() {
+    for (kind, rows, decoded) in [
+        (GgmlType::Q4_K, 5, false),
+        (GgmlType::Q4_K, 37, true),
+        (GgmlType::BF16, 20, true),
+        (GgmlType::Q8_0, 16, true),
+    ] {
+        let (outputs, columns, width, first) = (300, 256, 310, 7);
+        let w = random_matrix(kind, outputs, columns, 3);
+        let rows_x = random_rows(rows, columns, 3);
+        let x = QuantizedRows::new(&rows_x, columns);
+        let inputs = match decoded {
+            true => rows_x.clone(),
+            false => activations(&w, &x),
+        };
+        let (want, bounds) = reference(&w, &inputs);
+        // `first` columns of another matrix before this one's.
+        let before = random_matrix(GgmlType::Q8_0, first, columns, 4);
+        let mut out = vec![1.0f32; rows * width];
+        for write in [Write::Overwrite, Write::Add] {
+            match decoded {
+                true => decoded_product(&mut out, width, &rows_x, &[&before, &w], write),
+                false => product(&mut out, width, &x, &[&before, &w], write),
+            }
+        }
+        for i in 0..rows {
+            for c in 0..width {
+                let got = f64::from(out[i * width + c]);
+                match c.checked_sub(first).filter(|&r| r < outputs) {
+                    None if c < first => {}
+                    None => assert_eq!(got, 1.0, "{}: [{i}, {c}] untouched", kind.name()),
+                    Some(r) => {
+                        let at = i * outputs + r;
+                        assert!(
+                            (got - 2.0 * want[at]).abs() <= 2.0 * bounds[at],
+                            "{} ({rows} rows): [{i}, {c}] = {got}, not {}",
+                            kind.name(),
+                            2.0 * want[at]
+                        );
+                    }
                 }
             }
         }
@@ -191,6 +229,11 @@ fn reordered_rows_are_the_rows_named() {
         moved.dequantize_row_into(i, &mut row);
         assert_eq!(row, all[source * 256..][..256]);
     }
+    let rounded = QuantMatrix::bf16(1, 3, &[1.0, 1.0 + 1.0 / 256.0, -3.0e-3]);
+    let mut row = vec![0.0; 3];
+    rounded.dequantize_row_into(0, &mut row);
+    // 1 + 2⁻⁸ is halfway between bf16's 1 and 1 + 2⁻⁷: to the even one.
+    assert_eq!(row, [1.0, 1.0, bf16::from_f32(-3.0e-3).to_f32()]);
     let refused = QuantMatrix::new(GgmlType::Q2_K, 1, 256, vec![0; 84]).unwrap_err();
     assert!(
         refused.contains("Q2_K weights are not multiplied as stored"),
@@ -202,7 +245,7 @@ fn reordered_rows_are_the_rows_named() {
 /// package's values to within an ulp or two of the larger of `a · q` and `b`.
 #[test]
 fn decoded_rows_are_the_packages_values() {
-    for kind in STORED {
+    for kind in STORED.into_iter().chain(HALVES) {
         let w = random_matrix(kind, 3, 512, 11);
         let want = w.dequantize();
         let mut got = vec![0.0; 2 * 512];
