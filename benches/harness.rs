@@ -12,6 +12,10 @@
 //! `harness/host-products` times kiln's own CPU products on their own, `n×n` by a weight packed
 //! once, one row each for f32 (`sgemm`) and bf16 operands with f32 sums (`gemm::bf16`, on AMX or
 //! AVX512-BF16 where the CPU has them); criterion's "elem/s" is FLOP/s (2n³ a product).
+//!
+//! `harness/quantized-decode` times decoding's matrix-vector products with weights kept as a GGUF
+//! file stores them (`gemm::quantized`): one activation row against 32 matrices of 2048 × 1536
+//! (100 M weights, more than the caches hold), per type; its "B/s" is the weights' bytes read.
 
 mod common;
 
@@ -107,10 +111,85 @@ fn host_products(criterion: &mut Criterion) {
     group.finish();
 }
 
+/// One activation row against 100 M weights of each stored type, as decoding a token reads them.
+fn quantized_decode(criterion: &mut Criterion) {
+    use kiln::core::gguf::GgmlType;
+    use kiln::kernels::gemm::quantized::{QuantMatrix, QuantizedRows, product};
+    use kiln::kernels::gemm::strided::Write;
+    let (rows, columns, count) = (2048, 1536, 32);
+    let mut group = criterion.benchmark_group("harness/quantized-decode");
+    group.measurement_time(Duration::from_secs(3));
+    let kinds = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::BF16,
+    ];
+    for kind in kinds {
+        let matrices: Vec<QuantMatrix> = (0..count)
+            .map(|seed| random_blocks(kind, rows, columns, seed))
+            .collect();
+        let bytes: usize = matrices.iter().map(QuantMatrix::stored_bytes).sum();
+        let x: Vec<f32> = (0..columns).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut out = vec![0f32; rows];
+        group.throughput(Throughput::Bytes(bytes as u64));
+        group.bench_function(kind.name(), |run| {
+            run.iter(|| {
+                // As a decoded token does: the activations quantized for each product.
+                for matrix in &matrices {
+                    let x = QuantizedRows::new(&x, columns);
+                    product(&mut out, rows, &x, &[matrix], Write::Overwrite);
+                }
+                black_box(out[0])
+            })
+        });
+    }
+    group.finish();
+}
+
+/// `rows × columns` weights of `kind` from random bytes, each block's f16 fields (scales,
+/// minimums) set to small values and, for bf16, every value small.
+fn random_blocks(
+    kind: kiln::core::gguf::GgmlType,
+    rows: usize,
+    columns: usize,
+    seed: usize,
+) -> kiln::kernels::gemm::quantized::QuantMatrix {
+    use kiln::core::gguf::GgmlType;
+    let (per_block, block_bytes) = kind.block();
+    let mut state = (seed as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut bytes: Vec<u8> = (0..rows * columns / per_block * block_bytes)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    // f16 0.0078 (0x2000), bf16 0.0078 (0x3C00).
+    let fields: &[(usize, [u8; 2])] = match kind {
+        GgmlType::BF16 => &[(0, [0x00, 0x3C])],
+        GgmlType::Q4_1 | GgmlType::Q4_K => &[(0, [0x00, 0x20]), (2, [0x00, 0x20])],
+        GgmlType::Q6_K => &[(208, [0x00, 0x20])],
+        _ => &[(0, [0x00, 0x20])],
+    };
+    for block in bytes.chunks_exact_mut(block_bytes) {
+        for &(at, value) in fields {
+            block[at..at + 2].copy_from_slice(&value);
+        }
+    }
+    kiln::kernels::gemm::quantized::QuantMatrix::new(kind, rows, columns, bytes)
+        .expect("whole blocks")
+}
+
 fn main() {
     let device = common::device_from_env();
     let mut criterion = Criterion::default().configure_from_args();
     host_products(&mut criterion);
+    quantized_decode(&mut criterion);
     if let Err(e) = device.run(Harness {
         criterion: &mut criterion,
         device,

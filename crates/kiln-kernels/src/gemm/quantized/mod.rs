@@ -3,11 +3,13 @@
 //!
 //! Decoding a language model's token is bound by the bytes its weights take: a Q4_1 weight is
 //! 5 bits a value where f32 is 32. So the product `x Wᵀ` quantizes the activations `x` too, per
-//! block of 32 values to 8 bits with an f32 scale (llama.cpp's `q8_0`, [`QuantizedRows`]), and
-//! multiplies integers: each 32-value group of a weight row is `a · q + b` (`q` its stored
-//! integers, `a` and `b` from the block's scales, per 16 values for Q6_K), so its dot with an
-//! activation block `dₓ · qₓ` is `dₓ (a Σ q qₓ + b Σ qₓ)`, the integer sum on AVX2's
-//! `vpmaddubsw` (32 products a step) where the CPU has it and in plain Rust elsewhere.
+//! block of 32 values to 8 bits with an f32 scale (llama.cpp's `q8_0`, [`QuantizedRows`]; per
+//! 256 values for the k-quants, llama.cpp's `q8_K`), and multiplies integers: each 32-value
+//! group of a weight row is `a · q + b` (`q` its stored integers, `a` and `b` from the block's
+//! scales, per 16 values for Q6_K), so its dot with an activation block `dₓ · qₓ` is
+//! `dₓ (a Σ q qₓ + b Σ qₓ)`, the integer sum on AVX2's `vpmaddubsw` (32 products a step) where
+//! the CPU has it and in plain Rust elsewhere. A k-quant super-block's `a` are integers times
+//! one f32 scale, so its eight groups sum in integers before one conversion to f32.
 //!
 //! The types read as stored ([`STORED`]): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K. The
 //! 16-bit float types ([`HALVES`]: a file's F16 and BF16 tensors, and any matrix rounded to
@@ -39,6 +41,7 @@ mod avx2;
 mod scalar;
 
 use std::fmt;
+use std::sync::OnceLock;
 
 use half::{bf16, f16};
 use kiln_core::gguf::{GgmlType, dequantize_blocks, scales_and_mins};
@@ -226,9 +229,10 @@ impl QuantMatrix {
 
 /// Rows of activations quantized per block of [`GROUP`] values to 8 bits, as llama.cpp's
 /// `quantize_row_q8_0` does: `d = max |x| / 127`, `q = round(x / d)`, with `d` kept in f32 and
-/// each half-block's `d Σ q` beside it (what the weights' offsets multiply). The f32 rows stay
-/// beside them, for the [`HALVES`] (whose rows may be of any length: rows that are not whole
-/// blocks are not quantized).
+/// each block's `d Σ q` beside it (what the weights' offsets multiply). For the k-quants, the
+/// same per 256-value super-block (llama.cpp's `q8_K`, [`SuperBlocks`]), made when first asked
+/// for. The f32 rows stay beside them, for the [`HALVES`] (whose rows may be of any length: rows
+/// that are not whole blocks are not quantized).
 #[derive(Debug, Clone)]
 pub struct QuantizedRows {
     rows: usize,
@@ -239,12 +243,62 @@ pub struct QuantizedRows {
     floats: Vec<f32>,
     /// Each block's scale `d`, row after row.
     scales: Vec<f32>,
-    /// Each block's `d Σ q` over its first and its second 16 values.
-    half_sums: Vec<[f32; 2]>,
     /// Each block's `d Σ q`.
     block_sums: Vec<f32>,
     /// The 8-bit values, row after row.
     values: Vec<i8>,
+    /// The rows quantized per super-block.
+    super_blocks: OnceLock<SuperBlocks>,
+}
+
+/// Rows quantized per 256-value super-block to 8 bits (llama.cpp's `q8_K`), for the k-quants'
+/// kernels: one scale a super-block, so that its eight groups' products sum in integers with
+/// the weights' own integer scales before one conversion to f32.
+#[derive(Debug, Clone)]
+struct SuperBlocks {
+    /// Each super-block's scale `d`, row after row.
+    scales: Vec<f32>,
+    /// Each super-block's sums of `q` over its 16 runs of 16 values.
+    sums: Vec<[i16; 16]>,
+    /// The 8-bit values, row after row.
+    values: Vec<i8>,
+}
+
+/// Values a k-quant super-block holds.
+const SUPER_BLOCK: usize = 256;
+
+/// `block` quantized to 8 bits into `q`: `d = max |x| / 127`, `q = round(x / d)`; returns `d`.
+fn quantize_block(block: &[f32], q: &mut [i8]) -> f32 {
+    let largest = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = largest / 127.0;
+    let inverse = if d == 0.0 { 0.0 } else { 1.0 / d };
+    for (q, &v) in q.iter_mut().zip(block) {
+        *q = (v * inverse).round() as i8;
+    }
+    d
+}
+
+impl SuperBlocks {
+    /// `x` (rows of whole super-blocks) quantized per super-block.
+    fn new(x: &[f32]) -> Self {
+        let blocks = x.len() / SUPER_BLOCK;
+        let mut values = vec![0i8; x.len()];
+        let mut scales = Vec::with_capacity(blocks);
+        let mut sums = Vec::with_capacity(blocks);
+        for (block, q) in x
+            .chunks_exact(SUPER_BLOCK)
+            .zip(values.chunks_exact_mut(SUPER_BLOCK))
+        {
+            scales.push(quantize_block(block, q));
+            let run = |r: usize| q[16 * r..][..16].iter().map(|&q| i16::from(q)).sum();
+            sums.push(std::array::from_fn(run));
+        }
+        SuperBlocks {
+            scales,
+            sums,
+            values,
+        }
+    }
 }
 
 impl QuantizedRows {
@@ -263,19 +317,11 @@ impl QuantizedRows {
         };
         let blocks = x.len() / columns * groups;
         let mut scales = Vec::with_capacity(blocks);
-        let mut half_sums = Vec::with_capacity(blocks);
         let mut block_sums = Vec::with_capacity(blocks);
         let mut values = vec![0i8; blocks * GROUP];
         for (block, q) in x.chunks_exact(GROUP).zip(values.chunks_exact_mut(GROUP)) {
-            let largest = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = largest / 127.0;
-            let inverse = if d == 0.0 { 0.0 } else { 1.0 / d };
-            for (q, &v) in q.iter_mut().zip(block) {
-                *q = (v * inverse).round() as i8;
-            }
-            let sum = |half: &[i8]| half.iter().map(|&q| i32::from(q)).sum::<i32>() as f32 * d;
-            half_sums.push([sum(&q[..16]), sum(&q[16..])]);
-            block_sums.push(sum(q));
+            let d = quantize_block(block, q);
+            block_sums.push(q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32 * d);
             scales.push(d);
         }
         QuantizedRows {
@@ -284,10 +330,20 @@ impl QuantizedRows {
             groups,
             floats: x.to_vec(),
             scales,
-            half_sums,
             block_sums,
             values,
+            super_blocks: OnceLock::new(),
         }
+    }
+
+    /// The rows quantized per super-block (rows of whole super-blocks).
+    fn super_blocks(&self) -> &SuperBlocks {
+        assert!(
+            self.columns.is_multiple_of(SUPER_BLOCK),
+            "rows of whole super-blocks"
+        );
+        self.super_blocks
+            .get_or_init(|| SuperBlocks::new(&self.floats))
     }
 
     /// The rows.

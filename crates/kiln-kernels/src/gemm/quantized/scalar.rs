@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use kiln_core::gguf::GgmlType;
 
-use super::{GROUP, QuantMatrix, QuantizedRows, Scaling, half};
+use super::{GROUP, QuantMatrix, QuantizedRows, SUPER_BLOCK, Scaling, half};
 
 /// The stored integers of group `g` of `block` (for Q8_0 signed, the others from 0 up).
 pub(super) fn integers(kind: GgmlType, block: &[u8], g: usize) -> [i32; GROUP] {
@@ -47,7 +47,8 @@ pub(super) fn integers(kind: GgmlType, block: &[u8], g: usize) -> [i32; GROUP] {
     q
 }
 
-/// `sums[t · weights.len() + r] = x[tile[t]] · w[weights[r]]`.
+/// `sums[t · weights.len() + r] = x[tile[t]] · w[weights[r]]`: the 32-value types against the
+/// rows quantized per block, the k-quants against the rows quantized per super-block.
 pub(super) fn sums(
     w: &QuantMatrix,
     weights: Range<usize>,
@@ -56,6 +57,8 @@ pub(super) fn sums(
     sums: &mut [f32],
 ) {
     let (per_block, block_bytes) = w.kind.block();
+    let blocks = w.columns / per_block;
+    let super_blocks = (per_block == SUPER_BLOCK).then(|| x.super_blocks());
     let mut scaling = [Scaling::default(); 8];
     let lines = weights.len();
     for (r, row) in weights.enumerate() {
@@ -63,18 +66,19 @@ pub(super) fn sums(
             let mut sum = 0f32;
             for (b, block) in w.row(row).chunks_exact(block_bytes).enumerate() {
                 let groups = Scaling::of_block(w.kind, block, &mut scaling, half);
+                let at = i * blocks + b;
+                let (values, d) = match super_blocks {
+                    Some(s) => (&s.values[at * SUPER_BLOCK..][..SUPER_BLOCK], s.scales[at]),
+                    None => (&x.values[at * GROUP..][..GROUP], x.scales[at]),
+                };
                 for (g, scaling) in scaling[..groups].iter().enumerate() {
-                    let at = i * x.groups + b * per_block / GROUP + g;
                     let q = integers(w.kind, block, g);
-                    let qx = &x.values[at * GROUP..][..GROUP];
-                    let dot = |h: usize| -> i32 {
-                        (q[h * 16..][..16].iter().zip(&qx[h * 16..][..16]))
-                            .map(|(&q, &qx)| q * i32::from(qx))
-                            .sum()
-                    };
+                    let qx = &values[g * GROUP..][..GROUP];
                     for h in 0..2 {
-                        sum += x.scales[at] * scaling.scale[h] * dot(h) as f32
-                            + scaling.offset[h] * x.half_sums[at][h];
+                        let (q, qx) = (&q[h * 16..][..16], &qx[h * 16..][..16]);
+                        let dot: i32 = q.iter().zip(qx).map(|(&q, &v)| q * i32::from(v)).sum();
+                        let run: i32 = qx.iter().map(|&v| i32::from(v)).sum();
+                        sum += d * (scaling.scale[h] * dot as f32 + scaling.offset[h] * run as f32);
                     }
                 }
             }

@@ -60,10 +60,17 @@ fn random_rows(rows: usize, columns: usize, seed: u64) -> Vec<f32> {
 /// The activations the products with `w` read: the rows as given for the halves, else the
 /// quantized rows' values.
 fn activations(w: &QuantMatrix, x: &QuantizedRows) -> Vec<f32> {
-    match HALVES.contains(&w.kind()) {
-        true => x.floats.clone(),
-        false => x.dequantize(),
+    if HALVES.contains(&w.kind()) {
+        return x.floats.clone();
     }
+    if w.kind().block().0 == SUPER_BLOCK {
+        let blocks = x.super_blocks();
+        let steps = blocks.values.chunks_exact(SUPER_BLOCK).zip(&blocks.scales);
+        return steps
+            .flat_map(|(q, &d)| q.iter().map(move |&q| f32::from(q) * d))
+            .collect();
+    }
+    x.dequantize()
 }
 
 /// `x Wᵀ` in f64 from the dequantized values, with the bound on f32 accumulation's error: the
@@ -137,11 +144,20 @@ proptest! {
     fn each_type_multiplies_as_its_dequantized_values(
         kind in proptest::sample::select([STORED.as_slice(), &HALVES].concat()),
         rows in 1usize..10,
-        outputs in 1usize..7,
+        outputs in 1usize..20,
         blocks in 1usize..4,
         seed in any::<u64>(),
     ) {
         check(kind, rows, outputs, blocks, seed);
+    }
+}
+
+/// Decoding (one row of x) multiplies eight weight rows at a time where it can: every type
+/// over two groups of eight rows and three more, each row's sum in its place.
+#[test]
+fn one_row_reads_weights_eight_rows_at_a_time() {
+    for kind in STORED.into_iter().chain(HALVES) {
+        check(kind, 1, 19, 3, 17);
     }
 }
 
@@ -196,13 +212,32 @@ fn products_land_in_their_columns_and_add_when_told() {
     }
 }
 
-/// The activations' quantization is llama.cpp's `q8_0`: each value within half a step of its
-/// block's scale, the largest magnitude exactly ±127 steps, a block of zeros all zero.
+/// The activations' quantization is llama.cpp's `q8_0` (and per super-block its `q8_K`): each
+/// value within half a step of its block's scale, the largest magnitude exactly ±127 steps, a
+/// block of zeros all zero; the super-blocks' 16-value sums are their values' sums.
 #[test]
 fn activations_round_to_their_blocks_steps() {
-    let mut x = random_rows(2, 64, 9);
+    let mut x = random_rows(2, 512, 9);
     x[32..64].fill(0.0);
-    let q = QuantizedRows::new(&x, 64);
+    let q = QuantizedRows::new(&x, 512);
+    let super_blocks = q.super_blocks();
+    for (b, (values, sums)) in (super_blocks.values.chunks(SUPER_BLOCK))
+        .zip(&super_blocks.sums)
+        .enumerate()
+    {
+        let d = super_blocks.scales[b];
+        let largest = x[b * SUPER_BLOCK..][..SUPER_BLOCK]
+            .iter()
+            .fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(d, largest / 127.0);
+        for (run, &sum) in values.chunks(16).zip(sums) {
+            assert_eq!(run.iter().map(|&v| i16::from(v)).sum::<i16>(), sum);
+        }
+        for (j, &v) in values.iter().enumerate() {
+            let value = x[b * SUPER_BLOCK + j];
+            assert!((value - f32::from(v) * d).abs() <= d / 2.0 * 1.0001);
+        }
+    }
     let back = q.dequantize();
     for (block, (x, back)) in x.chunks(32).zip(back.chunks(32)).enumerate() {
         let d = q.scales[block];
