@@ -110,22 +110,11 @@ impl DeviceJob for Args {
                 say_weights(&model, weights);
                 (model, tokenizer)
             }
-            (None, Some(_)) if self.weights == Some(Weights::AsStored) => {
-                return Err(
-                    "--weights as-stored keeps a GGUF file's quantized blocks; a Hugging \
-                            Face directory's weights are read as f32 (--weights f32) or rounded \
-                            to bf16 (--weights bf16)"
-                        .into(),
-                );
-            }
             (None, Some(dir)) => {
                 let tokenizer = TextTokenizer::from_hf_dir(dir).map_err(text)?;
-                let model = CausalLm::<B>::from_hf_dir(dir, device, &policy).map_err(text)?;
                 let weights = self.weights.unwrap_or(Weights::F32);
-                let model = match weights {
-                    Weights::Bf16 => model.with_weights_in_bf16().map_err(text)?,
-                    _ => model,
-                };
+                let model =
+                    CausalLm::<B>::from_hf_dir_with(dir, device, &policy, weights).map_err(text)?;
                 say_weights(&model, weights);
                 (model, tokenizer)
             }

@@ -26,14 +26,15 @@ mod gguf;
 mod input;
 mod llama;
 mod load;
+mod stored;
 mod tokenizer;
 
 pub use config::{Family, MODEL_TYPES, RopeScaling, TextConfig};
 pub use generate::{GenerationConfig, Sampling, generate, generate_after, generate_from};
-pub use gguf::Weights;
 pub use input::{Logits, TextInput, Tokens};
 pub use kiln_transformer::decoder::{KvCache, SharedPrefix, TokensError};
 pub use llama::{CausalLm, CausalLmOutput, DecoderLayer, LlamaModel};
+pub use stored::Weights;
 pub use tokenizer::{Message, TextTokenizer, TokenCache, byte_spelling};
 
 /// Why a checkpoint or an input cannot be used.

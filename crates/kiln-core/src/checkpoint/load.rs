@@ -101,6 +101,20 @@ pub fn load_checkpoint<B: Backend, M: Module<B>>(
     remapping: &[(&str, &str)],
     unused_on_purpose: &[&str],
 ) -> Result<M, CheckpointError> {
+    load_checkpoint_keeping(model, dir, remapping, unused_on_purpose, &[])
+}
+
+/// [`load_checkpoint`] but for the tensors named in `kept` (their names in the checkpoint):
+/// those are checked against the model's names and shapes like the others, but neither read nor
+/// loaded nor counted in the memory the load needs. Their parameters are left as the model has
+/// them, for the caller to replace (matrices kept rounded to bf16, read by [`read_tensor`]).
+pub fn load_checkpoint_keeping<B: Backend, M: Module<B>>(
+    model: M,
+    dir: &Path,
+    remapping: &[(&str, &str)],
+    unused_on_purpose: &[&str],
+    kept: &[String],
+) -> Result<M, CheckpointError> {
     let files = weight_files(dir)?;
     if let Some(missing) = files.iter().find(|file| !file.is_file()) {
         return Err(CheckpointError::unreadable(
@@ -129,7 +143,7 @@ pub fn load_checkpoint<B: Backend, M: Module<B>>(
         snapshots,
         config.as_ref(),
         unused_on_purpose,
-        &[],
+        kept,
     )
 }
 

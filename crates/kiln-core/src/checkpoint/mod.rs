@@ -38,8 +38,8 @@ pub use hub::Hub;
 pub use hub::checkpoint_dir;
 pub use layout::TorchLayout;
 pub use load::{
-    load_checkpoint, load_snapshots, load_snapshots_keeping, read_tensor, shards, tensor_shapes,
-    weight_files, weights_identity,
+    load_checkpoint, load_checkpoint_keeping, load_snapshots, load_snapshots_keeping, read_tensor,
+    shards, tensor_shapes, weight_files, weights_identity,
 };
 pub use save::{save_checkpoint, save_weights};
 

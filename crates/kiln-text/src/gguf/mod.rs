@@ -32,14 +32,11 @@ use burn_store::{TensorSnapshot, TensorSnapshotError};
 use kiln_core::gguf::{GgufFile, GgufTensor, Value};
 use kiln_core::{Policy, load_snapshots_keeping};
 
-mod stored;
 mod tokenizer;
 
-pub use stored::Weights;
-
-use crate::TextError;
 use crate::config::{Family, MODEL_TYPES, RopeScaling, TextConfig};
 use crate::llama::CausalLm;
+use crate::{TextError, Weights};
 
 impl TextConfig {
     /// The model a GGUF file's metadata describes (`general.architecture` `llama` or `qwen2`).
@@ -147,12 +144,12 @@ impl<B: Backend> CausalLm<B> {
     ) -> Result<Self, TextError> {
         let file = Rc::new(file);
         let config = TextConfig::from_gguf(&file)?;
-        let kept = stored::kept_tensors::<B>(&file, device, policy, weights)?;
+        let kept = crate::stored::kept_tensors::<B>(&file, device, policy, weights)?;
         let names: Vec<String> = kept.iter().map(|t| t.name.clone()).collect();
         let snapshots = tensor_snapshots(&file, &config, policy.param.dtype());
         let model = config.init::<B>(device);
         let model = load_snapshots_keeping(model, file.path(), snapshots, &[], &names)?;
-        let stored = stored::StoredMatrices::read(&file, &config, &kept, weights)?;
+        let stored = crate::stored::StoredMatrices::read(&file, &config, &kept, weights)?;
         Ok(stored.put_into(model).with_policy(policy))
     }
 }
@@ -184,7 +181,7 @@ fn tensor_snapshots(
 
 /// The heads whose rows llama.cpp's converter interleaved in the tensor called `name` by
 /// transformers (a Llama's q and k projections), none for the others.
-fn permuted_heads(config: &TextConfig, name: &str) -> Option<usize> {
+pub(crate) fn permuted_heads(config: &TextConfig, name: &str) -> Option<usize> {
     match (config.family, name.rsplit('.').nth(1)) {
         (Family::Llama, Some("q_proj")) => Some(config.num_attention_heads),
         (Family::Llama, Some("k_proj")) => Some(config.num_key_value_heads),
@@ -212,7 +209,7 @@ fn decoder(
 }
 
 /// transformers' name for a llama.cpp tensor name, when it is one the model has.
-fn transformers_name(gguf: &str) -> Option<String> {
+pub(crate) fn transformers_name(gguf: &str) -> Option<String> {
     let global = match gguf {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -257,7 +254,7 @@ fn unpermute_rows(values: &[f32], rows: usize, heads: usize) -> Vec<f32> {
 
 /// Where llama.cpp's converter put each of a q or k projection's `rows` rows (of `heads`
 /// heads): row `r` in transformers' order is row `order[r]` in the file.
-fn stored_row_order(rows: usize, heads: usize) -> Vec<usize> {
+pub(crate) fn stored_row_order(rows: usize, heads: usize) -> Vec<usize> {
     let half = rows / heads.max(1) / 2;
     (0..rows)
         .map(|row| {

@@ -403,8 +403,7 @@ fn relative_error(ours: &[f32], theirs: &[f32]) -> f32 {
     worst / theirs.iter().fold(0f32, |m, b| m.max(b.abs()))
 }
 
-/// Weights in bf16 ([`Weights::Bf16`] for a GGUF file, `with_weights_in_bf16` for a checkpoint
-/// directory) compute what the f32 model with its matrices rounded to bf16 computes, to within
+/// Weights in bf16 ([`Weights::Bf16`], for a GGUF file and a checkpoint directory) compute what the f32 model with its matrices rounded to bf16 computes, to within
 /// f32's rounding: a prompt (the matrices widened for the f32 product) and one token at a time
 /// (the kernels widening each weight as they read it; rows of 40, 48, 72 and 80 values, whole
 /// 16-value steps and tails). Every matrix parameter is kept in bf16 and none is decoded again.
@@ -416,7 +415,11 @@ fn weights_in_bf16_compute_the_model_rounded_to_bf16() {
     for name in ["llama", "qwen2", "gguf/qwen2"] {
         let model = match name.strip_prefix("gguf/") {
             Some(_) => load_weights::<Flex>(name, &Policy::full(), Weights::Bf16),
-            None => load(name).with_weights_in_bf16().unwrap(),
+            None => {
+                let dir = fixtures().join(name);
+                CausalLm::from_hf_dir_with(dir, &Default::default(), &Policy::full(), Weights::Bf16)
+                    .unwrap()
+            }
         };
         let mut rounded = RoundedMatrices(0);
         let rounded_model = load(name).map(&mut rounded);
@@ -451,6 +454,18 @@ fn weights_in_bf16_compute_the_model_rounded_to_bf16() {
             "{name}: {against_f32}"
         );
     }
+    // A directory holds no blocks to keep as stored.
+    let dir = fixtures().join("llama");
+    let refused = CausalLm::<Flex>::from_hf_dir_with(
+        dir,
+        &Default::default(),
+        &Policy::full(),
+        Weights::AsStored,
+    )
+    .map(|_| ())
+    .unwrap_err()
+    .to_string();
+    assert!(refused.contains("as-stored is for GGUF files"), "{refused}");
 }
 
 /// Rounds every matrix parameter's values to bf16 (kept in f32), counting them.

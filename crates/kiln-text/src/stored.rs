@@ -6,22 +6,23 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Shape, Tensor, TensorData};
+use burn::tensor::{DType, Shape, Tensor, TensorData};
 use kiln_core::gguf::{GgmlType, GgufFile, GgufTensor, dequantize_blocks};
-use kiln_core::{Policy, Precision, is_host_backend, parameter_device};
+use kiln_core::{Policy, Precision, is_host_backend, read_tensor, tensor_shapes, weight_files};
 use kiln_kernels::gemm::is_mixed_bf16;
 use kiln_kernels::gemm::quantized::{HALVES, QuantMatrix, STORED};
 use kiln_kernels::host;
 use kiln_transformer::StoredWeights;
 
-use super::{permuted_heads, stored_row_order, transformers_name};
 use crate::TextError;
 use crate::config::TextConfig;
+use crate::gguf::{permuted_heads, stored_row_order, transformers_name};
 use crate::llama::CausalLm;
 
 /// How a model's weights are held once loaded.
@@ -40,7 +41,7 @@ pub enum Weights {
     AsStored,
     /// The matrices rounded to bf16 (from whatever a file stores them in), multiplied with f32
     /// activations: half of f32's bytes, for a Hugging Face checkpoint too
-    /// ([`CausalLm::with_weights_in_bf16`]).
+    /// ([`CausalLm::from_hf_dir_with`]).
     Bf16,
     /// Every tensor in the policy's parameter dtype (decoded from a GGUF file's blocks as it is
     /// loaded).
@@ -79,7 +80,7 @@ impl FromStr for Weights {
 
 /// Refuses a device or policy the products with kept matrices do not serve (for the model read
 /// from `origin`).
-fn check_kept_matrices_serve<B: Backend>(
+pub(crate) fn check_kept_matrices_serve<B: Backend>(
     origin: &str,
     device: &B::Device,
     policy: &Policy,
@@ -113,7 +114,7 @@ fn is_kept_matrix(path: &str) -> bool {
 /// The tensors of `file` to keep as `weights` says (none for [`Weights::F32`]): the
 /// projections' and embeddings' matrices, of the types multiplied as stored or, for
 /// [`Weights::Bf16`], of any type. Refuses a device or policy their products do not serve.
-pub(super) fn kept_tensors<B: Backend>(
+pub(crate) fn kept_tensors<B: Backend>(
     file: &GgufFile,
     device: &B::Device,
     policy: &Policy,
@@ -138,12 +139,12 @@ pub(super) fn kept_tensors<B: Backend>(
 }
 
 /// The kept matrices, by the model's path to the parameter each stands for.
-pub(super) struct StoredMatrices(HashMap<String, Arc<QuantMatrix>>);
+pub(crate) struct StoredMatrices(HashMap<String, Arc<QuantMatrix>>);
 
 impl StoredMatrices {
     /// Each of `kept` (tensors of `file`) as `weights` says: its blocks, or its values rounded
     /// to bf16; a Llama's q and k rows put back in transformers' order.
-    pub(super) fn read(
+    pub(crate) fn read(
         file: &GgufFile,
         config: &TextConfig,
         kept: &[GgufTensor],
@@ -179,51 +180,50 @@ impl StoredMatrices {
         Ok(StoredMatrices(matrices))
     }
 
+    /// The projections', output head's and token embeddings' matrices of the Hugging Face
+    /// checkpoint `dir` (those `config` uses), each read alone and rounded to bf16 (bf16 ones kept
+    /// as they are); with the names they have there.
+    pub(crate) fn read_bf16(dir: &Path, config: &TextConfig) -> Result<Self, TextError> {
+        let mut matrices = HashMap::new();
+        for file in weight_files(dir)? {
+            for (name, shape) in tensor_shapes(&file)? {
+                let tied_head = config.tie_word_embeddings && name == "lm_head.weight";
+                let &[rows, columns] = shape.as_slice() else {
+                    continue;
+                };
+                if !is_kept_matrix(&name) || tied_head {
+                    continue;
+                }
+                let data = read_tensor(&file, &name)?.expect("a tensor its header names");
+                let matrix = match data.dtype {
+                    DType::BF16 => {
+                        QuantMatrix::new(GgmlType::BF16, rows, columns, data.bytes.to_vec())
+                    }
+                    _ => {
+                        let values = data.convert::<f32>().into_vec::<f32>();
+                        values
+                            .map(|values| QuantMatrix::bf16(rows, columns, &values))
+                            .map_err(|e| format!("{e:?}"))
+                    }
+                }
+                .map_err(|e| {
+                    TextError::Config(format!("{}: tensor `{name}`: {e}", file.display()))
+                })?;
+                matrices.insert(name, Arc::new(matrix));
+            }
+        }
+        Ok(StoredMatrices(matrices))
+    }
+
+    /// The names of the kept matrices.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.0.keys().cloned().collect()
+    }
+
     /// `model` with each kept matrix's parameter made lazy and read as stored.
-    pub(super) fn put_into<B: Backend>(self, model: CausalLm<B>) -> CausalLm<B> {
-        Keep::new(Source::Read(self.0)).run(model)
+    pub(crate) fn put_into<B: Backend>(self, model: CausalLm<B>) -> CausalLm<B> {
+        Keep::new(self.0).run(model)
     }
-}
-
-impl<B: Backend> CausalLm<B> {
-    /// The model with its projections', output head's and token embeddings' matrices rounded to
-    /// bf16 ([`Weights::Bf16`]): for a model read from a Hugging Face checkpoint
-    /// ([`CausalLm::from_hf_dir`]), half the bytes each decoded token reads. Each parameter is
-    /// made lazy (its f32 values freed).
-    ///
-    /// # Errors
-    /// On a device other than the CPU, or under a policy whose parameters are not f32 or that
-    /// computes in neither f32 nor mixed bf16.
-    ///
-    /// ```no_run
-    /// use burn::backend::Flex;
-    /// use kiln_core::Policy;
-    /// use kiln_text::CausalLm;
-    ///
-    /// let device = Default::default();
-    /// let model = CausalLm::<Flex>::from_hf_dir("SmolLM2-135M-Instruct", &device, &Policy::full())?
-    ///     .with_weights_in_bf16()?;
-    /// println!("{} MB of bf16 matrices", model.stored_weights().stored_bytes() / 1_000_000);
-    /// # Ok::<(), kiln_text::TextError>(())
-    /// ```
-    pub fn with_weights_in_bf16(self) -> Result<Self, TextError> {
-        let Some(device) = parameter_device(&self) else {
-            return Ok(self);
-        };
-        check_kept_matrices_serve::<B>("the model", &device, self.policy())?;
-        let policy = *self.policy();
-        Ok(Keep::new(Source::RoundedToBf16)
-            .run(self)
-            .with_policy(&policy))
-    }
-}
-
-/// Where [`Keep`] finds the matrices it keeps.
-enum Source {
-    /// Read from a file, by the model's path to the parameter each stands for.
-    Read(HashMap<String, Arc<QuantMatrix>>),
-    /// The parameters' values rounded to bf16.
-    RoundedToBf16,
 }
 
 /// Replaces the kept matrices' parameters with lazy ones that decode the kept values if read.
@@ -232,16 +232,16 @@ struct Keep {
     path: Vec<String>,
     /// The containers entered (`Struct:Linear`, …), innermost last.
     containers: Vec<String>,
-    source: Source,
+    by_path: HashMap<String, Arc<QuantMatrix>>,
     by_id: HashMap<ParamId, Arc<QuantMatrix>>,
 }
 
 impl Keep {
-    fn new(source: Source) -> Self {
+    fn new(by_path: HashMap<String, Arc<QuantMatrix>>) -> Self {
         Keep {
             path: Vec::new(),
             containers: Vec::new(),
-            source,
+            by_path,
             by_id: HashMap::new(),
         }
     }
@@ -250,35 +250,6 @@ impl Keep {
     fn run<B: Backend>(mut self, model: CausalLm<B>) -> CausalLm<B> {
         let model = model.map(&mut self);
         model.with_stored(StoredWeights::new(self.by_id))
-    }
-
-    /// The matrix `[outputs, inputs]` kept for `param` (`[inputs, outputs]` in a `linear`).
-    fn matrix<B: Backend, const D: usize>(
-        &self,
-        param: &Param<Tensor<B, D>>,
-        linear: bool,
-    ) -> Option<Arc<QuantMatrix>> {
-        let path = self.path.join(".");
-        match &self.source {
-            Source::Read(by_path) => by_path.get(&path).cloned(),
-            Source::RoundedToBf16 => {
-                if D != 2 || !is_kept_matrix(&path) {
-                    return None;
-                }
-                let dims = param.lazy_shape().dims::<2>();
-                let values: Vec<f32> =
-                    (param.val().into_data().convert::<f32>().into_vec()).expect("f32 values");
-                let (rows, columns, values) = match linear {
-                    true => (
-                        dims[1],
-                        dims[0],
-                        host::transposed(&values, dims[0], dims[1]),
-                    ),
-                    false => (dims[0], dims[1], values),
-                };
-                Some(Arc::new(QuantMatrix::bf16(rows, columns, &values)))
-            }
-        }
     }
 }
 
@@ -296,7 +267,7 @@ impl<B: Backend> ModuleMapper<B> for Keep {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         // burn's Linear holds its weight as [in, out], the transpose of the file's [out, in].
         let linear = self.containers.last().is_some_and(|c| c == "Struct:Linear");
-        let Some(matrix) = self.matrix(&param, linear) else {
+        let Some(matrix) = self.by_path.get(&self.path.join(".")).cloned() else {
             return param;
         };
         let [rows, columns] = [matrix.rows(), matrix.columns()];
