@@ -19,7 +19,9 @@
 //!   `$KILN_SCHNETPACK_PYTHON` (`scripts/fixtures/requirements-schnetpack.txt`, a virtual
 //!   environment of its own: schnetpack pins an older torch), fVLM's with `$KILN_FVLM_PYTHON`
 //!   (`scripts/fixtures/requirements-fvlm.txt`: transformers 4) and `$KILN_FVLM_DIR` (a checkout's
-//!   `fVLM/` folder, imported from there); default `python3`. Tests never run Python;
+//!   `fVLM/` folder, imported from there), llama.cpp's with `$KILN_LLAMA_PYTHON`
+//!   (`scripts/fixtures/requirements-llama.txt`, built from source for the CPU); default
+//!   `python3`. Tests never run Python;
 //!   they read what this wrote.
 
 use std::process::{Command, ExitCode};
@@ -239,6 +241,13 @@ const FIXTURES: &[Fixture] = &[
         out: "crates/kiln-text/tests/fixtures/gguf",
         python: "KILN_HF_PYTHON",
         requirements: "scripts/fixtures/requirements-hf.txt",
+    },
+    // After gguf_text.py: it reads that script's files.
+    Fixture {
+        script: "scripts/fixtures/gguf_llama_cpp.py",
+        out: "crates/kiln-text/tests/fixtures/gguf",
+        python: "KILN_LLAMA_PYTHON",
+        requirements: "scripts/fixtures/requirements-llama.txt",
     },
     Fixture {
         script: "scripts/fixtures/foveated.py",

@@ -423,7 +423,8 @@ fn stored_rows<B: Backend>(table: &QuantMatrix, ids: Tensor<B, 2, Int>) -> Tenso
     let width = table.columns();
     let mut rows = vec![0f32; ids.len() * width];
     for (row, &id) in rows.chunks_exact_mut(width).zip(&ids) {
-        table.dequantize_row_into(id as usize, row);
+        let id = id as usize;
+        table.dequantize_rows_into(id..id + 1, row);
     }
     Tensor::from_data(TensorData::new(rows, [batch, tokens, width]), &device)
 }
