@@ -47,7 +47,7 @@ pub use checkpoint::{
     CheckpointError, CheckpointFit, Problem, SettingError, TensorProblem, TorchLayout,
     check_checkpoint, check_snapshots, checkpoint_dir, config_file, config_from_json,
     load_checkpoint, load_checkpoint_keeping, load_snapshots, load_snapshots_keeping, read_config,
-    read_tensor, save_checkpoint, save_weights, shards, tensor_shapes, weight_files,
+    read_tensor, read_tensors, save_checkpoint, save_weights, shards, tensor_shapes, weight_files,
     weights_identity,
 };
 pub use device::{

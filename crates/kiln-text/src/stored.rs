@@ -14,7 +14,7 @@ use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor, TensorData};
 use kiln_core::gguf::{GgmlType, GgufFile, GgufTensor, dequantize_blocks};
-use kiln_core::{Policy, Precision, is_host_backend, read_tensor, tensor_shapes, weight_files};
+use kiln_core::{Policy, Precision, is_host_backend, read_tensors, weight_files};
 use kiln_kernels::gemm::is_mixed_bf16;
 use kiln_kernels::gemm::quantized::{HALVES, QuantMatrix, STORED};
 use kiln_kernels::host;
@@ -186,15 +186,12 @@ impl StoredMatrices {
     pub(crate) fn read_bf16(dir: &Path, config: &TextConfig) -> Result<Self, TextError> {
         let mut matrices = HashMap::new();
         for file in weight_files(dir)? {
-            for (name, shape) in tensor_shapes(&file)? {
+            let wanted = |name: &str, shape: &[usize]| {
                 let tied_head = config.tie_word_embeddings && name == "lm_head.weight";
-                let &[rows, columns] = shape.as_slice() else {
-                    continue;
-                };
-                if !is_kept_matrix(&name) || tied_head {
-                    continue;
-                }
-                let data = read_tensor(&file, &name)?.expect("a tensor its header names");
+                shape.len() == 2 && is_kept_matrix(name) && !tied_head
+            };
+            read_tensors(&file, wanted, |name, data| {
+                let [rows, columns] = [data.shape[0], data.shape[1]];
                 let matrix = match data.dtype {
                     DType::BF16 => {
                         QuantMatrix::new(GgmlType::BF16, rows, columns, data.bytes.to_vec())
@@ -210,7 +207,8 @@ impl StoredMatrices {
                     TextError::Config(format!("{}: tensor `{name}`: {e}", file.display()))
                 })?;
                 matrices.insert(name, Arc::new(matrix));
-            }
+                Ok::<_, TextError>(())
+            })?;
         }
         Ok(StoredMatrices(matrices))
     }

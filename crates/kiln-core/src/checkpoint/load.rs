@@ -163,16 +163,37 @@ pub fn tensor_shapes(file: &Path) -> Result<BTreeMap<String, Vec<usize>>, Checkp
 /// where the file holds no such tensor): a single value a model keeps beside its parameters,
 /// such as a buffer's position, read without loading the rest.
 pub fn read_tensor(file: &Path, name: &str) -> Result<Option<TensorData>, CheckpointError> {
-    let Some(snapshot) = safetensors_snapshots(file)?
-        .into_iter()
-        .find(|snapshot| snapshot.full_path() == name)
-    else {
-        return Ok(None);
-    };
-    let data = snapshot
-        .to_data()
-        .map_err(|e| CheckpointError::unreadable(file, format!("{name}: {e}")))?;
-    Ok(Some(data))
+    let mut found = None;
+    read_tensors(
+        file,
+        |stored, _| stored == name,
+        |_, data| {
+            found = Some(data);
+            Ok::<_, CheckpointError>(())
+        },
+    )?;
+    Ok(found)
+}
+
+/// Each tensor of the safetensors file `file` that `wanted` picks (by its stored name and
+/// shape), read alone in its stored dtype and handed to `each` before the next is read: the
+/// header parsed once, the rest of the file not loaded.
+pub fn read_tensors<E: From<CheckpointError>>(
+    file: &Path,
+    wanted: impl Fn(&str, &[usize]) -> bool,
+    mut each: impl FnMut(String, TensorData) -> Result<(), E>,
+) -> Result<(), E> {
+    for snapshot in safetensors_snapshots(file)? {
+        let name = snapshot.full_path();
+        if !wanted(&name, &snapshot.shape) {
+            continue;
+        }
+        let data = snapshot
+            .to_data()
+            .map_err(|e| CheckpointError::unreadable(file, format!("{name}: {e}")))?;
+        each(name, data)?;
+    }
+    Ok(())
 }
 
 /// The tensors of the safetensors file `file` as snapshots under their stored names, in the

@@ -39,7 +39,7 @@ pub use hub::checkpoint_dir;
 pub use layout::TorchLayout;
 pub use load::{
     load_checkpoint, load_checkpoint_keeping, load_snapshots, load_snapshots_keeping, read_tensor,
-    shards, tensor_shapes, weight_files, weights_identity,
+    read_tensors, shards, tensor_shapes, weight_files, weights_identity,
 };
 pub use save::{save_checkpoint, save_weights};
 

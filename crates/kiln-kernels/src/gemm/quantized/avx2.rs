@@ -8,7 +8,7 @@ use std::ops::Range;
 
 use kiln_core::gguf::{GgmlType, scales_and_mins};
 
-use super::{GROUP, QuantMatrix, QuantizedRows, SUPER_BLOCK, Scaling};
+use super::{Blocks, GROUP, QuantMatrix, QuantizedRows, SUPER_BLOCK, Scaling};
 
 /// Whether the CPU has AVX2, FMA and F16C.
 pub(super) fn supported() -> bool {
@@ -89,14 +89,18 @@ fn widened_sums<const ROWS: usize, const BF16: bool>(
         for (t, (acc, xi)) in acc.iter().zip(x_rows).enumerate() {
             let tail = (steps..columns).map(|k| {
                 let bits = u16::from_le_bytes([bytes[2 * k], bytes[2 * k + 1]]);
-                let weight = match BF16 {
-                    true => f32::from_bits(u32::from(bits) << 16),
-                    false => half::f16::from_bits(bits).to_f32(),
-                };
-                weight * xi[k]
+                half_value(bits, BF16) * xi[k]
             });
             sums[t * lines + r] = horizontal_sum(_mm256_add_ps(acc[0], acc[1])) + tail.sum::<f32>();
         }
+    }
+}
+
+/// The bf16 (`bf16`) or f16 value of `bits` as f32.
+fn half_value(bits: u16, bf16: bool) -> f32 {
+    match bf16 {
+        true => f32::from_bits(u32::from(bits) << 16),
+        false => half::f16::from_bits(bits).to_f32(),
     }
 }
 
@@ -136,6 +140,7 @@ fn legacy_sums<const ROWS: usize, const KIND: u8>(
     sums: &mut [f32],
 ) {
     let block_bytes = w.kind.block().1;
+    let x = x.blocks();
     let groups = x.groups;
     assert!(
         x.scales.len() >= (first + ROWS) * groups,
@@ -149,7 +154,7 @@ fn legacy_sums<const ROWS: usize, const KIND: u8>(
         while done + 8 <= lines {
             let rows = std::array::from_fn(|i| w.row(weights.start + done + i).as_ptr());
             // SAFETY: each row holds `groups` blocks, as x's row `first` does (checked above).
-            let eight = unsafe { eight_rows::<KIND>(rows, x, x_rows[0], groups) };
+            let eight = unsafe { eight_rows::<KIND>(rows, block_bytes, x, x_rows[0]) };
             // SAFETY: `sums` holds a sum for each of the `lines` rows, `done + 8 <= lines`.
             unsafe { _mm256_storeu_ps(sums[done..done + 8].as_mut_ptr(), eight) };
             done += 8;
@@ -192,21 +197,16 @@ fn legacy_sums<const ROWS: usize, const KIND: u8>(
 /// a few cache lines a block ahead (5–15% faster than a row at a time, docs/PERFORMANCE.md).
 ///
 /// # Safety
-/// Each of `rows` points at `groups` whole blocks, and `x` holds blocks `x_row..x_row + groups`.
+/// Each of `rows` points at `x.groups` whole blocks of `block_bytes`, and `x` holds blocks
+/// `x_row..x_row + x.groups`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn eight_rows<const KIND: u8>(
     rows: [*const u8; 8],
-    x: &QuantizedRows,
+    block_bytes: usize,
+    x: &Blocks,
     x_row: usize,
-    groups: usize,
 ) -> __m256 {
-    let block_bytes = match KIND {
-        Q4_0 => 18,
-        Q4_1 => 20,
-        Q5_0 => 22,
-        Q5_1 => 24,
-        _ => 34,
-    };
+    let groups = x.groups;
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_ps();
     let mut offsets = _mm256_setzero_ps();
@@ -331,7 +331,7 @@ unsafe fn legacy_decode<const KIND: u8>(block: *const u8) -> Decoded {
 #[inline]
 unsafe fn legacy_block<const ROWS: usize, const KIND: u8>(
     block: *const u8,
-    x: &QuantizedRows,
+    x: &Blocks,
     x_rows: [usize; ROWS],
     b: usize,
     (acc, offsets): &mut ([__m256; ROWS], [f32; ROWS]),
@@ -501,8 +501,14 @@ fn half(bytes: &[u8], at: usize) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dequantize_row(kind: GgmlType, row: &[u8], out: &mut [f32]) {
     if let GgmlType::F16 | GgmlType::BF16 = kind {
-        assert!(row.len() == 2 * out.len() && out.len().is_multiple_of(8));
-        for (k, out) in out.chunks_exact_mut(8).enumerate() {
+        assert_eq!(row.len(), 2 * out.len(), "2 bytes a value");
+        let steps = out.len() / 8 * 8;
+        for (k, value) in out[steps..].iter_mut().enumerate() {
+            let at = 2 * (steps + k);
+            let bits = u16::from_le_bytes([row[at], row[at + 1]]);
+            *value = half_value(bits, kind == GgmlType::BF16);
+        }
+        for (k, out) in out[..steps].chunks_exact_mut(8).enumerate() {
             // SAFETY: the row holds 2 bytes a value of `out` (asserted).
             let values = unsafe {
                 match kind {

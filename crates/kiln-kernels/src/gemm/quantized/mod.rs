@@ -206,9 +206,7 @@ impl QuantMatrix {
     pub fn dequantize_rows_into(&self, rows: std::ops::Range<usize>, out: &mut [f32]) {
         for (row, out) in rows.zip(out.chunks_exact_mut(self.columns)) {
             #[cfg(target_arch = "x86_64")]
-            if Kernel::chosen() == Kernel::Avx2
-                && (self.columns.is_multiple_of(8) || !HALVES.contains(&self.kind))
-            {
+            if Kernel::chosen() == Kernel::Avx2 {
                 // SAFETY: chosen only where the CPU has AVX2, FMA and F16C.
                 #[allow(unsafe_code)]
                 unsafe {
@@ -227,28 +225,57 @@ impl QuantMatrix {
     }
 }
 
-/// Rows of activations quantized per block of [`GROUP`] values to 8 bits, as llama.cpp's
-/// `quantize_row_q8_0` does: `d = max |x| / 127`, `q = round(x / d)`, with `d` kept in f32 and
-/// each block's `d Σ q` beside it (what the weights' offsets multiply). For the k-quants, the
-/// same per 256-value super-block (llama.cpp's `q8_K`, [`SuperBlocks`]), made when first asked
-/// for. The f32 rows stay beside them, for the [`HALVES`] (whose rows may be of any length: rows
-/// that are not whole blocks are not quantized).
+/// Rows of activations as the products read them: quantized per block of [`GROUP`] values to
+/// 8 bits, as llama.cpp's `quantize_row_q8_0` does ([`Blocks`]), for the 32-value types; per
+/// 256-value super-block (llama.cpp's `q8_K`, [`SuperBlocks`]) for the k-quants; as given, in
+/// f32, for the [`HALVES`] (whose rows may be of any length). Each quantization is made when a
+/// product first asks for it.
 #[derive(Debug, Clone)]
 pub struct QuantizedRows {
     rows: usize,
     columns: usize,
-    /// Blocks a row: `columns / GROUP`, 0 for rows that are not whole blocks.
-    groups: usize,
     /// The rows as given, row after row.
     floats: Vec<f32>,
+    /// The rows quantized per block.
+    blocks: OnceLock<Blocks>,
+    /// The rows quantized per super-block.
+    super_blocks: OnceLock<SuperBlocks>,
+}
+
+/// Rows quantized per block of [`GROUP`] values: `d = max |x| / 127`, `q = round(x / d)`, with
+/// `d` kept in f32 and each block's `d Σ q` beside it (what the weights' offsets multiply).
+#[derive(Debug, Clone)]
+struct Blocks {
+    /// Blocks a row.
+    groups: usize,
     /// Each block's scale `d`, row after row.
     scales: Vec<f32>,
     /// Each block's `d Σ q`.
     block_sums: Vec<f32>,
     /// The 8-bit values, row after row.
     values: Vec<i8>,
-    /// The rows quantized per super-block.
-    super_blocks: OnceLock<SuperBlocks>,
+}
+
+impl Blocks {
+    /// `x` (rows of `columns` values, whole blocks) quantized per block.
+    fn new(x: &[f32], columns: usize) -> Self {
+        assert!(columns.is_multiple_of(GROUP), "rows of whole blocks");
+        let blocks = x.len() / GROUP;
+        let mut scales = Vec::with_capacity(blocks);
+        let mut block_sums = Vec::with_capacity(blocks);
+        let mut values = vec![0i8; x.len()];
+        for (block, q) in x.chunks_exact(GROUP).zip(values.chunks_exact_mut(GROUP)) {
+            let d = quantize_block(block, q);
+            block_sums.push(q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32 * d);
+            scales.push(d);
+        }
+        Blocks {
+            groups: columns / GROUP,
+            scales,
+            block_sums,
+            values,
+        }
+    }
 }
 
 /// Rows quantized per 256-value super-block to 8 bits (llama.cpp's `q8_K`), for the k-quants'
@@ -311,29 +338,19 @@ impl QuantizedRows {
             columns > 0 && x.len().is_multiple_of(columns),
             "rows of {columns} values"
         );
-        let groups = match columns.is_multiple_of(GROUP) {
-            true => columns / GROUP,
-            false => 0,
-        };
-        let blocks = x.len() / columns * groups;
-        let mut scales = Vec::with_capacity(blocks);
-        let mut block_sums = Vec::with_capacity(blocks);
-        let mut values = vec![0i8; blocks * GROUP];
-        for (block, q) in x.chunks_exact(GROUP).zip(values.chunks_exact_mut(GROUP)) {
-            let d = quantize_block(block, q);
-            block_sums.push(q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32 * d);
-            scales.push(d);
-        }
         QuantizedRows {
             rows: x.len() / columns,
             columns,
-            groups,
             floats: x.to_vec(),
-            scales,
-            block_sums,
-            values,
+            blocks: OnceLock::new(),
             super_blocks: OnceLock::new(),
         }
+    }
+
+    /// The rows quantized per block (rows of whole blocks).
+    fn blocks(&self) -> &Blocks {
+        self.blocks
+            .get_or_init(|| Blocks::new(&self.floats, self.columns))
     }
 
     /// The rows quantized per super-block (rows of whole super-blocks).
@@ -358,7 +375,8 @@ impl QuantizedRows {
 
     /// The values the quantized rows stand for, `d · q`, row-major.
     pub fn dequantize(&self) -> Vec<f32> {
-        (self.values.chunks_exact(GROUP).zip(&self.scales))
+        let blocks = self.blocks();
+        (blocks.values.chunks_exact(GROUP).zip(&blocks.scales))
             .flat_map(|(q, &d)| q.iter().map(move |&q| f32::from(q) * d))
             .collect()
     }
@@ -392,10 +410,6 @@ pub fn product(
             x.columns(),
             w.columns,
             "the inputs' and the weights' columns"
-        );
-        assert!(
-            x.groups > 0 || HALVES.contains(&w.kind),
-            "quantized rows of whole blocks"
         );
         // Tasks of 64 KB of weights or more (decoding: a thread's share stays in cache across
         // the rows), several per thread.

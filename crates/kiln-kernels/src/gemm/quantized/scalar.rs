@@ -59,6 +59,7 @@ pub(super) fn sums(
     let (per_block, block_bytes) = w.kind.block();
     let blocks = w.columns / per_block;
     let super_blocks = (per_block == SUPER_BLOCK).then(|| x.super_blocks());
+    let quantized = (per_block != SUPER_BLOCK).then(|| x.blocks());
     let mut scaling = [Scaling::default(); 8];
     let lines = weights.len();
     for (r, row) in weights.enumerate() {
@@ -67,9 +68,10 @@ pub(super) fn sums(
             for (b, block) in w.row(row).chunks_exact(block_bytes).enumerate() {
                 let groups = Scaling::of_block(w.kind, block, &mut scaling, half);
                 let at = i * blocks + b;
-                let (values, d) = match super_blocks {
-                    Some(s) => (&s.values[at * SUPER_BLOCK..][..SUPER_BLOCK], s.scales[at]),
-                    None => (&x.values[at * GROUP..][..GROUP], x.scales[at]),
+                let (values, d) = match (super_blocks, quantized) {
+                    (Some(s), _) => (&s.values[at * SUPER_BLOCK..][..SUPER_BLOCK], s.scales[at]),
+                    (_, Some(b)) => (&b.values[at * GROUP..][..GROUP], b.scales[at]),
+                    (None, None) => unreachable!("one of the two quantizations"),
                 };
                 for (g, scaling) in scaling[..groups].iter().enumerate() {
                     let q = integers(w.kind, block, g);
