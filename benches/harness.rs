@@ -16,6 +16,9 @@
 //! `harness/quantized-decode` times decoding's matrix-vector products with weights kept as a GGUF
 //! file stores them (`gemm::quantized`): one activation row against 32 matrices of 2048 × 1536
 //! (100 M weights, more than the caches hold), per type; its "B/s" is the weights' bytes read.
+//! `harness/quantized-prompt` times a prompt's products with the same weights (`prompt_product`):
+//! 53 rows against the seven matrices of each of SmolLM2-135M's 30 layers (576 wide, 1 536
+//! between); its "elem/s" is multiply-adds a second.
 
 mod common;
 
@@ -185,11 +188,76 @@ fn random_blocks(
         .expect("whole blocks")
 }
 
+/// A prompt's products with weights as stored: 53 rows through SmolLM2-135M's layers' matrices
+/// (q, k, v, o, gate, up, down), per type.
+fn quantized_prompt(criterion: &mut Criterion) {
+    use kiln::core::gguf::GgmlType;
+    use kiln::kernels::gemm::quantized::{QuantMatrix, QuantizedRows, prompt_product};
+    use kiln::kernels::gemm::strided::Write;
+    const LAYERS: usize = 30;
+    let rows = 53;
+    let shapes = [
+        (576, 576),
+        (192, 576),
+        (192, 576),
+        (576, 576),
+        (1536, 576),
+        (1536, 576),
+        (576, 1536),
+    ];
+    let mut group = criterion.benchmark_group("harness/quantized-prompt");
+    group
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20);
+    let kinds = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::BF16,
+    ];
+    for kind in kinds {
+        // The k-quants' 256-value blocks fit the rows 1 536 wide only (as in the GGUF files).
+        let shapes: Vec<(usize, usize)> = (shapes.iter().copied())
+            .filter(|(_, columns)| columns % kind.block().0 == 0)
+            .collect();
+        // Thirty layers, as the model has: more than the caches hold.
+        let shapes = shapes.repeat(LAYERS);
+        let matrices: Vec<QuantMatrix> = (shapes.iter().enumerate())
+            .map(|(seed, &(outputs, columns))| random_blocks(kind, outputs, columns, seed))
+            .collect();
+        let products: usize = shapes.iter().map(|(o, c)| rows * o * c).sum();
+        let inputs: Vec<Vec<f32>> = (shapes.iter())
+            .map(|&(_, columns)| {
+                (0..rows * columns)
+                    .map(|i| (i as f32 * 0.37).sin())
+                    .collect()
+            })
+            .collect();
+        let mut out = vec![0f32; rows * 1536];
+        group.throughput(Throughput::Elements(products as u64));
+        group.bench_function(kind.name(), |run| {
+            run.iter(|| {
+                for ((matrix, x), &(outputs, columns)) in matrices.iter().zip(&inputs).zip(&shapes)
+                {
+                    let x = QuantizedRows::new(x, columns);
+                    prompt_product(&mut out, outputs, &x, &[matrix], Write::Overwrite);
+                }
+                black_box(out[0])
+            })
+        });
+    }
+    group.finish();
+}
+
 fn main() {
     let device = common::device_from_env();
     let mut criterion = Criterion::default().configure_from_args();
     host_products(&mut criterion);
     quantized_decode(&mut criterion);
+    quantized_prompt(&mut criterion);
     if let Err(e) = device.run(Harness {
         criterion: &mut criterion,
         device,

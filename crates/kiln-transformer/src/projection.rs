@@ -376,13 +376,13 @@ pub fn product_on_this_thread(x: &[f32], inputs: usize, weight: &HostWeight) -> 
     out
 }
 
-/// Rows from which a product with stored weights decodes them to f32 for the f32 product rather
-/// than multiplying the blocks as stored.
-const DECODED_ROWS: usize = 16;
+/// Rows from which a product with stored weights unpacks them a panel at a time for the many
+/// rows (`prompt_product`) rather than reading each row's blocks for a few rows at a time.
+const PROMPT_ROWS: usize = 16;
 
 /// `out (+)= x W` (as `write` says) through the `gemm` crate on `threads`, for a weight it
 /// reads: row-major, in place, or in place transposed; or with quantized weights, multiplied as
-/// stored (a few rows) or decoded to f32 (many).
+/// stored a few rows at a time, or a panel at a time for many.
 fn gemm_product(
     out: &mut [f32],
     x: &[f32],
@@ -414,11 +414,11 @@ fn gemm_product(
             let view = View::rows(0, outputs, inputs, inputs).transposed();
             product(0, outputs, matrix.values(), view);
         }
-        Operand::Quantized(matrices) if rows >= DECODED_ROWS => {
-            // Many rows (a prompt): panels of each matrix decoded to f32 for the f32 product,
-            // which beats the byte products there (docs/PERFORMANCE.md).
+        Operand::Quantized(matrices) if rows >= PROMPT_ROWS => {
+            // Many rows (a prompt): each matrix unpacked a panel at a time (docs/PERFORMANCE.md).
+            let x = QuantizedRows::new(x, inputs);
             let matrices: Vec<&QuantMatrix> = matrices.iter().map(|m| &**m).collect();
-            quantized::decoded_product(out, outputs, x, &matrices, write);
+            quantized::prompt_product(out, outputs, &x, &matrices, write);
         }
         Operand::Quantized(matrices) => {
             // The activations quantized once; every matrix in one parallel region.
@@ -636,10 +636,9 @@ mod tests {
         }
     }
 
-    /// Weights kept as stored (two Q8_0 matrices side by side) give `x W + b` on both paths: the
-    /// byte products for a few rows, within the activations' 8-bit rounding (half a step of each
-    /// 32-value block, `max |x| / 254`, times `Σ |w|`), and the decoded f32 product for many rows,
-    /// within f32 rounding; added onto a residual alike.
+    /// Weights kept as stored (two Q8_0 matrices side by side) give `x W + b` on both paths (a
+    /// few rows; many, a panel at a time), within the activations' 8-bit rounding (half a step
+    /// of each 32-value block, `max |x| / 254`, times `Σ |w|`); added onto a residual alike.
     #[test]
     fn stored_weights_give_the_product_on_both_paths() {
         use half::f16;
@@ -668,7 +667,7 @@ mod tests {
             operand: Operand::Quantized(blocks),
             bias: bias.clone(),
         };
-        for rows in [1, 3, DECODED_ROWS + 4] {
+        for rows in [1, 3, PROMPT_ROWS + 4] {
             let x: Vec<f32> = (0..rows * inputs)
                 .map(|i| (i as f32 * 0.37).sin())
                 .collect();
@@ -684,10 +683,7 @@ mod tests {
                     .sum::<f64>()
                     + f64::from(bias[c]);
                 let step = x.iter().fold(0f32, |m, v| m.max(v.abs())) / 254.0;
-                let tolerance = match rows < DECODED_ROWS {
-                    true => f64::from(step * w.iter().map(|w| w.abs()).sum::<f32>()) + 1e-4,
-                    false => 1e-4,
-                };
+                let tolerance = f64::from(step * w.iter().map(|w| w.abs()).sum::<f32>()) + 1e-4;
                 let got = f64::from(product[r * columns + c]);
                 assert!(
                     (got - want).abs() <= tolerance,

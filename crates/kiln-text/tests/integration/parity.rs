@@ -314,20 +314,20 @@ fn gguf_files_read_as_transformers_reads_them() {
 }
 
 /// GGUF files with their quantized matrices kept as stored, against transformers' reading of
-/// the file. A prompt's many rows decode the blocks for the f32 product: within 1e-4, as the
-/// decoded file. One token at a time (decoding) multiplies the blocks as stored, the activations
-/// quantized per block of 32 to 8 bits as llama.cpp does: each value moves by up to half its
-/// block's step (max |x| / 254), so a product of these random 64-wide layers moves by about 0.5%
-/// of its typical size, and the largest error over a sequence's logits, after two layers of
-/// seven products each, by a few percent of the largest: bounded here by 5%. Greedy decoding
-/// gives transformers' tokens, and no stored weight is ever decoded to f32. (The kernels
-/// themselves are checked against the dequantized values in kiln-kernels' `gemm::quantized`.)
+/// the file, over whole sequences (a prompt's many rows, a panel of weights at a time) and one
+/// token at a time (decoding): both multiply the blocks as stored, the activations quantized
+/// per block of 32 to 8 bits as llama.cpp does. Each value moves by up to half its block's step
+/// (max |x| / 254), so a product of these random 64-wide layers moves by about 0.5% of its
+/// typical size, and the largest error over a sequence's logits, after two layers of seven
+/// products each, by a few percent of the largest: bounded here by 5%. Greedy decoding gives
+/// transformers' tokens, and no stored weight is ever decoded to f32. (The kernels themselves
+/// are checked against the dequantized values in kiln-kernels' `gemm::quantized`.)
 #[test]
 fn gguf_weights_multiplied_as_stored_stay_near_transformers() {
     for name in ["gguf/llama", "gguf/qwen2"] {
         let model = load_weights::<Flex>(name, &Policy::full(), Weights::AsStored);
         assert!(!model.stored_weights().is_empty(), "{name}: nothing kept");
-        check_model(&model, name, 1e-4);
+        check_model(&model, name, 5e-2);
         let error = token_by_token_error(&model, &Reference::open(name));
         eprintln!("{name}: token by token, as stored: {error}");
         assert!(error <= 5e-2, "{name}: token by token {error}");

@@ -120,11 +120,11 @@ unsafe fn widen<const BF16: bool>(at: *const u8) -> __m256 {
 }
 
 /// The 32-value block types, as const parameters.
-const Q4_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q5_0: u8 = 2;
-const Q5_1: u8 = 3;
-const Q8_0: u8 = 4;
+pub(super) const Q4_0: u8 = 0;
+pub(super) const Q4_1: u8 = 1;
+pub(super) const Q5_0: u8 = 2;
+pub(super) const Q5_1: u8 = 3;
+pub(super) const Q8_0: u8 = 4;
 
 /// [`sums`] for a 32-value block type `KIND` (one scale and offset a block), specialised for
 /// decoding's bandwidth: one row of `x` against eight weight rows at a time ([`eight_rows`]);
@@ -267,15 +267,15 @@ unsafe fn eight_rows<const KIND: u8>(
 }
 
 /// A 32-value block's integers and scaling, as the byte products read them.
-struct Decoded {
+pub(super) struct Decoded {
     /// `[d, m, …]`: the scale and (Q4_1, Q5_1) the minimum, as f32.
-    fields: __m128,
+    pub(super) fields: __m128,
     /// The integers, value `j` in byte `j` (signed for Q8_0).
-    q: __m256i,
+    pub(super) q: __m256i,
     /// What `vpmaddubsw` multiplies: the integers, or for Q8_0 their magnitudes.
-    magnitude: __m256i,
+    pub(super) magnitude: __m256i,
     /// The offset `b` of each value.
-    offset: f32,
+    pub(super) offset: f32,
 }
 
 /// The block of type `KIND` at `block`.
@@ -284,7 +284,7 @@ struct Decoded {
 /// `block` points at a whole block.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn legacy_decode<const KIND: u8>(block: *const u8) -> Decoded {
+pub(super) unsafe fn legacy_decode<const KIND: u8>(block: *const u8) -> Decoded {
     let low4 = _mm256_set1_epi8(0x0F);
     // SAFETY (every read): the block holds the bytes its type reads at these offsets.
     unsafe {
@@ -486,9 +486,54 @@ impl IntegerScaling {
     }
 }
 
+/// [`super::quantize_block`] on AVX2: the largest magnitude over the block, then 32 values a
+/// step multiplied by `1 / d`, converted to integers (to the nearest, halves to even: the
+/// default rounding) and packed to bytes.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C ([`supported`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_block(block: &[f32], q: &mut [i8]) -> f32 {
+    assert!(
+        block.len().is_multiple_of(GROUP) && q.len() == block.len(),
+        "whole runs of 32 values"
+    );
+    let magnitude = _mm256_set1_ps(-0.0);
+    let mut largest = _mm256_setzero_ps();
+    for eight in block.chunks_exact(8) {
+        // SAFETY: `eight` holds the 8 floats loaded.
+        let v = unsafe { _mm256_loadu_ps(eight.as_ptr()) };
+        largest = _mm256_max_ps(largest, _mm256_andnot_ps(magnitude, v));
+    }
+    let half = _mm_max_ps(
+        _mm256_castps256_ps128(largest),
+        _mm256_extractf128_ps(largest, 1),
+    );
+    let half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+    let largest = _mm_cvtss_f32(_mm_max_ss(half, _mm_shuffle_ps(half, half, 1)));
+    let d = largest / 127.0;
+    let inverse = _mm256_set1_ps(if d == 0.0 { 0.0 } else { 1.0 / d });
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (values, q) in block.chunks_exact(GROUP).zip(q.chunks_exact_mut(GROUP)) {
+        // SAFETY: `values` holds the 32 floats loaded, `q` the 32 bytes stored.
+        unsafe {
+            let integers: [__m256i; 4] = std::array::from_fn(|k| {
+                let v = _mm256_loadu_ps(values.as_ptr().add(8 * k));
+                _mm256_cvtps_epi32(_mm256_mul_ps(v, inverse))
+            });
+            // Packing works within 128-bit halves: the 4-byte runs come out as 0 2 4 6 1 3 5 7.
+            let low = _mm256_packs_epi32(integers[0], integers[1]);
+            let high = _mm256_packs_epi32(integers[2], integers[3]);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(low, high), order);
+            _mm256_storeu_si256(q.as_mut_ptr().cast(), bytes);
+        }
+    }
+    d
+}
+
 /// The f16 at `bytes[at..at + 2]`, converted by F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn half(bytes: &[u8], at: usize) -> f32 {
+pub(super) fn half(bytes: &[u8], at: usize) -> f32 {
     let bits = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
@@ -559,7 +604,7 @@ pub(super) unsafe fn dequantize_row(kind: GgmlType, row: &[u8], out: &mut [f32])
 /// byte `j`), unsigned but for Q8_0's.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn unpack(kind: GgmlType, block: &[u8], out: &mut [__m256i; 8]) {
+pub(super) fn unpack(kind: GgmlType, block: &[u8], out: &mut [__m256i; 8]) {
     let low4 = _mm256_set1_epi8(0x0F);
     // SAFETY (every load): the block holds the bytes each format reads at these offsets.
     let load16 = |at: usize| unsafe { _mm_loadu_si128(block[at..at + 16].as_ptr().cast()) };

@@ -16,9 +16,11 @@
 //! bf16 by [`QuantMatrix::bf16`]) are kept too and multiplied with the activations as they are,
 //! in f32, each weight widened as it is read.
 //! The kernels serve one row (decoding, bandwidth-bound) and a few (each weight group unpacked
-//! once for up to four rows). For many rows (a prompt) the f32 product on panels of the matrix
-//! decoded as it goes ([`decoded_product`]) is faster: kiln-transformer's projections switch at
-//! 16 rows (docs/PERFORMANCE.md).
+//! once for up to four rows). Many rows (a prompt: kiln-transformer's projections switch at 16)
+//! go through [`prompt_product`]: on AVX2 each task unpacks eight weight rows at a time into a
+//! panel the first-level cache holds, interleaved so that one `vpmaddubsw` serves the eight
+//! rows, and passes every activation row over it (about twice the f32 product on decoded
+//! panels it replaced, docs/PERFORMANCE.md).
 //!
 //! ```
 //! use kiln_core::gguf::GgmlType;
@@ -38,6 +40,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod panels;
 mod scalar;
 
 use std::fmt;
@@ -182,6 +186,11 @@ impl QuantMatrix {
         &self.bytes[row * self.row_bytes..][..self.row_bytes]
     }
 
+    /// The blocks of rows `rows`, one after another.
+    fn bytes_of(&self, rows: std::ops::Range<usize>) -> &[u8] {
+        &self.bytes[rows.start * self.row_bytes..rows.end * self.row_bytes]
+    }
+
     /// The same matrix with its rows reordered: row `i` is this one's row `order[i]`.
     ///
     /// # Panics
@@ -294,13 +303,26 @@ struct SuperBlocks {
 /// Values a k-quant super-block holds.
 const SUPER_BLOCK: usize = 256;
 
-/// `block` quantized to 8 bits into `q`: `d = max |x| / 127`, `q = round(x / d)`; returns `d`.
+/// `block` (whole runs of 32 values) quantized to 8 bits into `q`: `d = max |x| / 127`,
+/// `q = x · (1 / d)` rounded to the nearest (halves to even); returns `d`. The same bits on
+/// AVX2 as in plain Rust.
 fn quantize_block(block: &[f32], q: &mut [i8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if Kernel::chosen() == Kernel::Avx2 {
+        // SAFETY: chosen only where the CPU has AVX2, FMA and F16C.
+        #[allow(unsafe_code)]
+        return unsafe { avx2::quantize_block(block, q) };
+    }
+    quantize_block_portably(block, q)
+}
+
+/// [`quantize_block`] in plain Rust.
+fn quantize_block_portably(block: &[f32], q: &mut [i8]) -> f32 {
     let largest = block.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = largest / 127.0;
     let inverse = if d == 0.0 { 0.0 } else { 1.0 / d };
     for (q, &v) in q.iter_mut().zip(block) {
-        *q = (v * inverse).round() as i8;
+        *q = (v * inverse).round_ties_even() as i8;
     }
     d
 }
@@ -443,11 +465,8 @@ pub fn product(
 /// [`product`] for many rows `x` (`columns` f32 values each, not quantized): each matrix decoded
 /// a panel of its rows at a time to f32 on a worker ([`QuantMatrix::dequantize_rows_into`]) and
 /// multiplied there by the f32 product while the panel is in cache, rather than decoded whole to
-/// memory first. For a prompt's many rows this beats the byte products (docs/PERFORMANCE.md).
-///
-/// # Panics
-/// When `x` is not whole rows of the matrices' columns or `out` cannot hold the result.
-pub fn decoded_product(
+/// memory first: [`prompt_product`] where the byte panels do not serve.
+fn decoded_product(
     out: &mut [f32],
     out_columns: usize,
     x: &[f32],
@@ -507,6 +526,99 @@ pub fn decoded_product(
             }
         },
     );
+}
+
+/// [`product`] for many rows (a prompt): on AVX2, each task unpacks eight weight rows at a time
+/// into a panel that the first-level cache holds (interleaved so that one byte product serves
+/// the eight rows) and multiplies every row of `x` with it, in integers, against `x` quantized
+/// per 32 values (llama.cpp's `q8_0`, for the k-quants too); elsewhere, and for the
+/// [`HALVES`], the f32 product on decoded panels ([`decoded_product`]).
+///
+/// # Panics
+/// When `x` and a matrix have different columns or `out` cannot hold the result.
+pub fn prompt_product(
+    out: &mut [f32],
+    out_columns: usize,
+    x: &QuantizedRows,
+    side_by_side: &[&QuantMatrix],
+    write: Write,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if Kernel::chosen() == Kernel::Avx2 && side_by_side.iter().all(|w| STORED.contains(&w.kind)) {
+        return panel_product(out, out_columns, x, side_by_side, write);
+    }
+    decoded_product(out, out_columns, &x.floats, side_by_side, write);
+}
+
+/// [`prompt_product`] on AVX2 panels.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+fn panel_product(
+    out: &mut [f32],
+    out_columns: usize,
+    x: &QuantizedRows,
+    side_by_side: &[&QuantMatrix],
+    write: Write,
+) {
+    use panels::{LANES, Panel, TILE};
+    let rows = x.rows();
+    let outputs: usize = side_by_side.iter().map(|w| w.rows).sum();
+    assert!(
+        outputs <= out_columns && out.len() >= rows * out_columns,
+        "prompt_product: out's shape"
+    );
+    // Whole panels of eight rows, about four tasks a thread.
+    let threads = rayon::current_num_threads();
+    let per_task = outputs.div_ceil(4 * threads).next_multiple_of(LANES);
+    let mut tasks = Vec::new();
+    let mut first = 0;
+    for (m, w) in side_by_side.iter().enumerate() {
+        assert_eq!(
+            x.columns(),
+            w.columns,
+            "the inputs' and the weights' columns"
+        );
+        for start in (0..w.rows).step_by(per_task) {
+            tasks.push((m, start..(start + per_task).min(w.rows), first + start));
+        }
+        first += w.rows;
+    }
+    if rows == 0 {
+        return;
+    }
+    let blocks = x.blocks();
+    let out = SharedOut(out.as_mut_ptr());
+    tasks
+        .into_par_iter()
+        .for_each_init(Panel::default, |panel, (m, weights, column)| {
+            let w = side_by_side[m];
+            let mut sums = [[0f32; LANES]; TILE];
+            for start in weights.clone().step_by(LANES) {
+                let lanes = start..(start + LANES).min(weights.end);
+                // SAFETY: chosen only where the CPU has AVX2, FMA and F16C.
+                unsafe { panel.fill(w, lanes.clone()) };
+                let at = column + start - weights.start;
+                // The next panel's blocks (eight streams, which the CPU's prefetcher follows
+                // poorly) fetched while this one is multiplied, a share each tile.
+                let next = w.bytes_of(lanes.end..(lanes.end + LANES).min(weights.end));
+                let tiles = rows.div_ceil(TILE);
+                for tile in (0..rows).step_by(TILE) {
+                    panels::prefetch(next, tile / TILE, tiles);
+                    let count = (rows - tile).min(TILE);
+                    // SAFETY: as above.
+                    unsafe {
+                        match count {
+                            1 => panel.sums::<1>(blocks, tile, &mut sums),
+                            2 => panel.sums::<2>(blocks, tile, &mut sums),
+                            _ => panel.sums::<TILE>(blocks, tile, &mut sums),
+                        }
+                    }
+                    for (i, line) in sums[..count].iter().enumerate() {
+                        out.write((tile + i) * out_columns + at, &line[..lanes.len()], write);
+                    }
+                }
+            }
+        });
 }
 
 /// `out`'s values, written by the tasks at columns each owns alone.

@@ -161,13 +161,55 @@ fn one_row_reads_weights_eight_rows_at_a_time() {
     }
 }
 
+/// What [`prompt_product`] multiplies: the rows as given for the halves (the f32 product on
+/// decoded panels), else the rows quantized per 32 values, the k-quants' too (on AVX2, the
+/// byte products on panels; elsewhere as given).
+fn prompt_activations(w: &QuantMatrix, x: &QuantizedRows) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::supported() && STORED.contains(&w.kind()) {
+        return x.dequantize();
+    }
+    let _ = w;
+    x.floats.clone()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// A prompt's rows against every type, in whole panels of eight weight rows and a last
+    /// panel of fewer, each sum in its place.
+    #[test]
+    fn prompts_multiply_as_their_dequantized_values(
+        kind in proptest::sample::select([STORED.as_slice(), &HALVES].concat()),
+        rows in 1usize..11,
+        outputs in 1usize..27,
+        blocks in 1usize..3,
+        seed in any::<u64>(),
+    ) {
+        let columns = blocks * kind.block().0.max(GROUP);
+        let w = random_matrix(kind, outputs, columns, seed);
+        let x = QuantizedRows::new(&random_rows(rows, columns, seed), columns);
+        let (want, bounds) = reference(&w, &prompt_activations(&w, &x));
+        let mut got = vec![0f32; rows * outputs];
+        prompt_product(&mut got, outputs, &x, &[&w], Write::Overwrite);
+        for (at, ((&got, &want), &bound)) in got.iter().zip(&want).zip(&bounds).enumerate() {
+            prop_assert!(
+                (f64::from(got) - want).abs() <= bound,
+                "{}: [{}, {}] = {got}, not {want} (± {bound})",
+                kind.name(),
+                at / outputs,
+                at % outputs
+            );
+        }
+    }
+}
+
 /// The threaded products write each output where it belongs (a second matrix's after the
 /// first's), over or onto what `out` held, and leave the columns past them: the byte products
-/// (a few rows) and the f32 products on panels decoded as they go (many rows, the activations
-/// not quantized).
+/// (a few rows) and the prompts' products (many rows: panels in bytes, or decoded to f32).
 #[test]
 fn products_land_in_their_columns_and_add_when_told() {
-    for (kind, rows, decoded) in [
+    for (kind, rows, prompt) in [
         (GgmlType::Q4_K, 5, false),
         (GgmlType::Q4_K, 37, true),
         (GgmlType::BF16, 20, true),
@@ -175,10 +217,9 @@ fn products_land_in_their_columns_and_add_when_told() {
     ] {
         let (outputs, columns, width, first) = (300, 256, 310, 7);
         let w = random_matrix(kind, outputs, columns, 3);
-        let rows_x = random_rows(rows, columns, 3);
-        let x = QuantizedRows::new(&rows_x, columns);
-        let inputs = match decoded {
-            true => rows_x.clone(),
+        let x = QuantizedRows::new(&random_rows(rows, columns, 3), columns);
+        let inputs = match prompt {
+            true => prompt_activations(&w, &x),
             false => activations(&w, &x),
         };
         let (want, bounds) = reference(&w, &inputs);
@@ -186,8 +227,8 @@ fn products_land_in_their_columns_and_add_when_told() {
         let before = random_matrix(GgmlType::Q8_0, first, columns, 4);
         let mut out = vec![1.0f32; rows * width];
         for write in [Write::Overwrite, Write::Add] {
-            match decoded {
-                true => decoded_product(&mut out, width, &rows_x, &[&before, &w], write),
+            match prompt {
+                true => prompt_product(&mut out, width, &x, &[&before, &w], write),
                 false => product(&mut out, width, &x, &[&before, &w], write),
             }
         }
@@ -209,6 +250,32 @@ fn products_land_in_their_columns_and_add_when_told() {
                 }
             }
         }
+    }
+}
+
+/// AVX2's quantization of the activations gives plain Rust's bits, ties (values half-way
+/// between two steps) and a block of zeros included.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn activations_quantize_alike_on_avx2() {
+    if !avx2::supported() {
+        eprintln!("SKIPPED (no avx2)");
+        return;
+    }
+    let mut x = random_rows(3, 256, 5);
+    // Block 1: the largest 127, so that k + 0.5 are ties.
+    x[32] = 127.0;
+    for (k, v) in x[33..64].iter_mut().enumerate() {
+        *v = k as f32 - 15.5;
+    }
+    x[64..96].fill(0.0);
+    for block in x.chunks_exact(GROUP).chain(x.chunks_exact(SUPER_BLOCK)) {
+        let (mut fast, mut portable) = (vec![0i8; block.len()], vec![0i8; block.len()]);
+        // SAFETY: the CPU has AVX2 (checked above).
+        #[allow(unsafe_code)]
+        let d = unsafe { avx2::quantize_block(block, &mut fast) };
+        assert_eq!(d, quantize_block_portably(block, &mut portable));
+        assert_eq!(fast, portable);
     }
 }
 
