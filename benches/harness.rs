@@ -115,14 +115,10 @@ fn host_products(criterion: &mut Criterion) {
 }
 
 /// One activation row against 100 M weights of each stored type, as decoding a token reads them.
-fn quantized_decode(criterion: &mut Criterion) {
+/// The stored types the quantized benches time.
+const BENCHED_TYPES: [kiln::core::gguf::GgmlType; 7] = {
     use kiln::core::gguf::GgmlType;
-    use kiln::kernels::gemm::quantized::{QuantMatrix, QuantizedRows, product};
-    use kiln::kernels::gemm::strided::Write;
-    let (rows, columns, count) = (2048, 1536, 32);
-    let mut group = criterion.benchmark_group("harness/quantized-decode");
-    group.measurement_time(Duration::from_secs(3));
-    let kinds = [
+    [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
@@ -130,8 +126,16 @@ fn quantized_decode(criterion: &mut Criterion) {
         GgmlType::Q4_K,
         GgmlType::Q6_K,
         GgmlType::BF16,
-    ];
-    for kind in kinds {
+    ]
+};
+
+fn quantized_decode(criterion: &mut Criterion) {
+    use kiln::kernels::gemm::quantized::{QuantMatrix, QuantizedRows, product};
+    use kiln::kernels::gemm::strided::Write;
+    let (rows, columns, count) = (2048, 1536, 32);
+    let mut group = criterion.benchmark_group("harness/quantized-decode");
+    group.measurement_time(Duration::from_secs(3));
+    for kind in BENCHED_TYPES {
         let matrices: Vec<QuantMatrix> = (0..count)
             .map(|seed| random_blocks(kind, rows, columns, seed))
             .collect();
@@ -191,7 +195,6 @@ fn random_blocks(
 /// A prompt's products with weights as stored: 53 rows through SmolLM2-135M's layers' matrices
 /// (q, k, v, o, gate, up, down), per type.
 fn quantized_prompt(criterion: &mut Criterion) {
-    use kiln::core::gguf::GgmlType;
     use kiln::kernels::gemm::quantized::{QuantMatrix, QuantizedRows, prompt_product};
     use kiln::kernels::gemm::strided::Write;
     const LAYERS: usize = 30;
@@ -209,16 +212,7 @@ fn quantized_prompt(criterion: &mut Criterion) {
     group
         .measurement_time(Duration::from_secs(3))
         .sample_size(20);
-    let kinds = [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-        GgmlType::BF16,
-    ];
-    for kind in kinds {
+    for kind in BENCHED_TYPES {
         // The k-quants' 256-value blocks fit the rows 1 536 wide only (as in the GGUF files).
         let shapes: Vec<(usize, usize)> = (shapes.iter().copied())
             .filter(|(_, columns)| columns % kind.block().0 == 0)

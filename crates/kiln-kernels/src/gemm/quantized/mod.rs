@@ -425,24 +425,13 @@ pub fn product(
         "product: out's shape"
     );
     let threads = rayon::current_num_threads();
-    let mut tasks = Vec::new();
-    let mut first = 0;
-    for (m, w) in side_by_side.iter().enumerate() {
-        assert_eq!(
-            x.columns(),
-            w.columns,
-            "the inputs' and the weights' columns"
-        );
-        // Tasks of 64 KB of weights or more (decoding: a thread's share stays in cache across
-        // the rows), several per thread.
-        let per_task = (outputs / (threads * 8))
+    // Tasks of 64 KB of weights or more (decoding: a thread's share stays in cache across the
+    // rows), several per thread.
+    let tasks = tasks(side_by_side, x.columns(), |w| {
+        (outputs / (threads * 8))
             .max(64 * 1024 / w.row_bytes.max(1))
-            .max(1);
-        for start in (0..w.rows).step_by(per_task) {
-            tasks.push((m, start..(start + per_task).min(w.rows), first + start));
-        }
-        first += w.rows;
-    }
+            .max(1)
+    });
     if rows == 0 || tasks.is_empty() {
         return;
     }
@@ -488,15 +477,7 @@ fn decoded_product(
         .min(outputs.div_ceil(4 * threads))
         .next_multiple_of(16)
         .clamp(16, 256);
-    let mut tasks = Vec::new();
-    let mut first = 0;
-    for (m, w) in side_by_side.iter().enumerate() {
-        assert_eq!(w.columns, columns, "the inputs' and the weights' columns");
-        for start in (0..w.rows).step_by(per_task) {
-            tasks.push((m, start..(start + per_task).min(w.rows), first + start));
-        }
-        first += w.rows;
-    }
+    let tasks = tasks(side_by_side, columns, |_| per_task);
     if rows == 0 {
         return;
     }
@@ -570,19 +551,7 @@ fn panel_product(
     // Whole panels of eight rows, about four tasks a thread.
     let threads = rayon::current_num_threads();
     let per_task = outputs.div_ceil(4 * threads).next_multiple_of(LANES);
-    let mut tasks = Vec::new();
-    let mut first = 0;
-    for (m, w) in side_by_side.iter().enumerate() {
-        assert_eq!(
-            x.columns(),
-            w.columns,
-            "the inputs' and the weights' columns"
-        );
-        for start in (0..w.rows).step_by(per_task) {
-            tasks.push((m, start..(start + per_task).min(w.rows), first + start));
-        }
-        first += w.rows;
-    }
+    let tasks = tasks(side_by_side, x.columns(), |_| per_task);
     if rows == 0 {
         return;
     }
@@ -619,6 +588,29 @@ fn panel_product(
                 }
             }
         });
+}
+
+/// The products' tasks: `(matrix, its rows, the output column of the first)`, each matrix's
+/// rows in shares of `per_task(matrix)`, the matrices' outputs one after another.
+///
+/// # Panics
+/// When a matrix's columns are not `columns`.
+fn tasks(
+    side_by_side: &[&QuantMatrix],
+    columns: usize,
+    per_task: impl Fn(&QuantMatrix) -> usize,
+) -> Vec<(usize, std::ops::Range<usize>, usize)> {
+    let mut tasks = Vec::new();
+    let mut first = 0;
+    for (m, w) in side_by_side.iter().enumerate() {
+        assert_eq!(w.columns, columns, "the inputs' and the weights' columns");
+        let per_task = per_task(w);
+        for start in (0..w.rows).step_by(per_task) {
+            tasks.push((m, start..(start + per_task).min(w.rows), first + start));
+        }
+        first += w.rows;
+    }
+    tasks
 }
 
 /// `out`'s values, written by the tasks at columns each owns alone.
